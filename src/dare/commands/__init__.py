@@ -1,0 +1,1 @@
+"""Sub-commands of the ``dare`` CLI (one module each: ``HELP``, ``configure``, ``run``)."""

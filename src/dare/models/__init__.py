@@ -1,0 +1,16 @@
+"""Native diffusion LM families, registered with transformers' Auto classes on import."""
+
+from dare.models.attention import ATTENTION_BACKENDS, AttentionLayout, attend, build_layout
+from dare.models.base import DiffusionConfig, DiffusionLM, DiffusionLMOutput
+from dare.models.cache import KVCache
+from dare.models.dream import DreamConfig, DreamModel
+from dare.models.llada import LLaDAConfig, LLaDAModelLM
+from dare.models.llada_moe import LLaDAMoEConfig, LLaDAMoEModelLM
+from dare.models.spec import FAMILIES, FamilySpec, TokenIds, family_of, get_family, register_family
+
+__all__ = [
+    "ATTENTION_BACKENDS", "AttentionLayout", "attend", "build_layout", "DiffusionConfig", "DiffusionLM",
+    "DiffusionLMOutput", "KVCache", "DreamConfig", "DreamModel", "LLaDAConfig", "LLaDAModelLM",
+    "LLaDAMoEConfig", "LLaDAMoEModelLM", "FAMILIES", "FamilySpec", "TokenIds", "family_of", "get_family",
+    "register_family",
+]

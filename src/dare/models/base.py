@@ -1,0 +1,303 @@
+"""Shared base of the native model families: one forward contract for all of them.
+
+``model(input_ids, attention_mask=None, position_ids=None, *, cu_seqlens=None, past_key_values=None,
+attn_backend=None, return_hidden=False)`` returns :class:`DiffusionLMOutput` with the raw logits of the
+released model (use ``family_of(model).align_logits`` or :meth:`DiffusionLM.denoise` for logits where
+position ``i`` predicts token ``i``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+import torch.nn as nn
+import torch.utils.checkpoint
+from transformers import PreTrainedConfig, PreTrainedModel
+from transformers.utils import ModelOutput
+
+from dare.errors import ConfigError, InputError
+from dare.models.attention import AttentionLayout, attend, build_layout, check_backend, documents_from_cu_seqlens
+from dare.models.cache import KVCache
+from dare.models.layers import RMSNorm, apply_rope, default_positions, rope_angles
+
+
+class DiffusionConfig(PreTrainedConfig):
+    """Base of the family configs: keeps every config.json key, validates the ones that matter.
+
+    Subclasses list ``required_keys``; a config.json missing one fails with a one-line error when the
+    model is built (configs themselves stay constructible without arguments, as transformers requires).
+    """
+
+    required_keys: ClassVar[tuple[str, ...]] = ()
+
+    def validate_for_model(self) -> None:
+        missing = [key for key in self.required_keys if getattr(self, key, None) is None]
+        if missing:
+            raise ConfigError(
+                f"{type(self).__name__}: config.json is missing required key(s) {', '.join(missing)}"
+            )
+
+    @property
+    def embedding_rows(self) -> int:
+        """Rows of the token embedding (ids must be smaller)."""
+        return self.vocab_size
+
+    def to_diff_dict(self) -> dict:
+        # Save every key, like the released config.json files, not only those that differ from defaults.
+        return self.to_dict()
+
+
+def reject_rope_scaling(rope_scaling: dict | None, family: str) -> None:
+    """Only plain RoPE is implemented: refuse scaled variants at config construction.
+
+    The value is deliberately not stored as ``rope_scaling``: transformers 5 turns that attribute into
+    ``rope_parameters`` and rewrites it.
+    """
+    if rope_scaling and rope_scaling.get("rope_type", rope_scaling.get("type", "default")) != "default":
+        raise ConfigError(f"{family}: rope_scaling={rope_scaling} is not supported (only plain RoPE)")
+
+
+@dataclass
+class DiffusionLMOutput(ModelOutput):
+    """Output of a DARE model forward.
+
+    Attributes:
+        logits: ``[B, L, V]`` raw logits (same alignment and dtype as the released model).
+        last_hidden_state: ``[B, L, D]`` final normalised hidden states (always returned).
+        hidden_states: per-layer inputs plus the final state, when ``output_hidden_states``.
+        cache: the :class:`KVCache` passed in, updated.
+    """
+
+    logits: torch.Tensor | None = None
+    last_hidden_state: torch.Tensor | None = None
+    hidden_states: tuple[torch.Tensor, ...] | None = None
+    cache: KVCache | None = None
+
+
+def rotary_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    rope: tuple[torch.Tensor, torch.Tensor],
+    layout: AttentionLayout,
+    cache: KVCache | None,
+    layer_idx: int,
+    backend: str,
+    rope_full_precision: bool = False,
+) -> torch.Tensor:
+    """RoPE + cache + attention for ``q [B, L, H, d]`` and ``k, v [B, L, Hkv, d]`` -> ``[B, L, H*d]``."""
+    q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    cos, sin = rope
+    q = apply_rope(q, cos, sin, full_precision=rope_full_precision)
+    k = apply_rope(k, cos, sin, full_precision=rope_full_precision)
+    if cache is not None:
+        k, v = cache.update(layer_idx, k, v)
+    return attend(q, k, v, layout, backend)
+
+
+class DiffusionLM(PreTrainedModel):
+    """Base class of the family models.
+
+    Subclasses build their modules under the released parameter names and implement
+    :meth:`embed`, :attr:`blocks`, :meth:`final_norm`, :meth:`head` and the RoPE properties; each block is
+    called as ``block(x, rope, layout, cache, backend)``.
+    """
+
+    base_model_prefix = "model"
+    main_input_name = "input_ids"
+    supports_gradient_checkpointing = True
+    _supports_sdpa = True
+    _supports_flex_attn = True
+    _supports_attention_backend = True
+
+    def __init__(self, config: DiffusionConfig):
+        from dare.models.spec import family_of, validate_token_ids
+
+        config.validate_for_model()
+        family = family_of(config)
+        validate_token_ids(family.token_ids(config), config.embedding_rows, family.name)
+        super().__init__(config)
+        self.vocab_size = config.embedding_rows
+        self.gradient_checkpointing = False
+        self.attn_backend = "sdpa"
+
+    # ---- family hooks -------------------------------------------------------------------------
+    @property
+    def blocks(self) -> nn.ModuleList:
+        raise NotImplementedError
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def final_norm(self, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def head(self, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    rope_dim: int  # rotary width per head (partial rotary < head_dim)
+    rope_theta: float
+
+    def layout_rules(self, positions: torch.Tensor, cache: KVCache | None) -> dict:
+        """Extra :func:`build_layout` rules of the family (block-causal families add block ids)."""
+        return {}
+
+    # ---- shared machinery ---------------------------------------------------------------------
+    @property
+    def family(self):
+        from dare.models.spec import family_of
+
+        return family_of(self.config)
+
+    @property
+    def token_ids(self):
+        return self.family.token_ids(self.config)
+
+    def _init_weights(self, module: nn.Module) -> None:
+        std = getattr(self.config, "initializer_range", None) or getattr(self.config, "init_std", None) or 0.02
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, mean=0.0, std=std)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=std)
+        elif isinstance(module, RMSNorm):
+            nn.init.ones_(module.weight)
+        for name, buffer in module.named_buffers(recurse=False):
+            if name.endswith("expert_bias"):
+                nn.init.zeros_(buffer)
+
+    def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs=None) -> None:
+        """Recompute each block in the backward pass (non-reentrant checkpointing)."""
+        self.gradient_checkpointing = True
+
+    def gradient_checkpointing_disable(self) -> None:
+        self.gradient_checkpointing = False
+
+    @property
+    def is_gradient_checkpointing(self) -> bool:
+        return self.gradient_checkpointing
+
+    def can_generate(self) -> bool:  # diffusion decoding lives in dare.rollout, not HF generate()
+        return False
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
+        """transformers' ``from_pretrained`` with strict parameter names.
+
+        Any missing, unexpected or mis-shaped tensor is an error naming the first few keys, instead of a
+        warning followed by a silently random-initialised model.
+        """
+        wants_info = kwargs.pop("output_loading_info", False)
+        model, info = super().from_pretrained(pretrained_model_name_or_path, *args, output_loading_info=True, **kwargs)
+        problems = []
+        for label in ("missing_keys", "unexpected_keys", "mismatched_keys"):
+            keys = sorted(str(k) for k in (info.get(label) or []))
+            if keys:
+                shown = ", ".join(keys[:3]) + (f" (+{len(keys) - 3} more)" if len(keys) > 3 else "")
+                problems.append(f"{label.replace('_', ' ')}: {shown}")
+        if problems:
+            raise ConfigError(
+                f"checkpoint {pretrained_model_name_or_path} does not match {cls.__name__}: {'; '.join(problems)}"
+            )
+        return (model, info) if wants_info else model
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        cache: KVCache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        *,
+        cu_seqlens: torch.Tensor | None = None,
+        attn_backend: str | None = None,
+        return_hidden: bool = False,
+        output_hidden_states: bool = False,
+        return_dict: bool = True,
+        use_cache: bool | None = None,
+        labels: torch.Tensor | None = None,
+        **unused,
+    ) -> DiffusionLMOutput:
+        """Run the denoiser.
+
+        Args:
+            input_ids: ``[B, L]`` token ids (mask tokens included); or pass ``inputs_embeds [B, L, D]``.
+            attention_mask: ``[B, K]`` padding mask over all keys (cached + current), 1 = real token.
+                Padding is never attended (bidirectional attention makes this matter on both sides).
+            position_ids: ``[B, L]`` RoPE positions; default counts real tokens (packed documents restart at 0).
+                Required with a KV cache.
+            cache: a :class:`KVCache` (see its modes); ``past_key_values=`` is accepted as an alias.
+            cu_seqlens: cumulative document lengths of a packed ``[1, total]`` row; documents never attend to
+                each other.
+            attn_backend: ``sdpa`` (default), ``eager``, ``flex`` or ``varlen``.
+            return_hidden: skip the LM head (``logits=None``), e.g. for a chunked loss.
+        """
+        if labels is not None:
+            raise InputError("DARE models do not compute a loss in forward(); use dare.diffusion objectives")
+        if unused.get("output_attentions"):
+            raise InputError("output_attentions is not supported")
+        if (input_ids is None) == (inputs_embeds is None):
+            raise InputError("pass exactly one of input_ids or inputs_embeds")
+        backend = check_backend(attn_backend or self.attn_backend)
+        if input_ids is not None:
+            if input_ids.ndim != 2:
+                raise InputError(f"input_ids must be [batch, length]; got shape {list(input_ids.shape)}")
+            if input_ids.numel() and (int(input_ids.min()) < 0 or int(input_ids.max()) >= self.vocab_size):
+                raise InputError(
+                    f"input_ids must lie in [0, {self.vocab_size}); got values in "
+                    f"[{int(input_ids.min())}, {int(input_ids.max())}]"
+                )
+            x = self.embed(input_ids)
+        else:
+            x = inputs_embeds
+        batch, length = x.shape[:2]
+        device = x.device
+
+        if cache is None:
+            cache = unused.pop("past_key_values", None)
+        if cache is not None:
+            if position_ids is None:
+                raise InputError("position_ids are required when decoding with a KV cache")
+            kv_len = cache.seq_len if cache.mode == "replace" else cache.seq_len + length
+        else:
+            kv_len = length
+        doc_positions = None
+        if cu_seqlens is not None:
+            _, doc_positions = documents_from_cu_seqlens(cu_seqlens.to(device), length)
+        if position_ids is None:
+            position_ids = default_positions(batch, length, device, attention_mask, doc_positions)
+        elif tuple(position_ids.shape) != (batch, length):
+            position_ids = position_ids.expand(batch, length)
+        layout = build_layout(
+            batch, length, kv_len, device,
+            attention_mask=attention_mask, cu_seqlens=cu_seqlens, **self.layout_rules(position_ids, cache),
+        )
+        rope = rope_angles(position_ids.to(device), self.rope_dim, self.rope_theta)
+
+        all_hidden = [] if output_hidden_states else None
+        checkpointing = self.gradient_checkpointing and self.training and torch.is_grad_enabled()
+        for block in self.blocks:
+            if all_hidden is not None:
+                all_hidden.append(x)
+            if checkpointing:
+                x = torch.utils.checkpoint.checkpoint(block, x, rope, layout, cache, backend, use_reentrant=False)
+            else:
+                x = block(x, rope, layout, cache, backend)
+        x = self.final_norm(x)
+        if all_hidden is not None:
+            all_hidden.append(x)
+        logits = None if return_hidden else self.head(x)
+        return DiffusionLMOutput(
+            logits=logits,
+            last_hidden_state=x,
+            hidden_states=tuple(all_hidden) if all_hidden is not None else None,
+            cache=cache,
+        )
+
+    def denoise(self, input_ids: torch.Tensor, **kwargs) -> torch.Tensor:
+        """Logits aligned so that position ``i`` predicts token ``i`` (applies the family's shift)."""
+        out = self(input_ids, **kwargs)
+        return self.family.align_logits(out.logits, kwargs.get("cu_seqlens"))

@@ -1,0 +1,172 @@
+"""HF-Llama-style decoder pieces (``model.embed_tokens / layers.N.{self_attn, mlp, ...} / norm`` + ``lm_head``).
+
+Dream (Qwen2 layout), LLaDA-MoE (OLMoE layout) and SDAR (Qwen3 layout) share these modules; each family
+module only says which options its layers use.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from dare.models.base import DiffusionConfig, DiffusionLM, rotary_attention
+from dare.models.layers import RMSNorm, SwiGLU
+
+
+class SelfAttention(nn.Module):
+    """``q/k/v/o_proj`` attention with optional per-head q/k RMSNorm (``q_norm``/``k_norm``) and qkv clipping."""
+
+    def __init__(
+        self,
+        hidden: int,
+        n_heads: int,
+        n_kv_heads: int,
+        head_dim: int,
+        layer_idx: int,
+        *,
+        qkv_bias: bool = False,
+        o_bias: bool = False,
+        qk_norm_eps: float | None = None,
+        clip_qkv: float | None = None,
+    ):
+        super().__init__()
+        self.layer_idx, self.n_heads, self.n_kv, self.head_dim = layer_idx, n_heads, n_kv_heads, head_dim
+        self.clip_qkv = clip_qkv
+        self.q_proj = nn.Linear(hidden, n_heads * head_dim, bias=qkv_bias)
+        self.k_proj = nn.Linear(hidden, n_kv_heads * head_dim, bias=qkv_bias)
+        self.v_proj = nn.Linear(hidden, n_kv_heads * head_dim, bias=qkv_bias)
+        self.o_proj = nn.Linear(n_heads * head_dim, hidden, bias=o_bias)
+        if qk_norm_eps is not None:
+            self.q_norm = RMSNorm(head_dim, qk_norm_eps)
+            self.k_norm = RMSNorm(head_dim, qk_norm_eps)
+
+    def forward(self, x, rope, layout, cache, backend):
+        b, length, _ = x.shape
+        q = self.q_proj(x).view(b, length, self.n_heads, self.head_dim)
+        k = self.k_proj(x).view(b, length, self.n_kv, self.head_dim)
+        v = self.v_proj(x).view(b, length, self.n_kv, self.head_dim)
+        if hasattr(self, "q_norm"):
+            q, k = self.q_norm(q), self.k_norm(k)
+        if self.clip_qkv is not None:
+            q, k, v = (t.clamp(-self.clip_qkv, self.clip_qkv) for t in (q, k, v))
+        return self.o_proj(rotary_attention(q, k, v, rope, layout, cache, self.layer_idx, backend))
+
+
+class SoftmaxTopKMoE(nn.Module):
+    """Token-choice MoE: ``softmax(gate x)`` in fp32 (+ optional ``expert_bias``), top-k, optional renormalisation.
+
+    LLaDA-MoE: no renormalisation, bias added to the probabilities before top-k and kept in the weights.
+    Qwen3-MoE/SDAR-MoE: renormalised top-k, no bias. Experts are summed in the activation dtype with
+    ``index_add_`` in expert order, like the references.
+    """
+
+    def __init__(self, hidden: int, inner: int, n_experts: int, top_k: int, *, normalize: bool, expert_bias: bool):
+        super().__init__()
+        self.top_k, self.normalize = top_k, normalize
+        self.gate = nn.Linear(hidden, n_experts, bias=False)
+        self.experts = nn.ModuleList(SwiGLU(hidden, inner) for _ in range(n_experts))
+        if expert_bias:
+            self.register_buffer("expert_bias", torch.zeros(n_experts))
+        else:
+            self.expert_bias = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        flat = x.reshape(-1, shape[-1])
+        probs = F.softmax(self.gate(flat), dim=-1, dtype=torch.float32)
+        if self.expert_bias is not None:
+            probs = probs + self.expert_bias
+        weights, chosen = torch.topk(probs, self.top_k, dim=-1)
+        if self.normalize:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        weights = weights.to(flat.dtype)
+        out = torch.zeros_like(flat)
+        for e, expert in enumerate(self.experts):
+            rows, slot = torch.where(chosen == e)
+            if rows.numel():
+                out.index_add_(0, rows, (expert(flat[rows]) * weights[rows, slot, None]).to(flat.dtype))
+        return out.reshape(shape)
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm block ``x + self_attn(input_layernorm x)`` then ``+ mlp(post_attention_layernorm h)``.
+
+    ``shared_expert`` (LLaDA-MoE naming), when given, is added to the MLP output.
+    """
+
+    def __init__(self, hidden: int, eps: float, self_attn: nn.Module, mlp: nn.Module, shared_expert: nn.Module | None = None):
+        super().__init__()
+        self.self_attn = self_attn
+        self.mlp = mlp
+        self.input_layernorm = RMSNorm(hidden, eps)
+        self.post_attention_layernorm = RMSNorm(hidden, eps)
+        if shared_expert is not None:
+            self.shared_expert = shared_expert
+
+    def forward(self, x, rope, layout, cache, backend):
+        x = x + self.self_attn(self.input_layernorm(x), rope, layout, cache, backend)
+        h = self.post_attention_layernorm(x)
+        out = self.mlp(h)
+        if hasattr(self, "shared_expert"):
+            out = out + self.shared_expert(h)
+        return x + out
+
+
+class DecoderBackbone(nn.Module):
+    """``embed_tokens``, ``layers``, ``norm`` (the ``model.`` prefix of HF decoder checkpoints)."""
+
+    def __init__(self, vocab_size: int, hidden: int, eps: float, layers: list[nn.Module]):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(vocab_size, hidden)
+        self.layers = nn.ModuleList(layers)
+        self.norm = RMSNorm(hidden, eps)
+
+
+class DecoderLM(DiffusionLM):
+    """A ``DecoderBackbone`` plus ``lm_head`` (or tied embeddings when ``tie_word_embeddings``).
+
+    Families implement :meth:`build_layers` and :meth:`rotary_dim`.
+    """
+
+    def __init__(self, config: DiffusionConfig):
+        super().__init__(config)
+        layers = self.build_layers(config)
+        self.model = DecoderBackbone(config.vocab_size, config.hidden_size, config.rms_norm_eps, layers)
+        if not config.tie_word_embeddings:
+            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.rope_dim = self.rotary_dim(config)
+        self.rope_theta = float(config.rope_theta)
+        self.post_init()
+
+    @staticmethod
+    def build_layers(config: DiffusionConfig) -> list[nn.Module]:
+        raise NotImplementedError
+
+    @staticmethod
+    def rotary_dim(config: DiffusionConfig) -> int:
+        return config.hidden_size // config.num_attention_heads
+
+    @property
+    def blocks(self) -> nn.ModuleList:
+        return self.model.layers
+
+    def embed(self, input_ids):
+        return self.model.embed_tokens(input_ids)
+
+    def final_norm(self, x):
+        return self.model.norm(x)
+
+    def head(self, x):
+        if self.config.tie_word_embeddings:
+            return F.linear(x, self.model.embed_tokens.weight)
+        return self.lm_head(x)
+
+    def get_input_embeddings(self) -> nn.Module:
+        return self.model.embed_tokens
+
+    def set_input_embeddings(self, value: nn.Module) -> None:
+        self.model.embed_tokens = value
+
+    def get_output_embeddings(self) -> nn.Module | None:
+        return None if self.config.tie_word_embeddings else self.lm_head

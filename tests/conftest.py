@@ -1,0 +1,25 @@
+import os
+import sys
+
+import pytest
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+torch.set_num_threads(min(2, torch.get_num_threads()))
+
+MDLM_FAMILIES = ("llada", "dream", "llada_moe")
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)
+
+
+@pytest.fixture(scope="session")
+def tiny_dirs(tmp_path_factory):
+    """A tiny checkpoint directory per MDLM family (written once per session)."""
+    import dare  # noqa: F401
+    from dare.models.tiny import write_tiny_checkpoint
+
+    root = tmp_path_factory.mktemp("tiny")
+    return {f: write_tiny_checkpoint(f, root / f, seed=1) for f in MDLM_FAMILIES}

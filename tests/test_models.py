@@ -1,0 +1,248 @@
+"""Model families: strict checkpoints, batching/padding/packing invariance, reference parity, Dream shift."""
+
+import json
+
+import pytest
+import torch
+from conftest import MDLM_FAMILIES
+from reference_models import REFERENCE_FORWARDS
+from safetensors.torch import load_file, save_file
+from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
+
+import dare
+from dare.errors import ConfigError, InputError
+from dare.models import KVCache, family_of
+from dare.models.tiny import tiny_config, tiny_model
+
+TOL = dict(atol=2e-5, rtol=1e-4)
+
+
+def random_seqs(lengths, vocab=256, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, vocab, (n,), generator=gen) for n in lengths]
+
+
+def pad(seqs, side, pad_id=256):
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad_id)
+    mask = torch.zeros(len(seqs), width, dtype=torch.long)
+    for i, s in enumerate(seqs):
+        sl = slice(width - len(s), width) if side == "left" else slice(0, len(s))
+        ids[i, sl], mask[i, sl] = s, 1
+    return ids, mask
+
+
+def real_slice(seq_len, width, side):
+    return slice(width - seq_len, width) if side == "left" else slice(0, seq_len)
+
+
+@pytest.mark.parametrize("family", MDLM_FAMILIES)
+def test_strict_round_trip(family, tiny_dirs):
+    path = tiny_dirs[family]
+    model = AutoModel.from_pretrained(path)
+    again = AutoModelForCausalLM.from_pretrained(path)
+    assert type(model) is family_of(model).model_class
+    saved = load_file(path / "model.safetensors")
+    state = model.state_dict()
+    assert set(saved) == set(state)
+    for key, value in saved.items():
+        assert torch.equal(value, state[key]), key
+    ids = torch.randint(0, 256, (2, 11))
+    torch.testing.assert_close(model(ids).logits, again(ids).logits, atol=0, rtol=0)
+
+
+def test_llada_moe_released_model_type_dispatches(tiny_dirs):
+    raw = json.loads((tiny_dirs["llada_moe"] / "config.json").read_text())
+    assert raw["model_type"] == "llada"  # like the released checkpoint
+    config = AutoConfig.from_pretrained(tiny_dirs["llada_moe"])
+    assert type(config).__name__ == "LLaDAMoEConfig"
+
+
+@pytest.mark.parametrize("family", MDLM_FAMILIES)
+def test_strict_load_rejects_missing_and_unexpected(family, tiny_dirs, tmp_path):
+    src = tiny_dirs[family]
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        (tmp_path / name).write_bytes((src / name).read_bytes())
+    tensors = load_file(src / "model.safetensors")
+    dropped = sorted(tensors)[3]
+    save_file({k: v for k, v in tensors.items() if k != dropped}, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ConfigError, match="missing keys"):
+        AutoModel.from_pretrained(tmp_path)
+    save_file({**tensors, "model.extra.weight": torch.zeros(2)}, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ConfigError, match="unexpected keys"):
+        AutoModel.from_pretrained(tmp_path)
+
+
+@pytest.mark.parametrize("family", MDLM_FAMILIES)
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_padded_batch_equals_single(family, side):
+    model = tiny_model(family, seed=2)
+    seqs = random_seqs([6, 13, 9, 1])
+    ids, mask = pad(seqs, side)
+    with torch.no_grad():
+        batched = model(ids, attention_mask=mask).logits
+        for i, s in enumerate(seqs):
+            single = model(s[None]).logits[0]
+            torch.testing.assert_close(batched[i, real_slice(len(s), ids.shape[1], side)], single, **TOL)
+
+
+@pytest.mark.parametrize("family", MDLM_FAMILIES)
+@pytest.mark.parametrize("backend", ["sdpa", "eager", "flex"])
+def test_packed_equals_padded(family, backend):
+    model = tiny_model(family, seed=3)
+    seqs = random_seqs([7, 3, 12], seed=1)
+    ids, mask = pad(seqs, "right")
+    cu = torch.tensor([0, 7, 10, 22])
+    with torch.no_grad():
+        padded = model(ids, attention_mask=mask, attn_backend=backend).logits
+        packed = model(torch.cat(seqs)[None], cu_seqlens=cu, attn_backend=backend).logits[0]
+    for i, s in enumerate(seqs):
+        torch.testing.assert_close(packed[cu[i]:cu[i + 1]], padded[i, : len(s)], **TOL)
+
+
+@pytest.mark.parametrize("family", MDLM_FAMILIES)
+def test_backends_agree_on_padded_batch(family):
+    model = tiny_model(family, seed=4)
+    ids, mask = pad(random_seqs([5, 10, 8], seed=2), "left")
+    with torch.no_grad():
+        outs = {b: model(ids, attention_mask=mask, attn_backend=b).logits for b in ("sdpa", "eager", "flex")}
+    real = mask.bool()
+    for b in ("eager", "flex"):
+        torch.testing.assert_close(outs[b][real], outs["sdpa"][real], **TOL)
+
+
+@pytest.mark.parametrize("family", MDLM_FAMILIES)
+def test_logits_match_independent_reference(family):
+    overrides = {"n_kv_heads": 2} if family == "llada" else {}
+    if family == "llada_moe":
+        overrides = {"moe_router_enable_expert_bias": True}
+    model = tiny_model(family, seed=5, **overrides)
+    if family == "llada_moe":  # a non-zero expert bias, so biased routing differs from unbiased weights
+        for module in model.modules():
+            if getattr(module, "expert_bias", None) is not None:
+                module.expert_bias.copy_(torch.randn_like(module.expert_bias) * 0.05)
+    raw = model.config.to_dict()
+    state = {k: v.detach() for k, v in model.state_dict().items()}
+    seqs = random_seqs([9, 4, 14], seed=3)
+    ids, mask = pad(seqs, "left")
+    with torch.no_grad():
+        batched = model(ids, attention_mask=mask).logits
+    for i, s in enumerate(seqs):
+        expected = REFERENCE_FORWARDS[family](state, raw, s)
+        torch.testing.assert_close(batched[i, ids.shape[1] - len(s):], expected, **TOL)
+
+
+def test_dream_shift_semantics():
+    model = tiny_model("dream", seed=6)
+    spec = family_of(model)
+    assert spec.logit_shift == 1 and dare.get_family("llada").logit_shift == 0
+    seqs = random_seqs([5, 8], seed=4)
+    with torch.no_grad():
+        raw = model(seqs[0][None]).logits
+        aligned = model.denoise(seqs[0][None])
+    torch.testing.assert_close(aligned[:, 1:], raw[:, :-1], atol=0, rtol=0)  # token i predicted by output i-1
+    torch.testing.assert_close(aligned[:, 0], raw[:, 0], atol=0, rtol=0)  # position 0 reuses its own output
+    cu = torch.tensor([0, 5, 13])
+    with torch.no_grad():
+        packed = model.denoise(torch.cat(seqs)[None], cu_seqlens=cu)
+        for i, s in enumerate(seqs):  # the shift restarts in every packed document
+            single = model.denoise(s[None])[0]
+            torch.testing.assert_close(packed[0, cu[i]:cu[i + 1]], single, **TOL)
+    llada = tiny_model("llada")
+    ids = seqs[0][None]
+    with torch.no_grad():
+        torch.testing.assert_close(llada.denoise(ids), llada(ids).logits, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("family", MDLM_FAMILIES)
+def test_prefix_cache_is_exact_with_full_context_keys(family):
+    """Suffix queries against cached full-context prefix K/V reproduce the full forward exactly."""
+    model = tiny_model(family, seed=7)
+    ids = random_seqs([16], seed=5)[0][None]
+    pos = torch.arange(16)[None]
+    with torch.no_grad():
+        full = model(ids).logits
+        cache = KVCache(mode="append")
+        model(ids, cache=cache, position_ids=pos)
+        cache.truncate(10).set_mode("read")
+        suffix = model(ids[:, 10:], cache=cache, position_ids=pos[:, 10:]).logits
+        torch.testing.assert_close(suffix, full[:, 10:], **TOL)
+        assert cache.seq_len == 10  # read mode stores nothing
+        dual = KVCache(mode="append")
+        model(ids, cache=dual, position_ids=pos)
+        dual.set_mode("replace", replace_start=4)
+        block = model(ids[:, 4:8], cache=dual, position_ids=pos[:, 4:8]).logits
+        torch.testing.assert_close(block, full[:, 4:8], **TOL)
+
+
+@pytest.mark.parametrize("family", MDLM_FAMILIES)
+def test_gradient_checkpointing_same_gradients(family):
+    model = tiny_model(family, seed=8).train()
+    ids = random_seqs([12], seed=6)[0][None]
+
+    def grads():
+        model.zero_grad()
+        model(ids).logits.float().logsumexp(-1).sum().backward()
+        return [p.grad.clone() for p in model.parameters() if p.grad is not None]
+
+    plain = grads()
+    model.gradient_checkpointing_enable()
+    checkpointed = grads()
+    for a, b in zip(plain, checkpointed):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("family", MDLM_FAMILIES)
+def test_bfloat16_forward_is_close_to_fp32(family):
+    model = tiny_model(family, seed=9)
+    ids = random_seqs([10], seed=7)[0][None]
+    with torch.no_grad():
+        ref = model(ids).logits
+        low = model.to(torch.bfloat16)(ids).logits
+    assert low.dtype == torch.bfloat16
+    assert (low.float() - ref).abs().max() < 0.05
+
+
+def test_bad_inputs_give_one_line_errors():
+    model = tiny_model("llada")
+    with pytest.raises(InputError, match="input_ids must lie in"):
+        model(torch.tensor([[1, 999]]))
+    with pytest.raises(InputError, match="attention_mask must have shape"):
+        model(torch.tensor([[1, 2]]), attention_mask=torch.ones(1, 3))
+    with pytest.raises(InputError, match="cu_seqlens"):
+        model(torch.tensor([[1, 2, 3]]), cu_seqlens=torch.tensor([0, 2]))
+    with pytest.raises(InputError, match="position_ids are required"):
+        model(torch.tensor([[1, 2]]), cache=KVCache())
+    with pytest.raises(ConfigError, match="unknown attention backend 'sdp'.*did you mean 'sdpa'"):
+        model(torch.tensor([[1, 2]]), attn_backend="sdp")
+
+
+@pytest.mark.parametrize("family", MDLM_FAMILIES)
+def test_config_errors(family):
+    spec = dare.get_family(family)
+    config, _ = tiny_config(family)
+    bad = config.to_dict()
+    bad["mask_token_id"] = 5000
+    with pytest.raises(ConfigError, match="mask_token_id=5000 is outside the vocabulary"):
+        spec.model_class(spec.config_class.from_dict(bad))
+    bad["mask_token_id"] = bad["eos_token_id"]
+    with pytest.raises(ConfigError, match="must differ from eos"):
+        spec.model_class(spec.config_class.from_dict(bad))
+    missing = config.to_dict()
+    key = spec.config_class.required_keys[0]
+    del missing[key]
+    with pytest.raises(ConfigError, match=f"missing required key.*{key}"):
+        spec.model_class(spec.config_class.from_dict(missing))
+
+
+def test_unknown_family_error():
+    with pytest.raises(ConfigError, match="unknown model family 'drem'.*did you mean 'dream'"):
+        dare.get_family("drem")
+
+
+def test_placeholder_minus_one_is_rejected():
+    config, _ = tiny_config("llada_moe")
+    raw = config.to_dict()
+    raw["partial_rotary_factor"] = -1
+    with pytest.raises(ConfigError, match="placeholder -1.*partial_rotary_factor"):
+        dare.get_family("llada_moe").model_class(type(config).from_dict(raw))
