@@ -8,6 +8,8 @@ sys.path.insert(0, os.path.dirname(__file__))
 torch.set_num_threads(min(2, torch.get_num_threads()))
 
 MDLM_FAMILIES = ("llada", "dream", "llada_moe")
+BDLM_FAMILIES = ("sdar", "sdar_moe", "llada2")
+ALL_FAMILIES = MDLM_FAMILIES + BDLM_FAMILIES
 
 
 @pytest.fixture(autouse=True)
@@ -17,9 +19,9 @@ def _seed():
 
 @pytest.fixture(scope="session")
 def tiny_dirs(tmp_path_factory):
-    """A tiny checkpoint directory per MDLM family (written once per session)."""
+    """A tiny checkpoint directory per family (written once per session)."""
     import dare  # noqa: F401
     from dare.models.tiny import write_tiny_checkpoint
 
     root = tmp_path_factory.mktemp("tiny")
-    return {f: write_tiny_checkpoint(f, root / f, seed=1) for f in MDLM_FAMILIES}
+    return {f: write_tiny_checkpoint(f, root / f, seed=1) for f in ALL_FAMILIES}

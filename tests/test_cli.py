@@ -5,7 +5,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import MDLM_FAMILIES
+from conftest import ALL_FAMILIES
 
 from dare.cli import main
 
@@ -14,7 +14,7 @@ def run_cli(*args):
     return subprocess.run([sys.executable, "-m", "dare.cli", *args], capture_output=True, text=True, timeout=300)
 
 
-@pytest.mark.parametrize("family", MDLM_FAMILIES)
+@pytest.mark.parametrize("family", ALL_FAMILIES)
 def test_tiny_checkpoint_loads_with_automodel(family, tmp_path):
     out = tmp_path / family
     assert main(["tiny", "--family", family, "--out", str(out)]) == 0
@@ -27,7 +27,10 @@ def test_tiny_checkpoint_loads_with_automodel(family, tmp_path):
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     name, mask_id, vocab = proc.stdout.split()[-3:]
-    assert name == {"llada": "LLaDAModelLM", "dream": "DreamModel", "llada_moe": "LLaDAMoEModelLM"}[family]
+    assert name == {
+        "llada": "LLaDAModelLM", "dream": "DreamModel", "llada_moe": "LLaDAMoEModelLM", "sdar": "SDARForCausalLM",
+        "sdar_moe": "SDARMoeForCausalLM", "llada2": "LLaDA2MoeModelLM",
+    }[family]
     assert (int(mask_id), int(vocab)) == (259, 264)
     config = json.loads((out / "config.json").read_text())
     assert config["mask_token_id"] == 259

@@ -9,7 +9,7 @@ HELP = "write a tiny random HF checkpoint (2 layers, hidden 64) with DARE's byte
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--family", required=True, help="model family: llada, dream, llada_moe, ...")
+    parser.add_argument("--family", required=True, help="model family: llada, dream, llada_moe, sdar, sdar_moe, llada2 (see dare.FAMILIES)")
     parser.add_argument("--out", required=True, help="output directory")
     parser.add_argument("--seed", type=int, default=0, help="weight initialisation seed (default 0)")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])

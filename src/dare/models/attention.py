@@ -134,13 +134,18 @@ class AttentionLayout:
         return self._cache["dense"]
 
     def block_mask(self):
-        """FlexAttention ``BlockMask`` for this layout (None when full)."""
+        """FlexAttention ``BlockMask`` for this layout (None when full).
+
+        On CUDA the mask is built by a compiled ``create_block_mask``, which never materialises the dense
+        ``[B, Q, K]`` mask; eager (CPU) construction evaluates it densely, which is fine at test sizes.
+        """
         if self.is_full:
             return None
         if "block" not in self._cache:
             from torch.nn.attention.flex_attention import create_block_mask
 
-            self._cache["block"] = create_block_mask(
+            build = _compiled_create_block_mask() if self.device.type == "cuda" else create_block_mask
+            self._cache["block"] = build(
                 self.mask_mod(), self.batch_size, None, self.q_len, self.kv_len, device=self.device
             )
         return self._cache["block"]
@@ -202,6 +207,13 @@ def build_layout(
         layout.cu_seqlens = cu_seqlens.to(device=device, dtype=torch.int32)
         layout.max_seqlen = int(cu_seqlens.diff().max())
     return layout
+
+
+@functools.cache
+def _compiled_create_block_mask():
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    return torch.compile(create_block_mask)
 
 
 @functools.cache

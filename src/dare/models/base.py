@@ -18,7 +18,14 @@ from transformers import PreTrainedConfig, PreTrainedModel
 from transformers.utils import ModelOutput
 
 from dare.errors import ConfigError, InputError
-from dare.models.attention import AttentionLayout, attend, build_layout, check_backend, documents_from_cu_seqlens
+from dare.models.attention import (
+    AttentionLayout,
+    MaskMod,
+    attend,
+    build_layout,
+    check_backend,
+    documents_from_cu_seqlens,
+)
 from dare.models.cache import KVCache
 from dare.models.layers import RMSNorm, apply_rope, default_positions, rope_angles
 
@@ -140,9 +147,22 @@ class DiffusionLM(PreTrainedModel):
     rope_dim: int  # rotary width per head (partial rotary < head_dim)
     rope_theta: float
 
-    def layout_rules(self, positions: torch.Tensor, cache: KVCache | None) -> dict:
-        """Extra :func:`build_layout` rules of the family (block-causal families add block ids)."""
-        return {}
+    def layout_rules(self, query_positions: torch.Tensor, key_positions: torch.Tensor, block_size: int | None) -> dict:
+        """The family's attention topology as :func:`build_layout` rules.
+
+        Full-attention families add nothing. Block-causal families (``spec.attention == "block_causal"``)
+        put token ``i`` in block ``position_i // block_size`` - the grid is anchored at position 0, as in the
+        reference samplers - and let a query see keys of its own and earlier blocks. Cached keys keep their
+        own positions (:attr:`KVCache.positions`).
+        """
+        if self.family.attention != "block_causal":
+            return {}
+        return {"q_block": query_positions // block_size, "k_block": key_positions // block_size}
+
+    @property
+    def block_size(self) -> int | None:
+        """Default block length of block-causal families: ``config.block_size`` if set, else the family's."""
+        return getattr(self.config, "block_size", None) or self.family.block_size
 
     # ---- shared machinery ---------------------------------------------------------------------
     @property
@@ -188,7 +208,8 @@ class DiffusionLM(PreTrainedModel):
         """transformers' ``from_pretrained`` with strict parameter names.
 
         Any missing, unexpected or mis-shaped tensor is an error naming the first few keys, instead of a
-        warning followed by a silently random-initialised model.
+        warning followed by a silently random-initialised model. With tied embeddings the checkpoint may omit
+        the tied copy (``lm_head.weight``) or contain it with the same values; different values are an error.
         """
         wants_info = kwargs.pop("output_loading_info", False)
         model, info = super().from_pretrained(pretrained_model_name_or_path, *args, output_loading_info=True, **kwargs)
@@ -198,6 +219,9 @@ class DiffusionLM(PreTrainedModel):
             if keys:
                 shown = ", ".join(keys[:3]) + (f" (+{len(keys) - 3} more)" if len(keys) > 3 else "")
                 problems.append(f"{label.replace('_', ' ')}: {shown}")
+        for target, source in model.get_expanded_tied_weights_keys(all_submodels=True).items():
+            if model.get_parameter(target) is not model.get_parameter(source):  # transformers only warns
+                problems.append(f"{target} differs from {source} although the config ties them")
         if problems:
             raise ConfigError(
                 f"checkpoint {pretrained_model_name_or_path} does not match {cls.__name__}: {'; '.join(problems)}"
@@ -214,6 +238,8 @@ class DiffusionLM(PreTrainedModel):
         *,
         cu_seqlens: torch.Tensor | None = None,
         attn_backend: str | None = None,
+        block_size: int | None = None,
+        attention_rule: MaskMod | None = None,
         return_hidden: bool = False,
         output_hidden_states: bool = False,
         return_dict: bool = True,
@@ -233,6 +259,11 @@ class DiffusionLM(PreTrainedModel):
             cu_seqlens: cumulative document lengths of a packed ``[1, total]`` row; documents never attend to
                 each other.
             attn_backend: ``sdpa`` (default), ``eager``, ``flex`` or ``varlen``.
+            block_size: block length of a block-causal family for this call (default :attr:`block_size`).
+            attention_rule: a FlexAttention ``mask_mod(b, h, q, k) -> bool`` over this call's queries and all
+                attended keys (cached + current) that *replaces* the family's topology (full / block-causal);
+                padding (``attention_mask``) and packing (``cu_seqlens``) still apply. Used for the ``[noisy ;
+                clean]`` block-diffusion training layout (:mod:`dare.models.block_diffusion`).
             return_hidden: skip the LM head (``logits=None``), e.g. for a chunked loss.
         """
         if labels is not None:
@@ -271,11 +302,20 @@ class DiffusionLM(PreTrainedModel):
             position_ids = default_positions(batch, length, device, attention_mask, doc_positions)
         elif tuple(position_ids.shape) != (batch, length):
             position_ids = position_ids.expand(batch, length)
+        position_ids = position_ids.to(device)
+        key_positions = position_ids if cache is None else cache.key_positions(position_ids)
+        if attention_rule is not None:
+            if block_size is not None:
+                raise InputError("pass block_size or attention_rule, not both (the rule defines the blocks)")
+            rules = {"extra": attention_rule}
+        else:
+            rules = self.layout_rules(position_ids, key_positions, self._resolve_block_size(block_size))
         layout = build_layout(
-            batch, length, kv_len, device,
-            attention_mask=attention_mask, cu_seqlens=cu_seqlens, **self.layout_rules(position_ids, cache),
+            batch, length, kv_len, device, attention_mask=attention_mask, cu_seqlens=cu_seqlens, **rules
         )
-        rope = rope_angles(position_ids.to(device), self.rope_dim, self.rope_theta)
+        if cache is not None:
+            cache.store_positions(key_positions)
+        rope = rope_angles(position_ids, self.rope_dim, self.rope_theta)
 
         all_hidden = [] if output_hidden_states else None
         checkpointing = self.gradient_checkpointing and self.training and torch.is_grad_enabled()
@@ -296,6 +336,16 @@ class DiffusionLM(PreTrainedModel):
             hidden_states=tuple(all_hidden) if all_hidden is not None else None,
             cache=cache,
         )
+
+    def _resolve_block_size(self, block_size: int | None) -> int | None:
+        if self.family.attention != "block_causal":
+            if block_size is not None:
+                raise InputError(f"block_size applies to block-causal families; {self.family.name} uses full attention")
+            return None
+        block_size = self.block_size if block_size is None else block_size
+        if not isinstance(block_size, int) or isinstance(block_size, bool) or block_size < 1:
+            raise InputError(f"block_size must be a positive integer; got {block_size!r}")
+        return block_size
 
     def denoise(self, input_ids: torch.Tensor, **kwargs) -> torch.Tensor:
         """Logits aligned so that position ``i`` predicts token ``i`` (applies the family's shift)."""

@@ -15,6 +15,9 @@ One object serves every caching scheme through its ``mode``:
 ``replace``
     overwrite slots ``[start, start + L)`` with this call's keys/values and attend over the whole cache
     (Fast-dLLM dual cache: prefix and suffix frozen, current block refreshed).
+
+The cache also remembers the RoPE position of every cached key (``positions``, shared by all layers), so
+position-dependent attention rules (block-causal masks) see cached keys at their own positions.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ class KVCache:
     replace_start: int = 0
     keys: list[torch.Tensor | None] = field(default_factory=list)
     values: list[torch.Tensor | None] = field(default_factory=list)
+    positions: torch.Tensor | None = None  # [B, S] positions of the cached keys (same for every layer)
 
     def set_mode(self, mode: str, replace_start: int = 0) -> KVCache:
         if mode not in CACHE_MODES:
@@ -47,6 +51,32 @@ class KVCache:
     def seq_len(self) -> int:
         """Number of cached positions (0 when empty)."""
         return 0 if not self.keys or self.keys[0] is None else self.keys[0].shape[2]
+
+    def key_positions(self, positions: torch.Tensor) -> torch.Tensor:
+        """Positions ``[B, K]`` of the keys a call with query ``positions [B, L]`` attends to, per ``mode``.
+
+        Pure: nothing is recorded until :meth:`store_positions`.
+        """
+        if self.seq_len == 0:
+            if self.mode == "replace":
+                raise InputError("cache mode 'replace' needs a filled cache")
+            return positions
+        if self.positions is None or self.positions.shape[1] != self.seq_len:
+            raise InputError("the cache holds keys without recorded positions; fill it through the model's forward")
+        cached = self.positions.to(positions.device)
+        if self.mode == "replace":
+            end = self.replace_start + positions.shape[1]
+            if end > cached.shape[1]:
+                raise InputError(f"replace slots [{self.replace_start}, {end}) exceed the cache length {cached.shape[1]}")
+            cached = cached.clone()
+            cached[:, self.replace_start:end] = positions
+            return cached
+        return torch.cat([cached.expand(positions.shape[0], -1), positions], dim=1)
+
+    def store_positions(self, key_positions: torch.Tensor) -> None:
+        """Record the key positions of a call (from :meth:`key_positions`); ``read`` mode stores nothing."""
+        if self.mode != "read":
+            self.positions = key_positions
 
     def update(self, layer: int, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Combine this call's ``key/value`` with the cache per ``mode``; return what to attend over."""
@@ -75,10 +105,14 @@ class KVCache:
         """Keep only the first ``length`` cached positions of every layer."""
         self.keys = [None if k is None else k[:, :, :length] for k in self.keys]
         self.values = [None if v is None else v[:, :, :length] for v in self.values]
+        if self.positions is not None:
+            self.positions = self.positions[:, :length]
         return self
 
     def reorder(self, index: torch.Tensor) -> KVCache:
         """Keep the batch rows ``index`` (e.g. drop finished sequences)."""
         self.keys = [None if k is None else k[index] for k in self.keys]
         self.values = [None if v is None else v[index] for v in self.values]
+        if self.positions is not None:
+            self.positions = self.positions[index]
         return self

@@ -92,12 +92,22 @@ class SoftmaxTopKMoE(nn.Module):
 class DecoderLayer(nn.Module):
     """Pre-norm block ``x + self_attn(input_layernorm x)`` then ``+ mlp(post_attention_layernorm h)``.
 
-    ``shared_expert`` (LLaDA-MoE naming), when given, is added to the MLP output.
+    ``shared_expert`` (LLaDA-MoE naming), when given, is added to the MLP output. ``attention_name`` is the
+    attribute (checkpoint name) of the attention module (``self_attn``; LLaDA2 uses ``attention``).
     """
 
-    def __init__(self, hidden: int, eps: float, self_attn: nn.Module, mlp: nn.Module, shared_expert: nn.Module | None = None):
+    def __init__(
+        self,
+        hidden: int,
+        eps: float,
+        self_attn: nn.Module,
+        mlp: nn.Module,
+        shared_expert: nn.Module | None = None,
+        attention_name: str = "self_attn",
+    ):
         super().__init__()
-        self.self_attn = self_attn
+        self.attention_name = attention_name
+        self.add_module(attention_name, self_attn)
         self.mlp = mlp
         self.input_layernorm = RMSNorm(hidden, eps)
         self.post_attention_layernorm = RMSNorm(hidden, eps)
@@ -105,7 +115,8 @@ class DecoderLayer(nn.Module):
             self.shared_expert = shared_expert
 
     def forward(self, x, rope, layout, cache, backend):
-        x = x + self.self_attn(self.input_layernorm(x), rope, layout, cache, backend)
+        attention = getattr(self, self.attention_name)
+        x = x + attention(self.input_layernorm(x), rope, layout, cache, backend)
         h = self.post_attention_layernorm(x)
         out = self.mlp(h)
         if hasattr(self, "shared_expert"):
@@ -114,27 +125,43 @@ class DecoderLayer(nn.Module):
 
 
 class DecoderBackbone(nn.Module):
-    """``embed_tokens``, ``layers``, ``norm`` (the ``model.`` prefix of HF decoder checkpoints)."""
+    """``embed_tokens``, ``layers``, ``norm`` (the ``model.`` prefix of HF decoder checkpoints).
 
-    def __init__(self, vocab_size: int, hidden: int, eps: float, layers: list[nn.Module]):
+    ``embedding_name`` is the checkpoint name of the token embedding (LLaDA2: ``word_embeddings``).
+    """
+
+    def __init__(
+        self, vocab_size: int, hidden: int, eps: float, layers: list[nn.Module], embedding_name: str = "embed_tokens"
+    ):
         super().__init__()
-        self.embed_tokens = nn.Embedding(vocab_size, hidden)
+        self.embedding_name = embedding_name
+        self.add_module(embedding_name, nn.Embedding(vocab_size, hidden))
         self.layers = nn.ModuleList(layers)
         self.norm = RMSNorm(hidden, eps)
 
+    @property
+    def embedding(self) -> nn.Embedding:
+        return getattr(self, self.embedding_name)
+
 
 class DecoderLM(DiffusionLM):
-    """A ``DecoderBackbone`` plus ``lm_head`` (or tied embeddings when ``tie_word_embeddings``).
+    """A ``DecoderBackbone`` plus ``lm_head``.
 
-    Families implement :meth:`build_layers` and :meth:`rotary_dim`.
+    With ``tie_word_embeddings`` the head shares the embedding matrix (transformers ties the parameters through
+    ``_tied_weights_keys``), so a checkpoint may omit ``lm_head.weight`` or carry an identical copy. Families
+    implement :meth:`build_layers` and :meth:`rotary_dim`.
     """
+
+    embedding_name = "embed_tokens"
+    _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
 
     def __init__(self, config: DiffusionConfig):
         super().__init__(config)
         layers = self.build_layers(config)
-        self.model = DecoderBackbone(config.vocab_size, config.hidden_size, config.rms_norm_eps, layers)
-        if not config.tie_word_embeddings:
-            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.model = DecoderBackbone(
+            config.vocab_size, config.hidden_size, config.rms_norm_eps, layers, embedding_name=self.embedding_name
+        )
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.rope_dim = self.rotary_dim(config)
         self.rope_theta = float(config.rope_theta)
         self.post_init()
@@ -152,21 +179,22 @@ class DecoderLM(DiffusionLM):
         return self.model.layers
 
     def embed(self, input_ids):
-        return self.model.embed_tokens(input_ids)
+        return self.model.embedding(input_ids)
 
     def final_norm(self, x):
         return self.model.norm(x)
 
     def head(self, x):
-        if self.config.tie_word_embeddings:
-            return F.linear(x, self.model.embed_tokens.weight)
         return self.lm_head(x)
 
     def get_input_embeddings(self) -> nn.Module:
-        return self.model.embed_tokens
+        return self.model.embedding
 
     def set_input_embeddings(self, value: nn.Module) -> None:
-        self.model.embed_tokens = value
+        setattr(self.model, self.embedding_name, value)
 
-    def get_output_embeddings(self) -> nn.Module | None:
-        return None if self.config.tie_word_embeddings else self.lm_head
+    def get_output_embeddings(self) -> nn.Module:
+        return self.lm_head
+
+    def set_output_embeddings(self, value: nn.Module) -> None:
+        self.lm_head = value
