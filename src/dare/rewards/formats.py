@@ -3,7 +3,8 @@
 * d1 / SPG (``diffu-grpo/reward_func.py``): ``xml_count`` (0.125 per well-placed
   ``<reasoning>``/``<answer>`` tag, minus 0.001 per character after ``</answer>``), ``soft_format`` and
   ``strict_format`` (the ``<reasoning>...</reasoning><answer>...</answer>`` layout, 1.0 here, weighted
-  0.5 by the ``d1_gsm8k`` preset), ``integer_answer`` (the answer tag holds only digits),
+  0.5 by the ``d1_gsm8k`` preset; as in d1 the soft pattern has no DOTALL, so tag contents spanning
+  lines fail it, and the strict one allows one line per tag), ``integer_answer`` (the answer tag holds only digits),
   ``boxed_format`` (d1 math ``boxed_in_answer``: 1 for answer tags + 1 for a box inside, else 0.5).
 * DiffuCoder (``src/open_r1/rewards.py::get_code_format_reward``): ``code_format`` is 1.0 when the
   completion is prose then exactly one ```` ```python ```` block closing the text and the code parses,

@@ -12,7 +12,7 @@ interpreter and reports how many tests passed. Layers, each probed once and repo
   the harness replaces the ``socket`` module's constructors, which stops Python-level sockets only.
 * Both: rlimits (address space, CPU seconds, file size, open files, processes; no core dumps), a
   wall-clock timeout that kills the whole process group, a minimal environment, ``python -I``. When
-  DARE runs as root, each worker slot runs as its own unprivileged uid (``base_uid + slot``): the
+  DARE runs as root, each concurrent run has its own unprivileged uid (from ``base_uid`` up): the
   process limit then holds (root ignores ``RLIMIT_NPROC``), the file system is read-only outside
   world-writable directories, and every leftover process of that uid is killed after the run. As
   root the sandbox therefore needs a Python that uid may execute: ``sys.executable`` if readable,
@@ -73,7 +73,7 @@ class SandboxConfig:
     python: str | None = None
     """Interpreter for the programs (default: ``sys.executable`` when the sandbox user can run it)."""
     base_uid: int = 64000
-    """When DARE runs as root, worker slot ``i`` runs as uid ``base_uid + i``."""
+    """When DARE runs as root, programs run as uids ``base_uid ... base_uid + max(64, 4 * workers) - 1``."""
     keep_output: int = 8192
     """Characters of stdout/stderr kept in each result."""
 
@@ -251,10 +251,13 @@ class Sandbox:
             raise ConfigError(f"sandbox timeout must be positive, got {config.timeout}")
         self.config = config
         self.workers = max(1, config.workers or os.cpu_count() or 1)
+        self._running = threading.BoundedSemaphore(self.workers)
+        # uids are handed out least-recently-used first: processes killed after a run can stay zombies
+        # (still counted by RLIMIT_NPROC) until init reaps them, so a uid rests before it is reused
+        self.uid_pool = max(64, 4 * self.workers)
         self._slots: Queue[int] = Queue()
-        for slot in range(self.workers):
+        for slot in range(self.uid_pool):
             self._slots.put(slot)
-        self._probe_lock = threading.Lock()
 
     # ------------------------------------------------------------------------------- probing
 
@@ -328,11 +331,18 @@ class Sandbox:
     def run(self, program: Program) -> ExecResult:
         """Run one program (blocks until done or timed out)."""
         setup = self._setup
-        slot = self._slots.get()
-        try:
-            return self._execute(program, slot=slot, setup=setup, timeout=self.config.timeout)
-        finally:
-            self._slots.put(slot)
+        with self._running:
+            slot = self._slots.get()
+            try:
+                return self._execute(program, slot=slot, setup=setup, timeout=self.config.timeout)
+            finally:
+                self._slots.put(slot)
+
+    def leftover_processes(self) -> list[int]:
+        """Live processes still running as one of this sandbox's uids (empty unless a kill failed)."""
+        if not self._setup["drop_uid"]:
+            return []
+        return [pid for slot in range(self.uid_pool) for pid in _pids_of_uid(self.config.base_uid + slot)]
 
     def run_many(self, programs: Iterable[Program], progress: bool = False, desc: str = "sandbox") -> list[ExecResult]:
         """Run programs on a bounded pool of ``workers``; results keep the input order."""
