@@ -101,12 +101,14 @@ class CountdownReward(Reward):
         try:
             value, used = evaluate(expr)
         except InvalidExpression as err:
-            return RewardResult(self.format_score, False, extracted=expr, components={"format": self.format_score}, info={"why": str(err)})
+            return self._invalid(expr, str(err))
         if Counter(used) != Counter(numbers):
-            why = f"uses {sorted(used)}, must use each of {sorted(numbers)} exactly once"
-            return RewardResult(self.format_score, False, extracted=expr, components={"format": self.format_score}, info={"why": why})
+            return self._invalid(expr, f"uses {sorted(used)}, must use each of {sorted(numbers)} exactly once")
         if value != target:
-            return RewardResult(
-                self.format_score, False, extracted=expr, components={"format": self.format_score}, info={"why": f"evaluates to {value}"}
-            )
+            return self._invalid(expr, f"evaluates to {value}")
         return RewardResult(self.correct_score, True, extracted=expr, components={"correct": self.correct_score})
+
+    def _invalid(self, expr: str, why: str) -> RewardResult:
+        """d1: an extracted but wrong or invalid expression still earns the format score."""
+        score = self.format_score
+        return RewardResult(score, False, extracted=expr, components={"format": score}, info={"why": why})
