@@ -282,6 +282,8 @@ def test_reasoning_gym_synthetic_tasks_are_deterministic():
     first, again = synthetic("countdown", 3, seed=7), synthetic("countdown", 3, seed=7)
     assert [s.target for s in first] == [s.target for s in again]
     assert all(get_benchmark("countdown").score([f"<answer>{s.answer}</answer>"], [s])[0].correct for s in first)
+    word = synthetic("gsm_symbolic", 2, seed=0)
+    assert all(get_benchmark("gsm8k").score([f"The answer is {s.answer}."], [s])[0].correct for s in word)
     grids = synthetic("sudoku", 2, seed=1)
     assert all(len(s.target["puzzle"]) == 16 for s in grids)
     assert all(get_benchmark("sudoku").score([f"<answer>{s.answer}</answer>"], [s])[0].correct for s in grids)
