@@ -16,6 +16,7 @@ from dare.errors import DareError
 
 COMMANDS = {
     "demo": "dare.commands.demo",
+    "eval": "dare.commands.eval",
     "tiny": "dare.commands.tiny",
 }
 

@@ -1,0 +1,118 @@
+"""Read benchmark rows from local files (jsonl, json, parquet, csv, directories) or HF datasets."""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from dare.errors import InputError
+
+SUFFIXES = (".jsonl", ".jsonl.gz", ".json", ".parquet", ".csv", ".tsv")
+
+
+def read_rows(source: str | os.PathLike | None, *, hf=None, split: str | None = None, config: str | None = None,
+              benchmark: str = "benchmark") -> list[dict[str, Any]]:
+    """Rows of ``source``: a local file or directory in the benchmark's native schema, ``hf:NAME`` or a
+    dataset name such as ``openai/gsm8k`` (needs ``datasets``), or None for the benchmark's default."""
+    if source is None:
+        if hf is None:
+            raise InputError(f"{benchmark}: no default dataset; pass a local file (jsonl/json/parquet/csv)")
+        return load_hf(hf.path, config or hf.name, split or hf.split)
+    text = str(source)
+    if text.startswith("hf:"):
+        return load_hf(text[3:], config or (hf.name if hf else None), split or (hf.split if hf else "test"))
+    path = Path(text).expanduser()
+    if path.is_dir():
+        files = sorted(p for p in path.rglob("*") if p.is_file() and p.name.endswith(SUFFIXES))
+        if not files:
+            raise InputError(f"{benchmark}: no {'/'.join(s.lstrip('.') for s in SUFFIXES)} files under {path}")
+        rows = []
+        for file in files:
+            rows.extend(read_file(file))
+        return rows
+    if path.exists():
+        return read_file(path)
+    if "/" in text and not text.startswith((".", "/", "~")) and not text.endswith(SUFFIXES):
+        return load_hf(text, config or (hf.name if hf else None), split or (hf.split if hf else "test"))
+    raise InputError(f"{benchmark}: no such file or directory: {text}")
+
+
+def read_file(path: Path) -> list[dict[str, Any]]:
+    name = path.name.lower()
+    if name.endswith((".jsonl", ".jsonl.gz")):
+        opener = gzip.open if name.endswith(".gz") else open
+        rows = []
+        with opener(path, "rt", encoding="utf-8") as f:
+            for lineno, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as err:
+                    raise InputError(f"{path}:{lineno}: invalid JSON ({err.msg})") from None
+                if not isinstance(row, dict):
+                    raise InputError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}")
+                rows.append(row)
+        return rows
+    if name.endswith(".json"):
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as err:
+            raise InputError(f"{path}: invalid JSON ({err.msg}, line {err.lineno})") from None
+        return _json_rows(data, path)
+    if name.endswith(".parquet"):
+        return _read_parquet(path)
+    if name.endswith((".csv", ".tsv")):
+        with open(path, newline="", encoding="utf-8") as f:
+            return [dict(row) for row in csv.DictReader(f, delimiter="\t" if name.endswith(".tsv") else ",")]
+    raise InputError(f"{path}: unsupported file type (use {', '.join(SUFFIXES)})")
+
+
+def _json_rows(data: Any, path: Path) -> list[dict[str, Any]]:
+    if isinstance(data, list):
+        if not all(isinstance(r, dict) for r in data):
+            raise InputError(f"{path}: expected a list of JSON objects")
+        return data
+    if isinstance(data, dict):
+        for key in ("data", "rows", "examples", "test"):
+            if isinstance(data.get(key), list):
+                return _json_rows(data[key], path)
+        values = list(data.values())
+        if values and all(isinstance(v, dict) for v in values):  # {id: row} (OpenCompass math.json)
+            return [{"id": str(k), **v} for k, v in data.items()]
+        return [data]  # one problem per file (the original MATH layout)
+    raise InputError(f"{path}: expected JSON objects, got {type(data).__name__}")
+
+
+def _read_parquet(path: Path) -> list[dict[str, Any]]:
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        try:
+            import pandas as pd
+        except ImportError:
+            raise InputError(f"{path}: reading parquet needs pyarrow (pip install pyarrow)") from None
+        return pd.read_parquet(path).to_dict(orient="records")
+    return pq.read_table(path).to_pylist()
+
+
+def load_hf(name: str, config: str | None, split: str) -> list[dict[str, Any]]:
+    """Rows of a HF dataset (hub name or local dataset directory) through ``datasets``."""
+    try:
+        import datasets
+    except ImportError:
+        raise InputError(f"loading '{name}' needs the datasets library (pip install datasets), or pass a local file") from None
+    try:
+        if Path(name).is_dir() and (Path(name) / "dataset_info.json").exists():
+            ds = datasets.load_from_disk(name)
+            ds = ds[split] if isinstance(ds, datasets.DatasetDict) else ds
+        else:
+            ds = datasets.load_dataset(name, config, split=split)
+    except Exception as err:  # network, missing split/config: one line, not a stack trace
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise InputError(f"cannot load dataset '{name}' (config {config}, split {split}): {first}") from None
+    return [dict(row) for row in ds]

@@ -1,0 +1,109 @@
+"""The results file: one JSON document per evaluation run.
+
+Schema ``dare.eval.results/1``::
+
+    {
+      "schema": "dare.eval.results/1", "created": "2026-...Z", "dare_version": "0.1.0",
+      "benchmark": "gsm8k",
+      "data": {"source": "...", "split": "test", "limit": null},
+      "model": {"path": "...", "family": "llada", "dtype": "bfloat16", ...},
+      "sampler": {"name": "llada", "settings": {"gen_length": 256, "steps": 256, "block_length": 32,
+                                               "temperature": 0.0, ...every decoding setting...}},
+      "seed": 0,
+      "prompt": {"template": "few_shot", "shots": 5, "chat": true, "fewshot_seed": 0},
+      "metrics": {"accuracy": 0.79, "pass@1": ..., ...},
+      "num_problems": 1319, "num_predictions": 1319,
+      "samples": [{"id": "...", "sample_index": 0, "prompt": "...", "prediction": "...",
+                   "extracted": "42", "gold": "42", "correct": true, "reward": 1.0,
+                   "partial": null, "components": {...}, "info": {...}}, ...]
+    }
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from dare.errors import InputError
+
+SCHEMA = "dare.eval.results/1"
+
+
+@dataclass
+class EvalResults:
+    """An evaluation run: settings, metrics and per-sample records."""
+
+    benchmark: str
+    metrics: dict[str, float]
+    samples: list[dict[str, Any]]
+    """Per-prediction records (id, sample_index, prompt, prediction, extracted, gold, correct, reward, ...)."""
+    model: dict[str, Any] = field(default_factory=dict)
+    sampler: dict[str, Any] = field(default_factory=dict)
+    """``{"name": sampler, "settings": {every decoding setting}}``."""
+    seed: int | None = None
+    prompt: dict[str, Any] = field(default_factory=dict)
+    """``{"template", "shots", "chat", "fewshot_seed"}``."""
+    data: dict[str, Any] = field(default_factory=dict)
+    """``{"source", "split", "limit"}``."""
+    num_problems: int = 0
+    num_predictions: int = 0
+    created: str = field(default_factory=lambda: datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"))
+    dare_version: str = ""
+
+    def __post_init__(self):
+        if not self.dare_version:
+            from dare import __version__
+
+            self.dare_version = __version__
+
+    def summary(self) -> dict[str, Any]:
+        """What ``dare eval score`` prints: benchmark, counts and metrics."""
+        return {
+            "benchmark": self.benchmark,
+            "num_problems": self.num_problems,
+            "num_predictions": self.num_predictions,
+            "metrics": self.metrics,
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema": SCHEMA,
+            "created": self.created,
+            "dare_version": self.dare_version,
+            "benchmark": self.benchmark,
+            "data": self.data,
+            "model": self.model,
+            "sampler": self.sampler,
+            "seed": self.seed,
+            "prompt": self.prompt,
+            "metrics": self.metrics,
+            "num_problems": self.num_problems,
+            "num_predictions": self.num_predictions,
+            "samples": self.samples,
+        }
+
+    def write(self, path: str | os.PathLike) -> Path:
+        """Write the JSON document (atomically: a partial file never replaces a good one)."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(self.to_dict(), indent=1, ensure_ascii=False, default=str), encoding="utf-8")
+        os.replace(tmp, path)
+        return path
+
+    @classmethod
+    def read(cls, path: str | os.PathLike) -> EvalResults:
+        try:
+            data = json.loads(Path(path).read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise InputError(f"no such results file: {path}") from None
+        except json.JSONDecodeError as err:
+            raise InputError(f"{path}: not a results file (invalid JSON: {err.msg})") from None
+        if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+            raise InputError(f"{path}: not a DARE results file (schema {data.get('schema') if isinstance(data, dict) else None!r})")
+        data.pop("schema")
+        return cls(**data)

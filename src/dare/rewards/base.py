@@ -1,0 +1,160 @@
+"""Reward plug-ins: the result type, the base class and the registry.
+
+A reward scores a batch of completions against the ground truth carried by each sample (a mapping):
+``get_reward("countdown").score(completions, samples) -> list[RewardResult]``. ``reward`` is what RL
+optimises, ``correct`` is accuracy, ``partial`` is the partial credit (fraction of sudoku cells or of
+code tests) reported apart from accuracy, ``components`` holds the weighted parts of a combined reward.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from dare.errors import ConfigError, InputError, unknown_choice
+
+
+@dataclass
+class RewardResult:
+    """The verdict on one completion."""
+
+    reward: float
+    """Scalar optimised by RL (weighted sum of the components for a combined reward)."""
+    correct: bool
+    """Accuracy: the completion solves the task."""
+    partial: float | None = None
+    """Partial credit in [0, 1] where the task defines one (sudoku cells, code tests), else None."""
+    extracted: Any = None
+    """The answer read from the completion (number, expression, grid, code), None if none was found."""
+    components: dict[str, float] = field(default_factory=dict)
+    """Named parts of the reward (e.g. ``{"code": 2.0, "code_format": 0.5}``), already weighted."""
+    info: dict[str, Any] = field(default_factory=dict)
+    """Free-form details (why it failed, sandbox status, ...)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "reward": self.reward,
+            "correct": self.correct,
+            "partial": self.partial,
+            "extracted": self.extracted if isinstance(self.extracted, (str, int, float, type(None))) else str(self.extracted),
+            "components": dict(self.components),
+            "info": dict(self.info),
+        }
+
+
+class Reward:
+    """Base class of reward plug-ins; subclasses implement :meth:`score_one` (or :meth:`score`)."""
+
+    name: ClassVar[str] = ""
+    required_fields: ClassVar[tuple[str, ...]] = ()
+    """Ground-truth keys every sample must carry (checked with a one-line error)."""
+
+    def score_one(self, completion: str, sample: Mapping[str, Any]) -> RewardResult:
+        raise NotImplementedError
+
+    def score(self, completions: Sequence[str], samples: Sequence[Mapping[str, Any]]) -> list[RewardResult]:
+        """Score ``completions[i]`` against ``samples[i]``."""
+        self.check(completions, samples)
+        return [self.score_one(c, s) for c, s in zip(completions, samples)]
+
+    def __call__(self, completions: Sequence[str], samples: Sequence[Mapping[str, Any]]) -> list[float]:
+        """Plain rewards (what RL consumes)."""
+        return [r.reward for r in self.score(completions, samples)]
+
+    def check(self, completions: Sequence[str], samples: Sequence[Mapping[str, Any]]) -> None:
+        if len(completions) != len(samples):
+            raise InputError(f"reward '{self.name}': {len(completions)} completions for {len(samples)} samples")
+        for i, sample in enumerate(samples):
+            missing = [k for k in self.required_fields if k not in sample]
+            if missing:
+                raise InputError(
+                    f"reward '{self.name}': sample {i} lacks {', '.join(missing)} (has: {', '.join(sorted(sample)) or 'nothing'})"
+                )
+        for i, completion in enumerate(completions):
+            if not isinstance(completion, str):
+                raise InputError(f"reward '{self.name}': completion {i} is {type(completion).__name__}, expected str")
+
+
+REWARDS: dict[str, Callable[..., Reward]] = {}
+
+
+def register_reward(name: str) -> Callable[[type[Reward]], type[Reward]]:
+    """Class decorator adding a reward plug-in to the registry under ``name``."""
+
+    def wrap(cls: type[Reward]) -> type[Reward]:
+        if name in REWARDS:
+            raise ValueError(f"reward '{name}' registered twice")
+        cls.name = name
+        REWARDS[name] = cls
+        return cls
+
+    return wrap
+
+
+class WeightedSum(Reward):
+    """``reward = Σ w_i · r_i``; ``correct``/``partial``/``extracted`` come from the first reward."""
+
+    def __init__(self, parts: Sequence[tuple[str, float, Reward]]):
+        if not parts:
+            raise ConfigError("a combined reward needs at least one part")
+        self.parts = list(parts)
+        self.name = "+".join(name for name, _, _ in parts)
+
+    def score(self, completions, samples):
+        per_part = [(name, weight, reward.score(completions, samples)) for name, weight, reward in self.parts]
+        out = []
+        for i in range(len(completions)):
+            first = per_part[0][2][i]
+            components = {name: weight * results[i].reward for name, weight, results in per_part}
+            info = {name: results[i].info for name, _, results in per_part if results[i].info}
+            out.append(
+                RewardResult(
+                    reward=sum(components.values()),
+                    correct=first.correct,
+                    partial=first.partial,
+                    extracted=first.extracted,
+                    components=components,
+                    info=info,
+                )
+            )
+        return out
+
+
+PRESETS: dict[str, dict[str, Any]] = {
+    # Coupled-GRPO / DiffuCoder recipes/config_coupled_code.yaml: reward_funcs [code, code_format],
+    # weights [2.0, 0.5]; tests only run for a well-formed single ```python block.
+    "coupled_grpo_code": {"code": {"weight": 2.0, "require_format": True}, "code_format": 0.5},
+    # d1 / SPG diffu_grpo_train.py for gsm8k: xmlcount + soft + strict format + int + correctness (2.0).
+    "d1_gsm8k": {"gsm8k": 2.0, "xml_count": 1.0, "soft_format": 0.5, "strict_format": 0.5, "integer_answer": 0.5},
+    # d1 / SPG for math: correctness (2.0) + 0.5 * boxed_in_answer.
+    "d1_math": {"math": 2.0, "boxed_format": 0.5},
+    # d1 / SPG countdown and sudoku use a single reward each.
+    "d1_countdown": {"countdown": 1.0},
+    "d1_sudoku": {"sudoku": 1.0},
+}
+
+
+def get_reward(spec: str | Mapping[str, Any], **options: Any) -> Reward:
+    """Build a reward from a registered name, a preset name, or ``{name: weight | {weight, **options}}``.
+
+    ``get_reward("math")``; ``get_reward("code", timeout=5)``; ``get_reward("coupled_grpo_code")``;
+    ``get_reward({"math": 2.0, "boxed_format": 0.5})``.
+    """
+    import dare.rewards  # noqa: F401  (registers the built-in plug-ins)
+
+    if isinstance(spec, str):
+        if spec in REWARDS:
+            try:
+                return REWARDS[spec](**options)
+            except TypeError as err:
+                raise ConfigError(f"reward '{spec}': {err}") from None
+        if spec in PRESETS:
+            return get_reward(PRESETS[spec])
+        raise unknown_choice("reward", spec, [*REWARDS, *PRESETS])
+    parts = []
+    for name, value in spec.items():
+        opts = dict(value) if isinstance(value, Mapping) else {"weight": value}
+        weight = float(opts.pop("weight", 1.0))
+        parts.append((name, weight, get_reward(name, **opts)))
+    return WeightedSum(parts)
