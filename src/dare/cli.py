@@ -17,6 +17,8 @@ from dare.errors import DareError
 COMMANDS = {
     "demo": "dare.commands.demo",
     "tiny": "dare.commands.tiny",
+    "train": "dare.commands.train",
+    "merge-lora": "dare.commands.merge_lora",
 }
 
 
