@@ -15,6 +15,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dry-run", action="store_true", help="validate and print the resolved config, then exit")
 
 
+def take_extra(args: argparse.Namespace, extra: list[str]) -> bool:
+    """Accept ``key=value`` overrides that argparse left over (e.g. after ``--dry-run``)."""
+    if not all("=" in item and not item.startswith("-") for item in extra):
+        return False
+    args.overrides = [*args.overrides, *extra]
+    return True
+
+
 def run(args: argparse.Namespace) -> int:
     from dare.config import describe, to_dict
     from dare.trainer.config import TrainConfig, load_train_config

@@ -105,7 +105,8 @@ def apply_fsdp(model, blocks, info: DistInfo, mixed_precision: str = "auto", res
     """FSDP2: ``fully_shard`` every transformer block, then the root; gradients are **summed** across ranks.
 
     The trainer's losses are already normalised by global-batch counts, so the default division of the
-    reduced gradient by the world size is switched off (``set_gradient_divide_factor(1)``).
+    reduced gradient by the world size is switched off (``set_gradient_divide_factor(1)`` with plain SUM
+    collectives, which gloo supports too).
     """
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import FSDPModule, fully_shard
@@ -118,6 +119,7 @@ def apply_fsdp(model, blocks, info: DistInfo, mixed_precision: str = "auto", res
     for module in model.modules():
         if isinstance(module, FSDPModule):
             module.set_gradient_divide_factor(1.0)
+            module.set_force_sum_reduction_for_comms(True)  # plain SUM (gloo has no PREMUL_SUM)
     return model
 
 
