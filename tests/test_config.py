@@ -57,3 +57,12 @@ def test_every_field_is_documented():
     assert len(lines) > 40
     undocumented = [line for line in lines if line.endswith("# ")]
     assert not undocumented, undocumented
+
+
+def test_shipped_recipes_validate():
+    from pathlib import Path
+
+    recipes = sorted((Path(__file__).resolve().parents[1] / "configs").rglob("*.yaml"))
+    assert len(recipes) >= 4
+    for recipe in recipes:
+        load_train_config(recipe, [])

@@ -165,3 +165,12 @@ def test_sft_config_errors_name_the_option():
         resolve_algorithm_config({"name": "sft", "normalize": "lada"})
     with pytest.raises(ConfigError, match="unknown algorithm 'stf'"):
         resolve_algorithm_config({"name": "stf"})
+
+
+def test_gradient_checkpointing_gives_the_same_gradients(tmp_path):
+    plain = grads_of(Trainer(small_config(tmp_path / "a", "model.path=tiny:llada_moe")))
+    ckpt = Trainer(small_config(tmp_path / "b", "model.path=tiny:llada_moe", "model.gradient_checkpointing=true"))
+    from dare.models.loading import unwrap
+
+    assert unwrap(ckpt.model).is_gradient_checkpointing
+    assert_same(plain, grads_of(ckpt))
