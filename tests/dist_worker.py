@@ -2,7 +2,7 @@
 
 Run as ``torchrun --nproc_per_node N tests/dist_worker.py OUT_DIR`` (FSDP2 over gloo) or as a plain
 ``python`` process (no process group). Rank 0 writes ``OUT_DIR/result.pt``: per variant the step-0 loss, the
-full gradients and the exported weights after two optimizer steps.
+full gradients and the weights after two optimizer steps (also exported to ``OUT_DIR/VARIANT/final``).
 """
 
 import sys
@@ -41,6 +41,7 @@ def main(out_dir: Path) -> None:
         trainer.optimizer_step()
         state = {n: full(p.detach()).clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
         micro = len(trainer.source.batch(0))
+        trainer.export(out_dir / name / "final")  # gathers the sharded weights (collective)
         result[name] = {"loss": float(metrics["loss"]), "loss_1": float(metrics_1["loss"]), "grads": grads,
                         "params": state, "micro_batches_rank0": micro}
     if info.is_main:

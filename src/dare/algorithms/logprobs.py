@@ -38,3 +38,22 @@ def selected_logprobs(logits: torch.Tensor, targets: torch.Tensor, select: torch
     if not bool(select.any()):
         out = out + 0.0 * logits.sum()
     return out
+
+
+def mc_elbo(model, input_ids: torch.Tensor, views, example_index: torch.Tensor, *, inverse_t: bool = True,
+            attn_backend: str | None = None, **layout) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-example Monte-Carlo ELBO terms of ``model`` on stored corruptions ``views`` (``[R, n, S]``).
+
+    One forward per MC sample (memory of one graph per sample while gradients are kept). Calling it for the
+    policy and the reference with the *same* ``views`` is the antithetic (shared-noise) estimator of VRPO:
+    equal models give exactly equal terms. Returns ``(example indices [E], terms [E, n])``; average the last
+    dim for the estimate (:func:`dare.diffusion.sequence_elbo` for the per-term definition).
+    """
+    from dare.diffusion.elbo import sequence_elbo
+
+    n = views.noisy_ids.shape[1]
+    logps = []
+    for m in range(n):
+        logits = aligned_logits(model, views.noisy_ids[:, m], attn_backend=attn_backend, **layout)
+        logps.append(selected_logprobs(logits, input_ids, views.mask[:, m]))
+    return sequence_elbo(torch.stack(logps, 1), views.mask, views.p_mask, example_index, inverse_t=inverse_t)

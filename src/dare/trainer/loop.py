@@ -65,6 +65,9 @@ class Trainer:
             save_yaml(config_dict(config), self.output_dir / "config.yaml")
         torch.manual_seed(cfg.trainer.seed)
 
+        if self.info.device.type == "cpu" and cfg.model.attn_backend in ("flex", "varlen"):
+            raise ConfigError(f"model.attn_backend={cfg.model.attn_backend} cannot train on CPU "
+                              "(flex has no CPU backward, varlen needs CUDA); use sdpa or eager")
         model = load_model(cfg.model.path, dtype=resolve_dtype(cfg.model.dtype), device=self.info.device)
         self.tokenizer = load_tokenizer(cfg.model.tokenizer or cfg.model.path)
         self.token_ids = family_of(model).token_ids(model.config)
@@ -210,8 +213,11 @@ class Trainer:
         state = get_model_state_dict(self.model, options=options)
         if self.info.is_main:
             out.mkdir(parents=True, exist_ok=True)
-            target = self.model if self.trainable_only else unwrap(self.model)
-            target.save_pretrained(str(out), state_dict=state, safe_serialization=True)
+            if self.trainable_only:  # peft adapter (embeddings are never resized: do not save them)
+                self.model.save_pretrained(str(out), state_dict=state, safe_serialization=True,
+                                           save_embedding_layers=False)
+            else:
+                unwrap(self.model).save_pretrained(str(out), state_dict=state, safe_serialization=True)
             self.tokenizer.save_pretrained(str(out))
         barrier(self.info)
         return out
