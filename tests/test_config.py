@@ -49,7 +49,16 @@ def test_cli_error_is_one_line_and_dry_run_resolves(tmp_path):
     assert ok.returncode == 0, ok.stderr
     resolved = yaml.safe_load(ok.stdout)
     assert resolved["optim"]["lr"] == 0.5 and resolved["algorithm"]["normalize"] == "llada"
-    assert TrainConfig.__name__ and load_train_config(None, []).trainer.seed == 0
+
+
+def test_section_shorthands(tmp_path):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("algorithm: sft\nlora:\n")
+    cfg = load_train_config(recipe, [])
+    assert cfg.algorithm.name == "sft" and cfg.lora.enabled is False
+    recipe.write_text("algorithm: [1, 2]\n")
+    with pytest.raises(ConfigError, match="algorithm section must be a mapping"):
+        load_train_config(recipe, [])
 
 
 def test_every_field_is_documented():

@@ -67,6 +67,8 @@ def _coerce(value, tp, key: str):
     if dataclasses.is_dataclass(tp):
         if isinstance(value, tp):
             return value
+        if value is None:  # an empty YAML section
+            return tp()
         if not isinstance(value, dict):
             raise ConfigError(f"config key '{key}': expected a mapping of {_type_name(tp)} fields, got {value!r}")
         return from_dict(tp, value, prefix=f"{key}.")

@@ -99,8 +99,14 @@ def get_algorithm(name: str) -> type[Algorithm]:
 
 def resolve_algorithm_config(section) -> object:
     """Validate an ``algorithm:`` section (mapping with ``name``) against that algorithm's config class."""
-    if not isinstance(section, dict):
+    if isinstance(section, AlgorithmConfig):
         return section
+    if isinstance(section, str):  # "algorithm: sft"
+        section = {"name": section}
+    if section is None:
+        section = {}
+    if not isinstance(section, dict):
+        raise ConfigError(f"the algorithm section must be a mapping with 'name'; got {section!r}")
     name = section.get("name", "sft")
     if not isinstance(name, str):
         raise ConfigError(f"algorithm.name must be a string; got {name!r}")

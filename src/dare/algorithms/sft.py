@@ -30,7 +30,7 @@ class SFTConfig(AlgorithmConfig):
 
     def __post_init__(self):
         resolve_normalization(self.normalize)
-        self.process  # validates schedule and range
+        _ = self.process  # ForwardProcess validates the schedule and the range
 
     @property
     def process(self) -> ForwardProcess:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from dare.diffusion.noise import example_generator, sample_t
-from dare.errors import ConfigError, InputError
+from dare.errors import ConfigError, InputError, unknown_choice
 
 SCHEDULES = ("continuous", "discrete")
 BLOCK_ORIGINS = ("response", "global")
@@ -59,16 +59,12 @@ class ForwardProcess:
 
     def __post_init__(self):
         if self.schedule not in SCHEDULES:
-            from dare.errors import unknown_choice
-
             raise unknown_choice("masking schedule", self.schedule, SCHEDULES)
         if not 0.0 < self.t_low <= self.t_high <= 1.0:
             raise ConfigError(f"masking ratio range must satisfy 0 < t_low <= t_high <= 1; got [{self.t_low}, {self.t_high}]")
         if self.block_size is not None and self.block_size < 1:
             raise ConfigError(f"block_size must be positive; got {self.block_size}")
         if self.block_origin not in BLOCK_ORIGINS:
-            from dare.errors import unknown_choice
-
             raise unknown_choice("block origin", self.block_origin, BLOCK_ORIGINS)
 
 

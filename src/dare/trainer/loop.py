@@ -26,7 +26,6 @@ from collections import defaultdict
 from pathlib import Path
 
 import torch
-from tensordict import TensorDict
 
 from dare.algorithms import get_algorithm
 from dare.config import save_yaml
