@@ -58,15 +58,15 @@ class Trainer:
         self.config = config
         cfg = config
         self.info = info or init_distributed(cfg.distributed.backend, cfg.distributed.device)
+        if self.info.device.type == "cpu" and cfg.model.attn_backend in ("flex", "varlen"):
+            raise ConfigError(f"model.attn_backend={cfg.model.attn_backend} cannot train on CPU "
+                              "(flex has no CPU backward, varlen needs CUDA); use sdpa or eager")
         self.output_dir = Path(cfg.trainer.output_dir)
         if self.info.is_main:
             self.output_dir.mkdir(parents=True, exist_ok=True)
             save_yaml(config_dict(config), self.output_dir / "config.yaml")
         torch.manual_seed(cfg.trainer.seed)
 
-        if self.info.device.type == "cpu" and cfg.model.attn_backend in ("flex", "varlen"):
-            raise ConfigError(f"model.attn_backend={cfg.model.attn_backend} cannot train on CPU "
-                              "(flex has no CPU backward, varlen needs CUDA); use sdpa or eager")
         model = load_model(cfg.model.path, dtype=resolve_dtype(cfg.model.dtype), device=self.info.device)
         self.tokenizer = load_tokenizer(cfg.model.tokenizer or cfg.model.path)
         self.token_ids = family_of(model).token_ids(model.config)
