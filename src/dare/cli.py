@@ -1,7 +1,7 @@
 """The ``dare`` command.
 
 Each sub-command is a module in :mod:`dare.commands` with ``HELP``, ``configure(parser)`` and
-``run(args) -> int``; heavy imports happen inside ``run`` so ``dare --help`` stays fast. User errors
+``run(args) -> int`` (optionally ``take_extra(args, extra) -> bool`` for trailing positionals); heavy imports happen inside ``run`` so ``dare --help`` stays fast. User errors
 (:class:`~dare.errors.DareError`) are printed as one line (``error: ...``, exit status 2), never as a
 stack trace.
 """
@@ -18,6 +18,8 @@ COMMANDS = {
     "demo": "dare.commands.demo",
     "eval": "dare.commands.eval",
     "tiny": "dare.commands.tiny",
+    "train": "dare.commands.train",
+    "merge-lora": "dare.commands.merge_lora",
 }
 
 
@@ -33,11 +35,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
     if args.command is None:
         parser.print_help()
         return 2
     module = importlib.import_module(COMMANDS[args.command])
+    if extra:  # positionals after an option (``dare train CFG --dry-run k=v``): the command may take them
+        if not hasattr(module, "take_extra") or not module.take_extra(args, extra):
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         return module.run(args) or 0
     except DareError as err:

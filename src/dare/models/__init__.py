@@ -7,6 +7,7 @@ from dare.models.dream import DreamConfig, DreamModel
 from dare.models.llada import LLaDAConfig, LLaDAModelLM
 from dare.models.llada2 import LLaDA2MoeConfig, LLaDA2MoeModelLM
 from dare.models.llada_moe import LLaDAMoEConfig, LLaDAMoEModelLM
+from dare.models.loading import load_model, load_tokenizer
 from dare.models.sdar import SDARConfig, SDARForCausalLM, SDARMoeConfig, SDARMoeForCausalLM
 from dare.models.spec import FAMILIES, FamilySpec, TokenIds, family_of, get_family, register_family
 
@@ -15,5 +16,5 @@ __all__ = [
     "DiffusionLMOutput", "KVCache", "DreamConfig", "DreamModel", "LLaDAConfig", "LLaDAModelLM",
     "LLaDAMoEConfig", "LLaDAMoEModelLM", "LLaDA2MoeConfig", "LLaDA2MoeModelLM", "SDARConfig", "SDARForCausalLM",
     "SDARMoeConfig", "SDARMoeForCausalLM", "FAMILIES", "FamilySpec", "TokenIds", "family_of", "get_family",
-    "register_family",
+    "register_family", "load_model", "load_tokenizer",
 ]

@@ -1,0 +1,23 @@
+"""``dare merge-lora --adapter DIR --out DIR``: merge a LoRA adapter into a full HF checkpoint."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+HELP = "merge a LoRA adapter into its base model and write a full checkpoint that AutoModel loads"
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--adapter", required=True, help="adapter directory (e.g. RUN/final)")
+    parser.add_argument("--out", required=True, help="output checkpoint directory")
+    parser.add_argument("--base", default=None, help="base model (default: the one recorded in the adapter)")
+    parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+
+
+def run(args: argparse.Namespace) -> int:
+    from dare.models.lora import merge_adapter
+
+    out = merge_adapter(args.adapter, args.out, base=args.base, dtype=args.dtype)
+    print(json.dumps({"adapter": args.adapter, "out": str(out)}))
+    return 0

@@ -1,0 +1,50 @@
+"""``dare train CONFIG.yaml [key=value ...]``: train with a recipe (torchrun for several processes)."""
+
+from __future__ import annotations
+
+import argparse
+
+HELP = "train a model from a YAML recipe with key=value overrides (multi-GPU: torchrun -m dare.cli train ...)"
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("config", nargs="?", help="recipe YAML (e.g. configs/llada/sft_tiny.yaml)")
+    parser.add_argument("overrides", nargs="*", help="key=value overrides, e.g. optim.lr=1e-5 trainer.max_steps=10")
+    parser.add_argument("--show-config", action="store_true",
+                        help="print every config key with its type, default and meaning, then exit")
+    parser.add_argument("--dry-run", action="store_true", help="validate and print the resolved config, then exit")
+
+
+def take_extra(args: argparse.Namespace, extra: list[str]) -> bool:
+    """Accept ``key=value`` overrides that argparse left over (e.g. after ``--dry-run``)."""
+    if not all("=" in item and not item.startswith("-") for item in extra):
+        return False
+    args.overrides = [*args.overrides, *extra]
+    return True
+
+
+def run(args: argparse.Namespace) -> int:
+    from dare.config import describe, to_dict
+    from dare.trainer.config import TrainConfig, load_train_config
+
+    if args.show_config:
+        from dare.algorithms import ALGORITHMS
+
+        print("\n".join(describe(TrainConfig)))
+        for name, cls in sorted(ALGORITHMS.items()):
+            print(f"# algorithm.name={name}")
+            print("\n".join(describe(cls.config_class, "algorithm.")))
+        return 0
+    config_path, overrides = args.config, list(args.overrides)
+    if config_path is not None and "=" in config_path:
+        config_path, overrides = None, [config_path, *overrides]
+    config = load_train_config(config_path, overrides)
+    if args.dry_run:
+        import yaml
+
+        print(yaml.safe_dump(to_dict(config), sort_keys=False), end="")
+        return 0
+    from dare.trainer import run_training
+
+    run_training(config)
+    return 0

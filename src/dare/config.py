@@ -1,0 +1,208 @@
+"""Typed configs: ``@dataclass`` trees loaded from YAML + ``key=value`` overrides.
+
+* Every field has a type annotation and an attribute docstring (the string literal under it);
+  :func:`describe` lists them (``dare train --show-config``).
+* Unknown keys are errors naming the closest valid key (``unknown config key 'optim.lrr' (did you mean
+  'optim.lr'?)``); values are checked against the annotation (``int``, ``float``, ``bool``, ``str``,
+  ``X | None``, ``list[X]``, ``dict``, nested dataclasses).
+* A field annotated ``Any`` keeps its raw mapping; the owner resolves it (e.g. the algorithm section,
+  whose schema depends on ``algorithm.name``).
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import inspect
+import textwrap
+import types
+import typing
+from pathlib import Path
+from typing import Any
+
+from dare.errors import ConfigError, closest
+
+
+def _type_name(tp) -> str:
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def _coerce(value, tp, key: str):
+    """Check ``value`` against annotation ``tp``; return the (possibly converted) value."""
+    if tp is Any:
+        return value
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None:
+            if type(None) in args:
+                return None
+            raise ConfigError(f"config key '{key}' must not be null")
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(value, arg, key)
+            except ConfigError as err:
+                errors.append(str(err))
+        raise ConfigError(errors[0] if errors else f"config key '{key}': invalid value {value!r}")
+    if origin is typing.Literal:
+        choices = typing.get_args(tp)
+        if value not in choices:
+            hint = closest(str(value), [str(c) for c in choices])
+            extra = f" (did you mean '{hint}'?)" if hint else ""
+            raise ConfigError(f"config key '{key}': '{value}' is not one of {', '.join(map(str, choices))}{extra}")
+        return value
+    if origin in (list, tuple):
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"config key '{key}': expected a list, got {value!r}")
+        (inner, *_) = typing.get_args(tp) or (Any,)
+        items = [_coerce(v, inner, f"{key}[{i}]") for i, v in enumerate(value)]
+        return items if origin is list else tuple(items)
+    if origin is dict or tp is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"config key '{key}': expected a mapping, got {value!r}")
+        return dict(value)
+    if dataclasses.is_dataclass(tp):
+        if isinstance(value, tp):
+            return value
+        if value is None:  # an empty YAML section
+            return tp()
+        if not isinstance(value, dict):
+            raise ConfigError(f"config key '{key}': expected a mapping of {_type_name(tp)} fields, got {value!r}")
+        return from_dict(tp, value, prefix=f"{key}.")
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"config key '{key}': expected true/false, got {value!r}")
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise ConfigError(f"config key '{key}': expected an integer, got {value!r}")
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        raise ConfigError(f"config key '{key}': expected a number, got {value!r}")
+    if tp is str:
+        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+            return str(value)
+        raise ConfigError(f"config key '{key}': expected a string, got {value!r}")
+    return value
+
+
+def from_dict(cls, data: dict | None, prefix: str = ""):
+    """Build dataclass ``cls`` from a mapping; unknown keys and ill-typed values raise :class:`ConfigError`."""
+    data = dict(data or {})
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls) if f.init]
+    for key in data:
+        if key not in names:
+            full = f"{prefix}{key}"
+            hint = closest(str(key), names)
+            extra = f" (did you mean '{prefix}{hint}'?)" if hint else f"; valid keys: {', '.join(prefix + n for n in names)}"
+            raise ConfigError(f"unknown config key '{full}'{extra}")
+    kwargs = {name: _coerce(data[name], hints[name], f"{prefix}{name}") for name in names if name in data}
+    try:
+        return cls(**kwargs)
+    except TypeError as err:  # a required field without default
+        raise ConfigError(f"{prefix or cls.__name__}: {err}") from None
+
+
+def to_dict(obj) -> Any:
+    """Plain (YAML-ready) data of a config tree."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, (list, tuple)):
+        return [to_dict(v) for v in obj]
+    if isinstance(obj, dict):
+        return {k: to_dict(v) for k, v in obj.items()}
+    return obj
+
+
+def parse_overrides(overrides: list[str]) -> dict:
+    """``["a.b=1", "c=x"]`` -> nested dict with YAML-typed values (``1`` is an int, ``null`` is None)."""
+    from omegaconf import OmegaConf
+
+    tree: dict = {}
+    for item in overrides:
+        if "=" not in item or item.startswith("="):
+            raise ConfigError(f"override '{item}' must look like key=value")
+        key, raw = item.split("=", 1)
+        try:
+            value = OmegaConf.to_container(OmegaConf.create(f"v: {raw}" if raw.strip() else "v: ''"))["v"]
+        except Exception:  # malformed YAML value: keep the text
+            value = raw
+        node = tree
+        parts = key.strip().split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"override '{item}' conflicts with another override of '{part}'")
+        node[parts[-1]] = value
+    return tree
+
+
+def merge(base: dict, update: dict) -> dict:
+    """Recursive dict merge (``update`` wins; nested mappings are merged)."""
+    out = dict(base)
+    for key, value in update.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def load_yaml(path: str | Path) -> dict:
+    """Read a YAML mapping (one-line error for a missing file or bad YAML)."""
+    import yaml
+
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {path} does not exist")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        first = str(err).strip().splitlines()[0]
+        raise ConfigError(f"{path}: invalid YAML ({first})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of sections")
+    return data
+
+
+def save_yaml(data: dict, path: str | Path) -> None:
+    import yaml
+
+    Path(path).write_text(yaml.safe_dump(data, sort_keys=False))
+
+
+def field_docs(cls) -> dict[str, str]:
+    """Attribute docstrings of a dataclass (the string literal right under each field)."""
+    try:
+        source = textwrap.dedent(inspect.getsource(cls))
+    except (OSError, TypeError):
+        return {}
+    body = ast.parse(source).body[0].body
+    docs = {}
+    for node, after in zip(body, body[1:]):
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            if isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant) and isinstance(after.value.value, str):
+                docs[node.target.id] = " ".join(after.value.value.split())
+    return docs
+
+
+def describe(cls, prefix: str = "") -> list[str]:
+    """``key (type) = default  # doc`` lines for every field of a config tree."""
+    lines = []
+    docs = field_docs(cls)
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        tp = hints[f.name]
+        if dataclasses.is_dataclass(tp):
+            lines += describe(tp, f"{prefix}{f.name}.")
+            continue
+        default = f.default if f.default is not dataclasses.MISSING else (
+            f.default_factory() if f.default_factory is not dataclasses.MISSING else "(required)")
+        lines.append(f"{prefix}{f.name} ({_type_name(tp)}) = {default!r}  # {docs.get(f.name, '')}")
+    return lines

@@ -1,0 +1,132 @@
+"""torch.distributed helpers: process group from torchrun, FSDP2 wrapping, collectives on metric dicts.
+
+Run multi-process training with ``torchrun --nproc_per_node N -m dare.cli train CONFIG``. Without torchrun
+everything degrades to a single process (no process group, no sharding).
+
+Randomness is rank-independent by construction: corruption noise comes from per-example generators
+(:func:`dare.diffusion.example_generator`) and the data order from the step, never from the rank.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from dare.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    """Where this process stands: rank, world size, device, whether a process group exists."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    device: torch.device = torch.device("cpu")
+    backend: str | None = None
+
+    @property
+    def initialized(self) -> bool:
+        return self.backend is not None
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def launched_by_torchrun() -> bool:
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def init_distributed(backend: str = "auto", device: str = "auto", timeout_s: int = 1800) -> DistInfo:
+    """Initialise the process group when launched by torchrun (NCCL on CUDA, gloo on CPU)."""
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("distributed.device=cuda but no CUDA device is available")
+    if not launched_by_torchrun():
+        return DistInfo(device=torch.device("cuda:0" if device == "cuda" else "cpu"))
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    torch_device = torch.device(f"cuda:{local_rank}" if device == "cuda" else "cpu")
+    if device == "cuda":
+        torch.cuda.set_device(torch_device)
+    if backend == "auto":
+        backend = "nccl" if device == "cuda" else "gloo"
+    if not dist.is_initialized():
+        kwargs = {"device_id": torch_device} if device == "cuda" else {}
+        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s), **kwargs)
+    return DistInfo(rank=rank, world_size=world, local_rank=local_rank, device=torch_device, backend=backend)
+
+
+def shutdown(info: DistInfo) -> None:
+    if info.initialized and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def barrier(info: DistInfo) -> None:
+    if info.initialized:
+        dist.barrier()
+
+
+def all_reduce_dict(values: dict[str, torch.Tensor], info: DistInfo, op: str = "sum") -> dict[str, torch.Tensor]:
+    """Reduce a dict of scalars across ranks in one collective (float64 for exact counts)."""
+    if not values:
+        return {}
+    keys = sorted(values)
+    flat = torch.stack([torch.as_tensor(values[k]).detach().to(torch.float64).reshape(()).cpu() for k in keys])
+    if info.initialized:
+        flat = flat.to(info.device) if info.backend == "nccl" else flat
+        dist.all_reduce(flat, op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX)
+        flat = flat.cpu()
+    return dict(zip(keys, flat.unbind(0)))
+
+
+def all_reduce_max_int(value: int, info: DistInfo) -> int:
+    return int(all_reduce_dict({"v": torch.tensor(float(value))}, info, op="max")["v"])
+
+
+def mixed_precision_policy(name: str, device: torch.device):
+    """FSDP2 ``MixedPrecisionPolicy``: bf16 params / fp32 reduce on CUDA (``auto``), none on CPU."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    if name == "auto":
+        name = "bf16" if device.type == "cuda" else "fp32"
+    if name == "bf16":
+        return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    return MixedPrecisionPolicy()
+
+
+def apply_fsdp(model, blocks, info: DistInfo, mixed_precision: str = "auto", reshard_after_forward: bool = True):
+    """FSDP2: ``fully_shard`` every transformer block, then the root; gradients are **summed** across ranks.
+
+    The trainer's losses are already normalised by global-batch counts, so the default division of the
+    reduced gradient by the world size is switched off (``set_gradient_divide_factor(1)`` with plain SUM
+    collectives, which gloo supports too).
+    """
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import FSDPModule, fully_shard
+
+    mesh = init_device_mesh(info.device.type, (info.world_size,))
+    policy = mixed_precision_policy(mixed_precision, info.device)
+    for block in blocks:
+        fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)
+    fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.set_gradient_divide_factor(1.0)
+            module.set_force_sum_reduction_for_comms(True)  # plain SUM (gloo has no PREMUL_SUM)
+    return model
+
+
+def autocast_context(name: str, device: torch.device):
+    """bf16 autocast for unsharded single-process CUDA runs (FSDP handles precision itself)."""
+    import contextlib
+
+    if device.type == "cuda" and name in ("auto", "bf16"):
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()

@@ -1,0 +1,115 @@
+"""Loading models, tokenizers and LoRA adapters by path - the one entry point rollout/eval/training call.
+
+``path`` is a HF checkpoint directory (or hub name), or ``tiny:FAMILY[:SEED]`` for a tiny random model of a
+registered family built on the fly (DARE's byte tokenizer; handy for tests and demos).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from dare.errors import ConfigError
+
+TINY_PREFIX = "tiny:"
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_dtype(dtype) -> torch.dtype | None:
+    """``torch.dtype``, a name (``bfloat16``), or ``auto``/None (keep the checkpoint's dtype)."""
+    if dtype is None or isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype == "auto":
+        return None
+    if dtype not in DTYPES:
+        from dare.errors import unknown_choice
+
+        raise unknown_choice("dtype", dtype, [*DTYPES, "auto"])
+    return DTYPES[dtype]
+
+
+def parse_tiny(path: str) -> tuple[str, int] | None:
+    """``tiny:llada:3`` -> ``("llada", 3)``; None for other paths."""
+    if not str(path).startswith(TINY_PREFIX):
+        return None
+    family, _, seed = str(path)[len(TINY_PREFIX):].partition(":")
+    try:
+        return family, int(seed) if seed else 0
+    except ValueError:
+        raise ConfigError(f"tiny model spec '{path}' must look like tiny:FAMILY or tiny:FAMILY:SEED") from None
+
+
+def load_model(path: str, adapter: str | None = None, *, dtype="float32", device="cpu", trainable: bool = False):
+    """Load a DARE model (strictly) and optionally a peft LoRA adapter on top.
+
+    Args:
+        path: checkpoint directory / hub name, or ``tiny:FAMILY[:SEED]``.
+        adapter: directory written by LoRA training (``adapter_config.json`` + weights), or None.
+        dtype: ``torch.dtype`` or name; ``auto`` keeps the checkpoint's dtype.
+        device: where to put the model.
+        trainable: keep the adapter trainable (resume LoRA training); default frozen (eval/rollout).
+    Returns the model in eval mode (a ``peft.PeftModel`` when ``adapter`` is given).
+    """
+    import dare  # noqa: F401  (registers the families)
+
+    torch_dtype = resolve_dtype(dtype)
+    tiny = parse_tiny(path)
+    if tiny is not None:
+        from dare.models.tiny import tiny_model
+
+        model = tiny_model(tiny[0], seed=tiny[1], dtype=torch_dtype or torch.float32)
+        model.config._name_or_path = str(path)
+        model.name_or_path = str(path)  # peft records it as the adapter's base model
+    else:
+        from transformers import AutoModel
+
+        if Path(path).exists() and not (Path(path) / "config.json").is_file():
+            raise ConfigError(f"{path} is not a model checkpoint (no config.json)")
+        kwargs = {"dtype": torch_dtype} if torch_dtype is not None else {"dtype": "auto"}
+        model = AutoModel.from_pretrained(str(path), **kwargs)
+    model = model.to(device)
+    if adapter is not None:
+        from peft import PeftModel
+
+        if not (Path(adapter) / "adapter_config.json").is_file():
+            raise ConfigError(f"{adapter} is not a LoRA adapter directory (no adapter_config.json)")
+        model = PeftModel.from_pretrained(model, str(adapter), is_trainable=trainable)
+        model = model.to(device)
+    return model.eval()
+
+
+def load_tokenizer(path: str):
+    """The tokenizer of a model path (``tiny:*`` -> DARE's byte tokenizer)."""
+    if parse_tiny(path) is not None:
+        from dare.data.tokenizer import build_byte_tokenizer
+
+        return build_byte_tokenizer()
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(path))
+
+
+def adapter_base(adapter: str) -> str:
+    """The base model recorded in an adapter's ``adapter_config.json``."""
+    config_path = Path(adapter) / "adapter_config.json"
+    if not config_path.is_file():
+        raise ConfigError(f"{adapter} is not a LoRA adapter directory (no adapter_config.json)")
+    base = json.loads(config_path.read_text()).get("base_model_name_or_path")
+    if not base:
+        raise ConfigError(f"{config_path} does not name its base model; pass --base")
+    return base
+
+
+def unwrap(model):
+    """The underlying :class:`~dare.models.DiffusionLM` of a peft / compiled wrapper."""
+    inner = model
+    for _ in range(4):
+        if hasattr(inner, "get_base_model"):
+            inner = inner.get_base_model()
+        elif hasattr(inner, "_orig_mod"):
+            inner = inner._orig_mod
+        else:
+            break
+    return inner

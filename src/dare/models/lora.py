@@ -1,0 +1,41 @@
+"""LoRA through peft: attach (with the family's default targets), save, merge into a full checkpoint."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from dare.errors import ConfigError
+
+
+def apply_lora(model, r: int = 16, alpha: int = 32, dropout: float = 0.0, target_modules: str | None = None):
+    """Wrap ``model`` in a trainable peft LoRA model (base weights frozen).
+
+    ``target_modules`` is a regex over module paths; default ``dare.family_of(model).lora_targets``.
+    """
+    from peft import LoraConfig, get_peft_model
+
+    from dare.models.spec import family_of
+
+    targets = target_modules or family_of(model).lora_targets
+    config = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=targets, bias="none")
+    try:
+        return get_peft_model(model, config)
+    except ValueError as err:
+        raise ConfigError(f"LoRA target_modules '{targets}' matches no module ({str(err).splitlines()[0]})") from None
+
+
+def merge_adapter(adapter: str, out_dir: str, base: str | None = None, dtype="auto") -> Path:
+    """Merge a LoRA adapter into its base and write a full HF checkpoint that ``AutoModel`` loads strictly.
+
+    ``base`` defaults to the base model recorded in the adapter. The tokenizer is written too.
+    """
+    from dare.models.loading import adapter_base, load_model, load_tokenizer
+
+    base = base or adapter_base(adapter)
+    model = load_model(base, adapter=adapter, dtype=dtype)
+    merged = model.merge_and_unload()
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    merged.save_pretrained(str(out), safe_serialization=True)
+    load_tokenizer(base).save_pretrained(str(out))
+    return out

@@ -1,0 +1,119 @@
+"""Resumable checkpoints: model + optimizer (torch.distributed.checkpoint, sharded under FSDP2),
+scheduler, step and per-rank RNG states; written atomically (``step_N.tmp`` renamed when complete).
+
+Layout: ``output_dir/checkpoints/step_00000012/{.metadata, *.distcp, trainer_state.pt, rng_rank0.pt, ...}``.
+The data position needs no state: batches are a pure function of the step (see ``DatasetSource``).
+"""
+
+from __future__ import annotations
+
+import random
+import shutil
+import warnings
+from pathlib import Path
+
+import torch
+
+from dare.distributed import DistInfo, barrier
+from dare.errors import ConfigError
+
+STATE_FILE = "trainer_state.pt"
+# DCP warns when it runs without a process group (single-process runs); that is intended.
+SINGLE_PROCESS_WARNING = ".*torch.distributed is disabled.*"
+
+
+
+
+def rng_state() -> dict:
+    state = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    try:
+        import numpy as np
+
+        state["numpy"] = np.random.get_state()
+    except ImportError:
+        pass
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    torch.set_rng_state(state["torch"])
+    if "numpy" in state:
+        import numpy as np
+
+        np.random.set_state(state["numpy"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _state_dicts(model, optimizer, trainable_only: bool):
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+    options = StateDictOptions(ignore_frozen_params=trainable_only)
+    model_sd, optim_sd = get_state_dict(model, optimizer, options=options)
+    return {"model": model_sd, "optim": optim_sd}, options
+
+
+def checkpoint_dir(output_dir: str | Path, step: int) -> Path:
+    return Path(output_dir) / "checkpoints" / f"step_{step:08d}"
+
+
+def save_checkpoint(output_dir, step: int, model, optimizer, scheduler, info: DistInfo, *,
+                    trainable_only: bool = False, keep_last: int = 2, extra: dict | None = None) -> Path:
+    """Write a complete checkpoint for ``step`` (collective: every rank calls it)."""
+    import torch.distributed.checkpoint as dcp
+
+    final = checkpoint_dir(output_dir, step)
+    tmp = final.with_name(final.name + ".tmp")
+    if info.is_main:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    barrier(info)
+    state, _ = _state_dicts(model, optimizer, trainable_only)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=SINGLE_PROCESS_WARNING)
+        dcp.save(state, checkpoint_id=str(tmp))
+    torch.save(rng_state(), tmp / f"rng_rank{info.rank}.pt")
+    if info.is_main:
+        torch.save({"step": step, "scheduler": scheduler.state_dict(), "world_size": info.world_size,
+                    **(extra or {})}, tmp / STATE_FILE)
+    barrier(info)
+    if info.is_main:
+        shutil.rmtree(final, ignore_errors=True)
+        tmp.rename(final)
+        for old in list_checkpoints(output_dir)[:-keep_last] if keep_last > 0 else []:
+            shutil.rmtree(old, ignore_errors=True)
+    barrier(info)
+    return final
+
+
+def list_checkpoints(output_dir) -> list[Path]:
+    """Complete checkpoints of a run, oldest first."""
+    root = Path(output_dir) / "checkpoints"
+    if not root.is_dir():
+        return []
+    done = [p for p in root.glob("step_*") if p.is_dir() and not p.name.endswith(".tmp") and (p / STATE_FILE).is_file()]
+    return sorted(done, key=lambda p: p.name)
+
+
+def load_checkpoint(path, model, optimizer, scheduler, info: DistInfo, *, trainable_only: bool = False) -> dict:
+    """Restore model, optimizer, scheduler and this rank's RNG; returns the trainer state (``step``, ...)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import set_state_dict
+
+    path = Path(path)
+    if not (path / STATE_FILE).is_file():
+        raise ConfigError(f"{path} is not a complete DARE checkpoint (no {STATE_FILE})")
+    state, options = _state_dicts(model, optimizer, trainable_only)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=SINGLE_PROCESS_WARNING)
+        dcp.load(state, checkpoint_id=str(path))
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"], options=options)
+    trainer_state = torch.load(path / STATE_FILE, weights_only=False)
+    scheduler.load_state_dict(trainer_state["scheduler"])
+    rng_file = path / f"rng_rank{info.rank}.pt"
+    if rng_file.is_file() and trainer_state.get("world_size") == info.world_size:
+        set_rng_state(torch.load(rng_file, weights_only=False))
+    return trainer_state

@@ -1,0 +1,199 @@
+"""The ``dare train`` config: one typed section per concern (see ``dare train --show-config``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dare.config import from_dict, load_yaml, merge, parse_overrides, to_dict
+from dare.errors import ConfigError, unknown_choice
+
+
+@dataclass
+class ModelConfig:
+    path: str = "tiny:llada"
+    """HF checkpoint directory or hub name, or ``tiny:FAMILY[:SEED]`` for a tiny random model (no files)."""
+    tokenizer: str | None = None
+    """Tokenizer path (default: the model path; tiny models use DARE's byte tokenizer)."""
+    dtype: str = "float32"
+    """Dtype of the master weights: float32 (recommended with bf16 mixed precision), bfloat16 or float16."""
+    attn_backend: str = "sdpa"
+    """Attention backend of training forwards: sdpa, eager, flex (CPU forward only) or varlen (CUDA, packed)."""
+    gradient_checkpointing: bool = False
+    """Recompute each transformer block in the backward pass (saves activation memory)."""
+
+
+@dataclass
+class LoraConfig:
+    enabled: bool = False
+    """Train a LoRA adapter (peft) instead of all weights."""
+    r: int = 16
+    """LoRA rank."""
+    alpha: int = 32
+    """LoRA scaling numerator (scale = alpha / r)."""
+    dropout: float = 0.0
+    """LoRA dropout (non-zero breaks exact invariance to micro-batching: dropout uses the global RNG)."""
+    target_modules: str | None = None
+    """Regex of adapted module paths (default: the family's ``lora_targets``)."""
+
+
+@dataclass
+class DataConfig:
+    path: str = "synthetic:reverse"
+    """jsonl/parquet file of examples, or ``synthetic:TASK`` (copy, reverse, add) for a generated task."""
+    prompt_key: str = "prompt"
+    """Field holding the prompt (prompt/response records)."""
+    response_key: str = "response"
+    """Field holding the response (prompt/response records)."""
+    messages_key: str = "messages"
+    """Field holding a chat (list of {role, content}); the last assistant message is the response."""
+    chat_template: bool = True
+    """Wrap prompt/response with the tokenizer's chat template (``apply_chat_template``)."""
+    append_eos: bool = True
+    """End every response with the EOS token (the model learns to stop)."""
+    pad_response_to: int | None = None
+    """Pad every response with EOS up to this many tokens (LLaDA's fixed-length answers); None = no padding."""
+    eos_padding: bool = True
+    """Padded layout: fill rows up to the global batch's longest example with EOS tokens that count as answer
+    tokens (LLaDA guideline); false = pad tokens that are neither attended nor trained."""
+    max_length: int = 1024
+    """Maximum tokens per example (prompt + response + EOS padding)."""
+    overlong: str = "drop"
+    """What to do with longer examples: drop (counted and reported) or error."""
+    packing: bool = False
+    """Pack examples into ``[1, T]`` rows with ``cu_seqlens`` (no cross-example attention) instead of padding."""
+    pack_length: int | None = None
+    """Tokens per packed row (default: max_length); each packed row is one micro-batch."""
+    shuffle: bool = True
+    """Shuffle examples every epoch (deterministic in trainer.seed and the epoch)."""
+    num_examples: int | None = None
+    """Use only the first N examples (synthetic tasks: how many to generate; default 512)."""
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 1e-5
+    """Peak learning rate (AdamW)."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    """AdamW betas."""
+    eps: float = 1e-8
+    """AdamW epsilon."""
+    scheduler: str = "constant"
+    """Learning-rate schedule after warm-up: constant, cosine or linear."""
+    warmup_steps: int = 0
+    """Linear warm-up steps (0 = none); see also warmup_ratio."""
+    warmup_ratio: float = 0.0
+    """Warm-up as a fraction of the total steps (used when warmup_steps is 0)."""
+    min_lr_ratio: float = 0.0
+    """Final learning rate of cosine/linear decay, as a fraction of lr."""
+    grad_clip: float | None = 1.0
+    """Clip the global gradient norm to this value (null = no clipping)."""
+
+
+@dataclass
+class TrainerConfig:
+    output_dir: str = "runs/dare"
+    """Output directory: config.yaml, metrics.jsonl, checkpoints/, final/ (HF checkpoint or LoRA adapter)."""
+    seed: int = 0
+    """Seed of data order, corruption noise and initialisation of new weights."""
+    batch_size: int = 8
+    """Examples per optimizer step over all ranks (the global batch)."""
+    micro_batch_size: int = 1
+    """Padded rows per forward/backward on one rank (gradient accumulation splits the rank's share)."""
+    max_steps: int | None = None
+    """Optimizer steps to run (default: epochs x examples // batch_size)."""
+    epochs: float = 1.0
+    """Passes over the data when max_steps is not set."""
+    log_every: int = 1
+    """Write metrics every N steps."""
+    save_every: int | None = None
+    """Save a resumable checkpoint every N steps (and at the end); null = only at the end."""
+    keep_last: int = 2
+    """Keep this many most recent checkpoints."""
+    resume: str = "auto"
+    """auto (latest checkpoint in output_dir, if any), never, or a checkpoint directory."""
+    export: bool = True
+    """At the end write output_dir/final: a HF checkpoint (full training) or a peft adapter (LoRA)."""
+    progress: bool = True
+    """Show a progress bar (rank 0)."""
+    tensorboard: bool = False
+    """Also log metrics to TensorBoard (needs the tensorboard extra)."""
+    wandb: bool = False
+    """Also log metrics to Weights & Biases (needs the wandb extra)."""
+    wandb_project: str = "dare"
+    """W&B project name."""
+
+
+@dataclass
+class DistributedConfig:
+    backend: str = "auto"
+    """Process-group backend under torchrun: auto (nccl on CUDA, gloo on CPU), nccl or gloo."""
+    device: str = "auto"
+    """auto (CUDA when available), cuda or cpu."""
+    fsdp: bool = True
+    """Shard with FSDP2 (fully_shard per block + root) when running under torchrun."""
+    mixed_precision: str = "auto"
+    """auto (bf16 compute / fp32 reduce on CUDA, fp32 on CPU), bf16 or fp32."""
+    reshard_after_forward: bool = True
+    """FSDP2: free gathered block weights after forward (ZeRO-3); false keeps them (ZeRO-2, faster)."""
+
+
+@dataclass
+class TrainConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """The model to train."""
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    """Optional LoRA adapter."""
+    data: DataConfig = field(default_factory=DataConfig)
+    """Training data."""
+    algorithm: Any = field(default_factory=lambda: {"name": "sft"})
+    """Algorithm section: ``name`` plus that algorithm's options (see dare.algorithms)."""
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    """Optimizer and learning-rate schedule."""
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    """Loop, logging and checkpointing."""
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
+    """torchrun / FSDP2 settings."""
+
+    def validate(self) -> None:
+        choices = {
+            "data.overlong": (self.data.overlong, ("drop", "error")),
+            "optim.scheduler": (self.optim.scheduler, ("constant", "cosine", "linear")),
+            "trainer.resume": (self.trainer.resume, None),
+            "distributed.backend": (self.distributed.backend, ("auto", "nccl", "gloo")),
+            "distributed.device": (self.distributed.device, ("auto", "cuda", "cpu")),
+            "distributed.mixed_precision": (self.distributed.mixed_precision, ("auto", "bf16", "fp32")),
+            "model.dtype": (self.model.dtype, ("float32", "bfloat16", "float16")),
+            "model.attn_backend": (self.model.attn_backend, ("sdpa", "eager", "flex", "varlen")),
+        }
+        for key, (value, allowed) in choices.items():
+            if allowed is not None and value not in allowed:
+                raise unknown_choice(f"value for {key}", value, allowed)
+        positive = {"trainer.batch_size": self.trainer.batch_size, "trainer.micro_batch_size": self.trainer.micro_batch_size,
+                    "trainer.log_every": self.trainer.log_every, "data.max_length": self.data.max_length,
+                    "lora.r": self.lora.r}
+        for key, value in positive.items():
+            if value < 1:
+                raise ConfigError(f"{key} must be positive; got {value}")
+        if self.optim.lr <= 0:
+            raise ConfigError(f"optim.lr must be positive; got {self.optim.lr}")
+
+
+def load_train_config(path: str | Path | None, overrides: list[str] = ()) -> TrainConfig:
+    """Read a recipe YAML, apply ``key=value`` overrides, validate every section (algorithm included)."""
+    from dare.algorithms import resolve_algorithm_config
+
+    raw = load_yaml(path) if path is not None else {}
+    raw = merge(raw, parse_overrides(list(overrides)))
+    config = from_dict(TrainConfig, raw)
+    config.algorithm = resolve_algorithm_config(config.algorithm)
+    config.validate()
+    return config
+
+
+def config_dict(config: TrainConfig) -> dict:
+    """The resolved config as plain data (what is saved as output_dir/config.yaml)."""
+    return to_dict(config)

@@ -1,0 +1,267 @@
+"""The training loop shared by every algorithm.
+
+Per optimizer step ``s`` (0-based; logged as ``step = s + 1``)::
+
+    micro = source.batch(s)                      # this rank's micro-batches of the global batch
+    micro = [algorithm.corrupt(mb, s) ...]       # stored views, seeded per example
+    totals = all_reduce(sum algorithm.totals(mb)) # global-batch normalisers
+    for mb in micro (+ empty ones so every rank runs the same number):
+        loss, metrics = algorithm.loss(mb, algorithm.estimate(model, mb), totals); loss.backward()
+    clip; optimizer.step(); scheduler.step()      # gradients are sums over micro-batches and ranks
+
+Extension points: pass another :class:`~dare.trainer.sources.BatchSource` (RL: rollout -> reward ->
+advantages, old/reference log-probs as extra batch fields) and/or a registered algorithm; the loop,
+sharding, checkpointing and logging stay the same.
+
+Test seam: with the environment variable ``DARE_KILL_AT_STEP=N`` the process SIGKILLs itself right after
+step N has been logged (and checkpointed when due), to test kill-and-resume.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+from dare.algorithms import get_algorithm
+from dare.config import save_yaml
+from dare.distributed import (
+    DistInfo, all_reduce_dict, all_reduce_max_int, apply_fsdp, autocast_context, barrier, init_distributed,
+)
+from dare.errors import ConfigError
+from dare.trainer.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
+from dare.trainer.config import TrainConfig, config_dict
+from dare.trainer.metrics import MetricsLogger
+from dare.trainer.optim import build_optimizer, build_scheduler
+
+
+def _add(into: dict, values: dict) -> None:
+    for key, value in values.items():
+        into[key] = into[key] + torch.as_tensor(value).detach().to(torch.float64).cpu()
+
+
+class Trainer:
+    """Build everything from a :class:`TrainConfig` and run :meth:`train`.
+
+    ``source`` replaces the dataset source (e.g. an RL rollout source); ``info`` a pre-initialised
+    distributed context.
+    """
+
+    def __init__(self, config: TrainConfig, *, source=None, info: DistInfo | None = None):
+        from dare.models.loading import load_model, load_tokenizer, resolve_dtype, unwrap
+        from dare.models.spec import family_of
+
+        self.config = config
+        cfg = config
+        self.info = info or init_distributed(cfg.distributed.backend, cfg.distributed.device)
+        if self.info.device.type == "cpu" and cfg.model.attn_backend in ("flex", "varlen"):
+            raise ConfigError(f"model.attn_backend={cfg.model.attn_backend} cannot train on CPU "
+                              "(flex has no CPU backward, varlen needs CUDA); use sdpa or eager")
+        self.output_dir = Path(cfg.trainer.output_dir)
+        if self.info.is_main:
+            self.output_dir.mkdir(parents=True, exist_ok=True)
+            save_yaml(config_dict(config), self.output_dir / "config.yaml")
+        torch.manual_seed(cfg.trainer.seed)
+
+        model = load_model(cfg.model.path, dtype=resolve_dtype(cfg.model.dtype), device=self.info.device)
+        self.tokenizer = load_tokenizer(cfg.model.tokenizer or cfg.model.path)
+        self.token_ids = family_of(model).token_ids(model.config)
+        base = unwrap(model)
+        base.attn_backend = cfg.model.attn_backend
+        if cfg.model.gradient_checkpointing:
+            base.gradient_checkpointing_enable()
+        if cfg.lora.enabled:
+            from dare.models.lora import apply_lora
+
+            model = apply_lora(model, cfg.lora.r, cfg.lora.alpha, cfg.lora.dropout, cfg.lora.target_modules)
+        self.sharded = self.info.initialized and cfg.distributed.fsdp
+        if self.sharded:
+            apply_fsdp(model, unwrap(model).blocks, self.info, cfg.distributed.mixed_precision,
+                       cfg.distributed.reshard_after_forward)
+        self.model = model.train()
+
+        self.algorithm = get_algorithm(cfg.algorithm.name)(
+            cfg.algorithm, token_ids=self.token_ids, seed=cfg.trainer.seed, attn_backend=cfg.model.attn_backend)
+        self.source = source if source is not None else self._dataset_source()
+        self.total_steps = cfg.trainer.max_steps or max(1, int(cfg.trainer.epochs * self.source.steps_per_epoch))
+
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        if not params:
+            raise ConfigError("the model has no trainable parameters")
+        self.optimizer = build_optimizer(params, cfg.optim)
+        self.scheduler = build_scheduler(self.optimizer, cfg.optim, self.total_steps)
+        self.step = 0
+        self.logger = MetricsLogger(self.output_dir, enabled=self.info.is_main, tensorboard=cfg.trainer.tensorboard,
+                                    wandb=cfg.trainer.wandb, wandb_project=cfg.trainer.wandb_project,
+                                    config=config_dict(config))
+
+    # ---- construction helpers -----------------------------------------------------------------------
+    def _dataset_source(self):
+        from dare.data.sft import build_sft_dataset
+        from dare.trainer.sources import DatasetSource
+
+        cfg = self.config
+        data = build_sft_dataset(cfg.data, self.tokenizer, self.token_ids.eos, seed=cfg.trainer.seed,
+                                 progress=cfg.trainer.progress and self.info.is_main)
+        if data.dropped and self.info.is_main:
+            print(f"warning: dropped {data.dropped} of {data.dropped + len(data)} examples longer than "
+                  f"data.max_length={cfg.data.max_length}")
+        pack_length = cfg.data.pack_length or cfg.data.max_length
+        if cfg.data.packing and pack_length < cfg.data.max_length:
+            raise ConfigError(f"data.pack_length={pack_length} must be at least data.max_length={cfg.data.max_length}")
+        return DatasetSource(
+            data.examples, batch_size=cfg.trainer.batch_size, micro_batch_size=cfg.trainer.micro_batch_size,
+            rank=self.info.rank, world_size=self.info.world_size, seed=cfg.trainer.seed, shuffle=cfg.data.shuffle,
+            packing=cfg.data.packing, pack_length=pack_length, eos_id=self.token_ids.eos, pad_id=self.token_ids.pad,
+            eos_padding=cfg.data.eos_padding,
+        )
+
+    @property
+    def trainable_only(self) -> bool:
+        return self.config.lora.enabled
+
+    # ---- one step ------------------------------------------------------------------------------------
+    def forward_backward(self, step: int) -> dict[str, torch.Tensor]:
+        """Accumulate the gradient of step ``step``'s global-batch loss into ``.grad``; returns summed metrics."""
+        from dare.data.sft import dummy_micro_batch
+
+        micro = [self.algorithm.corrupt(mb, step) for mb in self.source.batch(step)]
+        local_totals: dict = defaultdict(lambda: torch.zeros((), dtype=torch.float64))
+        for mb in micro:
+            _add(local_totals, self.algorithm.totals(mb))
+        totals = all_reduce_dict(dict(local_totals), self.info)
+        count = all_reduce_max_int(len(micro), self.info)
+        while len(micro) < count:  # same number of forward/backward collectives on every rank
+            micro.append(self.algorithm.corrupt(dummy_micro_batch(self.token_ids.pad), step))
+        sums: dict = defaultdict(lambda: torch.zeros((), dtype=torch.float64))
+        device_totals = {k: v.to(self.info.device) for k, v in totals.items()}
+        for mb in micro:
+            mb = mb.to(self.info.device)
+            with autocast_context(self.config.distributed.mixed_precision if not self.sharded else "fp32", self.info.device):
+                estimates = self.algorithm.estimate(self.model, mb)
+                loss, metrics = self.algorithm.loss(mb, estimates, device_totals)
+            loss.backward()
+            _add(sums, metrics)
+        out = all_reduce_dict(dict(sums), self.info)
+        out.update(totals)
+        return out
+
+    def optimizer_step(self) -> dict[str, float]:
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        max_norm = self.config.optim.grad_clip if self.config.optim.grad_clip is not None else float("inf")
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        if hasattr(norm, "full_tensor"):
+            norm = norm.full_tensor()
+        lr = self.scheduler.get_last_lr()[0]
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return {"grad_norm": float(norm), "lr": float(lr)}
+
+    def train_step(self, step: int) -> dict:
+        start = time.perf_counter()
+        sums = self.forward_backward(step)
+        record = {"step": step + 1, "epoch": round(self.source_epoch(step + 1), 6)}
+        record.update({k: float(v) for k, v in sorted(sums.items())})
+        record.update(self.optimizer_step())
+        record["time/step_s"] = round(time.perf_counter() - start, 4)
+        return record
+
+    def source_epoch(self, step: int) -> float:
+        return step / max(1, getattr(self.source, "steps_per_epoch", 1))
+
+    # ---- checkpoints ---------------------------------------------------------------------------------
+    def save(self) -> Path:
+        return save_checkpoint(self.output_dir, self.step, self.model, self.optimizer, self.scheduler, self.info,
+                               trainable_only=self.trainable_only, keep_last=self.config.trainer.keep_last,
+                               extra={"source": self.source.state_dict()})
+
+    def maybe_resume(self) -> None:
+        resume = self.config.trainer.resume
+        if resume == "never":
+            self.logger.truncate_after(0)
+            return
+        if resume == "auto":
+            found = list_checkpoints(self.output_dir)
+            if not found:
+                self.logger.truncate_after(0)
+                return
+            path = found[-1]
+        else:
+            path = Path(resume)
+        state = load_checkpoint(path, self.model, self.optimizer, self.scheduler, self.info,
+                                trainable_only=self.trainable_only)
+        self.source.load_state_dict(state.get("source", {}))
+        self.step = int(state["step"])
+        self.logger.truncate_after(self.step)
+        if self.info.is_main:
+            print(f"resumed from {path} at step {self.step}")
+
+    def export(self, out_dir: Path | None = None) -> Path:
+        """Write a HF checkpoint (full training) or a peft adapter (LoRA) plus the tokenizer (collective)."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        from dare.models.loading import unwrap
+
+        out = Path(out_dir or self.output_dir / "final")
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=self.trainable_only)
+        state = get_model_state_dict(self.model, options=options)
+        if self.info.is_main:
+            out.mkdir(parents=True, exist_ok=True)
+            if self.trainable_only:  # peft adapter (embeddings are never resized: do not save them)
+                self.model.save_pretrained(str(out), state_dict=state, safe_serialization=True,
+                                           save_embedding_layers=False)
+            else:
+                unwrap(self.model).save_pretrained(str(out), state_dict=state, safe_serialization=True)
+            self.tokenizer.save_pretrained(str(out))
+        barrier(self.info)
+        return out
+
+    # ---- the loop ------------------------------------------------------------------------------------
+    def train(self) -> dict:
+        cfg = self.config.trainer
+        self.maybe_resume()
+        kill_at = int(os.environ.get("DARE_KILL_AT_STEP", "0") or 0)
+        bar = None
+        if cfg.progress and self.info.is_main:
+            from tqdm import tqdm
+
+            bar = tqdm(total=self.total_steps, initial=self.step, desc="train", dynamic_ncols=True)
+        record: dict = {}
+        start = time.perf_counter()
+        while self.step < self.total_steps:
+            record = self.train_step(self.step)
+            self.step += 1
+            record["time/elapsed_s"] = round(time.perf_counter() - start, 3)
+            if self.step % cfg.log_every == 0 or self.step == self.total_steps:
+                self.logger.log(record)
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(loss=f"{record['loss']:.4f}", lr=f"{record['lr']:.2e}")
+            if cfg.save_every and self.step % cfg.save_every == 0 and self.step < self.total_steps:
+                self.save()
+            if kill_at and self.step == kill_at:
+                os.kill(os.getpid(), signal.SIGKILL)
+        if bar is not None:
+            bar.close()
+        if cfg.save_every or not cfg.export:
+            self.save()
+        if cfg.export:
+            self.export()
+        self.logger.close()
+        return record
+
+
+def run_training(config: TrainConfig, source=None) -> dict:
+    """Train with ``config`` (under torchrun: one call per process); returns the last metrics record."""
+    from dare.distributed import shutdown
+
+    trainer = Trainer(config, source=source)
+    try:
+        return trainer.train()
+    finally:
+        shutdown(trainer.info)

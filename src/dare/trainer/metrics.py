@@ -1,0 +1,58 @@
+"""Metric sinks: ``metrics.jsonl`` (always), TensorBoard and W&B (optional extras), rank 0 only."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from dare.errors import ConfigError
+
+
+class MetricsLogger:
+    """Append one JSON line per logged step; on resume, drop lines beyond the restored step."""
+
+    def __init__(self, output_dir, *, enabled: bool = True, tensorboard: bool = False, wandb: bool = False,
+                 wandb_project: str = "dare", config: dict | None = None):
+        self.enabled = enabled
+        self.path = Path(output_dir) / "metrics.jsonl"
+        self._tb = self._wandb = None
+        if not enabled:
+            return
+        if tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError:
+                raise ConfigError("trainer.tensorboard=true needs tensorboard: pip install 'dare-dllm[tensorboard]'") from None
+            self._tb = SummaryWriter(str(Path(output_dir) / "tensorboard"))
+        if wandb:
+            try:
+                import wandb as wandb_lib
+            except ImportError:
+                raise ConfigError("trainer.wandb=true needs wandb: pip install 'dare-dllm[wandb]'") from None
+            self._wandb = wandb_lib.init(project=wandb_project, config=config, dir=str(output_dir))
+
+    def truncate_after(self, step: int) -> None:
+        """Keep only records with ``step <= step`` (the run restarts from that checkpoint)."""
+        if not self.enabled or not self.path.is_file():
+            return
+        kept = [line for line in self.path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= step]
+        self.path.write_text("".join(line + "\n" for line in kept))
+
+    def log(self, record: dict) -> None:
+        if not self.enabled:
+            return
+        with self.path.open("a") as handle:
+            handle.write(json.dumps(record) + "\n")
+        step = record["step"]
+        numeric = {k: v for k, v in record.items() if isinstance(v, (int, float)) and k != "step"}
+        if self._tb is not None:
+            for key, value in numeric.items():
+                self._tb.add_scalar(key, value, step)
+        if self._wandb is not None:
+            self._wandb.log(numeric, step=step)
+
+    def close(self) -> None:
+        if self._tb is not None:
+            self._tb.close()
+        if self._wandb is not None:
+            self._wandb.finish()

@@ -1,0 +1,31 @@
+"""AdamW and the learning-rate schedules (linear warm-up, then constant / cosine / linear decay)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def build_optimizer(params, cfg) -> torch.optim.Optimizer:
+    """AdamW over the trainable parameters (``cfg``: :class:`~dare.trainer.config.OptimConfig`)."""
+    return torch.optim.AdamW(params, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, weight_decay=cfg.weight_decay)
+
+
+def lr_factor(step: int, total: int, warmup: int, kind: str, min_ratio: float) -> float:
+    """Multiplier of the peak lr for optimizer step ``step`` (0-based) of ``total``."""
+    if warmup > 0 and step < warmup:
+        return (step + 1) / warmup
+    progress = min(max((step - warmup) / max(1, total - warmup), 0.0), 1.0)
+    if kind == "cosine":
+        return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+    if kind == "linear":
+        return min_ratio + (1 - min_ratio) * (1 - progress)
+    return 1.0
+
+
+def build_scheduler(optimizer, cfg, total_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
+    warmup = cfg.warmup_steps or int(round(cfg.warmup_ratio * total_steps))
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: lr_factor(step, total_steps, warmup, cfg.scheduler, cfg.min_lr_ratio)
+    )
