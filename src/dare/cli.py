@@ -16,6 +16,7 @@ from dare.errors import DareError
 
 COMMANDS = {
     "demo": "dare.commands.demo",
+    "generate": "dare.commands.generate",
     "tiny": "dare.commands.tiny",
 }
 
