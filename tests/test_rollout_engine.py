@@ -34,15 +34,10 @@ BATCH_CASES = [  # (sampler, overrides)
 ]
 
 
-@pytest.mark.parametrize("sampler,overrides", BATCH_CASES)
-def test_batched_equals_per_example(sampler, overrides):
-    """Left padding, mixed lengths, per-example seeds, rows stopping at different times: every row of the
-    batch is decoded exactly as it would be alone."""
-    model = model_for(sampler)
+def check_batch_invariance(model, config):
     sprinkle_token(model, EOS, rate=0.05)
     texts = prompts([5, 9, 3, 7], seed=4)
     ids = [7, 3, 11, 5]
-    config = SamplerConfig(sampler=sampler, gen_length=16, block_length=8, steps=16, **overrides)
     batch = generate(model, texts, config=config, example_ids=ids)
     for row, (text, example) in enumerate(zip(texts, ids)):
         alone = generate(model, [text], config=config, example_ids=[example])
@@ -52,6 +47,20 @@ def test_batched_equals_per_example(sampler, overrides):
         assert batch.num_steps[row] == alone.num_steps[0]
         torch.testing.assert_close(batch.logprobs[row], alone.logprobs[0])
     assert batch.nfe >= int(batch.num_steps.max())
+
+
+@pytest.mark.parametrize("sampler,overrides", BATCH_CASES)
+def test_batched_equals_per_example(sampler, overrides):
+    """Left padding, mixed lengths, per-example seeds, rows stopping at different times: every row of the
+    batch is decoded exactly as it would be alone."""
+    config = SamplerConfig(sampler=sampler, gen_length=16, block_length=8, steps=16, **overrides)
+    check_batch_invariance(model_for(sampler), config)
+
+
+def test_llada_moe_batched_equals_per_example():
+    model = sharp_model("llada_moe", seed=2, scale=30.0, dtype=F64)
+    config = SamplerConfig(sampler="fastdllm", cache="dual", gen_length=16, block_length=8, temperature=0.9)
+    check_batch_invariance(model, config)
 
 
 def test_seed_and_example_id_drive_sampling():
@@ -245,5 +254,7 @@ def test_config_and_input_errors():
         generate(model, ids, mask.flip(-1))
     with pytest.raises(InputError, match="example_ids has 1 entries for 2 prompts"):
         generate(model, ids, mask, example_ids=[0])
+    # a preset block longer than the generation becomes one block
+    assert generate(model, ids, mask, gen_length=16, eos_early_stop=False).nfe == 16
     # steps need not divide for threshold decoding (it runs until each block is filled)
     assert generate(model, ids, mask, gen_length=16, block_length=8, steps=7, decoder="threshold").nfe >= 2

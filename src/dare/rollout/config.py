@@ -34,7 +34,8 @@ class SamplerConfig:
 
     block_length: int | None = None
     """Semi-autoregressive block length ``Lb`` (must divide ``gen_length``); blocks are decoded left to
-    right. Preset: 32 for ``llada``/``fastdllm``, ``gen_length`` (one block) for ``dream``."""
+    right. Preset: 32 for ``llada``/``fastdllm`` (one block when ``gen_length < 32``), ``gen_length`` (one
+    block) for ``dream``."""
 
     steps: int | None = None
     """Denoising steps over the whole generation for the ``quota``/``dynamic`` decoders (a multiple of the
@@ -150,8 +151,8 @@ class SamplerConfig:
         for key, value in preset.defaults.items():
             if values.get(key) is None:
                 values[key] = value
-        if values["block_length"] is None:
-            values["block_length"] = values["gen_length"]
+        if values["block_length"] is None or (self.block_length is None and values["block_length"] > self.gen_length):
+            values["block_length"] = values["gen_length"]  # a preset's block longer than the generation: one block
         if values["steps"] is None:
             values["steps"] = values["gen_length"]
         if self.decoder is None:

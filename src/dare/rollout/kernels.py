@@ -107,8 +107,10 @@ def sampling_distribution(logits: torch.Tensor, temperature: float, keep: torch.
     For ``T = 0`` (argmax decoding) this is the filtered distribution at temperature 1: the convention for
     the log-probabilities DARE reports with greedy decoding (the degenerate point mass would always give 0).
     """
-    scaled = logits.float() / (temperature if temperature > 0 else 1.0)
-    return torch.log_softmax(scaled.masked_fill(~keep, NEG_INF), dim=-1)
+    scaled = logits.to(torch.float32, copy=True)
+    if temperature > 0:
+        scaled.div_(temperature)
+    return torch.log_softmax(scaled.masked_fill_(~keep, NEG_INF), dim=-1)
 
 
 def gumbel_argmax(scores: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
@@ -200,15 +202,17 @@ def propose(
     if generators is None:
         generators = [None] * rows
     dtype = CONFIDENCE_DTYPES[confidence_dtype] or logits.dtype
-    filtered = filter_logits(logits, temperature, top_p, top_k)
     choice = logits
     if banned:
         choice = logits.index_fill(-1, torch.as_tensor(list(banned), device=logits.device), NEG_INF)
-        keep = torch.isfinite(filter_logits(choice, temperature, top_p, top_k))
+    filtered_choice = filter_logits(choice, temperature, top_p, top_k)
+    keep = torch.isfinite(filtered_choice)
+    if confidence_source == "logits":
+        source = logits
     else:
-        keep = torch.isfinite(filtered)
-    source = logits if confidence_source == "logits" else filtered
+        source = filter_logits(logits, temperature, top_p, top_k) if banned else filtered_choice
     probs = torch.softmax(source.to(dtype), dim=-1)
+    del filtered_choice
     logp_all = sampling_distribution(logits, temperature, keep)
 
     active = eligible.any(-1).tolist() if temperature > 0 or confidence == "random" else []

@@ -10,9 +10,11 @@ Conventions (``B`` rows, ``P`` padded prompt width, ``G`` generated positions, `
   is committed exactly once (no remasking) and ``-1`` marks positions never decoded (after an early stop or
   past ``max_blocks``; they hold the pad id).
 * ``logprobs[b, j]`` is the log-probability of the committed token under the distribution it was drawn
-  from at that step: ``softmax(filter(logits) / T)`` after top-p/top-k, renormalised, in float32. With
-  ``T = 0`` (argmax) it is taken under the filtered distribution at temperature 1 (the point mass would
-  always give 0). 0 for undecoded positions.
+  from at that step: ``softmax(logits / T)`` restricted to the tokens that survive top-p/top-k and
+  renormalised, in float32. The mask token is never proposed (it is removed from that distribution; a
+  reference sampler that proposes it leaves the position masked). With ``T = 0`` (argmax) the log-prob is
+  taken under the same distribution at temperature 1 (the point mass would always give 0). 0 for undecoded
+  positions.
 * ``completion_mask[b, j]`` is 1 up to and including the first stop token (EOS/EOT of the family) and 0
   after it and at undecoded positions.
 * ``nfe`` counts model forward passes of the batch (each forward serves one step of every row still in it).
