@@ -118,6 +118,30 @@ def test_cache_exact_cases(sampler, cache):
                         generate(two_layer, ids, mask, cfg.replace(cache="none")))
 
 
+@pytest.mark.parametrize("layers,exact", [(1, True), (2, False)])
+def test_prompt_only_prefix_cache_is_exact_only_for_one_layer(layers, exact):
+    """Why ``block_length == gen_length`` with a prefix cache (only the prompt cached, the prompt never
+    changes) is *not* exact: with bidirectional attention the prompt's keys/values from layer 2 on depend on
+    the generated positions, which change as tokens are committed. Layer-1 keys/values depend only on
+    (token, position), so a one-layer model is exact."""
+    from dare.models import KVCache
+
+    model = sharp_model("llada", seed=2, scale=30.0, dtype=F64, n_layers=layers)
+    prompt = torch.tensor([prompts([6], seed=9)[0]])
+    state0 = torch.cat([prompt, torch.full((1, 10), MASK)], dim=1)
+    state1 = state0.clone()
+    state1[0, 6:9] = torch.tensor([65, 66, 67])  # three tokens committed since the cache was filled
+    pos = torch.arange(16)[None]
+    with torch.no_grad():
+        cache = KVCache(mode="append")
+        model(state0, cache=cache, position_ids=pos)
+        cache.truncate(6).set_mode("read")
+        cached = model(state1[:, 6:], cache=cache, position_ids=pos[:, 6:]).logits
+        fresh = model(state1).logits[:, 6:]
+    diff = (cached - fresh).abs().max().item()
+    assert (diff < 1e-10) if exact else (diff > 1e-4), diff
+
+
 @pytest.mark.parametrize("sampler,bound", [("fastdllm", 0.85), ("fastdllm_dream", 0.5)])
 def test_cache_agreement_is_documented(sampler, bound):
     """Elsewhere caches are approximate (Fast-dLLM). On 2-layer fp32 tiny models with greedy decoding the

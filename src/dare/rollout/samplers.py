@@ -113,7 +113,9 @@ def generate(
         config: a :class:`SamplerConfig`; ``**overrides`` replace fields (``generate(m, p, sampler="dream",
             temperature=0.7)``).
         example_ids: global example indices seeding each row's random stream (default ``0..B-1``); pass the
-            dataset indices so that samples do not depend on batching, ranks or resume.
+            dataset indices so that samples do not depend on batching, ranks or resume. Several samples of
+            one prompt need distinct ids (e.g. ``prompt_index * group_size + j``), and a training loop should
+            vary ``config.seed`` per step (e.g. ``derive_seed(seed, step)``) so revisited prompts get new samples.
         progress: show a progress bar of committed tokens.
 
     Returns:
