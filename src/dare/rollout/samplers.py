@@ -1,0 +1,146 @@
+"""The sampler registry and :func:`generate`, the entry point every other area calls.
+
+A sampler is a named preset of orthogonal choices (confidence, schedule, selection rule, cache) plus the
+loop that runs them. Registering a new one is one :func:`register_sampler` call; block-diffusion families
+register samplers with their own ``run`` loop reusing :mod:`dare.rollout.kernels`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from dare.errors import InputError, unknown_choice
+from dare.rollout.config import SamplerConfig
+from dare.rollout.mdlm import denoise_mdlm
+from dare.rollout.output import RolloutOutput
+
+
+@dataclass(frozen=True)
+class Sampler:
+    """A named decoding recipe.
+
+    Attributes:
+        name: registry key (``SamplerConfig.sampler``).
+        description: one line for ``--help`` and docs.
+        defaults: values for the ``SamplerConfig`` fields the user leaves as ``None``.
+        run: ``run(model, input_ids, attention_mask, resolved_config, *, example_ids, progress) -> RolloutOutput``.
+    """
+
+    name: str
+    description: str
+    defaults: dict = field(default_factory=dict)
+    run: Callable[..., RolloutOutput] = denoise_mdlm
+
+
+SAMPLERS: dict[str, Sampler] = {}
+
+
+def register_sampler(sampler: Sampler) -> Sampler:
+    SAMPLERS[sampler.name] = sampler
+    return sampler
+
+
+def get_sampler(name: str) -> Sampler:
+    if name not in SAMPLERS:
+        raise unknown_choice("sampler", name, SAMPLERS)
+    return SAMPLERS[name]
+
+
+_LLADA = dict(confidence="prob", confidence_source="logits", confidence_dtype="model", schedule="linear")
+_DREAM = dict(confidence="neg_entropy", confidence_source="sampling", confidence_dtype="model", schedule="timestep")
+
+register_sampler(Sampler(
+    "llada",
+    "LLaDA generate: semi-AR blocks, linear quota, float64 Gumbel-max, low-confidence remasking (bf16 softmax)",
+    dict(_LLADA, block_length=32, decoder="quota", cache="none"),
+))
+register_sampler(Sampler(
+    "dream",
+    "Dream diffusion_generate: one block, timestep quota, entropy confidence on the sampling distribution",
+    dict(_DREAM, decoder="quota", cache="none"),
+))
+register_sampler(Sampler(
+    "fastdllm",
+    "Fast-dLLM (LLaDA): blocks of 32, prefix KV cache, threshold 0.9 parallel decoding, float64 confidence",
+    dict(_LLADA, confidence_dtype="float64", block_length=32, decoder="threshold", cache="prefix"),
+))
+register_sampler(Sampler(
+    "fastdllm_dream",
+    "Fast-dLLM (Dream): blocks of 32, prefix KV cache, threshold 0.9 on the sampling distribution's probability",
+    dict(_DREAM, confidence="prob", block_length=32, decoder="threshold", cache="prefix"),
+))
+
+
+def left_pad(prompts: Sequence[Sequence[int]], pad_id: int, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-pad token lists into ``input_ids, attention_mask`` ``[B, max_len]``."""
+    if not prompts or any(len(p) == 0 for p in prompts):
+        raise InputError("every prompt needs at least one token")
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p):] = torch.as_tensor(list(p), dtype=torch.long)
+        mask[i, width - len(p):] = 1
+    return ids.to(device), mask.to(device)
+
+
+def model_device(model) -> torch.device:
+    try:
+        return next(model.parameters()).device
+    except StopIteration:
+        return torch.device("cpu")
+
+
+def generate(
+    model,
+    prompts: torch.Tensor | Sequence[Sequence[int]],
+    attention_mask: torch.Tensor | None = None,
+    config: SamplerConfig | None = None,
+    *,
+    example_ids: Sequence[int] | torch.Tensor | None = None,
+    progress: bool = False,
+    **overrides,
+) -> RolloutOutput:
+    """Decode completions for ``prompts`` with a diffusion LM.
+
+    Args:
+        model: a DARE model (``dare.models``), possibly peft-wrapped.
+        prompts: ``[B, P]`` left-padded ids with ``attention_mask`` (1 = real token), or a list of token-id
+            lists (left-padded here with the family's pad id).
+        config: a :class:`SamplerConfig`; ``**overrides`` replace fields (``generate(m, p, sampler="dream",
+            temperature=0.7)``).
+        example_ids: global example indices seeding each row's random stream (default ``0..B-1``); pass the
+            dataset indices so that samples do not depend on batching, ranks or resume. Several samples of
+            one prompt need distinct ids (e.g. ``prompt_index * group_size + j``), and a training loop should
+            vary ``config.seed`` per step (e.g. ``derive_seed(seed, step)``) so revisited prompts get new samples.
+        progress: show a progress bar of committed tokens.
+
+    Returns:
+        :class:`RolloutOutput` (tokens, completion mask, log-probs, step map, nfe, optional trajectory).
+    """
+    from dare.models.spec import family_of
+
+    config = config or SamplerConfig()
+    if overrides:
+        config = config.replace(**overrides)
+    config = config.resolved()
+    device = model_device(model)
+    if not isinstance(prompts, torch.Tensor):
+        if attention_mask is not None:
+            raise InputError("attention_mask is only accepted with a prompt tensor")
+        pad_id = family_of(model).token_ids(model.config).pad
+        prompts, attention_mask = left_pad(prompts, pad_id, device)
+    prompts = prompts.to(device)
+    if attention_mask is not None:
+        attention_mask = attention_mask.to(device)
+    batch = prompts.shape[0] if prompts.ndim == 2 else 0
+    if example_ids is None:
+        example_ids = list(range(batch))
+    example_ids = [int(i) for i in (example_ids.tolist() if isinstance(example_ids, torch.Tensor) else example_ids)]
+    if len(example_ids) != batch:
+        raise InputError(f"example_ids has {len(example_ids)} entries for {batch} prompts")
+    sampler = get_sampler(config.sampler)
+    return sampler.run(model, prompts, attention_mask, config, example_ids=example_ids, progress=progress)
