@@ -3,6 +3,9 @@
 An algorithm declares what it needs (:class:`Needs`) and implements four small hooks; the trainer owns
 everything else (data or rollouts, sharding, micro-batching, accumulation, optimizer, checkpoints):
 
+0. ``bind_model(model)`` - called once with the (unwrapped) model before the first step: resolve options that
+   depend on the model (e.g. the block length of a block-causal family) and reject ones it cannot use.
+
 1. ``corrupt(batch, step) -> batch`` - add the corrupted *views* the estimator reads (stored tensors:
    noisy ids, masks, ``p_mask``; one set per Monte-Carlo sample), seeded per example.
 2. ``totals(batch) -> {name: scalar}`` - counts that normalise the loss; the trainer sums them over the
@@ -68,6 +71,9 @@ class Algorithm:
         self.token_ids = token_ids
         self.seed = seed
         self.attn_backend = attn_backend
+
+    def bind_model(self, model) -> None:
+        """Resolve model-dependent options against ``model`` (a ``DiffusionLM``); default: nothing."""
 
     def corrupt(self, batch: TensorDict, step: int) -> TensorDict:
         return batch

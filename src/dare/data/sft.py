@@ -157,12 +157,22 @@ def collate_padded(examples: list[Example], width: int, eos_id: int, pad_id: int
                        "attention_mask": attention}, batch_size=[rows])
 
 
-def collate_packed(examples: list[Example]) -> TensorDict:
-    """Concatenate examples into one ``[1, T]`` row with ``cu_seqlens [1, D + 1]``."""
-    ids = torch.tensor([t for ex in examples for t in ex.ids], dtype=torch.long)
-    maskable = torch.cat([torch.arange(len(ex)) >= ex.prompt_len for ex in examples])
-    example_index = torch.cat([torch.full((len(ex),), ex.index, dtype=torch.long) for ex in examples])
-    lengths = torch.tensor([0] + [len(ex) for ex in examples])
+def collate_packed(examples: list[Example], length: int | None = None, pad_id: int = 0) -> TensorDict:
+    """Concatenate examples into one ``[1, T]`` row with ``cu_seqlens [1, D + 1]``.
+
+    ``length`` pads the row to exactly ``length`` tokens with a trailing filler document of ``pad_id`` tokens
+    (its own document, so nothing attends to it; ``example_index = -1``, never trained): fixed shapes.
+    """
+    used = sum(len(ex) for ex in examples)
+    if length is not None and used > length:
+        raise InputError(f"{used} packed tokens do not fit in a row of {length}")
+    fill = 0 if length is None else length - used
+    ids = torch.tensor([t for ex in examples for t in ex.ids] + [pad_id] * fill, dtype=torch.long)
+    maskable = torch.cat([torch.arange(len(ex)) >= ex.prompt_len for ex in examples]
+                         + [torch.zeros(fill, dtype=torch.bool)])
+    example_index = torch.cat([torch.full((len(ex),), ex.index, dtype=torch.long) for ex in examples]
+                              + [torch.full((fill,), -1, dtype=torch.long)])
+    lengths = torch.tensor([0] + [len(ex) for ex in examples] + ([fill] if fill else []))
     cu = torch.cumsum(lengths, 0).to(torch.int32)
     return TensorDict({"input_ids": ids[None], "maskable": maskable[None], "example_index": example_index[None],
                        "cu_seqlens": cu[None]}, batch_size=[1])

@@ -65,6 +65,10 @@ class DataConfig:
     """Pack examples into ``[1, T]`` rows with ``cu_seqlens`` (no cross-example attention) instead of padding."""
     pack_length: int | None = None
     """Tokens per packed row (default: max_length); each packed row is one micro-batch."""
+    fixed_shapes: bool = False
+    """Pad every micro-batch to a fixed length: padded rows to max_length (EOS answer padding when eos_padding),
+    packed rows to pack_length (a filler document that is never attended or trained). Compiled flex attention
+    (block-diffusion training on GPU) then never recompiles."""
     shuffle: bool = True
     """Shuffle examples every epoch (deterministic in trainer.seed and the epoch)."""
     num_examples: int | None = None

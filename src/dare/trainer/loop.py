@@ -86,6 +86,7 @@ class Trainer:
 
         self.algorithm = get_algorithm(cfg.algorithm.name)(
             cfg.algorithm, token_ids=self.token_ids, seed=cfg.trainer.seed, attn_backend=cfg.model.attn_backend)
+        self.algorithm.bind_model(base)
         self.source = source if source is not None else self._dataset_source()
         self.total_steps = cfg.trainer.max_steps or max(1, int(cfg.trainer.epochs * self.source.steps_per_epoch))
 
@@ -117,7 +118,7 @@ class Trainer:
             data.examples, batch_size=cfg.trainer.batch_size, micro_batch_size=cfg.trainer.micro_batch_size,
             rank=self.info.rank, world_size=self.info.world_size, seed=cfg.trainer.seed, shuffle=cfg.data.shuffle,
             packing=cfg.data.packing, pack_length=pack_length, eos_id=self.token_ids.eos, pad_id=self.token_ids.pad,
-            eos_padding=cfg.data.eos_padding,
+            eos_padding=cfg.data.eos_padding, fixed_width=cfg.data.max_length if cfg.data.fixed_shapes else None,
         )
 
     @property
