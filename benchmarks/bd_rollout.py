@@ -209,8 +209,11 @@ def print_table(results, args) -> None:
                 if r is None:
                     cells.append("skipped")
                     continue
-                ratio = f" ({r['tokens_per_s'] / base['tokens_per_s']:.2f}x recompute)" if base and cache != "none" else ""
-                cells.append(f"{r['tokens_per_s']:.1f}{ratio} [{r['tokens_per_forward']:.2f}, {r['gap_to_floor']:.1f}x]")
+                ratio = ""
+                if base and cache != "none":
+                    ratio = f" ({r['tokens_per_s'] / base['tokens_per_s']:.2f}x recompute)"
+                tpf, gap = r["tokens_per_forward"], r["gap_to_floor"]
+                cells.append(f"{r['tokens_per_s']:.1f}{ratio} [{tpf:.2f}, {gap:.1f}x]")
             print(f"| {decoder} | {cache} | " + " | ".join(cells) + " |")
 
 

@@ -250,7 +250,10 @@ def denoise_blocks(
     Output conventions are those of :mod:`dare.rollout.output`; in addition ``block_step_map`` holds each
     token's step counted from the start of its block (CJ-GRPO's per-block local steps). With token editing
     a position may be written several times: ``step_map``/``block_step_map``/``logprobs`` describe its last
-    write, and trajectory ``transfers`` include the edits (they no longer partition the completion).
+    write, and trajectory ``transfers`` include the edits (they no longer partition the completion). The
+    trajectory covers the completion only: prompt-tail tokens and the positions of the last block past
+    ``gen_length`` (decoded, as in the references, but not returned) are not in it, so a step that commits only
+    such positions has no transfer.
     """
     spec = family_of(model)
     tok = spec.token_ids(model.config)
