@@ -85,6 +85,8 @@ class BlockLayout:
         prompt_tail: ``[B, K Lb]`` bool, decode-region columns holding prompt tokens (never rewritten).
         num_blocks: ``[B]`` decode blocks ``n_r`` of each row.
         completion_index: ``[B, G]`` decode-region column of completion position ``j`` (``rem_r + j``).
+        returned: ``[B, K Lb]`` bool, decode-region columns that are completion positions (not prompt tail, not
+            past ``gen_length``).
         prefix: width of the prompt-block prefix.
         block: the block length ``Lb``.
     """
@@ -95,6 +97,7 @@ class BlockLayout:
     prompt_tail: torch.Tensor
     num_blocks: torch.Tensor
     completion_index: torch.Tensor
+    returned: torch.Tensor
     prefix: int
     block: int
 
@@ -123,8 +126,9 @@ class BlockLayout:
             prompt_tail[r, :int(rem[r])] = True
             positions[r, prefix - head:] = torch.arange(width - prefix + head, device=device)
         completion_index = rem[:, None] + torch.arange(gen_length, device=device)[None, :]
+        returned = torch.zeros_like(prompt_tail).scatter_(1, completion_index, True)
         return cls(canvas, key_mask if bool((key_mask == 0).any()) else None, positions, prompt_tail, num_blocks,
-                   completion_index, prefix, block)
+                   completion_index, returned, prefix, block)
 
     @property
     def region(self) -> torch.Tensor:
@@ -290,6 +294,7 @@ def denoise_blocks(
         lo, hi = k * lb, (k + 1) * lb
         n = rows.numel()
         fixed = layout.prompt_tail[rows, lo:hi]
+        returned = layout.returned[rows, lo:hi]
         block_step = torch.zeros(n, dtype=torch.long, device=device)
         post = torch.zeros(n, dtype=torch.long, device=device)
         alive = torch.ones(n, dtype=torch.bool, device=device)
@@ -341,7 +346,7 @@ def denoise_blocks(
             if editing:
                 alive &= has_mask | chosen.any(-1)  # a full block ends with a forward that edits nothing
             if bar is not None:
-                bar.update(int((chosen & masked).sum()))
+                bar.update(int((chosen & masked & returned).sum()))
         layout.canvas[rows] = canvas
         done = layout.num_blocks[rows] <= k + 1
         if config.eos_early_stop:
