@@ -3,7 +3,8 @@
 ``--model`` is a checkpoint directory (config.json, weights, tokenizer) or ``tiny:FAMILY`` for an
 in-memory tiny random model with DARE's byte tokenizer (offline smoke tests). The tokenizer's chat
 template is applied unless ``--no-chat-template``. Any :class:`dare.rollout.SamplerConfig` field can be set
-with ``--option key=value``.
+with ``--option key=value``. Without ``--sampler`` the model family's default is used (``sdar`` for SDAR,
+``llada2`` for LLaDA2, ``llada`` otherwise).
 """
 
 from __future__ import annotations
@@ -11,24 +12,26 @@ from __future__ import annotations
 import argparse
 import ast
 
-HELP = "generate text with a diffusion sampler (llada, dream, fastdllm, ...)"
+HELP = "generate text with a diffusion sampler (llada, dream, fastdllm, sdar, llada2, llada21, ...)"
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, help="checkpoint directory, or tiny:FAMILY (e.g. tiny:llada)")
     parser.add_argument("--prompt", action="append", required=True,
                         help="prompt text (repeat for a batch)")
-    parser.add_argument("--sampler", default="llada", help="sampler preset (default llada)")
+    parser.add_argument("--sampler", help="sampler preset (default: the model family's, e.g. llada, sdar, llada2)")
     parser.add_argument("--gen-length", type=int, help="generated tokens (default 128)")
     parser.add_argument("--block-length", type=int, help="semi-autoregressive block length")
-    parser.add_argument("--steps", type=int, help="denoising steps (default: gen length)")
+    parser.add_argument("--steps", type=int, help="denoising steps of masked diffusion (default: gen length)")
+    parser.add_argument("--block-steps", type=int, help="denoising steps per block of block diffusion "
+                        "(default: block length)")
     parser.add_argument("--temperature", type=float, help="sampling temperature (0 = argmax)")
     parser.add_argument("--top-p", type=float, help="nucleus filter")
     parser.add_argument("--top-k", type=int, help="top-k filter")
     parser.add_argument("--threshold", type=float, help="confidence threshold (threshold/dynamic decoders)")
     parser.add_argument("--factor", type=float, help="factor of the factor decoder")
-    parser.add_argument("--decoder", help="quota | threshold | factor | dynamic")
-    parser.add_argument("--cache", help="none | prefix | dual")
+    parser.add_argument("--decoder", help="quota | threshold | factor | dynamic | sequential | entropy_bounded")
+    parser.add_argument("--cache", help="none | prefix | dual (masked diffusion); block | none (block diffusion)")
     parser.add_argument("--seed", type=int, help="sampling seed (default 0)")
     parser.add_argument("-o", "--option", action="append", default=[], metavar="KEY=VALUE",
                         help="any other SamplerConfig field, e.g. -o confidence=margin")
@@ -51,14 +54,14 @@ def _parse_value(text: str):
         return text
 
 
-def sampler_config(args: argparse.Namespace):
-    """The :class:`SamplerConfig` described by the command-line flags."""
+def sampler_config(args: argparse.Namespace, sampler: str | None = None):
+    """The :class:`SamplerConfig` described by the command-line flags (``sampler`` when ``--sampler`` is unset)."""
     from dare.errors import ConfigError
     from dare.rollout import SamplerConfig
 
-    values = {"sampler": args.sampler}
-    for flag in ("gen_length", "block_length", "steps", "temperature", "top_p", "top_k", "threshold", "factor",
-                 "decoder", "cache", "seed"):
+    values = {"sampler": args.sampler or sampler or "llada"}
+    for flag in ("gen_length", "block_length", "steps", "block_steps", "temperature", "top_p", "top_k", "threshold",
+                 "factor", "decoder", "cache", "seed"):
         if getattr(args, flag) is not None:
             values[flag] = getattr(args, flag)
     for item in args.option:
@@ -109,12 +112,14 @@ def run(args: argparse.Namespace) -> int:
 
     import torch
 
-    from dare.rollout import generate
+    from dare.rollout import default_sampler, generate
 
-    config = sampler_config(args)
+    if args.sampler:
+        sampler_config(args)  # a typo fails before the model is loaded
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = getattr(torch, args.dtype) if args.dtype else (torch.bfloat16 if device.type == "cuda" else torch.float32)
     model, tokenizer = load_model(args.model, device, dtype)
+    config = sampler_config(args, default_sampler(model))
     prompts = [encode(tokenizer, text, not args.no_chat_template) for text in args.prompt]
     start = time.perf_counter()
     out = generate(model, prompts, config=config, progress=not args.json)

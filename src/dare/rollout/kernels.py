@@ -7,7 +7,8 @@ Shapes: ``B`` rows, ``W`` positions of the decoding window (the current block), 
 
 * **Transfer schedules** (how many masked positions a step commits): :func:`linear_quota` (LLaDA,
   front-loaded remainder) and :func:`timestep_quota` (Dream, ``floor(n * (1 - s/t))``).
-* **Sampling**: :func:`filter_logits` (temperature, top-p, top-k in Dream's order) and :func:`propose`
+* **Sampling**: :func:`filter_logits` (temperature, then top-p and top-k in Dream's order, or top-k first as
+  SDAR and LLaDA2 do) and :func:`propose`
   (token proposals, their log-probabilities and confidences, with an explicit ``T = 0`` argmax path and
   float64 Gumbel-max sampling drawn from one generator per row).
 * **Confidences**: ``prob`` (probability of the proposed token), ``margin`` (top-1 minus top-2),
@@ -15,7 +16,9 @@ Shapes: ``B`` rows, ``W`` positions of the decoding window (the current block), 
 * **Selection rules** (which candidates a step commits): :func:`select_quota` (per-row top-k without
   Python loops), :func:`select_threshold` (Fast-dLLM: everything ``>= tau`` plus the top-1),
   :func:`select_factor` (Fast-dLLM factor rule), :func:`select_dynamic` (threshold with a top-k fallback,
-  SDAR's ``low_confidence_dynamic`` and LLaDA2).
+  SDAR's ``low_confidence_dynamic`` and LLaDA2), :func:`select_leftmost` (SDAR ``sequential``),
+  :func:`select_entropy_bounded` (SDAR/JetEngine ``entropy_bounded``) and :func:`select_edits` (LLaDA2.1
+  token editing of already decoded positions).
 
 Ties in selections go to the leftmost position (stable sort).
 """
@@ -77,27 +80,41 @@ def linear_schedule(num_masked: torch.Tensor, steps: int) -> torch.Tensor:
 # ---------------------------------------------------------------------------------------------------
 
 
+def _top_p(logits: torch.Tensor, top_p: float | None) -> torch.Tensor:
+    if top_p is None or top_p >= 1:
+        return logits
+    sorted_logits, sorted_idx = torch.sort(logits, dim=-1, descending=True)
+    cum = torch.cumsum(torch.softmax(sorted_logits, dim=-1), dim=-1)
+    remove = cum > top_p
+    remove[..., 1:] = remove[..., :-1].clone()
+    remove[..., 0] = False
+    remove = torch.zeros_like(remove).scatter(-1, sorted_idx, remove)
+    return logits.masked_fill(remove, NEG_INF)
+
+
+def _top_k(logits: torch.Tensor, top_k: int | None) -> torch.Tensor:
+    if top_k is None or not 0 < top_k < logits.shape[-1]:
+        return logits
+    kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
+    return logits.masked_fill(logits < kth, NEG_INF)
+
+
 def filter_logits(logits: torch.Tensor, temperature: float = 0.0, top_p: float | None = None,
-                  top_k: int | None = None) -> torch.Tensor:
-    """Dream's ``sample_tokens`` preprocessing, in the logits' dtype: divide by ``temperature`` (when > 0),
-    keep the smallest set of tokens whose probability reaches ``top_p`` (the token crossing the threshold
-    is kept), then keep tokens at least as large as the ``top_k``-th largest. Removed tokens become
-    ``-inf``. ``top_p`` None/>= 1 and ``top_k`` None/0 disable the filters.
+                  top_k: int | None = None, top_k_first: bool = False) -> torch.Tensor:
+    """Sampling preprocessing in the logits' dtype: divide by ``temperature`` (when > 0), keep the smallest
+    set of tokens whose probability reaches ``top_p`` (the token crossing the threshold is kept) and the
+    tokens at least as large as the ``top_k``-th largest. Removed tokens become ``-inf``. ``top_p``
+    None/>= 1 and ``top_k`` None/0 disable the filters.
+
+    The order is Dream's (top-p, then top-k) by default; ``top_k_first`` applies top-k before top-p as
+    SDAR's ``sample_with_temperature_topk_topp`` and LLaDA2's ``generate`` do (the two orders differ when
+    both filters are active).
     """
     if temperature > 0:
         logits = logits / temperature
-    if top_p is not None and top_p < 1:
-        sorted_logits, sorted_idx = torch.sort(logits, dim=-1, descending=True)
-        cum = torch.cumsum(torch.softmax(sorted_logits, dim=-1), dim=-1)
-        remove = cum > top_p
-        remove[..., 1:] = remove[..., :-1].clone()
-        remove[..., 0] = False
-        remove = torch.zeros_like(remove).scatter(-1, sorted_idx, remove)
-        logits = logits.masked_fill(remove, NEG_INF)
-    if top_k is not None and 0 < top_k < logits.shape[-1]:
-        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
-        logits = logits.masked_fill(logits < kth, NEG_INF)
-    return logits
+    if top_k_first:
+        return _top_p(_top_k(logits, top_k), top_p)
+    return _top_k(_top_p(logits, top_p), top_k)
 
 
 def sampling_distribution(logits: torch.Tensor, temperature: float, keep: torch.Tensor) -> torch.Tensor:
@@ -183,6 +200,7 @@ def propose(
     confidence_dtype: str = "model",
     generators: Sequence[torch.Generator | None] | None = None,
     banned: Sequence[int] = (),
+    top_k_first: bool = False,
 ) -> Proposal:
     """Propose a token, its log-probability and a confidence for every position of ``logits [B, W, V]``.
 
@@ -196,7 +214,8 @@ def propose(
 
     Confidences are computed from ``softmax`` in ``confidence_dtype`` (``model`` = the logits' dtype, as
     in LLaDA/Dream; ``float64`` as in Fast-dLLM) of the raw logits (``confidence_source="logits"``, LLaDA,
-    Fast-dLLM) or of the filtered, tempered logits the token was drawn from (``"sampling"``, Dream).
+    Fast-dLLM) or of the filtered, tempered logits the token was drawn from (``"sampling"``, Dream, SDAR,
+    LLaDA2). ``top_k_first`` selects the filter order (:func:`filter_logits`).
     """
     rows = logits.shape[0]
     if generators is None:
@@ -205,12 +224,12 @@ def propose(
     choice = logits
     if banned:
         choice = logits.index_fill(-1, torch.as_tensor(list(banned), device=logits.device), NEG_INF)
-    filtered_choice = filter_logits(choice, temperature, top_p, top_k)
+    filtered_choice = filter_logits(choice, temperature, top_p, top_k, top_k_first)
     keep = torch.isfinite(filtered_choice)
     if confidence_source == "logits":
         source = logits
     else:
-        source = filter_logits(logits, temperature, top_p, top_k) if banned else filtered_choice
+        source = filter_logits(logits, temperature, top_p, top_k, top_k_first) if banned else filtered_choice
     probs = torch.softmax(source.to(dtype), dim=-1)
     del filtered_choice
     logp_all = sampling_distribution(logits, temperature, keep)
@@ -295,17 +314,48 @@ def select_dynamic(confidence: torch.Tensor, eligible: torch.Tensor, threshold: 
     return torch.where(enough[:, None], over, select_quota(confidence, eligible, k))
 
 
-DECODERS = ("quota", "threshold", "factor", "dynamic")
+def select_leftmost(eligible: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """The ``k[b]`` leftmost eligible positions of every row (SDAR's ``sequential`` strategy: the first
+    ``k`` masks of the block, i.e. autoregressive order inside the block)."""
+    return (eligible.long().cumsum(-1) <= k[:, None]) & eligible
+
+
+def select_entropy_bounded(confidence: torch.Tensor, eligible: torch.Tensor, bound: float) -> torch.Tensor:
+    """SDAR/JetEngine ``entropy_bounded``: with ``confidence`` the negative entropy of each position's
+    distribution (``neg_entropy``), sort the eligible positions by ascending entropy and commit those whose
+    cumulative entropy stays below ``bound`` (``searchsorted(cumsum, bound)``), at least one."""
+    entropy = (-confidence.to(torch.float64)).masked_fill(~eligible, float("inf"))
+    cumulative = torch.sort(entropy, dim=-1, stable=True).values.cumsum(-1)
+    count = (cumulative < bound).sum(-1).clamp(min=1)
+    return select_quota(confidence, eligible, count)
+
+
+def select_edits(confidence: torch.Tensor, editable: torch.Tensor, proposals: torch.Tensor,
+                 current: torch.Tensor, threshold: float) -> torch.Tensor:
+    """LLaDA2.1 token-to-token editing: the ``editable`` (already decoded, not prompt) positions whose
+    proposal differs from the ``current`` token with ``confidence > threshold``."""
+    return editable & (confidence > threshold) & (proposals != current)
+
+
+DECODERS = ("quota", "threshold", "factor", "dynamic", "sequential", "entropy_bounded")
 """Selection rules by name; :func:`select` dispatches."""
+
+DECODER_ALIASES = {"low_confidence_static": "quota", "low_confidence_dynamic": "dynamic"}
+"""SDAR's ``remasking_strategy`` names for DARE's selection rules."""
 
 
 def select(decoder: str, confidence: torch.Tensor, eligible: torch.Tensor, k: torch.Tensor, *,
-           threshold: float = 0.9, factor: float = 1.0, last_rank_quirk: bool = False) -> torch.Tensor:
-    """Apply the selection rule ``decoder`` (see :data:`DECODERS`) and return the ``[B, W]`` commit mask."""
+           threshold: float = 0.9, factor: float = 1.0, last_rank_quirk: bool = False,
+           entropy_bound: float = 0.35) -> torch.Tensor:
+    """Apply the selection rule ``decoder`` (see :data:`DECODERS`) and return the ``[B, W]`` commit mask.
+
+    ``k`` is the per-row scheduled count (used by ``quota``, ``dynamic`` and ``sequential``)."""
     rules = {
         "quota": lambda: select_quota(confidence, eligible, k),
         "threshold": lambda: select_threshold(confidence, eligible, threshold),
         "factor": lambda: select_factor(confidence, eligible, factor, last_rank_quirk),
         "dynamic": lambda: select_dynamic(confidence, eligible, threshold, k),
+        "sequential": lambda: select_leftmost(eligible, k),
+        "entropy_bounded": lambda: select_entropy_bounded(confidence, eligible, entropy_bound),
     }
     return rules[decoder]()

@@ -17,13 +17,43 @@ from collections.abc import Sequence
 
 import torch
 
-from dare.errors import InputError
+from dare.errors import ConfigError, InputError
 from dare.models.spec import family_of
 from dare.rollout.caching import CACHES
 from dare.rollout.config import SamplerConfig
 from dare.rollout.kernels import SCHEDULES, propose, select
-from dare.rollout.output import RolloutOutput, TrajectoryRecorder, completion_mask
+from dare.rollout.output import RolloutOutput, TrajectoryRecorder, completion_mask, finished_rows
 from dare.rollout.rng import example_generators
+
+
+def finalize_config(values: dict, given: SamplerConfig) -> None:
+    """Masked-diffusion defaults: a preset block longer than the generation becomes one block, ``steps``
+    defaults to ``gen_length``, and setting ``factor``/``threshold`` (without a decoder) picks that decoder."""
+    if values["block_length"] is None or (given.block_length is None and values["block_length"] > values["gen_length"]):
+        values["block_length"] = values["gen_length"]
+    if values["steps"] is None:
+        values["steps"] = values["gen_length"]
+    if given.decoder is None:
+        if given.factor is not None:
+            values["decoder"] = "factor"
+        elif given.threshold is not None:
+            values["decoder"] = "threshold"
+
+
+def check_config(config: SamplerConfig) -> None:
+    """Masked-diffusion constraints (one-line :class:`ConfigError`)."""
+    config.choice("cache", CACHES)
+    config.reject_fields(("block_steps", "editing_threshold", "num_to_transfer"),
+                         "block-diffusion samplers only")
+    if config.gen_length % config.block_length or config.block_length > config.gen_length:
+        raise ConfigError(f"block_length ({config.block_length}) must divide gen_length ({config.gen_length})")
+    if config.steps < 1:
+        raise ConfigError(f"steps must be >= 1; got {config.steps}")
+    if config.decoder in ("quota", "dynamic", "sequential") and config.steps % config.num_blocks:
+        raise ConfigError(
+            f"steps ({config.steps}) must be a multiple of the number of blocks "
+            f"(gen_length / block_length = {config.num_blocks})"
+        )
 
 
 def check_prompts(input_ids: torch.Tensor, attention_mask: torch.Tensor | None, mask_id: int) -> None:
@@ -86,7 +116,7 @@ def denoise_mdlm(
     strategy = CACHES[config.cache](model, shift, config.refresh_every, config.full_logits, config.attn_backend)
     rows = torch.arange(batch, device=device)
     row_list = list(range(batch))
-    bar = _progress_bar(batch * gen, progress)
+    bar = progress_bar(batch * gen, progress)
     nfe = 0
 
     num_blocks = config.num_blocks if config.max_blocks is None else min(config.num_blocks, config.max_blocks)
@@ -115,11 +145,12 @@ def denoise_mdlm(
             proposal = propose(
                 logits, eligible, temperature=config.temperature, top_p=config.top_p, top_k=config.top_k,
                 confidence=config.confidence, confidence_source=config.confidence_source,
-                confidence_dtype=config.confidence_dtype,
+                confidence_dtype=config.confidence_dtype, top_k_first=config.top_k_first,
                 generators=[generators[r] for r in row_list] if needs_rng else None, banned=(tok.mask,),
             )
             chosen = select(config.decoder, proposal.confidence, eligible, quota, threshold=config.threshold,
-                            factor=config.factor, last_rank_quirk=config.factor_last_rank_quirk)
+                            factor=config.factor, last_rank_quirk=config.factor_last_rank_quirk,
+                            entropy_bound=config.entropy_bound)
             step_index = num_steps[rows]
             canvas[rows, start:end] = torch.where(chosen, proposal.tokens, blk)
             step_map[rows, lo:hi] = torch.where(chosen, step_index[:, None], step_map[rows, lo:hi])
@@ -132,7 +163,7 @@ def denoise_mdlm(
             if bar is not None:
                 bar.update(int(chosen.sum()))
             if config.eos_early_stop:
-                done = _finished(canvas[rows, prompt_len:], tok.mask, stop_ids)
+                done = finished_rows(canvas[rows, prompt_len:], tok.mask, stop_ids)
                 if bool(done.any()):
                     keep = (~done).nonzero().squeeze(-1)
                     strategy.reorder(keep)
@@ -161,14 +192,6 @@ def denoise_mdlm(
     )
 
 
-def _finished(completion: torch.Tensor, mask_id: int, stop_ids: torch.Tensor) -> torch.Tensor:
-    """Rows whose first stop token is committed with every earlier position decoded."""
-    is_stop = torch.isin(completion, stop_ids)
-    either = is_stop | (completion == mask_id)
-    first = either.to(torch.uint8).argmax(-1, keepdim=True)  # first mask-or-stop position
-    return either.any(-1) & is_stop.gather(-1, first).squeeze(-1)
-
-
 def _record(recorder, rows, step_index, state, lo, hi, eligible, chosen, proposal, taking) -> None:
     """Store the step of the rows that took it (state before the commit)."""
     gen = state.shape[1]
@@ -187,7 +210,7 @@ def _record(recorder, rows, step_index, state, lo, hi, eligible, chosen, proposa
     )
 
 
-def _progress_bar(total: int, enabled: bool):
+def progress_bar(total: int, enabled: bool):
     if not enabled:
         return None
     from tqdm.auto import tqdm

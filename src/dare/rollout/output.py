@@ -18,6 +18,9 @@ Conventions (``B`` rows, ``P`` padded prompt width, ``G`` generated positions, `
 * ``completion_mask[b, j]`` is 1 up to and including the first stop token (EOS/EOT of the family) and 0
   after it and at undecoded positions.
 * ``nfe`` counts model forward passes of the batch (each forward serves one step of every row still in it).
+* Block samplers (:mod:`dare.rollout.block`) also return ``block_step_map``: the step counted from the start of
+  the token's block. With LLaDA2.1 token editing a position can be written more than once; the step map,
+  block step map and log-prob then describe its last write.
 """
 
 from __future__ import annotations
@@ -25,6 +28,14 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 import torch
+
+
+def finished_rows(completion: torch.Tensor, mask_id: int, stop_ids: torch.Tensor) -> torch.Tensor:
+    """``[B]`` bool: rows whose first stop token is committed with every earlier position decoded."""
+    is_stop = torch.isin(completion, stop_ids)
+    either = is_stop | (completion == mask_id)
+    first = either.to(torch.uint8).argmax(-1, keepdim=True)  # first mask-or-stop position
+    return either.any(-1) & is_stop.gather(-1, first).squeeze(-1)
 
 
 def completion_mask(completion: torch.Tensor, stop_ids, decoded: torch.Tensor | None = None) -> torch.Tensor:
@@ -79,6 +90,8 @@ class RolloutOutput:
         num_steps: ``[B]`` denoising steps taken by each row.
         nfe: model forward passes of the whole batch.
         trajectory: per-step record when ``record_trajectory`` was set.
+        block_step_map: ``[B, G]`` block samplers: step of each token counted from the start of its block
+            (-1: never decoded); None for masked-diffusion samplers.
     """
 
     sequences: torch.Tensor
@@ -91,6 +104,7 @@ class RolloutOutput:
     num_steps: torch.Tensor
     nfe: int
     trajectory: Trajectory | None = None
+    block_step_map: torch.Tensor | None = None
 
     def to_tensordict(self):
         """The output as a ``tensordict.TensorDict`` with batch size ``[B]`` (trajectory under ``trajectory``;
@@ -110,6 +124,8 @@ class RolloutOutput:
             "nfe": torch.full((batch,), self.nfe, device=device),
             "prompt_length": torch.full((batch,), self.prompt_length, device=device),
         }
+        if self.block_step_map is not None:
+            data["block_step_map"] = self.block_step_map
         if self.trajectory is not None:
             data["trajectory"] = TensorDict(self.trajectory.to_dict(), batch_size=[batch])
         return TensorDict(data, batch_size=[batch])

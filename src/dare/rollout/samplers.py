@@ -1,8 +1,9 @@
 """The sampler registry and :func:`generate`, the entry point every other area calls.
 
 A sampler is a named preset of orthogonal choices (confidence, schedule, selection rule, cache) plus the
-loop that runs them. Registering a new one is one :func:`register_sampler` call; block-diffusion families
-register samplers with their own ``run`` loop reusing :mod:`dare.rollout.kernels`.
+loop that runs them. Registering a new one is one :func:`register_sampler` call. Masked-diffusion samplers run
+:func:`dare.rollout.mdlm.denoise_mdlm`; block-diffusion samplers run :func:`dare.rollout.block.denoise_blocks`;
+both loops share :mod:`dare.rollout.kernels`.
 """
 
 from __future__ import annotations
@@ -12,9 +13,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from dare.errors import InputError, unknown_choice
+from dare.errors import ConfigError, InputError, unknown_choice
+from dare.rollout import block, mdlm
 from dare.rollout.config import SamplerConfig
-from dare.rollout.mdlm import denoise_mdlm
 from dare.rollout.output import RolloutOutput
 
 
@@ -27,12 +28,21 @@ class Sampler:
         description: one line for ``--help`` and docs.
         defaults: values for the ``SamplerConfig`` fields the user leaves as ``None``.
         run: ``run(model, input_ids, attention_mask, resolved_config, *, example_ids, progress) -> RolloutOutput``.
+        finalize: ``finalize(values, given)`` completes the field dict of :meth:`SamplerConfig.resolved` after the
+            preset defaults (loop-specific defaults).
+        check: ``check(config)`` loop-specific validation of a resolved config (one-line ``ConfigError``).
+        attention: the model attention the loop decodes (``full`` or ``block_causal``, ``FamilySpec.attention``).
+        families: model families this sampler is the default for (:func:`default_sampler`).
     """
 
     name: str
     description: str
     defaults: dict = field(default_factory=dict)
-    run: Callable[..., RolloutOutput] = denoise_mdlm
+    run: Callable[..., RolloutOutput] = mdlm.denoise_mdlm
+    finalize: Callable[[dict, SamplerConfig], None] = mdlm.finalize_config
+    check: Callable[[SamplerConfig], None] = mdlm.check_config
+    attention: str = "full"
+    families: tuple[str, ...] = ()
 
 
 SAMPLERS: dict[str, Sampler] = {}
@@ -47,6 +57,14 @@ def get_sampler(name: str) -> Sampler:
     if name not in SAMPLERS:
         raise unknown_choice("sampler", name, SAMPLERS)
     return SAMPLERS[name]
+
+
+def default_sampler(model) -> str:
+    """The sampler registered as the default for ``model``'s family, else ``llada``."""
+    from dare.models.spec import family_of
+
+    family = family_of(model).name
+    return next((s.name for s in SAMPLERS.values() if family in s.families), "llada")
 
 
 _LLADA = dict(confidence="prob", confidence_source="logits", confidence_dtype="model", schedule="linear")
@@ -71,6 +89,38 @@ register_sampler(Sampler(
     "fastdllm_dream",
     "Fast-dLLM (Dream): blocks of 32, prefix KV cache, threshold 0.9 on the sampling distribution's probability",
     dict(_DREAM, confidence="prob", block_length=32, decoder="threshold", cache="prefix"),
+))
+
+# Block diffusion: confidence = probability of the drawn token under the sampling distribution (softmax of
+# the filtered, tempered logits, top-k before top-p), in the logits' dtype; exact block KV cache.
+_BLOCK = dict(confidence="prob", confidence_source="sampling", confidence_dtype="model", schedule="linear",
+              top_k_first=True, cache="block")
+_BLOCK_HOOKS = dict(run=block.denoise_blocks, finalize=block.finalize_config, check=block.check_config,
+                    attention="block_causal")
+
+register_sampler(Sampler(
+    "sdar",
+    "SDAR/TraDo block_diffusion_generate: block 4, per-block steps, low_confidence_dynamic 0.9, block KV cache",
+    dict(_BLOCK, block_length=4, decoder="dynamic", threshold=0.9),
+    families=("sdar", "sdar_moe"), **_BLOCK_HOOKS,
+))
+register_sampler(Sampler(
+    "llada2",
+    "LLaDA2.0 generate: block 32, threshold 0.95 with top-k fallback, block KV cache (cache=none: reference recompute)",
+    dict(_BLOCK, block_length=32, decoder="dynamic", threshold=0.95),
+    families=("llada2",), **_BLOCK_HOOKS,
+))
+register_sampler(Sampler(
+    "llada21",
+    "LLaDA2.1 quality mode: M2T threshold 0.7 + T2T token editing 0.5, up to 16 edit-only forwards per block",
+    dict(_BLOCK, block_length=32, decoder="dynamic", threshold=0.7, editing_threshold=0.5, num_to_transfer=1),
+    **_BLOCK_HOOKS,
+))
+register_sampler(Sampler(
+    "llada21_speed",
+    "LLaDA2.1 speed mode: M2T threshold 0.5, no token editing",
+    dict(_BLOCK, block_length=32, decoder="dynamic", threshold=0.5, num_to_transfer=1),
+    **_BLOCK_HOOKS,
 ))
 
 
@@ -143,4 +193,9 @@ def generate(
     if len(example_ids) != batch:
         raise InputError(f"example_ids has {len(example_ids)} entries for {batch} prompts")
     sampler = get_sampler(config.sampler)
+    family = family_of(model)
+    if family.attention != sampler.attention:
+        fits = [s.name for s in SAMPLERS.values() if s.attention == family.attention]
+        raise ConfigError(f"sampler '{sampler.name}' decodes {sampler.attention.replace('_', '-')} models; "
+                          f"{family.name} is {family.attention.replace('_', '-')}: use {', '.join(fits)}")
     return sampler.run(model, prompts, attention_mask, config, example_ids=example_ids, progress=progress)
