@@ -157,3 +157,24 @@ def test_rl_config_errors(tmp_path):
         rl_config(tmp_path, "algorithm.kl_coeff=0.1")
     with pytest.raises(ConfigError, match="rollout.reward"):
         Trainer(rl_config(tmp_path, "rollout.reward=null"))
+
+
+RECIPES = sorted(str(p.relative_to(ROOT)) for p in ROOT.glob("configs/*/*.yaml"))
+TINY_RL = [r for r in RECIPES if r.endswith("_tiny.yaml") and "sft" not in r]
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_every_recipe_validates(recipe):
+    config = load_train_config(ROOT / recipe)
+    assert config.algorithm.name in recipe
+
+
+@pytest.mark.parametrize("recipe", TINY_RL)
+def test_tiny_rl_recipes_run_a_step(recipe, tmp_path):
+    from dare.trainer import run_training
+
+    config = load_train_config(ROOT / recipe, [f"trainer.output_dir={tmp_path}", "trainer.max_steps=1",
+                                               "trainer.progress=false", "trainer.export=false"])
+    record = run_training(config)
+    assert record["step"] == 1 and torch.isfinite(torch.tensor(record["loss"]))
+    assert "rollout/reward" in record or "dpo/accuracy" in record
