@@ -92,6 +92,9 @@ class Trainer:
             cfg.algorithm, token_ids=self.token_ids, seed=cfg.trainer.seed, attn_backend=cfg.model.attn_backend)
         self.reference = self._reference() if self.algorithm.needs.reference else None
         self.source = source if source is not None else self._build_source()
+        if getattr(self.source, "prepares_views", False):  # old / reference forwards under the same precision
+            precision = cfg.distributed.mixed_precision if not self.sharded else "fp32"
+            self.source.precision = lambda: autocast_context(precision, self.info.device)
         self.total_steps = cfg.trainer.max_steps or max(1, int(cfg.trainer.epochs * self.source.steps_per_epoch))
 
         params = [p for p in self.model.parameters() if p.requires_grad]

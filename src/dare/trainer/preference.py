@@ -4,6 +4,8 @@ them (``prepares_views = True``). Batches are a pure function of the step (like 
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from tensordict import TensorDict
 
@@ -18,6 +20,8 @@ class PairSource:
     """``batch_size`` pairs per optimizer step over all ranks, ``micro_batch_size`` pairs per micro-batch."""
 
     prepares_views = True
+    precision = staticmethod(contextlib.nullcontext)
+    """Context of old / reference forwards (the trainer sets its autocast)."""
 
     def __init__(self, pairs: list[PairItem], *, algorithm, policy, reference: Reference | None, batch_size: int,
                  micro_batch_size: int, eos_id: int, pad_id: int, info: DistInfo | None = None, seed: int = 0,
@@ -56,7 +60,8 @@ class PairSource:
         for lo in range(0, len(mine), self.micro_batch_size):
             rows = [e for i in mine[lo:lo + self.micro_batch_size] for e in self.examples(self.pairs[i])]
             mb = collate_padded(rows, width, self.eos_id, self.pad_id, eos_padding=False)
-            out.append(prepare_micro_batch(self.algorithm, mb, step, self.policy, self.reference, device))
+            out.append(prepare_micro_batch(self.algorithm, mb, step, self.policy, self.reference, device,
+                                           self.precision))
         return out
 
     def state_dict(self) -> dict:

@@ -13,6 +13,8 @@ exact. Everything else is a pure function of the step.
 
 from __future__ import annotations
 
+import contextlib
+
 import json
 import time
 import warnings
@@ -49,6 +51,8 @@ class RolloutSource:
     """
 
     prepares_views = True
+    precision = staticmethod(contextlib.nullcontext)
+    """Context of old / reference forwards (the trainer sets its autocast)."""
 
     def __init__(self, prompts: list[PromptItem], *, policy, algorithm, tokenizer, reward, config, batch_size: int,
                  micro_batch_size: int, info: DistInfo | None = None, seed: int = 0, shuffle: bool = True,
@@ -250,7 +254,8 @@ class RolloutSource:
         for k in range(self.mu):
             chunks = [batch[lo:lo + self.micro_batch_size].clone()
                       for lo in range(0, batch.batch_size[0], self.micro_batch_size)]
-            micro.append([prepare_micro_batch(self.algorithm, mb, start + k, self.policy, self.reference, device)
+            micro.append([prepare_micro_batch(self.algorithm, mb, start + k, self.policy, self.reference, device,
+                                              self.precision)
                           for mb in chunks])
         self.step_metrics["rollout/time_s"] = round(time.perf_counter() - began, 4)
         return micro

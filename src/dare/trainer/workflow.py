@@ -68,20 +68,22 @@ def attach_estimates(algorithm, batch: TensorDict, model, prefix: str) -> Tensor
 
 
 def prepare_micro_batch(algorithm, batch: TensorDict, step: int, policy=None, reference: Reference | None = None,
-                        device=None) -> TensorDict:
+                        device=None, precision=contextlib.nullcontext) -> TensorDict:
     """Corrupt ``batch`` for optimizer step ``step`` and attach old / reference estimates as the algorithm
-    needs them (``needs.old_logprobs`` / ``needs.reference``). Returns the batch on the CPU."""
+    needs them (``needs.old_logprobs`` / ``needs.reference``), inside ``precision()`` (the trainer's autocast,
+    so old and current log-probs are computed alike). Returns the batch on the CPU."""
     batch = algorithm.corrupt(batch, step)
     needs = algorithm.needs
     if needs.old_logprobs or needs.reference:
         on_device = batch.to(device) if device is not None else batch
-        if needs.old_logprobs:
-            attach_estimates(algorithm, on_device, policy, "old_")
-        if needs.reference:
-            if reference is None:
-                raise RuntimeError(f"algorithm '{algorithm.name}' needs a reference model")
-            with reference.model() as ref:
-                attach_estimates(algorithm, on_device, ref, "ref_")
+        with precision():
+            if needs.old_logprobs:
+                attach_estimates(algorithm, on_device, policy, "old_")
+            if needs.reference:
+                if reference is None:
+                    raise RuntimeError(f"algorithm '{algorithm.name}' needs a reference model")
+                with reference.model() as ref:
+                    attach_estimates(algorithm, on_device, ref, "ref_")
         batch = on_device.to("cpu")
     return batch
 
