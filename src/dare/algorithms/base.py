@@ -16,6 +16,12 @@ everything else (data or rollouts, sharding, micro-batching, accumulation, optim
 4. ``loss(batch, estimates, totals) -> (loss, metrics)`` - this micro-batch's contribution: the objective
    of the global batch is the **sum** of the contributions of all micro-batches on all ranks (so losses and
    gradients do not depend on the split). ``metrics`` are sums too (the trainer all-reduces them).
+
+The trainer calls ``backward(model, batch, totals) -> metrics`` per micro-batch; its default is
+``loss(batch, estimate(model, batch), totals)[0].backward()``. An algorithm whose loss is a sum of
+independent terms (one per Monte-Carlo sample or denoising step) overrides it to run one forward and one
+backward per term, so memory stays that of one graph (:class:`dare.algorithms.rl.TermwiseMixin`).
+Totals may be vectors (e.g. per-step token counts); they are summed elementwise.
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ class Needs:
         old_logprobs: log-probs of the pre-update policy on the same views (PPO ratios).
         reward: batches need rewards / advantages.
         mc_samples: Monte-Carlo corruptions per example.
+        pairs: batches are preference pairs (chosen / rejected rows) from a dataset (DPO, VRPO).
     """
 
     rollout: bool = False
@@ -49,6 +56,7 @@ class Needs:
     old_logprobs: bool = False
     reward: bool = False
     mc_samples: int = 1
+    pairs: bool = False
 
 
 @dataclass
@@ -86,6 +94,12 @@ class Algorithm:
 
     def loss(self, batch: TensorDict, estimates: TensorDict, totals: dict[str, torch.Tensor]):
         raise NotImplementedError
+
+    def backward(self, model, batch: TensorDict, totals: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Accumulate this micro-batch's loss gradient into ``.grad``; returns its (summable) metrics."""
+        loss, metrics = self.loss(batch, self.estimate(model, batch), totals)
+        loss.backward()
+        return metrics
 
 
 ALGORITHMS: dict[str, type[Algorithm]] = {}

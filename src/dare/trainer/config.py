@@ -8,6 +8,7 @@ from typing import Any
 
 from dare.config import from_dict, load_yaml, merge, parse_overrides, to_dict
 from dare.errors import ConfigError, unknown_choice
+from dare.rollout.config import SamplerConfig
 
 
 @dataclass
@@ -73,6 +74,30 @@ class DataConfig:
     """Shuffle examples every epoch (deterministic in trainer.seed and the epoch)."""
     num_examples: int | None = None
     """Use only the first N examples (synthetic tasks: how many to generate; default 512)."""
+    chosen_key: str = "chosen"
+    """Preference pairs (DPO/VRPO): field holding the preferred response."""
+    rejected_key: str = "rejected"
+    """Preference pairs (DPO/VRPO): field holding the dispreferred response."""
+
+
+@dataclass
+class RolloutConfig:
+    """Online RL: how prompts are turned into scored rollouts (``trainer.batch_size`` counts rollouts)."""
+
+    group_size: int = 8
+    """Rollouts per prompt (the GRPO group G); prompts per step = trainer.batch_size / group_size."""
+    sampler: SamplerConfig = field(default_factory=lambda: SamplerConfig(temperature=1.0))
+    """Decoding settings of the rollouts (``dare.rollout.SamplerConfig``); ``seed`` is re-derived every step."""
+    reward: Any = None
+    """Reward: a registered name, a preset, or {name: weight | {weight, options}} (see dare.rewards)."""
+    max_prompt_length: int = 512
+    """Prompts longer than this many tokens are dropped (and counted)."""
+    chunk_size: int | None = None
+    """Rows per generate call (default: the rank's whole share of the step)."""
+    samples_file: bool = True
+    """Append every rollout step's first completions with their rewards to output_dir/rollouts.jsonl."""
+    samples_per_step: int = 2
+    """How many completions per step go to rollouts.jsonl (rank 0)."""
 
 
 @dataclass
@@ -155,6 +180,8 @@ class TrainConfig:
     """Training data."""
     algorithm: Any = field(default_factory=lambda: {"name": "sft"})
     """Algorithm section: ``name`` plus that algorithm's options (see dare.algorithms)."""
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    """RL only: group size, sampler and reward of the rollouts."""
     optim: OptimConfig = field(default_factory=OptimConfig)
     """Optimizer and learning-rate schedule."""
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
@@ -178,7 +205,8 @@ class TrainConfig:
                 raise unknown_choice(f"value for {key}", value, allowed)
         positive = {"trainer.batch_size": self.trainer.batch_size, "trainer.micro_batch_size": self.trainer.micro_batch_size,
                     "trainer.log_every": self.trainer.log_every, "data.max_length": self.data.max_length,
-                    "lora.r": self.lora.r}
+                    "lora.r": self.lora.r, "rollout.group_size": self.rollout.group_size,
+                    "rollout.max_prompt_length": self.rollout.max_prompt_length}
         for key, value in positive.items():
             if value < 1:
                 raise ConfigError(f"{key} must be positive; got {value}")

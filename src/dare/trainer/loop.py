@@ -9,9 +9,13 @@ Per optimizer step ``s`` (0-based; logged as ``step = s + 1``)::
         loss, metrics = algorithm.loss(mb, algorithm.estimate(model, mb), totals); loss.backward()
     clip; optimizer.step(); scheduler.step()      # gradients are sums over micro-batches and ranks
 
-Extension points: pass another :class:`~dare.trainer.sources.BatchSource` (RL: rollout -> reward ->
-advantages, old/reference log-probs as extra batch fields) and/or a registered algorithm; the loop,
-sharding, checkpointing and logging stay the same.
+Extension points: pass another :class:`~dare.trainer.sources.BatchSource` and/or a registered algorithm;
+the loop, sharding, checkpointing and logging stay the same. The source follows the algorithm's ``needs``:
+a dataset (SFT), rollouts of the current policy (RL: :class:`~dare.trainer.rl.RolloutSource`, rollout ->
+reward -> advantage -> stored views -> old/reference log-probs) or preference pairs
+(:class:`~dare.trainer.preference.PairSource`). Sources with ``prepares_views = True`` return micro-batches
+that already hold the algorithm's views (the loop does not corrupt them again); a source's
+``step_metrics`` (global values, e.g. rollout rewards) are added to the step's record.
 
 Test seam: with the environment variable ``DARE_KILL_AT_STEP=N`` the process SIGKILLs itself right after
 step N has been logged (and checkpointed when due), to test kill-and-resume.
@@ -87,7 +91,11 @@ class Trainer:
         self.algorithm = get_algorithm(cfg.algorithm.name)(
             cfg.algorithm, token_ids=self.token_ids, seed=cfg.trainer.seed, attn_backend=cfg.model.attn_backend)
         self.algorithm.bind_model(base)
-        self.source = source if source is not None else self._dataset_source()
+        self.reference = self._reference() if self.algorithm.needs.reference else None
+        self.source = source if source is not None else self._build_source()
+        if getattr(self.source, "prepares_views", False):  # old / reference forwards under the same precision
+            precision = cfg.distributed.mixed_precision if not self.sharded else "fp32"
+            self.source.precision = lambda: autocast_context(precision, self.info.device)
         self.total_steps = cfg.trainer.max_steps or max(1, int(cfg.trainer.epochs * self.source.steps_per_epoch))
 
         params = [p for p in self.model.parameters() if p.requires_grad]
@@ -101,6 +109,35 @@ class Trainer:
                                     config=config_dict(config))
 
     # ---- construction helpers -----------------------------------------------------------------------
+    def _reference(self):
+        """The frozen reference policy: the adapter-disabled policy with LoRA, else a frozen (sharded) copy."""
+        from dare.trainer.workflow import Reference
+
+        if self.config.lora.enabled:
+            return Reference(self.model)
+        from dare.models.loading import load_model, resolve_dtype, unwrap
+
+        cfg = self.config
+        frozen = load_model(cfg.model.path, dtype=resolve_dtype(cfg.model.dtype), device=self.info.device)
+        frozen.requires_grad_(False)
+        unwrap(frozen).attn_backend = cfg.model.attn_backend
+        if self.sharded:
+            apply_fsdp(frozen, unwrap(frozen).blocks, self.info, cfg.distributed.mixed_precision,
+                       cfg.distributed.reshard_after_forward)
+        return Reference(self.model, frozen.eval())
+
+    def _build_source(self):
+        needs = self.algorithm.needs
+        if needs.rollout:
+            from dare.trainer.rl import build_rollout_source
+
+            return build_rollout_source(self)
+        if needs.pairs:
+            from dare.trainer.preference import build_pair_source
+
+            return build_pair_source(self)
+        return self._dataset_source()
+
     def _dataset_source(self):
         from dare.data.sft import build_sft_dataset
         from dare.trainer.sources import DatasetSource
@@ -130,12 +167,17 @@ class Trainer:
         """Accumulate the gradient of step ``step``'s global-batch loss into ``.grad``; returns summed metrics."""
         from dare.data.sft import dummy_micro_batch
 
-        micro = [self.algorithm.corrupt(mb, step) for mb in self.source.batch(step)]
+        micro = self.source.batch(step)
+        prepared = getattr(self.source, "prepares_views", False)
+        if not prepared:
+            micro = [self.algorithm.corrupt(mb, step) for mb in micro]
         local_totals: dict = defaultdict(lambda: torch.zeros((), dtype=torch.float64))
         for mb in micro:
             _add(local_totals, self.algorithm.totals(mb))
         totals = all_reduce_dict(dict(local_totals), self.info)
         count = all_reduce_max_int(len(micro), self.info)
+        if prepared and len(micro) < count:
+            raise RuntimeError("the source returned different numbers of micro-batches on different ranks")
         while len(micro) < count:  # same number of forward/backward collectives on every rank
             micro.append(self.algorithm.corrupt(dummy_micro_batch(self.token_ids.pad), step))
         sums: dict = defaultdict(lambda: torch.zeros((), dtype=torch.float64))
@@ -143,12 +185,11 @@ class Trainer:
         for mb in micro:
             mb = mb.to(self.info.device)
             with autocast_context(self.config.distributed.mixed_precision if not self.sharded else "fp32", self.info.device):
-                estimates = self.algorithm.estimate(self.model, mb)
-                loss, metrics = self.algorithm.loss(mb, estimates, device_totals)
-            loss.backward()
+                metrics = self.algorithm.backward(self.model, mb, device_totals)
             _add(sums, metrics)
         out = all_reduce_dict(dict(sums), self.info)
-        out.update(totals)
+        out.update({k: v for k, v in totals.items() if v.numel() == 1})
+        out.update(getattr(self.source, "step_metrics", None) or {})
         return out
 
     def optimizer_step(self) -> dict[str, float]:
@@ -167,7 +208,7 @@ class Trainer:
         start = time.perf_counter()
         sums = self.forward_backward(step)
         record = {"step": step + 1, "epoch": round(self.source_epoch(step + 1), 6)}
-        record.update({k: float(v) for k, v in sorted(sums.items())})
+        record.update({k: float(v) for k, v in sorted(sums.items()) if torch.as_tensor(v).numel() == 1})
         record.update(self.optimizer_step())
         record["time/step_s"] = round(time.perf_counter() - start, 4)
         return record
@@ -179,7 +220,7 @@ class Trainer:
     def save(self) -> Path:
         return save_checkpoint(self.output_dir, self.step, self.model, self.optimizer, self.scheduler, self.info,
                                trainable_only=self.trainable_only, keep_last=self.config.trainer.keep_last,
-                               extra={"source": self.source.state_dict()})
+                               rank_state={"source": self.source.state_dict()})
 
     def maybe_resume(self) -> None:
         resume = self.config.trainer.resume
@@ -196,7 +237,7 @@ class Trainer:
             path = Path(resume)
         state = load_checkpoint(path, self.model, self.optimizer, self.scheduler, self.info,
                                 trainable_only=self.trainable_only)
-        self.source.load_state_dict(state.get("source", {}))
+        self.source.load_state_dict(state.get("rank_state", {}).get("source", state.get("source", {})))
         self.step = int(state["step"])
         self.logger.truncate_after(self.step)
         if self.info.is_main:
