@@ -195,3 +195,22 @@ def test_shared_corruptions_make_the_antithetic_score_exactly_zero():
     assert terms_p.shape == (3, 3) and torch.equal(ids_p, ids_r) and bool((terms_p < 0).all())
     assert torch.equal(terms_p.mean(-1) - terms_r.mean(-1), torch.zeros(3))
     assert not torch.allclose(terms_p.mean(-1), terms_o.mean(-1))
+
+
+def test_on_step_callback_adds_metrics_and_can_stop_early(tmp_path):
+    config = small_config(tmp_path, "trainer.max_steps=6", "trainer.log_every=4")
+    trainer = Trainer(config)
+    seen = []
+
+    def on_step(tr, record):
+        seen.append((tr.step, record["step"]))
+        if tr.step == 3:
+            tr.request_stop()
+        return {"eval/custom": tr.step * 10}
+
+    trainer.train(on_step)
+    assert seen == [(1, 1), (2, 2), (3, 3)]
+    assert trainer.step == 3
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["step"], r["eval/custom"]) for r in records] == [(3, 30)]  # the stopping step is always logged
+    assert (tmp_path / "final").is_dir()  # the export still happens

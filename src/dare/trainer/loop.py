@@ -27,6 +27,7 @@ import os
 import signal
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -104,6 +105,7 @@ class Trainer:
         self.optimizer = build_optimizer(params, cfg.optim)
         self.scheduler = build_scheduler(self.optimizer, cfg.optim, self.total_steps)
         self.step = 0
+        self.stop_requested = False
         self.logger = MetricsLogger(self.output_dir, enabled=self.info.is_main, tensorboard=cfg.trainer.tensorboard,
                                     wandb=cfg.trainer.wandb, wandb_project=cfg.trainer.wandb_project,
                                     config=config_dict(config))
@@ -264,7 +266,17 @@ class Trainer:
         return out
 
     # ---- the loop ------------------------------------------------------------------------------------
-    def train(self) -> dict:
+    def request_stop(self) -> None:
+        """End :meth:`train` after the current step (e.g. from an ``on_step`` callback: early stopping)."""
+        self.stop_requested = True
+
+    def train(self, on_step: Callable[[Trainer, dict], dict | None] | None = None) -> dict:
+        """Run the remaining steps; returns the last metrics record.
+
+        ``on_step(trainer, record)`` runs after every optimizer step, before the record is logged; the metrics it
+        returns (e.g. a periodic held-out evaluation) are added to the record, and it may end training early with
+        :meth:`request_stop` (the final checkpoint / export is still written). It must not change the parameters
+        (sources and corruptions are seeded per step, so evaluating in between does not change the run)."""
         cfg = self.config.trainer
         self.maybe_resume()
         kill_at = int(os.environ.get("DARE_KILL_AT_STEP", "0") or 0)
@@ -275,11 +287,13 @@ class Trainer:
             bar = tqdm(total=self.total_steps, initial=self.step, desc="train", dynamic_ncols=True)
         record: dict = {}
         start = time.perf_counter()
-        while self.step < self.total_steps:
+        while self.step < self.total_steps and not self.stop_requested:
             record = self.train_step(self.step)
             self.step += 1
+            if on_step is not None:
+                record.update(on_step(self, record) or {})
             record["time/elapsed_s"] = round(time.perf_counter() - start, 3)
-            if self.step % cfg.log_every == 0 or self.step == self.total_steps:
+            if self.step % cfg.log_every == 0 or self.step == self.total_steps or self.stop_requested:
                 self.logger.log(record)
             if bar is not None:
                 bar.update(1)
@@ -298,12 +312,13 @@ class Trainer:
         return record
 
 
-def run_training(config: TrainConfig, source=None) -> dict:
-    """Train with ``config`` (under torchrun: one call per process); returns the last metrics record."""
+def run_training(config: TrainConfig, source=None, on_step: Callable[[Trainer, dict], dict | None] | None = None) -> dict:
+    """Train with ``config`` (under torchrun: one call per process); returns the last metrics record.
+    ``on_step(trainer, record)`` is called after every step (see :meth:`Trainer.train`)."""
     from dare.distributed import shutdown
 
     trainer = Trainer(config, source=source)
     try:
-        return trainer.train()
+        return trainer.train(on_step)
     finally:
         shutdown(trainer.info)
