@@ -1,0 +1,317 @@
+"""The ``dare demo`` pipeline: task -> tiny LLaDA from scratch -> SFT to partial competence -> RL -> report.
+
+Every phase is the framework's own code path: the splits are files in the formats ``dare train`` and
+``dare.eval`` read (:mod:`dare.demo.task`), the model is a ``tiny:llada``-style checkpoint written with
+:func:`dare.models.tiny.write_tiny_checkpoint` (enlarged), SFT and RL are recipes (``sft.yaml``, ``rl.yaml`` in
+the output directory; rerun them with ``dare train``) run by :func:`dare.trainer.run_training`, and every
+accuracy is the GSM8K benchmark's scorer on the held-out split (:mod:`dare.demo.evaluation`).
+
+SFT stops at **partial competence**: every ``sft_check_every`` steps the validation split is decoded greedily
+and SFT ends at the first check with accuracy >= ``sft_target`` (or after ``sft_max_steps``). RL then starts
+from that checkpoint with the chosen algorithm (``--algorithm``; ``sft`` continues SFT instead, as a baseline).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from dare.errors import ConfigError, unknown_choice
+
+SCHEMA = "dare.demo.report/1"
+
+
+@dataclass
+class DemoConfig:
+    """Settings of one demo run (``dare demo`` flags set the most useful ones)."""
+
+    out_dir: str = "dare_demo"
+    """Output directory: data/, init/, sft/, rl/, recipes, report.json, curves.png."""
+    seed: int = 0
+    """Seed of the model initialisation, the training problems, data order, corruption noise and rollouts."""
+    algorithm: str = "d1"
+    """RL algorithm of the second phase (any registered rollout algorithm; ``sft`` continues SFT instead)."""
+    digits: int = 5
+    """Digits of the numbers to reverse."""
+    train_size: int = 4096
+    """Training problems (SFT demonstrations and RL prompts)."""
+    validation_size: int = 128
+    """Validation problems (decide when SFT has reached partial competence)."""
+    test_size: int = 256
+    """Held-out test problems (every reported accuracy)."""
+    layers: int = 4
+    """Transformer blocks of the LLaDA model."""
+    hidden: int = 128
+    """Model width (d_model)."""
+    heads: int = 4
+    """Attention heads."""
+    mlp: int = 256
+    """MLP hidden size."""
+    sft_max_steps: int = 400
+    """Upper bound of SFT optimizer steps."""
+    sft_target: float = 0.3
+    """SFT stops at the first validation check whose accuracy reaches this (partial competence)."""
+    sft_check_every: int = 5
+    """SFT steps between validation checks."""
+    sft_batch_size: int = 64
+    """SFT examples per step."""
+    sft_lr: float = 1e-3
+    """SFT learning rate (constant after 20 warm-up steps)."""
+    rl_steps: int = 120
+    """Optimizer steps of the RL phase."""
+    group_size: int = 8
+    """Rollouts per prompt (G)."""
+    prompts_per_step: int = 16
+    """Prompts per rollout batch (rollouts per step = G x prompts)."""
+    rl_lr: float = 3e-4
+    """RL learning rate (constant)."""
+    temperature: float = 1.0
+    """Sampling temperature of the RL rollouts (evaluation is greedy)."""
+    eval_every: int = 20
+    """RL steps between held-out evaluations (the accuracy curve)."""
+    algorithm_options: dict = field(default_factory=dict)
+    """Extra ``algorithm.*`` settings, on top of the demo's per-algorithm defaults."""
+
+    @classmethod
+    def quick(cls, **overrides) -> DemoConfig:
+        """The shortened CI variant: a 2-layer, width-64 model and a few steps of each phase (about a minute)."""
+        small = dict(digits=3, train_size=512, validation_size=32, test_size=64, layers=2, hidden=64, mlp=128,
+                     sft_max_steps=40, sft_check_every=20, sft_batch_size=32, rl_steps=4, group_size=4,
+                     prompts_per_step=4, eval_every=2)
+        return cls(**{**small, **overrides})
+
+
+# Demo-sized settings per algorithm (everything else: the algorithm's paper defaults, see README). mu = 2 inner
+# steps everywhere, so every algorithm gets the same number of rollouts per optimizer step.
+ALGORITHM_DEFAULTS: dict[str, dict] = {
+    "d1": {"inner_steps": 2},
+    "wd1": {"inner_steps": 2},
+    "coupled_grpo": {"inner_steps": 2},
+    "cj_grpo": {"inner_steps": 2},
+    "spg": {"inner_steps": 2},
+    "mdpo": {"train_steps": 2},
+    "bgpo": {"mc_num": 4},
+}
+BASELINE = "sft"
+
+
+def demo_algorithms() -> list[str]:
+    """Algorithms ``--algorithm`` accepts: every registered rollout (online RL) algorithm, plus ``sft``."""
+    from dare.algorithms import ALGORITHMS
+
+    return sorted(name for name, cls in ALGORITHMS.items() if cls.needs.rollout) + [BASELINE]
+
+
+def check_config(config: DemoConfig) -> None:
+    """One-line errors for impossible settings (before any work)."""
+    choices = demo_algorithms()
+    if config.algorithm not in choices:
+        from dare.algorithms import ALGORITHMS
+
+        if config.algorithm in ALGORITHMS:
+            raise ConfigError(f"algorithm '{config.algorithm}' trains on preference pairs, not rollouts; the demo "
+                              f"runs one of: {', '.join(choices)}")
+        raise unknown_choice("demo algorithm", config.algorithm, choices)
+    if not 0 < config.sft_target <= 1:
+        raise ConfigError(f"sft_target must be in (0, 1]; got {config.sft_target}")
+    positive = {"sft_max_steps": config.sft_max_steps, "rl_steps": config.rl_steps, "test_size": config.test_size,
+                "validation_size": config.validation_size, "sft_check_every": config.sft_check_every,
+                "eval_every": config.eval_every, "group_size": config.group_size,
+                "prompts_per_step": config.prompts_per_step}
+    for key, value in positive.items():
+        if value < 1:
+            raise ConfigError(f"{key} must be positive; got {value}")
+
+
+# ------------------------------------------------------------------------------------------------ recipes
+def eval_sampler(config: DemoConfig):
+    """Greedy decoding of the answer: LLaDA's low-confidence remasking, one token per step."""
+    from dare.rollout import SamplerConfig
+
+    length = config.digits + 3  # leading space, digits, EOS, spare
+    return SamplerConfig(sampler="llada", gen_length=length, block_length=length, steps=length, temperature=0.0)
+
+
+def sft_recipe(config: DemoConfig, model: str, data, output_dir: Path, max_steps: int) -> dict:
+    return {
+        "model": {"path": str(model)},
+        "data": {"path": str(data.sft), "chat_template": False, "max_length": 64},
+        "algorithm": {"name": "sft", "normalize": "llada"},
+        "optim": {"lr": config.sft_lr, "warmup_steps": 20},
+        "trainer": {"output_dir": str(output_dir), "seed": config.seed, "batch_size": config.sft_batch_size,
+                    "micro_batch_size": config.sft_batch_size, "max_steps": max_steps, "resume": "never"},
+    }
+
+
+def rl_recipe(config: DemoConfig, model: str, data, output_dir: Path) -> dict:
+    if config.algorithm == BASELINE:
+        return sft_recipe(config, model, data, output_dir, config.rl_steps)
+    sampler = eval_sampler(config)
+    rollouts = config.group_size * config.prompts_per_step
+    algorithm = {"name": config.algorithm, **ALGORITHM_DEFAULTS.get(config.algorithm, {}), **config.algorithm_options}
+    return {
+        "model": {"path": str(model)},
+        "data": {"path": str(data.prompts), "chat_template": False},
+        "algorithm": algorithm,
+        "rollout": {"group_size": config.group_size, "reward": "gsm8k", "max_prompt_length": 64,
+                    "sampler": {"sampler": sampler.sampler, "gen_length": sampler.gen_length,
+                                "block_length": sampler.block_length, "steps": sampler.steps,
+                                "temperature": config.temperature}},
+        "optim": {"lr": config.rl_lr},
+        "trainer": {"output_dir": str(output_dir), "seed": config.seed, "batch_size": rollouts,
+                    "micro_batch_size": rollouts, "max_steps": config.rl_steps, "resume": "never"},
+    }
+
+
+def load_recipe(recipe: dict, path: Path):
+    """Write ``recipe`` as YAML (rerun it with ``dare train PATH``) and load it exactly as ``dare train`` does."""
+    from dare.config import save_yaml
+    from dare.trainer import load_train_config
+
+    save_yaml(recipe, path)
+    return load_train_config(path)
+
+
+# ------------------------------------------------------------------------------------------------ phases
+@dataclass
+class Phase:
+    """What one phase produced: steps, held-out results, curves, times."""
+
+    name: str
+    steps: int = 0
+    accuracy: float | None = None
+    results_file: str | None = None
+    seconds: float = 0.0
+    cpu_seconds: float = 0.0
+    records: list[dict] = field(default_factory=list)
+    """Every step's metrics record (as in metrics.jsonl, plus evaluations)."""
+
+
+class Clock:
+    """Wall and process-CPU time of a block."""
+
+    def __enter__(self):
+        self.wall, self.cpu = time.perf_counter(), time.process_time()
+        return self
+
+    def __exit__(self, *exc):
+        self.wall, self.cpu = time.perf_counter() - self.wall, time.process_time() - self.cpu
+
+
+def run_demo(config: DemoConfig, *, log: Callable[[str], None] = print) -> dict:
+    """Run the demo; returns the report (also written to ``out_dir/report.json``)."""
+    import torch
+    from transformers.utils import logging as hf_logging
+
+    from dare.demo.evaluation import evaluate_heldout
+    from dare.demo.report import write_report
+    from dare.demo.task import write_task
+    from dare.models.loading import load_model, load_tokenizer
+    from dare.models.tiny import write_tiny_checkpoint
+    from dare.trainer import run_training
+
+    check_config(config)
+    hf_logging.disable_progress_bar()
+    out = Path(config.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    cpu_started = time.process_time()
+    data = write_task(out / "data", digits=config.digits, train_size=config.train_size,
+                      validation_size=config.validation_size, test_size=config.test_size, seed=config.seed)
+    init = write_tiny_checkpoint("llada", out / "init", seed=config.seed, n_layers=config.layers,
+                                 d_model=config.hidden, n_heads=config.heads, n_kv_heads=config.heads,
+                                 mlp_hidden_size=config.mlp)
+    tokenizer = load_tokenizer(str(init))
+    sampler = eval_sampler(config)
+
+    def heldout(model, name: str, samples=None, split: str = "test"):
+        source = data.test_path if split == "test" else data.validation_path
+        return evaluate_heldout(model, tokenizer, samples if samples is not None else data.test, sampler,
+                                seed=config.seed, data={"source": str(source), "split": split, "phase": name})
+
+    def final_eval(phase: Phase, model_dir: Path) -> None:
+        results = heldout(load_model(str(model_dir)), phase.name)
+        phase.accuracy = results.metrics["accuracy"]
+        phase.results_file = str(results.write(out / f"eval_{phase.name}.json"))
+
+    # --- phase 0: the random model ---------------------------------------------------------------------
+    initial = Phase("init")
+    with Clock() as clock:
+        final_eval(initial, init)
+    initial.seconds, initial.cpu_seconds = clock.wall, clock.cpu
+    n_params = sum(p.numel() for p in load_model(str(init)).parameters())
+    log(f"[1/3] SFT from scratch: {n_params / 1e6:.2f}M-parameter LLaDA, until validation accuracy >= "
+        f"{config.sft_target:.0%} (checked every {config.sft_check_every} steps, at most {config.sft_max_steps})")
+
+    # --- phase 1: SFT to partial competence --------------------------------------------------------------
+    sft = Phase("sft")
+
+    def sft_hook(trainer, record: dict) -> dict | None:
+        sft.records.append(record)
+        if trainer.step % config.sft_check_every and trainer.step < trainer.total_steps:
+            return None
+        accuracy = heldout(trainer.model, "sft", data.validation, "validation").metrics["accuracy"]
+        _note(f"  SFT step {trainer.step}: loss {record['loss']:.3f}, validation accuracy {accuracy:.1%}")
+        if accuracy >= config.sft_target:
+            trainer.request_stop()
+        return {"eval/validation_accuracy": accuracy}
+
+    sft_config = load_recipe(sft_recipe(config, init, data, out / "sft", config.sft_max_steps), out / "sft.yaml")
+    with Clock() as clock:
+        run_training(sft_config, on_step=sft_hook)
+    sft.steps = len(sft.records)
+    sft.seconds, sft.cpu_seconds = clock.wall, clock.cpu
+    final_eval(sft, out / "sft" / "final")
+    log(f"      SFT: {sft.steps} steps, held-out accuracy {sft.accuracy:.1%}")
+
+    # --- phase 2: RL from the SFT checkpoint -------------------------------------------------------------
+    rl = Phase("rl")
+    label = "continued SFT (baseline)" if config.algorithm == BASELINE else config.algorithm
+    log(f"[2/3] RL with {label}: {config.rl_steps} steps, {config.prompts_per_step} prompts x "
+        f"{config.group_size} rollouts, held-out accuracy every {config.eval_every} steps")
+
+    def rl_hook(trainer, record: dict) -> dict | None:
+        rl.records.append(record)
+        if trainer.step % config.eval_every or trainer.step == trainer.total_steps:
+            return None  # the last step is evaluated on the exported checkpoint
+        accuracy = heldout(trainer.model, "rl").metrics["accuracy"]
+        reward = record.get("rollout/reward")
+        extra = f", rollout reward {reward:.3f}" if reward is not None else ""
+        _note(f"  RL step {trainer.step}: held-out accuracy {accuracy:.1%}{extra}")
+        return {"eval/heldout_accuracy": accuracy}
+
+    rl_config = load_recipe(rl_recipe(config, out / "sft" / "final", data, out / "rl"), out / "rl.yaml")
+    with Clock() as clock:
+        run_training(rl_config, on_step=rl_hook)
+    rl.steps = len(rl.records)
+    rl.seconds, rl.cpu_seconds = clock.wall, clock.cpu
+    final_eval(rl, out / "rl" / "final")
+    log(f"      RL: held-out accuracy {sft.accuracy:.1%} -> {rl.accuracy:.1%}")
+
+    # --- report -------------------------------------------------------------------------------------------
+    log("[3/3] report")
+    settings = {
+        "seed": config.seed, "torch_threads": torch.get_num_threads(), "demo": asdict(config),
+        "task": {"name": "reverse_digits", "digits": config.digits, "benchmark": "gsm8k", "template": "few_shot",
+                 "train": config.train_size, "validation": config.validation_size, "test": config.test_size},
+        "model": {"family": "llada", "layers": config.layers, "hidden": config.hidden, "heads": config.heads,
+                  "mlp": config.mlp, "parameters": n_params},
+        "algorithm": {"name": config.algorithm, **_section(rl_config.algorithm)},
+        "sampler": {"eval": asdict(sampler), "rollout": asdict(rl_config.rollout.sampler)},
+        "recipes": {"sft": str(out / "sft.yaml"), "rl": str(out / "rl.yaml")},
+    }
+    totals = {"seconds": time.perf_counter() - started, "cpu_seconds": time.process_time() - cpu_started}
+    return write_report(out, settings, [initial, sft, rl], totals, log=log)
+
+
+def _note(message: str) -> None:
+    """A progress line that does not break the trainer's progress bar."""
+    from tqdm import tqdm
+
+    tqdm.write(message)
+
+
+def _section(section) -> dict:
+    return {k: v for k, v in asdict(section).items() if k != "name"}
