@@ -129,11 +129,16 @@ def _run_configs(args: argparse.Namespace, bench):
 
 def load_for_eval(path: str, adapter: str | None, device: str | None, dtype: str | None):
     """``(model, tokenizer, model_info)``; a missing or unreadable checkpoint is a one-line error."""
+    from pathlib import Path
+
     import torch
 
     from dare.errors import DareError, InputError
     from dare.models.loading import load_model, load_tokenizer, parse_tiny
 
+    local = str(path).startswith(("/", ".", "~"))
+    if local and not Path(path).expanduser().exists():
+        raise InputError(f"--model {path}: no such checkpoint directory")
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     dtype = dtype or ("bfloat16" if torch.device(device).type == "cuda" else "float32")
     try:
