@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from eval_helpers import train_memorised
 from rollout_helpers import single_thread  # noqa: F401  (fixture)
 
 from dare.data.tokenizer import build_byte_tokenizer
@@ -151,28 +152,3 @@ def test_ppl_ranks_a_memorised_answer_first(oc, tiny):
     ppl = [oc_model.get_ppl_from_template(["Q: 2+2? A:" + o], mask_length=[oc_model.get_token_len("Q: 2+2? A:")])[0]
            for o in options]
     assert min(range(3), key=ppl.__getitem__) == 1
-
-
-def train_memorised(model, tok, context: str, answer: str, steps: int = 40):
-    """A few masked-diffusion SFT steps on one (context, answer) pair."""
-    from dare.algorithms.logprobs import aligned_logits, selected_logprobs
-    from dare.diffusion import corrupt
-    from dare.models.spec import family_of
-
-    ctx = tok(context)["input_ids"]
-    ans = tok(answer, add_special_tokens=False)["input_ids"]
-    ids = torch.tensor([ctx + ans] * 8)
-    maskable = torch.zeros_like(ids, dtype=torch.bool)
-    maskable[:, len(ctx):] = True
-    example = torch.arange(8)[:, None].expand_as(ids)
-    mask_id = family_of(model).token_ids(model.config).mask
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
-    model.train()
-    for step in range(steps):
-        views = corrupt(ids, maskable, example, mask_id, seed=0, step=step)
-        logp = selected_logprobs(aligned_logits(model, views.noisy_ids), ids, views.mask)
-        loss = -(logp / views.p_mask).sum() / ids.numel()
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-    return model.eval()

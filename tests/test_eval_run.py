@@ -6,8 +6,8 @@ import json
 
 import pytest
 import torch
+from eval_helpers import train_block, train_memorised
 from rollout_helpers import sharp_model, single_thread, sprinkle_token  # noqa: F401  (fixture)
-from test_eval_opencompass import train_memorised
 
 from dare.cli import main
 from dare.data.tokenizer import build_byte_tokenizer
@@ -54,6 +54,8 @@ def test_all_masked_single_sample_is_the_hand_computed_log_likelihood(family, to
     mask_id = family_of(model).token_ids(model.config).mask
     reqs = requests(tok, options=(" Paris", " no", " Rome!"))
     terms = continuation_elbo(model, reqs, ALL_MASKED, batch_size=2)
+    full = continuation_elbo(model, reqs, dataclasses.replace(ALL_MASKED, full_logits=True), batch_size=2)
+    torch.testing.assert_close(full, terms, atol=1e-5, rtol=0)  # LM head inside the forward (FSDP) or after it
     for req, term in zip(reqs, terms[:, 0].tolist()):
         ids = torch.tensor([[*req.context, *[mask_id] * len(req.continuation)]])
         logits = model(ids).logits[0].float()
@@ -69,6 +71,8 @@ def test_block_causal_all_masked_is_the_block_by_block_hand_computation(tok):
     mask_id = family_of(model).token_ids(model.config).mask
     req = requests(tok, context="Q: name a city. A:", options=(" Amsterdam",))[0]  # 10 answer tokens, 4 blocks
     term = continuation_elbo(model, [req], ALL_MASKED)[0, 0].item()
+    full = continuation_elbo(model, [req], dataclasses.replace(ALL_MASKED, full_logits=True))[0, 0].item()
+    assert full == pytest.approx(term, abs=1e-5)
     clean = [*req.context, *req.continuation]
     start, size = len(req.context), model.block_size
     blocks = block_ids(torch.arange(len(clean))[None], size)[0]
@@ -86,34 +90,10 @@ def test_elbo_ranks_a_memorised_continuation_above_distractors(family, tok):
     model = tiny_model(family, seed=0)
     context = "Question: capital of France? Answer:"
     before = continuation_elbo(model.eval(), requests(tok, context), LikelihoodConfig(mc_samples=4)).mean(1)
-    train_memorised(model, tok, context, " Paris") if family != "sdar" else train_block(model, tok, context, " Paris")
+    (train_block if family == "sdar" else train_memorised)(model, tok, context, " Paris")
     after = continuation_elbo(model, requests(tok, context), LikelihoodConfig(mc_samples=4)).mean(1)
     assert int(after.argmax()) == 0 and after[0] > after[1:].max() + 5.0
     assert after[0] > before[0] + 5.0  # the memorised answer became far more likely
-
-
-def train_block(model, tok, context, answer, steps=40):
-    """SFT steps on the block-diffusion ``[noisy ; clean]`` layout (SDAR)."""
-    from dare.algorithms.logprobs import selected_logprobs
-    from dare.diffusion import corrupt
-    from dare.models.block_diffusion import two_copy_inputs
-
-    ctx, ans = tok(context)["input_ids"], tok(answer, add_special_tokens=False)["input_ids"]
-    ids = torch.tensor([ctx + ans] * 8)
-    maskable = torch.zeros_like(ids, dtype=torch.bool)
-    maskable[:, len(ctx):] = True
-    example = torch.arange(8)[:, None].expand_as(ids)
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
-    model.train()
-    for step in range(steps):
-        views = corrupt(ids, maskable, example, family_of(model).token_ids(model.config).mask, seed=0, step=step)
-        inputs = two_copy_inputs(views.noisy_ids, ids, model.block_size)
-        logits = inputs.noisy_half(model(**inputs.model_kwargs()).logits)
-        loss = -(selected_logprobs(logits, ids, views.mask) / views.p_mask).sum() / ids.numel()
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-    return model.eval()
 
 
 def test_likelihood_is_seeded_and_options_of_a_question_share_corruptions(tok):

@@ -65,7 +65,9 @@ def configure_run(run: argparse.ArgumentParser) -> None:
     chat.add_argument("--chat", dest="chat", action="store_true", default=None,
                       help="apply the tokenizer's chat template (default: for generation when it has one)")
     chat.add_argument("--no-chat", dest="chat", action="store_false", help="plain-text prompts")
-    add_sampler_arguments(run, default=None)
+    add_sampler_arguments(
+        run, default=None, seed_help="seeds sampling, few-shot selection and the ELBO corruptions (default 0)",
+        option_help="any SamplerConfig field (generation) or LikelihoodConfig field (likelihood), e.g. -o cache=dual")
     run.add_argument("--num-samples", "-n", type=int, default=1, help="completions per problem (pass@k)")
     run.add_argument("--k", type=int, nargs="*", default=None, help="pass@k values (default: 1,5,10,... up to n)")
     run.add_argument("--mc-samples", type=int, default=None, help="likelihood: Monte-Carlo ELBO samples per option")
@@ -100,7 +102,7 @@ def _run_configs(args: argparse.Namespace, bench):
                         ks=tuple(args.k) if args.k else None)
     mode = config.resolve_mode(bench)
     if mode == "likelihood":
-        given = [f"--{f.replace('_', '-')}" for f in SAMPLER_FLAGS if getattr(args, f) is not None]
+        given = [f"--{f.replace('_', '-')}" for f in (*SAMPLER_FLAGS, "template") if getattr(args, f) is not None]
         if given or args.num_samples != 1:
             flag = given[0] if given else "--num-samples"
             raise ConfigError(f"{flag} applies to generation; {bench.name} is scored by likelihood here "
@@ -165,7 +167,7 @@ def _load_samples(bench, args: argparse.Namespace):
         else:
             pool = bench.load(args.data, split=args.split)  # the whole file, not only --limit rows
             pool_source = args.data
-    source = args.data or (bench.hf.path if bench.hf and not bench.packaged else "packaged")
+    source = args.data or (bench.packaged() if bench.packaged else None) or (bench.hf.path if bench.hf else None)
     data = {"source": source, "split": args.split or (bench.hf.split if bench.hf and args.data is None else None),
             "limit": args.limit, "fewshot_source": pool_source}
     return samples, pool, data

@@ -26,7 +26,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
 
 
-def add_sampler_arguments(parser: argparse.ArgumentParser, default: str | None = "llada") -> None:
+def add_sampler_arguments(parser: argparse.ArgumentParser, default: str | None = "llada",
+                          seed_help: str = "sampling seed (default 0)",
+                          option_help: str = "any other SamplerConfig field, e.g. -o confidence=margin") -> None:
     """The decoding flags shared by ``dare generate`` and ``dare eval run`` (-> :func:`sampler_values`)."""
     parser.add_argument("--sampler", default=default,
                         help=f"sampler preset (default {default})" if default else "sampler preset (default: the family's)")
@@ -40,9 +42,8 @@ def add_sampler_arguments(parser: argparse.ArgumentParser, default: str | None =
     parser.add_argument("--factor", type=float, help="factor of the factor decoder")
     parser.add_argument("--decoder", help="quota | threshold | factor | dynamic")
     parser.add_argument("--cache", help="none | prefix | dual")
-    parser.add_argument("--seed", type=int, help="sampling seed (default 0)")
-    parser.add_argument("-o", "--option", action="append", default=[], metavar="KEY=VALUE",
-                        help="any other SamplerConfig field, e.g. -o confidence=margin")
+    parser.add_argument("--seed", type=int, help=seed_help)
+    parser.add_argument("-o", "--option", action="append", default=[], metavar="KEY=VALUE", help=option_help)
 
 
 def _parse_value(text: str):

@@ -53,6 +53,9 @@ class LikelihoodConfig:
     length_norm: str = "none"
     """Option score used for the prediction: ``none`` (ELBO), ``tokens`` (per token), ``chars`` (per
     character). ``acc`` (none) and ``acc_norm`` (chars) are always reported as well."""
+    full_logits: bool = False
+    """Compute logits inside the model's forward (for wrappers such as FSDP that gather weights only there);
+    default: run the LM head only on the masked answer positions."""
 
     @classmethod
     def from_dict(cls, values: dict) -> LikelihoodConfig:
@@ -107,24 +110,30 @@ class LikelihoodStats:
 
 # ------------------------------------------------------------------------------------- forwards
 
-def _full_attention_hidden(model, noisy: torch.Tensor, clean: torch.Tensor, attention_mask: torch.Tensor | None):
-    """Bidirectional families: one forward over the noisy row."""
-    return model(noisy, attention_mask=attention_mask, return_hidden=True).last_hidden_state
+def _output(out, hidden: bool) -> torch.Tensor:
+    return out.last_hidden_state if hidden else out.logits
 
 
-def _block_causal_hidden(model, noisy: torch.Tensor, clean: torch.Tensor, attention_mask: torch.Tensor | None):
+def _full_attention_forward(model, noisy: torch.Tensor, clean: torch.Tensor, attention_mask: torch.Tensor | None,
+                            hidden: bool) -> torch.Tensor:
+    """Bidirectional families: one forward over the noisy row; hidden states (or raw logits) ``[B, T, .]``."""
+    return _output(model(noisy, attention_mask=attention_mask, return_hidden=hidden), hidden)
+
+
+def _block_causal_forward(model, noisy: torch.Tensor, clean: torch.Tensor, attention_mask: torch.Tensor | None,
+                          hidden: bool) -> torch.Tensor:
     """Block-causal families: the ``[noisy ; clean]`` forward; returns the noisy half (block ``b`` sees the
     clean blocks before it and its own noisy block)."""
     from dare.models.block_diffusion import two_copy_inputs
     from dare.models.loading import unwrap
 
     inputs = two_copy_inputs(noisy, clean, unwrap(model).block_size, attention_mask=attention_mask)
-    hidden = model(**inputs.model_kwargs(), return_hidden=True).last_hidden_state
-    return inputs.noisy_half(hidden)
+    return inputs.noisy_half(_output(model(**inputs.model_kwargs(), return_hidden=hidden), hidden))
 
 
-HIDDEN_BY_ATTENTION: dict[str, Callable] = {"full": _full_attention_hidden, "block_causal": _block_causal_hidden}
-"""How each attention topology (``FamilySpec.attention``) computes the hidden states of a corrupted row."""
+FORWARD_BY_ATTENTION: dict[str, Callable] = {"full": _full_attention_forward, "block_causal": _block_causal_forward}
+"""How each attention topology (``FamilySpec.attention``) runs a corrupted row: ``fn(model, noisy, clean,
+attention_mask, hidden) -> [B, T, D] hidden states (hidden=True) or [B, T, V] raw logits``."""
 
 
 # ------------------------------------------------------------------------------------- estimator
@@ -154,8 +163,8 @@ def continuation_elbo(model, requests: Sequence[Request], config: LikelihoodConf
     config = (config or LikelihoodConfig()).validated()
     spec = family_of(model)
     token_ids = spec.token_ids(model.config)
-    hidden_fn = HIDDEN_BY_ATTENTION[spec.attention]
-    head = unwrap(model).head
+    forward = FORWARD_BY_ATTENTION[spec.attention]
+    head = None if config.full_logits else unwrap(model).head
     device = model_device(model)
     n = config.mc_samples
     stats = stats if stats is not None else LikelihoodStats()
@@ -199,7 +208,7 @@ def continuation_elbo(model, requests: Sequence[Request], config: LikelihoodConf
         clean, attention_mask = left_pad(clean_rows, token_ids.pad, device)
         noisy, _ = left_pad(noisy_rows, token_ids.pad, device)
         width = clean.shape[1]
-        hidden = hidden_fn(model, noisy, clean, None if bool(attention_mask.all()) else attention_mask)
+        output = forward(model, noisy, clean, None if bool(attention_mask.all()) else attention_mask, head is not None)
         # The hidden state predicting every masked continuation token (Dream: the previous position; the
         # first real token reuses its own, as ``FamilySpec.align_logits`` does).
         owner, hidden_pos, target_pos = [], [], []
@@ -212,7 +221,8 @@ def continuation_elbo(model, requests: Sequence[Request], config: LikelihoodConf
                 hidden_pos.append(max(start + j - spec.logit_shift, first_real))
         owner_t = torch.tensor(owner, dtype=torch.long, device=device)
         targets = clean[owner_t, torch.tensor(target_pos, dtype=torch.long, device=device)]
-        logits = head(hidden[owner_t, torch.tensor(hidden_pos, dtype=torch.long, device=device)]).float()
+        picked = output[owner_t, torch.tensor(hidden_pos, dtype=torch.long, device=device)]
+        logits = (picked if head is None else head(picked)).float()
         logp = torch.log_softmax(logits, -1).gather(-1, targets[:, None])[:, 0].double().cpu()
         sums = torch.zeros(len(batch), dtype=torch.float64).index_add(0, owner_t.cpu(), logp)
         for b, i in enumerate(batch):
@@ -236,5 +246,5 @@ def normalise(scores: torch.Tensor, tokens: Sequence[int], chars: Sequence[int],
     return scores / lengths.clamp_min(1)
 
 
-__all__ = ["HIDDEN_BY_ATTENTION", "LENGTH_NORMS", "LikelihoodConfig", "LikelihoodStats", "Request",
+__all__ = ["FORWARD_BY_ATTENTION", "LENGTH_NORMS", "LikelihoodConfig", "LikelihoodStats", "Request",
            "continuation_elbo", "normalise"]

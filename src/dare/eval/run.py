@@ -53,7 +53,8 @@ class EvalConfig:
     shots: int | None = None
     """Few-shot exemplars per prompt (None: the benchmark's default)."""
     template: str | None = None
-    """Prompt template (None: ``few_shot`` when shots > 0 and the benchmark has it, else its default)."""
+    """Prompt template for generation (None: ``few_shot`` when shots > 0 and the benchmark has it, else its
+    default). Likelihood scoring always uses the benchmark's ``likelihood`` prompt."""
     chat: bool | None = None
     """Apply the tokenizer's chat template (None: yes for generation when the tokenizer has one, no for
     likelihood scoring, as lm-eval does)."""
