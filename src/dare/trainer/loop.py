@@ -23,6 +23,8 @@ step N has been logged (and checkpointed when due), to test kill-and-resume.
 
 from __future__ import annotations
 
+import copy
+import functools
 import os
 import signal
 import time
@@ -51,12 +53,15 @@ def _add(into: dict, values: dict) -> None:
 class Trainer:
     """Build everything from a :class:`TrainConfig` and run :meth:`train`.
 
-    ``source`` replaces the dataset source (e.g. an RL rollout source); ``info`` a pre-initialised
-    distributed context.
+    ``source`` replaces the dataset source: a :class:`~dare.trainer.sources.BatchSource`, or a callable
+    ``source(trainer) -> BatchSource`` called once the model, algorithm and reference exist (an RL source with
+    its own prompts or reward needs them). ``info`` is a pre-initialised distributed context; ``model`` an
+    already built model on ``info.device`` used instead of loading ``config.model.path`` (e.g. a randomly
+    initialised model for benchmarks; without LoRA a frozen reference is a copy of it, single process only).
     """
 
-    def __init__(self, config: TrainConfig, *, source=None, info: DistInfo | None = None):
-        from dare.models.loading import load_model, load_tokenizer, resolve_dtype, unwrap
+    def __init__(self, config: TrainConfig, *, source=None, info: DistInfo | None = None, model=None):
+        from dare.models.loading import load_model, resolve_dtype, unwrap
         from dare.models.spec import family_of
 
         self.config = config
@@ -71,8 +76,9 @@ class Trainer:
             save_yaml(config_dict(config), self.output_dir / "config.yaml")
         torch.manual_seed(cfg.trainer.seed)
 
-        model = load_model(cfg.model.path, dtype=resolve_dtype(cfg.model.dtype), device=self.info.device)
-        self.tokenizer = load_tokenizer(cfg.model.tokenizer or cfg.model.path)
+        self.injected_model = model is not None
+        if model is None:
+            model = load_model(cfg.model.path, dtype=resolve_dtype(cfg.model.dtype), device=self.info.device)
         self.token_ids = family_of(model).token_ids(model.config)
         base = unwrap(model)
         base.attn_backend = cfg.model.attn_backend
@@ -92,7 +98,11 @@ class Trainer:
             cfg.algorithm, token_ids=self.token_ids, seed=cfg.trainer.seed, attn_backend=cfg.model.attn_backend)
         self.algorithm.bind_model(base)
         self.reference = self._reference() if self.algorithm.needs.reference else None
-        self.source = source if source is not None else self._build_source()
+        if source is None:
+            source = self._build_source()
+        elif callable(source) and not hasattr(source, "batch"):
+            source = source(self)
+        self.source = source
         if getattr(self.source, "prepares_views", False):  # old / reference forwards under the same precision
             precision = cfg.distributed.mixed_precision if not self.sharded else "fp32"
             self.source.precision = lambda: autocast_context(precision, self.info.device)
@@ -109,6 +119,14 @@ class Trainer:
                                     config=config_dict(config))
 
     # ---- construction helpers -----------------------------------------------------------------------
+    @functools.cached_property
+    def tokenizer(self):
+        """The tokenizer of ``model.tokenizer`` / ``model.path`` (loaded on first use: sources built from
+        ``data`` and exports need it, an injected source and model may not have one)."""
+        from dare.models.loading import load_tokenizer
+
+        return load_tokenizer(self.config.model.tokenizer or self.config.model.path)
+
     def _reference(self):
         """The frozen reference policy: the adapter-disabled policy with LoRA, else a frozen (sharded) copy."""
         from dare.trainer.workflow import Reference
@@ -118,7 +136,13 @@ class Trainer:
         from dare.models.loading import load_model, resolve_dtype, unwrap
 
         cfg = self.config
-        frozen = load_model(cfg.model.path, dtype=resolve_dtype(cfg.model.dtype), device=self.info.device)
+        if self.injected_model:  # not trained yet: a copy is the initial policy
+            if self.sharded:
+                raise ConfigError("a frozen reference of a model passed as Trainer(model=...) needs lora.enabled "
+                                  "or a single process")
+            frozen = copy.deepcopy(unwrap(self.model))
+        else:
+            frozen = load_model(cfg.model.path, dtype=resolve_dtype(cfg.model.dtype), device=self.info.device)
         frozen.requires_grad_(False)
         unwrap(frozen).attn_backend = cfg.model.attn_backend
         if self.sharded:
