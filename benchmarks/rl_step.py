@@ -199,8 +199,8 @@ def run_variant(name: str, args, prompts, log) -> dict:
             trainer = Trainer(config, model=model, source=source_factory(prompts, injection))
             source, mu = trainer.source, args.inner_steps
             setup_s = time.perf_counter() - began
-            log(f"  [{name}] model + trainer built in {setup_s:.1f}s "
-                f"({sum(p.numel() for p in trainer.model.parameters() if p.requires_grad) / 1e6:.2f}M trainable parameters)")
+            trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
+            log(f"  [{name}] model + trainer built in {setup_s:.1f}s ({trainable / 1e6:.2f}M trainable parameters)")
 
             measured = source.sampler
             source.sampler = measured.replace(max_blocks=1)  # warm-up: a one-block rollout and one update
@@ -266,7 +266,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--prompt-spread", type=int, help="prompt lengths are mean +- spread, uniform (default 32; tiny 4)")
     p.add_argument("--gen", type=int, help="generation length (default 256; tiny 16)")
     p.add_argument("--block", type=int, help="block length (default 32; tiny 8)")
-    p.add_argument("--max-blocks", type=int, help="decode only the first N blocks in both variants (default 2; tiny all)")
+    p.add_argument("--max-blocks", type=int,
+                   help="decode only the first N blocks in both variants (default 2; tiny all)")
     p.add_argument("--temperature", type=float, default=0.9, help="rollout temperature (d1: 0.9)")
     p.add_argument("--threshold", type=float, default=0.9, help="confidence threshold of the optimised sampler")
     p.add_argument("--confident-fraction", type=float, default=0.25,

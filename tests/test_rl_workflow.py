@@ -192,13 +192,10 @@ def test_batched_old_and_reference_estimates_equal_per_micro_batch_and_switch_mo
             if "lora_B" in name:
                 p.normal_(0, 0.3)  # the policy differs from the reference
     src = source("d1", model, n_prompts=2, group=4, micro=2, inner_steps=2, kl_coef=0.04)
-    rows = src.batch(0)[0].batch_size[0]
-    assert rows == 2
-    mb = torch.cat([m for m in src.batch(0)], 0)
-    keep = [k for k in ("input_ids", "attention_mask", "prompt_mask", "generated", "completion_mask",
-                        "example_index", "rollout_index", "group_size", "advantages")]
-    plain = mb.select(*keep)
-    chunks = [plain[i:i + 2] for i in range(0, plain.batch_size[0], 2)]
+    rollouts = torch.cat(src.batch(0), 0).select(  # the rollout fields, without views or estimates
+        "input_ids", "attention_mask", "prompt_mask", "generated", "completion_mask", "example_index",
+        "rollout_index", "group_size", "advantages")
+    chunks = [rollouts[i:i + 2] for i in range(0, 8, 2)]
 
     class Counting(Reference):
         entered = 0
@@ -210,8 +207,8 @@ def test_batched_old_and_reference_estimates_equal_per_micro_batch_and_switch_mo
     modes = []
     model.register_forward_pre_hook(lambda module, args: modes.append(module.training))
     reference = Counting(model)
-    batched = prepare_micro_batches(src.algorithm, [c.clone() for _ in (5, 6) for c in chunks], [5] * 4 + [6] * 4, model,
-                                    reference)
+    copies = [c.clone() for _ in (5, 6) for c in chunks]
+    batched = prepare_micro_batches(src.algorithm, copies, [5] * 4 + [6] * 4, model, reference)
     assert Counting.entered == 1 and model.training and not any(modes)
     singles = [prepare_micro_batch(src.algorithm, c.clone(), step, model, reference)
                for step in (5, 6) for c in chunks]
