@@ -133,6 +133,16 @@ def test_tracerl_rows_cover_each_trainable_token_once_and_replay_the_sampler():
                 assert bool((steps[row][visible[row] & in_block] < current).all())
 
 
+def test_tracerl_full_attention_rows_replay_the_sampler():
+    src = bd_source("tracerl", tiny_model("llada", seed=1).train(), sampler="llada", sampler_block=8, block_steps=None,
+                    accuracy_filter=None, truncated_reward=None)
+    mb = src.batch(0)[0]
+    assert src.algorithm.blocks is None and src.algorithm.normalizer == "row"
+    assert torch.equal(mb["select"].sum(1), mb["completion_mask"].long())
+    select = mb["select"].any(1)
+    torch.testing.assert_close(replay_logprobs(src, mb)[select], rollout_logprobs(mb)[select], atol=2e-5, rtol=0)
+
+
 @pytest.mark.parametrize("family", ["sdar", "llada"])
 def test_tracerl_single_round_is_the_d1_estimator_without_prompt_masking(family):
     model = tiny_model(family, seed=1).train()
@@ -227,7 +237,7 @@ def test_ebpo_views_touch_every_block_with_stratified_levels():
 
 def test_ebpo_on_policy_ratio_and_two_pass_gradient():
     model = sdar(seed=3)
-    src = bd_source("ebpo", model, mc_num=3)
+    src = bd_source("ebpo", model, mc_num=3, kl_coef=0.1)  # reference = a frozen copy: KL 0 at the start
     algo = src.algorithm
     micro = src.batch(0)
     mb = micro[0]
@@ -238,7 +248,8 @@ def test_ebpo_on_policy_ratio_and_two_pass_gradient():
     loss, metrics = algo.loss(mb, {"elbo": proxy}, totals)
     (grad,) = torch.autograd.grad(loss, proxy)
     assert float(metrics["policy/log_ratio"]) == 0.0 and float(metrics["policy/clip_frac"]) == 0.0  # rho = 1
-    torch.testing.assert_close(grad, -mb["advantages"] / 8)  # g_i = -A_i / B (unclipped)
+    torch.testing.assert_close(mb["ref_elbo"], elbo, atol=1e-6, rtol=0)
+    torch.testing.assert_close(grad, -mb["advantages"] / 8)  # g_i = -A_i / B (unclipped, KL gradient 0)
     assert float(mb["advantages"].abs().max()) > 0
     _, two_pass = backward_all(algo, model, micro)  # the trainer's path
     model.zero_grad(set_to_none=True)
@@ -247,14 +258,15 @@ def test_ebpo_on_policy_ratio_and_two_pass_gradient():
     for name, p in model.named_parameters():
         if p.grad is not None:
             torch.testing.assert_close(two_pass[name], p.grad, atol=1e-7, rtol=1e-5)
-    # off-policy (stored old ELBOs of another policy): still the exact gradient of the clipped objective
+    # off-policy (stored old / reference ELBOs of other policies): still the exact gradient, clipping and KL included
     shifted = mb.clone()
     shifted["old_elbo"] = elbo + torch.linspace(-0.3, 0.3, 8)
+    shifted["ref_elbo"] = elbo - 0.5
     _, two_pass = backward_all(algo, model, [shifted])
     model.zero_grad(set_to_none=True)
     single, metrics = algo.loss(shifted, algo.estimate(model, shifted), totals)
     single.backward()
-    assert float(metrics["policy/clip_frac"]) > 0
+    assert float(metrics["policy/clip_frac"]) > 0 and float(metrics["policy/kl"]) > 0
     for name, p in model.named_parameters():
         if p.grad is not None:
             torch.testing.assert_close(two_pass[name], p.grad, atol=1e-7, rtol=1e-5)
@@ -299,6 +311,13 @@ def test_d1_block_logprob_depends_only_on_earlier_blocks():
     torch.testing.assert_close(before[same_block], after[same_block], atol=0, rtol=0)  # its block is all masked
     assert before[col] != after[col]  # the target changed
     assert float((before[12:16] - after[12:16]).abs().min()) > 0  # later blocks see it in the clean copy
+    # prompt masking reaches the context of every block (the clean copy), not only the block holding the prompt
+    masked_prompt = mb.clone()
+    masked_prompt["noisy_ids"] = algo.corrupt(mb.clone(), 0)["noisy_ids"]
+    masked_prompt["noisy_ids"][row, 4:6] = src.token_ids.mask  # prompt tokens of row 5 (columns 4..7)
+    with torch.no_grad():
+        hidden_prompt = algo.logp(model, mb, masked_prompt["noisy_ids"], mb["generated"])[row]
+    assert float((hidden_prompt[12:16] - before[12:16]).abs().min()) > 0
 
 
 # --------------------------------------------------------------------------------------------- all

@@ -8,7 +8,10 @@ Rollout micro-batches (built by :class:`dare.trainer.rl.RolloutSource`) are ``Te
   ``prompt_mask [R, S]`` (real prompt tokens), ``generated [R, S]`` (the completion region),
   ``completion_mask [R, S]`` (up to the first EOS inclusive), ``example_index [R, S]`` (the rollout's global
   index in the step on every real token, -1 on padding), ``rollout_index [R]``, ``group_size [R]``;
-* ``rewards [R]``, ``advantages [R]`` (set by :meth:`RLAlgorithm.assign_advantages`), ``temperature [R]``;
+* ``rewards [R]``, ``correct [R]`` (the reward's accuracy flag), ``advantages [R]`` (set by
+  :meth:`RLAlgorithm.assign_advantages`), ``temperature [R]``, ``rollout_logprobs [R, G]``;
+* ``step_map [R, G]`` (the step each completion position was committed at, -1 = never decoded) and, from block
+  samplers, ``block_step_map [R, G]`` (the step counted from the start of the token's block);
 * with ``needs.trajectory``: ``traj_states``, ``traj_predictions``, ``traj_confidences``, ``traj_transfers``,
   ``traj_candidates`` ``[R, T, G]`` and ``traj_step_mask [R, T]`` (:class:`dare.rollout.Trajectory`);
 * after ``corrupt``: the algorithm's views; after the workflow: ``old_<key>`` / ``ref_<key>`` for every key
@@ -16,6 +19,12 @@ Rollout micro-batches (built by :class:`dare.trainer.rl.RolloutSource`) are ``Te
 
 Loss contributions are normalised by global totals (:meth:`totals`), so they sum over micro-batches and ranks
 to the global-batch objective. Metrics follow the same rule (each is a global mean once summed).
+
+Model families: estimators score their views with :meth:`RLAlgorithm.logp` (:func:`forward_logp`), i.e. the
+family's training denoiser: full attention reads the view; block-causal families (SDAR, LLaDA2) run the
+``[noisy ; clean]`` layout on the model's block grid (:attr:`RLAlgorithm.blocks`, resolved by ``bind_model`` and
+checked against the sampler's block length), so block ``b`` of a view is predicted from itself and the clean
+earlier blocks, the context the block sampler had.
 """
 
 from __future__ import annotations
