@@ -403,3 +403,15 @@ def test_trainer_steps_checkpoints_and_exports_the_value_model(tmp_path, monkeyp
         torch.testing.assert_close(a, b, atol=0, rtol=0, msg=name)
     lines = [json.loads(x) for x in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in lines] == [1, 2, 3]
+
+
+@pytest.mark.parametrize("name", ["d1", "bgpo", "ebpo", "cj_grpo", "tracerl"])
+def test_tiny_sdar_recipe_runs_a_step_via_dare_train(name, tmp_path):
+    from dare.cli import main
+
+    root = __import__("pathlib").Path(__file__).resolve().parents[1]
+    code = main(["train", str(root / f"configs/sdar/{name}_tiny.yaml"), f"trainer.output_dir={tmp_path}",
+                 "trainer.max_steps=1", "trainer.progress=false", "trainer.export=false"])
+    assert code == 0
+    (record,) = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert record["step"] == 1 and math.isfinite(record["loss"]) and "rollout/reward" in record

@@ -347,5 +347,5 @@ def response_field(batch: TensorDict, values: torch.Tensor, fill: int = -1) -> t
     return out
 
 
-__all__ = ["response_field", "GroupConfig", "PPOConfig", "RLAlgorithm", "RolloutContext", "STREAM_PROMPT", "TermwiseMixin",
-           "forward_logp"]
+__all__ = ["GroupConfig", "PPOConfig", "RLAlgorithm", "RolloutContext", "STREAM_PROMPT", "TermwiseMixin",
+           "forward_logp", "response_field"]

@@ -120,7 +120,7 @@ class ValueModel(torch.nn.Module):
     def forward(self, noisy_ids, clean_ids, *, blocks=None, attn_backend=None, **layout) -> torch.Tensor:
         hidden = denoising_hidden(self.backbone, noisy_ids, clean_ids, blocks=blocks, attn_backend=attn_backend,
                                   **layout)
-        return self.head(hidden.float()).squeeze(-1)
+        return self.head(hidden.to(self.head.weight.dtype)).squeeze(-1).float()  # FSDP may cast the head
 
 
 def trainable_positions(batch: TensorDict, steps: torch.Tensor, post_num: int) -> torch.Tensor:
