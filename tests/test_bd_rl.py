@@ -110,6 +110,20 @@ def test_cj_block_parallel_replay_reproduces_the_sampler_conditionals():
 
 
 # --------------------------------------------------------------------------------------------- TraceRL
+def test_shrink_and_rounds_per_block_by_hand():
+    from dare.algorithms.functional import shrink_step_map, step_ranks
+
+    steps = torch.tensor([[0, 0, 1, 2, 3, 5], [7, 6, 5, 4, -1, -1]])
+    valid = steps >= 0
+    blocks = torch.tensor([[0, 0, 0, 1, 1, 1], [0, 0, 1, 1, 1, 1]])
+    # distinct ids per (row, block) grouped in runs of 2, each mapped to its run's last id
+    assert shrink_step_map(steps, valid, 2, groups=blocks).tolist() == [[1, 1, 1, 3, 3, 5], [7, 7, 5, 5, -1, -1]]
+    assert shrink_step_map(steps, valid, 1, groups=blocks).tolist() == steps.tolist()
+    assert shrink_step_map(steps, valid, 9).tolist() == [[5] * 6, [7, 7, 7, 7, -1, -1]]  # one run per row
+    # the round of a token: rank of its (shrunk) step among its block's distinct steps
+    assert step_ranks(steps, valid, blocks).tolist() == [[0, 0, 1, 0, 1, 2], [1, 0, 1, 0, -1, -1]]
+
+
 def test_tracerl_rows_cover_each_trainable_token_once_and_replay_the_sampler():
     src = bd_source("tracerl", accuracy_filter=None, truncated_reward=None, post_num=1)
     mb = src.batch(0)[0]
