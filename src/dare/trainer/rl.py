@@ -88,9 +88,13 @@ class RolloutSource:
         self.rollouts_per_epoch = len(prompts) // self.prompts_per_step
         self.steps_per_epoch = self.rollouts_per_epoch * self.mu
         self.token_ids = family_of(policy).token_ids(policy.config)
+        resolved = config.sampler.resolved()  # validate now (one-line errors before any work)
+        if hasattr(algorithm, "check_rollout"):  # binds the model (may refine needs) and checks the block grid
+            from dare.models.loading import unwrap
+
+            algorithm.check_rollout(unwrap(policy), resolved)
         self.sampler = config.sampler.replace(record_trajectory=algorithm.needs.trajectory or
                                               config.sampler.record_trajectory)
-        self.sampler.resolved()  # validate now (one-line errors before any work)
         self.samples_path = Path(output_dir) / "rollouts.jsonl" if output_dir is not None and self.info.is_main else None
         self.step_metrics: dict[str, float] = {}
         self._cache: tuple[int, list[list[TensorDict]]] | None = None
@@ -177,13 +181,14 @@ class RolloutSource:
     def _assemble(self, outputs, rows: list[int]) -> TensorDict:
         """One CPU TensorDict of this rank's rollouts in the layout of ``dare.algorithms.rl``."""
         eos = self.token_ids.eos
-        seqs, attn, comp, steps, logps = [], [], [], [], []
+        seqs, attn, comp, steps, logps, local = [], [], [], [], [], []
         for out in outputs:
             seqs.append(out.sequences.cpu())
             attn.append(out.attention_mask.cpu())
             comp.append(out.completion_mask.cpu())
             steps.append(out.step_map.cpu())
             logps.append(out.logprobs.cpu())
+            local.append(None if out.block_step_map is None else out.block_step_map.cpu())
         sequences, attention = torch.cat(seqs), torch.cat(attn).long()
         completion, step_map = torch.cat(comp), torch.cat(steps)
         prompt_len = outputs[0].prompt_length
@@ -204,6 +209,8 @@ class RolloutSource:
             "temperature": torch.full((n,), float(self.sampler.temperature)),
             "rollout_logprobs": torch.cat(logps), "step_map": step_map,
         }
+        if all(x is not None for x in local):  # block samplers: step within the block
+            data["block_step_map"] = torch.cat(local)
         if self.algorithm.needs.trajectory:
             data.update(self._trajectory(outputs))
         return TensorDict(data, batch_size=[n])
@@ -239,7 +246,15 @@ class RolloutSource:
         def reduce(t: torch.Tensor) -> torch.Tensor:
             return all_reduce_dict({"t": t}, self.info)["t"].to(t.dtype)
 
-        return RolloutContext(self.group_size, score, reduce)
+        def evaluate(fn, batch: TensorDict) -> torch.Tensor:
+            device = next(self.policy.parameters()).device
+            outputs = []
+            with torch.no_grad(), self.precision():
+                for lo in range(0, batch.batch_size[0], self.micro_batch_size):
+                    outputs.append(fn(batch[lo:lo + self.micro_batch_size].to(device)).cpu())
+            return torch.cat(outputs)
+
+        return RolloutContext(self.group_size, score, reduce, lambda n: all_reduce_max_int(n, self.info), evaluate)
 
     def _clock(self) -> float:
         """Wall time after the device's queued work (phase timings would otherwise drift across phases)."""
@@ -259,6 +274,7 @@ class RolloutSource:
         comp_mask = torch.cat([out.completion_mask.cpu() for out in outputs])
         texts, results = self._score(items, completion, comp_mask)
         batch["rewards"] = torch.tensor([r.reward for r in results], dtype=torch.float32)
+        batch["correct"] = torch.tensor([bool(r.correct) for r in results])
         self.algorithm.assign_advantages(batch, self._context(items))
         self._log_metrics(batch, results, outputs, generated_s, began)
         self._write_samples(start, items, texts, results)
