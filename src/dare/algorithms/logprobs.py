@@ -78,11 +78,14 @@ def prompt_lengths_of(maskable: torch.Tensor, cu_seqlens: torch.Tensor | None = 
     return torch.empty_like(lengths).scatter_reduce(0, doc, offset, reduce="amin", include_self=False)
 
 
-def _one_copy_logits(model, noisy_ids, clean_ids, *, blocks, prompt_lengths, attn_backend, **layout):
+def _one_copy_logits(model, noisy_ids, clean_ids, *, blocks, prompt_lengths, attn_backend, hidden=False, **layout):
+    if hidden:
+        out = model(noisy_ids, attn_backend=attn_backend, return_hidden=True, **layout).last_hidden_state
+        return family_of(model).align_logits(out, layout.get("cu_seqlens"))
     return aligned_logits(model, noisy_ids, attn_backend=attn_backend, **layout)
 
 
-def _two_copy_logits(model, noisy_ids, clean_ids, *, blocks, prompt_lengths, attn_backend, **layout):
+def _two_copy_logits(model, noisy_ids, clean_ids, *, blocks, prompt_lengths, attn_backend, hidden=False, **layout):
     from dare.models.block_diffusion import two_copy_inputs
     from dare.models.loading import unwrap
 
@@ -94,8 +97,11 @@ def _two_copy_logits(model, noisy_ids, clean_ids, *, blocks, prompt_lengths, att
         prompt_lengths=prompt_lengths if blocks.origin == "response" else None,
     )
     noisy = slice(0, inputs.noisy_length)  # the loss never reads the clean half: no logits for it
-    logits = model(**inputs.model_kwargs(), attn_backend=attn_backend, logits_positions=noisy).logits
-    return family_of(model).align_logits(logits, layout.get("cu_seqlens"))
+    if hidden:
+        out = model(**inputs.model_kwargs(), attn_backend=attn_backend, return_hidden=True).last_hidden_state[:, noisy]
+    else:
+        out = model(**inputs.model_kwargs(), attn_backend=attn_backend, logits_positions=noisy).logits
+    return family_of(model).align_logits(out, layout.get("cu_seqlens"))
 
 
 DENOISERS: dict[str, Callable[..., torch.Tensor]] = {"full": _one_copy_logits, "block_causal": _two_copy_logits}
@@ -115,6 +121,15 @@ def denoising_logits(model, noisy_ids: torch.Tensor, clean_ids: torch.Tensor, *,
     :func:`model_inputs`.
     """
     return DENOISERS[family_of(model).attention](model, noisy_ids, clean_ids, blocks=blocks,
+                                                 prompt_lengths=prompt_lengths, attn_backend=attn_backend, **layout)
+
+
+def denoising_hidden(model, noisy_ids: torch.Tensor, clean_ids: torch.Tensor, *, blocks: BlockLayout | None = None,
+                     prompt_lengths: torch.Tensor | None = None, attn_backend: str | None = None,
+                     **layout) -> torch.Tensor:
+    """The final hidden states ``[R, S, D]`` behind :func:`denoising_logits` (same forward, no LM head, same
+    alignment: position ``i`` is the state that predicts token ``i``), e.g. for a value head."""
+    return DENOISERS[family_of(model).attention](model, noisy_ids, clean_ids, blocks=blocks, hidden=True,
                                                  prompt_lengths=prompt_lengths, attn_backend=attn_backend, **layout)
 
 

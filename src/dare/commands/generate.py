@@ -3,8 +3,7 @@
 ``--model`` is a checkpoint directory (config.json, weights, tokenizer) or ``tiny:FAMILY`` for an
 in-memory tiny random model with DARE's byte tokenizer (offline smoke tests). The tokenizer's chat
 template is applied unless ``--no-chat-template``. Any :class:`dare.rollout.SamplerConfig` field can be set
-with ``--option key=value``. Without ``--sampler`` the model family's default is used (``sdar`` for SDAR,
-``llada2`` for LLaDA2, ``llada`` otherwise).
+with ``--option key=value``.
 """
 
 from __future__ import annotations
@@ -12,14 +11,27 @@ from __future__ import annotations
 import argparse
 import ast
 
-HELP = "generate text with a diffusion sampler (llada, dream, fastdllm, sdar, llada2, llada21, ...)"
+HELP = "generate text with a diffusion sampler (llada, dream, fastdllm, ...)"
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, help="checkpoint directory, or tiny:FAMILY (e.g. tiny:llada)")
     parser.add_argument("--prompt", action="append", required=True,
                         help="prompt text (repeat for a batch)")
-    parser.add_argument("--sampler", help="sampler preset (default: the model family's, e.g. llada, sdar, llada2)")
+    add_sampler_arguments(parser, default=None)
+    parser.add_argument("--no-chat-template", action="store_true", help="tokenize the prompt as raw text")
+    parser.add_argument("--device", help="torch device (default: cuda if available, else cpu)")
+    parser.add_argument("--dtype", choices=["bfloat16", "float16", "float32"],
+                        help="weights dtype (default: bfloat16 on GPU, float32 on CPU)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+
+
+def add_sampler_arguments(parser: argparse.ArgumentParser, default: str | None = "llada",
+                          seed_help: str = "sampling seed (default 0)",
+                          option_help: str = "any other SamplerConfig field, e.g. -o confidence=margin") -> None:
+    """The decoding flags shared by ``dare generate`` and ``dare eval run`` (-> :func:`sampler_values`)."""
+    parser.add_argument("--sampler", default=default,
+                        help=f"sampler preset (default {default})" if default else "sampler preset (default: the family's)")
     parser.add_argument("--gen-length", type=int, help="generated tokens (default 128)")
     parser.add_argument("--block-length", type=int, help="semi-autoregressive block length")
     parser.add_argument("--steps", type=int, help="denoising steps of masked diffusion (default: gen length)")
@@ -32,14 +44,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--factor", type=float, help="factor of the factor decoder")
     parser.add_argument("--decoder", help="quota | threshold | factor | dynamic | sequential | entropy_bounded")
     parser.add_argument("--cache", help="none | prefix | dual (masked diffusion); block | none (block diffusion)")
-    parser.add_argument("--seed", type=int, help="sampling seed (default 0)")
-    parser.add_argument("-o", "--option", action="append", default=[], metavar="KEY=VALUE",
-                        help="any other SamplerConfig field, e.g. -o confidence=margin")
-    parser.add_argument("--no-chat-template", action="store_true", help="tokenize the prompt as raw text")
-    parser.add_argument("--device", help="torch device (default: cuda if available, else cpu)")
-    parser.add_argument("--dtype", choices=["bfloat16", "float16", "float32"],
-                        help="weights dtype (default: bfloat16 on GPU, float32 on CPU)")
-    parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    parser.add_argument("--seed", type=int, help=seed_help)
+    parser.add_argument("-o", "--option", action="append", default=[], metavar="KEY=VALUE", help=option_help)
 
 
 def _parse_value(text: str):
@@ -56,20 +62,36 @@ def _parse_value(text: str):
 
 def sampler_config(args: argparse.Namespace, sampler: str | None = None):
     """The :class:`SamplerConfig` described by the command-line flags (``sampler`` when ``--sampler`` is unset)."""
-    from dare.errors import ConfigError
     from dare.rollout import SamplerConfig
 
-    values = {"sampler": args.sampler or sampler or "llada"}
+    values = sampler_values(args)
+    values.setdefault("sampler", sampler or "llada")
+    return SamplerConfig.from_dict(values).resolved()
+
+
+def sampler_values(args: argparse.Namespace, options: list[str] | None = None) -> dict:
+    """SamplerConfig fields set on the command line (``--sampler`` only when given; ``-o`` items from
+    ``options``, default ``args.option``)."""
+    values = {"sampler": args.sampler} if args.sampler is not None else {}
     for flag in ("gen_length", "block_length", "steps", "block_steps", "temperature", "top_p", "top_k", "threshold",
                  "factor", "decoder", "cache", "seed"):
         if getattr(args, flag) is not None:
             values[flag] = getattr(args, flag)
-    for item in args.option:
+    values.update(parse_options(args.option if options is None else options))
+    return values
+
+
+def parse_options(items: list[str]) -> dict:
+    """``["key=value", ...]`` -> ``{key: parsed value}`` (numbers, booleans, None, lists; else the text)."""
+    from dare.errors import ConfigError
+
+    values = {}
+    for item in items:
         key, sep, value = item.partition("=")
         if not sep:
             raise ConfigError(f"--option expects KEY=VALUE; got '{item}'")
         values[key.strip().replace("-", "_")] = _parse_value(value.strip())
-    return SamplerConfig.from_dict(values).resolved()
+    return values
 
 
 def load_model(spec: str, device, dtype):

@@ -74,11 +74,13 @@ register_sampler(Sampler(
     "llada",
     "LLaDA generate: semi-AR blocks, linear quota, float64 Gumbel-max, low-confidence remasking (bf16 softmax)",
     dict(_LLADA, block_length=32, decoder="quota", cache="none"),
+    families=("llada", "llada_moe"),
 ))
 register_sampler(Sampler(
     "dream",
     "Dream diffusion_generate: one block, timestep quota, entropy confidence on the sampling distribution",
     dict(_DREAM, decoder="quota", cache="none"),
+    families=("dream",),
 ))
 register_sampler(Sampler(
     "fastdllm",

@@ -23,6 +23,9 @@ step N has been logged (and checkpointed when due), to test kill-and-resume.
 
 from __future__ import annotations
 
+import copy
+import dataclasses
+import functools
 import os
 import signal
 import time
@@ -52,12 +55,15 @@ def _add(into: dict, values: dict) -> None:
 class Trainer:
     """Build everything from a :class:`TrainConfig` and run :meth:`train`.
 
-    ``source`` replaces the dataset source (e.g. an RL rollout source); ``info`` a pre-initialised
-    distributed context.
+    ``source`` replaces the dataset source: a :class:`~dare.trainer.sources.BatchSource`, or a callable
+    ``source(trainer) -> BatchSource`` called once the model, algorithm and reference exist (an RL source with
+    its own prompts or reward needs them). ``info`` is a pre-initialised distributed context; ``model`` an
+    already built model on ``info.device`` used instead of loading ``config.model.path`` (e.g. a randomly
+    initialised model for benchmarks; without LoRA a frozen reference is a copy of it, single process only).
     """
 
-    def __init__(self, config: TrainConfig, *, source=None, info: DistInfo | None = None):
-        from dare.models.loading import load_model, load_tokenizer, resolve_dtype, unwrap
+    def __init__(self, config: TrainConfig, *, source=None, info: DistInfo | None = None, model=None):
+        from dare.models.loading import load_model, resolve_dtype, unwrap
         from dare.models.spec import family_of
 
         self.config = config
@@ -72,8 +78,9 @@ class Trainer:
             save_yaml(config_dict(config), self.output_dir / "config.yaml")
         torch.manual_seed(cfg.trainer.seed)
 
-        model = load_model(cfg.model.path, dtype=resolve_dtype(cfg.model.dtype), device=self.info.device)
-        self.tokenizer = load_tokenizer(cfg.model.tokenizer or cfg.model.path)
+        self.injected_model = model is not None
+        if model is None:
+            model = load_model(cfg.model.path, dtype=resolve_dtype(cfg.model.dtype), device=self.info.device)
         self.token_ids = family_of(model).token_ids(model.config)
         base = unwrap(model)
         base.attn_backend = cfg.model.attn_backend
@@ -92,8 +99,18 @@ class Trainer:
         self.algorithm = get_algorithm(cfg.algorithm.name)(
             cfg.algorithm, token_ids=self.token_ids, seed=cfg.trainer.seed, attn_backend=cfg.model.attn_backend)
         self.algorithm.bind_model(base)
+        self.auxiliary = self.algorithm.auxiliary_models(self._load_backbone)
+        for aux in self.auxiliary.values():
+            if self.sharded:
+                apply_fsdp(aux.module, aux.blocks or [], self.info, cfg.distributed.mixed_precision,
+                           cfg.distributed.reshard_after_forward)
+            aux.module.train()
         self.reference = self._reference() if self.algorithm.needs.reference else None
-        self.source = source if source is not None else self._build_source()
+        if source is None:
+            source = self._build_source()
+        elif callable(source) and not hasattr(source, "batch"):
+            source = source(self)
+        self.source = source
         if getattr(self.source, "prepares_views", False):  # old / reference forwards under the same precision
             precision = cfg.distributed.mixed_precision if not self.sharded else "fp32"
             self.source.precision = lambda: autocast_context(precision, self.info.device)
@@ -104,6 +121,12 @@ class Trainer:
             raise ConfigError("the model has no trainable parameters")
         self.optimizer = build_optimizer(params, cfg.optim)
         self.scheduler = build_scheduler(self.optimizer, cfg.optim, self.total_steps)
+        self.aux_optimizers, self.aux_schedulers = {}, {}
+        for name, aux in self.auxiliary.items():  # own AdamW at aux.lr, the policy's schedule shape
+            aux_optim = dataclasses.replace(cfg.optim, lr=aux.lr)
+            self.aux_optimizers[name] = build_optimizer([p for p in aux.module.parameters() if p.requires_grad],
+                                                        aux_optim)
+            self.aux_schedulers[name] = build_scheduler(self.aux_optimizers[name], aux_optim, self.total_steps)
         self.step = 0
         self.stop_requested = False
         self.logger = MetricsLogger(self.output_dir, enabled=self.info.is_main, tensorboard=cfg.trainer.tensorboard,
@@ -111,6 +134,14 @@ class Trainer:
                                     config=config_dict(config))
 
     # ---- construction helpers -----------------------------------------------------------------------
+    @functools.cached_property
+    def tokenizer(self):
+        """The tokenizer of ``model.tokenizer`` / ``model.path`` (loaded on first use: sources built from
+        ``data`` and exports need it, an injected source and model may not have one)."""
+        from dare.models.loading import load_tokenizer
+
+        return load_tokenizer(self.config.model.tokenizer or self.config.model.path)
+
     def _reference(self):
         """The frozen reference policy: the adapter-disabled policy with LoRA, else a frozen (sharded) copy."""
         from dare.trainer.workflow import Reference
@@ -120,13 +151,30 @@ class Trainer:
         from dare.models.loading import load_model, resolve_dtype, unwrap
 
         cfg = self.config
-        frozen = load_model(cfg.model.path, dtype=resolve_dtype(cfg.model.dtype), device=self.info.device)
+        if self.injected_model:  # not trained yet: a copy is the initial policy
+            if self.sharded:
+                raise ConfigError("a frozen reference of a model passed as Trainer(model=...) needs lora.enabled "
+                                  "or a single process")
+            frozen = copy.deepcopy(unwrap(self.model))
+        else:
+            frozen = load_model(cfg.model.path, dtype=resolve_dtype(cfg.model.dtype), device=self.info.device)
         frozen.requires_grad_(False)
         unwrap(frozen).attn_backend = cfg.model.attn_backend
         if self.sharded:
             apply_fsdp(frozen, unwrap(frozen).blocks, self.info, cfg.distributed.mixed_precision,
                        cfg.distributed.reshard_after_forward)
         return Reference(self.model, frozen.eval())
+
+    def _load_backbone(self):
+        """A fresh copy of the initial policy weights (no adapter) for an algorithm's auxiliary model."""
+        from dare.models.loading import load_model, resolve_dtype, unwrap
+
+        cfg = self.config
+        model = load_model(cfg.model.path, dtype=resolve_dtype(cfg.model.dtype), device=self.info.device)
+        unwrap(model).attn_backend = cfg.model.attn_backend
+        if cfg.model.gradient_checkpointing:
+            unwrap(model).gradient_checkpointing_enable()
+        return model
 
     def _build_source(self):
         needs = self.algorithm.needs
@@ -204,7 +252,17 @@ class Trainer:
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return {"grad_norm": float(norm), "lr": float(lr)}
+        record = {"grad_norm": float(norm), "lr": float(lr)}
+        for name, aux in self.auxiliary.items():
+            aux_norm = torch.nn.utils.clip_grad_norm_([p for p in aux.module.parameters() if p.requires_grad],
+                                                      max_norm)
+            if hasattr(aux_norm, "full_tensor"):
+                aux_norm = aux_norm.full_tensor()
+            self.aux_optimizers[name].step()
+            self.aux_schedulers[name].step()
+            self.aux_optimizers[name].zero_grad(set_to_none=True)
+            record[f"{name}/grad_norm"] = float(aux_norm)
+        return record
 
     def train_step(self, step: int) -> dict:
         start = time.perf_counter()
@@ -222,7 +280,11 @@ class Trainer:
     def save(self) -> Path:
         return save_checkpoint(self.output_dir, self.step, self.model, self.optimizer, self.scheduler, self.info,
                                trainable_only=self.trainable_only, keep_last=self.config.trainer.keep_last,
-                               rank_state={"source": self.source.state_dict()})
+                               rank_state={"source": self.source.state_dict()}, auxiliary=self._auxiliary_pairs(),
+                               extra={"aux_schedulers": {k: v.state_dict() for k, v in self.aux_schedulers.items()}})
+
+    def _auxiliary_pairs(self) -> dict:
+        return {name: (aux.module, self.aux_optimizers[name]) for name, aux in self.auxiliary.items()}
 
     def maybe_resume(self) -> None:
         resume = self.config.trainer.resume
@@ -238,7 +300,9 @@ class Trainer:
         else:
             path = Path(resume)
         state = load_checkpoint(path, self.model, self.optimizer, self.scheduler, self.info,
-                                trainable_only=self.trainable_only)
+                                trainable_only=self.trainable_only, auxiliary=self._auxiliary_pairs())
+        for name, sched_state in state.get("aux_schedulers", {}).items():
+            self.aux_schedulers[name].load_state_dict(sched_state)
         self.source.load_state_dict(state.get("rank_state", {}).get("source", state.get("source", {})))
         self.step = int(state["step"])
         self.logger.truncate_after(self.step)
@@ -262,6 +326,10 @@ class Trainer:
             else:
                 unwrap(self.model).save_pretrained(str(out), state_dict=state, safe_serialization=True)
             self.tokenizer.save_pretrained(str(out))
+        for name, aux in self.auxiliary.items():  # e.g. value.pt: the value model's full state dict
+            aux_state = get_model_state_dict(aux.module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+            if self.info.is_main:
+                torch.save(aux_state, out / f"{name}.pt")
         barrier(self.info)
         return out
 
