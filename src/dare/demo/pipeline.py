@@ -84,24 +84,33 @@ class DemoConfig:
 
 
 # Demo-sized settings per algorithm (everything else: the algorithm's paper defaults, see README). mu = 2 inner
-# steps everywhere, so every algorithm gets the same number of rollouts per optimizer step.
+# steps everywhere, so every algorithm gets the same number of rollouts per optimizer step; MDPO trains on 2
+# sampled denoising steps of each trajectory and BGPO uses 4 MC views (8 decoding steps per answer here).
 ALGORITHM_DEFAULTS: dict[str, dict] = {
     "d1": {"inner_steps": 2},
     "wd1": {"inner_steps": 2},
     "coupled_grpo": {"inner_steps": 2},
     "cj_grpo": {"inner_steps": 2},
     "spg": {"inner_steps": 2},
-    "mdpo": {"train_steps": 2},
-    "bgpo": {"mc_num": 4},
+    "mdpo": {"inner_steps": 2, "train_steps": 2},
+    "bgpo": {"inner_steps": 2, "mc_num": 4},
+    "tracerl": {"inner_steps": 2},
 }
 BASELINE = "sft"
 
 
 def demo_algorithms() -> list[str]:
-    """Algorithms ``--algorithm`` accepts: every registered rollout (online RL) algorithm, plus ``sft``."""
+    """Algorithms ``--algorithm`` accepts: every registered rollout (online RL) algorithm that trains a
+    full-attention model like the demo's LLaDA, plus ``sft``."""
     from dare.algorithms import ALGORITHMS
 
-    return sorted(name for name, cls in ALGORITHMS.items() if cls.needs.rollout) + [BASELINE]
+    return sorted(name for name, cls in ALGORITHMS.items() if cls.needs.rollout and _fits_llada(cls)) + [BASELINE]
+
+
+def _fits_llada(cls) -> bool:
+    from dare.models import FAMILIES
+
+    return FAMILIES["llada"].attention in getattr(cls, "attentions", (FAMILIES["llada"].attention,))
 
 
 def check_config(config: DemoConfig) -> None:
@@ -110,9 +119,13 @@ def check_config(config: DemoConfig) -> None:
     if config.algorithm not in choices:
         from dare.algorithms import ALGORITHMS
 
-        if config.algorithm in ALGORITHMS:
+        cls = ALGORITHMS.get(config.algorithm)
+        if cls is not None and not cls.needs.rollout:
             raise ConfigError(f"algorithm '{config.algorithm}' trains on preference pairs, not rollouts; the demo "
                               f"runs one of: {', '.join(choices)}")
+        if cls is not None:
+            raise ConfigError(f"algorithm '{config.algorithm}' trains block-causal models, not the demo's LLaDA; "
+                              f"the demo runs one of: {', '.join(choices)}")
         raise unknown_choice("demo algorithm", config.algorithm, choices)
     if not 0 < config.sft_target <= 1:
         raise ConfigError(f"sft_target must be in (0, 1]; got {config.sft_target}")
@@ -151,6 +164,14 @@ def rl_recipe(config: DemoConfig, model: str, data, output_dir: Path) -> dict:
     sampler = eval_sampler(config)
     rollouts = config.group_size * config.prompts_per_step
     algorithm = {"name": config.algorithm, **ALGORITHM_DEFAULTS.get(config.algorithm, {}), **config.algorithm_options}
+    options = _option_names(config.algorithm)
+    if "block_length" in options and "num_t" in options:  # SPG's masking blocks: the largest with >= num_t blocks
+        from dare.algorithms import ALGORITHMS
+
+        num_t = algorithm.get("num_t", ALGORITHMS[config.algorithm].config_class.num_t)
+        length = sampler.gen_length
+        algorithm.setdefault("block_length", max(d for d in range(1, length + 1)
+                                                 if length % d == 0 and length // d >= min(num_t, length)))
     return {
         "model": {"path": str(model)},
         "data": {"path": str(data.prompts), "chat_template": False},
@@ -163,6 +184,14 @@ def rl_recipe(config: DemoConfig, model: str, data, output_dir: Path) -> dict:
         "trainer": {"output_dir": str(output_dir), "seed": config.seed, "batch_size": rollouts,
                     "micro_batch_size": rollouts, "max_steps": config.rl_steps, "resume": "never"},
     }
+
+
+def _option_names(algorithm: str) -> set[str]:
+    from dataclasses import fields
+
+    from dare.algorithms import ALGORITHMS
+
+    return {f.name for f in fields(ALGORITHMS[algorithm].config_class)}
 
 
 def load_recipe(recipe: dict, path: Path):
@@ -299,7 +328,8 @@ def run_demo(config: DemoConfig, *, log: Callable[[str], None] = print) -> dict:
         "model": {"family": "llada", "layers": config.layers, "hidden": config.hidden, "heads": config.heads,
                   "mlp": config.mlp, "parameters": n_params},
         "algorithm": {"name": config.algorithm, **_section(rl_config.algorithm)},
-        "sampler": {"eval": asdict(sampler), "rollout": asdict(rl_config.rollout.sampler)},
+        "sampler": {"eval": asdict(sampler.resolved()),  # every decoding setting, defaults filled in
+                    "rollout": None if config.algorithm == BASELINE else asdict(rl_config.rollout.sampler.resolved())},
         "recipes": {"sft": str(out / "sft.yaml"), "rl": str(out / "rl.yaml")},
     }
     totals = {"seconds": time.perf_counter() - started, "cpu_seconds": time.process_time() - cpu_started}

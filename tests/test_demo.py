@@ -1,0 +1,124 @@
+"""``dare demo``: the task's splits and scoring, one-line errors, and the shortened demo end to end."""
+
+import importlib.util
+import json
+
+import pytest
+
+from dare.cli import main
+from dare.demo import DemoConfig, demo_algorithms
+from dare.demo.pipeline import check_config, rl_recipe
+from dare.demo.task import draw_numbers, problem, write_task
+from dare.errors import ConfigError
+from dare.eval import get_benchmark, score_predictions
+from dare.rewards import get_reward
+
+
+def read_jsonl(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def numbers_of(rows):
+    return {row["question"].removeprefix("Reverse ").removesuffix(".") for row in rows}
+
+
+def test_splits_are_disjoint_and_the_held_out_splits_do_not_depend_on_the_seed(tmp_path):
+    sizes = dict(digits=3, train_size=200, validation_size=30, test_size=50)
+    a = write_task(tmp_path / "a", seed=0, **sizes)
+    b = write_task(tmp_path / "b", seed=1, **sizes)
+    train_a = [r["answer"][::-1] for r in read_jsonl(a.prompts)]
+    validation, test = numbers_of(read_jsonl(a.validation_path)), numbers_of(read_jsonl(a.test_path))
+    assert (len(set(train_a)), len(validation), len(test)) == (200, 30, 50)  # no duplicates within a split
+    assert not set(train_a) & validation and not set(train_a) & test and not validation & test
+    assert a.validation_path.read_text() == b.validation_path.read_text()
+    assert a.test_path.read_text() == b.test_path.read_text()
+    train_b = {r["answer"][::-1] for r in read_jsonl(b.prompts)}
+    assert train_b != set(train_a) and not train_b & (validation | test)  # the seed draws other training problems
+    assert all(set(n) <= set("123456789") and len(n) == 3 for n in train_a + sorted(validation | test))
+
+
+def test_every_split_poses_the_same_problem_in_its_consumers_format(tmp_path):
+    data = write_task(tmp_path, digits=4, train_size=8, validation_size=4, test_size=4, seed=0)
+    bench = get_benchmark("gsm8k")
+    sft, prompts = read_jsonl(data.sft), read_jsonl(data.prompts)
+    for demo, rl in zip(sft, prompts):
+        question = demo["prompt"].split("Question: ")[1].split("\n")[0]
+        number = question.removeprefix("Reverse ").removesuffix(".")
+        assert demo["response"] == " " + number[::-1] and rl["answer"] == number[::-1]
+        assert demo["prompt"] == rl["prompt"] and demo["prompt"].endswith("Answer:")
+    sample = data.test[0]  # read back by the GSM8K benchmark itself
+    assert sample.answer == sample.question.removeprefix("Reverse ").removesuffix(".")[::-1]
+    assert bench.render(sample, template="few_shot", chat=False) == f"Question: {sample.question}\nAnswer:"
+    assert problem("1234") == ("Reverse 1234.", "4321")
+
+
+def test_too_many_problems_is_a_config_error():
+    import random
+
+    with pytest.raises(ConfigError, match="cannot draw 82"):
+        draw_numbers(random.Random(0), 2, 82, set())  # only 81 two-digit numbers without zeros
+    assert len(draw_numbers(random.Random(0), 2, 81, set())) == 81
+
+
+def test_gsm8k_scorer_and_reward_grade_the_answers(tmp_path):
+    data = write_task(tmp_path, digits=5, train_size=4, validation_size=2, test_size=3, seed=0)
+    bench = get_benchmark("gsm8k")
+    gold = [s.answer for s in data.test]
+    predictions = [f" {gold[0]}", f" {gold[1][::-1]}", f" {gold[2][:4]}"]  # right, the question's number, a digit short
+    results = score_predictions(bench, data.test, predictions)
+    assert [r["correct"] for r in results.samples] == [True, False, False]
+    assert results.metrics["accuracy"] == pytest.approx(1 / 3)
+    reward = get_reward("gsm8k")  # the RL reward reads the same answer from the prompts file's records
+    record = read_jsonl(data.prompts)[0]
+    scores = reward.score([f" {record['answer']}", " 12345", ""], [record] * 3)
+    assert [s.reward for s in scores] == [1.0, float(record["answer"] == "12345"), 0.0]
+
+
+def test_algorithm_choices_and_one_line_errors(capsys, tmp_path):
+    choices = demo_algorithms()
+    assert {"d1", "wd1", "coupled_grpo", "mdpo", "spg", "bgpo", "cj_grpo", "sft"} <= set(choices)
+    assert "vrpo" not in choices and "dpo" not in choices
+    for name, message in [("nope", "unknown demo algorithm 'nope'"), ("vrpo", "trains on preference pairs")]:
+        assert main(["demo", "--algorithm", name, "--out", str(tmp_path / name)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("error: ") and message in err and "\n" not in err
+        assert not (tmp_path / name).exists()  # checked before any work
+    with pytest.raises(ConfigError, match="sft_target"):
+        check_config(DemoConfig(sft_target=1.5))
+
+
+def test_rl_recipe_uses_the_demo_sampler_and_per_algorithm_settings(tmp_path):
+    data = write_task(tmp_path, digits=3, train_size=4, validation_size=2, test_size=2, seed=0)
+    recipe = rl_recipe(DemoConfig(algorithm="spg", digits=3, temperature=0.7), "m", data, tmp_path / "rl")
+    assert recipe["rollout"]["sampler"]["gen_length"] == 6
+    assert recipe["algorithm"]["block_length"] == 3  # SPG's num_t = 2 masking blocks need 2 blocks
+    assert recipe["rollout"]["sampler"]["temperature"] == 0.7 and recipe["rollout"]["reward"] == "gsm8k"
+    assert recipe["trainer"]["batch_size"] == 8 * 16  # group size x prompts per step
+
+
+def test_quick_demo_end_to_end(tmp_path):
+    out = tmp_path / "demo"
+    assert main(["demo", "--quick", "--out", str(out), "--seed", "1", "--rl-steps", "2"]) == 0
+    report = json.loads((out / "report.json").read_text())
+    assert report["schema"] == "dare.demo.report/1"
+    assert set(report["accuracy"]) == {"init", "sft", "rl"}
+    assert all(0 <= v <= 1 for v in report["accuracy"].values())
+    assert report["improvement"] == pytest.approx(report["accuracy"]["rl"] - report["accuracy"]["sft"])
+    settings = report["settings"]
+    assert settings["seed"] == 1 and settings["algorithm"]["name"] == "d1"
+    assert settings["sampler"]["eval"]["confidence"] == "prob"  # low-confidence remasking
+    assert settings["sampler"]["eval"]["temperature"] == 0 and settings["sampler"]["rollout"]["temperature"] == 1.0
+    assert {"gen_length", "steps", "block_length", "confidence"} <= set(settings["sampler"]["eval"])
+    curves = report["curves"]
+    assert [step for step, _ in curves["rl_reward"]] and len(curves["sft_loss"]) == report["phases"][1]["steps"]
+    assert curves["rl_heldout_accuracy"][0] == [0, report["accuracy"]["sft"]]
+    assert curves["rl_heldout_accuracy"][-1] == [2, report["accuracy"]["rl"]]
+    assert [p["name"] for p in report["phases"]] == ["init", "sft", "rl"]
+    assert report["timings"]["seconds"] > 0
+    for phase in report["phases"]:  # every accuracy is a regular GSM8K results file of the held-out split
+        results = json.loads((out / f"eval_{phase['name']}.json").read_text())
+        assert results["benchmark"] == "gsm8k" and len(results["samples"]) == settings["task"]["test"]
+        assert results["metrics"]["accuracy"] == pytest.approx(phase["accuracy"])
+    assert (out / "sft.yaml").is_file() and (out / "rl.yaml").is_file() and (out / "rl" / "final").is_dir()
+    has_matplotlib = importlib.util.find_spec("matplotlib") is not None
+    assert (out / "curves.png").is_file() == has_matplotlib
