@@ -103,6 +103,7 @@ def test_quick_demo_end_to_end(tmp_path):
     assert report["schema"] == "dare.demo.report/1"
     assert set(report["accuracy"]) == {"init", "sft", "rl"}
     assert all(0 <= v <= 1 for v in report["accuracy"].values())
+    assert report["accuracy"]["init"] == 0 < report["accuracy"]["sft"]  # SFT from scratch learned the task partly
     assert report["improvement"] == pytest.approx(report["accuracy"]["rl"] - report["accuracy"]["sft"])
     settings = report["settings"]
     assert settings["seed"] == 1 and settings["algorithm"]["name"] == "d1"
