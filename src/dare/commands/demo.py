@@ -12,24 +12,30 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="dare_demo", help="output directory (default: dare_demo)")
     parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     parser.add_argument("--algorithm", default="d1",
-                        help="RL algorithm: any registered rollout algorithm (d1, coupled_grpo, wd1, spg, bgpo, mdpo, "
-                             "cj_grpo), or sft to continue SFT instead (default d1)")
+                        help="RL algorithm: any registered rollout algorithm for full-attention models (d1, wd1, "
+                             "coupled_grpo, cj_grpo, spg, bgpo, mdpo, tracerl), or sft to continue SFT instead "
+                             "(default d1)")
     parser.add_argument("--quick", action="store_true", help="the shortened CI variant (tiny model, a few steps)")
     parser.add_argument("--sft-max-steps", type=int, help="upper bound of SFT steps")
     parser.add_argument("--sft-target", type=float,
                         help="SFT stops once validation accuracy reaches this fraction (default 0.3)")
     parser.add_argument("--rl-steps", type=int, help="RL optimizer steps")
     parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
+    parser.add_argument("--device", choices=("cpu", "cuda", "auto"), default="cpu",
+                        help="where to train and evaluate (default cpu, the demo's reference setting)")
 
 
 def run(args: argparse.Namespace) -> int:
     import torch
 
     from dare.demo import DemoConfig, run_demo
+    from dare.errors import ConfigError
 
     if args.threads is not None:
+        if args.threads < 1:
+            raise ConfigError(f"--threads must be >= 1; got {args.threads}")
         torch.set_num_threads(args.threads)
-    overrides = {"out_dir": args.out, "seed": args.seed, "algorithm": args.algorithm}
+    overrides = {"out_dir": args.out, "seed": args.seed, "algorithm": args.algorithm, "device": args.device}
     for key in ("sft_max_steps", "sft_target", "rl_steps"):
         if getattr(args, key) is not None:
             overrides[key] = getattr(args, key)

@@ -73,6 +73,8 @@ class DemoConfig:
     """RL steps between held-out evaluations (the accuracy curve)."""
     algorithm_options: dict = field(default_factory=dict)
     """Extra ``algorithm.*`` settings, on top of the demo's per-algorithm defaults."""
+    device: str = "cpu"
+    """``cpu`` (the demo's reference setting), ``cuda`` or ``auto`` (CUDA when available)."""
 
     @classmethod
     def quick(cls, **overrides) -> DemoConfig:
@@ -98,6 +100,7 @@ ALGORITHM_DEFAULTS: dict[str, dict] = {
     "tracerl": {"inner_steps": 2},
 }
 BASELINE = "sft"
+DEVICES = ("cpu", "cuda", "auto")
 
 
 def demo_algorithms() -> list[str]:
@@ -128,6 +131,8 @@ def check_config(config: DemoConfig) -> None:
             raise ConfigError(f"algorithm '{config.algorithm}' trains block-causal models, not the demo's LLaDA; "
                               f"the demo runs one of: {', '.join(choices)}")
         raise unknown_choice("demo algorithm", config.algorithm, choices)
+    if config.device not in DEVICES:
+        raise unknown_choice("device", config.device, DEVICES)
     if not 0 < config.sft_target <= 1:
         raise ConfigError(f"sft_target must be in (0, 1]; got {config.sft_target}")
     positive = {"sft_max_steps": config.sft_max_steps, "rl_steps": config.rl_steps, "test_size": config.test_size,
@@ -154,6 +159,7 @@ def sft_recipe(config: DemoConfig, model: str, data, output_dir: Path, max_steps
         "data": {"path": str(data.sft), "chat_template": False, "max_length": 64},
         "algorithm": {"name": "sft", "normalize": "llada"},
         "optim": {"lr": config.sft_lr, "warmup_steps": 20},
+        "distributed": {"device": config.device},
         "trainer": {"output_dir": str(output_dir), "seed": config.seed, "batch_size": config.sft_batch_size,
                     "micro_batch_size": config.sft_batch_size, "max_steps": max_steps, "resume": "never"},
     }
@@ -182,6 +188,7 @@ def rl_recipe(config: DemoConfig, model: str, data, output_dir: Path) -> dict:
                                 "block_length": sampler.block_length, "steps": sampler.steps,
                                 "temperature": config.temperature}},
         "optim": {"lr": config.rl_lr},
+        "distributed": {"device": config.device},
         "trainer": {"output_dir": str(output_dir), "seed": config.seed, "batch_size": rollouts,
                     "micro_batch_size": rollouts, "max_steps": config.rl_steps, "resume": "never"},
     }
@@ -261,8 +268,10 @@ def run_demo(config: DemoConfig, *, log: Callable[[str], None] = print) -> dict:
         return evaluate_heldout(model, tokenizer, samples if samples is not None else data.test, sampler,
                                 seed=config.seed, data={"source": str(source), "split": split, "phase": name})
 
+    device = "cuda" if config.device == "cuda" or (config.device == "auto" and torch.cuda.is_available()) else "cpu"
+
     def final_eval(phase: Phase, model_dir: Path) -> None:
-        results = heldout(load_model(str(model_dir)), phase.name)
+        results = heldout(load_model(str(model_dir), device=device), phase.name)
         phase.accuracy = results.metrics["accuracy"]
         phase.results_file = str(results.write(out / f"eval_{phase.name}.json"))
 
@@ -323,7 +332,7 @@ def run_demo(config: DemoConfig, *, log: Callable[[str], None] = print) -> dict:
     # --- report -------------------------------------------------------------------------------------------
     log("[3/3] report")
     settings = {
-        "seed": config.seed, "torch_threads": torch.get_num_threads(), "demo": asdict(config),
+        "seed": config.seed, "device": device, "torch_threads": torch.get_num_threads(), "demo": asdict(config),
         "task": {"name": "reverse_digits", "digits": config.digits, "benchmark": "gsm8k", "template": "few_shot",
                  "train": config.train_size, "validation": config.validation_size, "test": config.test_size},
         "model": {"family": "llada", "layers": config.layers, "hidden": config.hidden, "heads": config.heads,
