@@ -1,7 +1,8 @@
 """Markdown table of ``dare demo`` runs: ``python benchmarks/demo_table.py RUN_DIR [RUN_DIR ...]``.
 
 One row per ``RUN_DIR/report.json``: algorithm, seed, SFT steps, held-out accuracy after SFT and after the
-second phase, the margin, the first / last mean rollout reward, and the phase times (the README's demo tables).
+second phase, the margin, the first / last mean rollout reward, and the phase wall times plus the RL phase's
+process CPU time (comparable when runs share the cores).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import sys
 from pathlib import Path
 
 COLUMNS = ("algorithm", "seed", "SFT steps", "acc. after SFT", "acc. after RL", "margin (points)",
-           "rollout reward first -> last", "SFT s", "RL s", "total s")
+           "rollout reward first -> last", "SFT s", "RL s", "RL CPU s", "total s")
 
 
 def row(report: dict) -> list[str]:
@@ -19,7 +20,8 @@ def row(report: dict) -> list[str]:
     return [report["settings"]["algorithm"]["name"], str(report["settings"]["seed"]), str(phases["sft"]["steps"]),
             f"{acc['sft']:.1%}", f"{acc['rl']:.1%}", f"{100 * report['improvement']:+.1f}",
             f"{reward['first']:.2f} -> {reward['last']:.2f}" if reward else "-",
-            f"{phases['sft']['seconds']:.0f}", f"{phases['rl']['seconds']:.0f}", f"{report['timings']['seconds']:.0f}"]
+            f"{phases['sft']['seconds']:.0f}", f"{phases['rl']['seconds']:.0f}", f"{phases['rl']['cpu_seconds']:.0f}",
+            f"{report['timings']['seconds']:.0f}"]
 
 
 def main(paths: list[str]) -> None:

@@ -19,7 +19,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sft-max-steps", type=int, help="upper bound of SFT steps")
     parser.add_argument("--sft-target", type=float,
                         help="SFT stops once validation accuracy reaches this fraction (default 0.3)")
-    parser.add_argument("--rl-steps", type=int, help="RL optimizer steps")
+    parser.add_argument("--rl-steps", type=int, help="RL optimizer steps (default 120)")
+    parser.add_argument("--rl-lr", type=float, help="RL learning rate (default 3e-4)")
     parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--device", choices=("cpu", "cuda", "auto"), default="cpu",
                         help="where to train and evaluate (default cpu, the demo's reference setting)")
@@ -36,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError(f"--threads must be >= 1; got {args.threads}")
         torch.set_num_threads(args.threads)
     overrides = {"out_dir": args.out, "seed": args.seed, "algorithm": args.algorithm, "device": args.device}
-    for key in ("sft_max_steps", "sft_target", "rl_steps"):
+    for key in ("sft_max_steps", "sft_target", "rl_steps", "rl_lr"):
         if getattr(args, key) is not None:
             overrides[key] = getattr(args, key)
     config = DemoConfig.quick(**overrides) if args.quick else DemoConfig(**overrides)

@@ -142,6 +142,8 @@ def check_config(config: DemoConfig) -> None:
     for key, value in positive.items():
         if value < 1:
             raise ConfigError(f"{key} must be positive; got {value}")
+    if config.rl_lr <= 0 or config.sft_lr <= 0:
+        raise ConfigError(f"learning rates must be positive; got sft_lr={config.sft_lr}, rl_lr={config.rl_lr}")
 
 
 # ------------------------------------------------------------------------------------------------ recipes
