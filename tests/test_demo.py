@@ -2,6 +2,7 @@
 
 import importlib.util
 import json
+import sys
 
 import pytest
 
@@ -123,3 +124,35 @@ def test_quick_demo_end_to_end(tmp_path):
     assert (out / "sft.yaml").is_file() and (out / "rl.yaml").is_file() and (out / "rl" / "final").is_dir()
     has_matplotlib = importlib.util.find_spec("matplotlib") is not None
     assert (out / "curves.png").is_file() == has_matplotlib
+
+
+def test_without_matplotlib_the_report_is_written_and_the_plot_skipped_with_one_line(tmp_path, monkeypatch):
+    from dare.demo.pipeline import Phase
+    from dare.demo.report import write_report
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
+    phases = [Phase("init", accuracy=0.0), Phase("sft", steps=2, accuracy=0.25, records=[{"step": 1, "loss": 3.0}]),
+              Phase("rl", steps=2, accuracy=0.5, records=[{"step": 1, "rollout/reward": 0.2, "loss": 0.1},
+                                                          {"step": 2, "loss": 0.0}])]
+    settings = {"seed": 0, "algorithm": {"name": "d1"}, "task": {"digits": 3, "test": 4}}
+    lines = []
+    report = write_report(tmp_path, settings, phases, {"seconds": 1.0, "cpu_seconds": 1.0}, log=lines.append)
+    assert not (tmp_path / "curves.png").exists() and report["files"]["curves"] is None
+    assert any("no curves.png" in line and "[plot]" in line and "\n" not in line for line in lines)
+    saved = json.loads((tmp_path / "report.json").read_text())
+    assert saved["improvement"] == pytest.approx(0.25) and saved["reward"] == {"first": 0.2, "last": 0.2}
+    assert saved["curves"]["rl_heldout_accuracy"] == [[0, 0.25], [2, 0.5]]
+
+
+@pytest.mark.parametrize("algorithm", ["coupled_grpo", "sft"])
+def test_quick_demo_with_another_algorithm_and_the_sft_baseline(tmp_path, algorithm):
+    out = tmp_path / algorithm
+    assert main(["demo", "--quick", "--out", str(out), "--algorithm", algorithm, "--rl-steps", "2"]) == 0
+    report = json.loads((out / "report.json").read_text())
+    assert report["settings"]["algorithm"]["name"] == algorithm
+    assert [p["steps"] for p in report["phases"]][2] == 2
+    if algorithm == "sft":  # continued SFT: no rollouts, no reward, no rollout sampler
+        assert report["reward"] is None and report["settings"]["sampler"]["rollout"] is None
+        assert len(report["curves"]["rl_loss"]) == 2
+    else:
+        assert report["settings"]["algorithm"]["inner_steps"] == 2 and len(report["curves"]["rl_reward"]) == 1
