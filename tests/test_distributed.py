@@ -33,7 +33,12 @@ def run_worker(out: Path, nproc: int | None):
     if nproc is None:  # plain single process, no process group
         import dist_worker
 
-        dist_worker.main(out)
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)  # as the workers (OMP_NUM_THREADS=1): same reduction order, same round-off
+        try:
+            dist_worker.main(out)
+        finally:
+            torch.set_num_threads(threads)
         return torch.load(out / "result.pt", weights_only=False)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
            "--master_addr", "127.0.0.1", "--master_port", str(free_port()), str(WORKER), str(out)]
@@ -80,14 +85,23 @@ def test_kill_and_resume_reproduces_the_uninterrupted_run(tmp_path):
     args = ["trainer.progress=false", "data.num_examples=48", "data.max_length=48", "trainer.batch_size=8",
             "trainer.micro_batch_size=4", "trainer.max_steps=6", "trainer.save_every=2", "optim.lr=1e-2",
             "optim.scheduler=cosine", "optim.warmup_steps=2", "trainer.export=false"]
-    run_training(load_train_config(None, [f"trainer.output_dir={tmp_path / 'full'}", *args]))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the subprocess (OMP_NUM_THREADS=1): exact comparison needs the same round-off
+    try:
+        run_training(load_train_config(None, [f"trainer.output_dir={tmp_path / 'full'}", *args]))
+    finally:
+        torch.set_num_threads(threads)
     out = tmp_path / "killed"
     killed = subprocess.run([sys.executable, "-m", "dare.cli", "train", f"trainer.output_dir={out}", *args],
                             capture_output=True, text=True, timeout=600, env={**env(), "DARE_KILL_AT_STEP": "3"})
     assert killed.returncode == -9, killed.stderr[-2000:]
     logged = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert logged == [1, 2, 3]  # step 3 was logged after the last checkpoint (step 2): it must be redone
-    run_training(load_train_config(None, [f"trainer.output_dir={out}", *args]))
+    torch.set_num_threads(1)
+    try:
+        run_training(load_train_config(None, [f"trainer.output_dir={out}", *args]))
+    finally:
+        torch.set_num_threads(threads)
 
     def records(path):
         rows = [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines()]

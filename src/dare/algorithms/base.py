@@ -23,6 +23,7 @@ from typing import ClassVar
 import torch
 from tensordict import TensorDict
 
+from dare.algorithms.logprobs import DEFAULT_LOGITS_CHUNK
 from dare.config import from_dict
 from dare.errors import ConfigError, unknown_choice
 
@@ -63,11 +64,13 @@ class Algorithm:
     config_class: ClassVar[type] = AlgorithmConfig
     needs: ClassVar[Needs] = Needs()
 
-    def __init__(self, config, *, token_ids, seed: int = 0, attn_backend: str | None = None):
+    def __init__(self, config, *, token_ids, seed: int = 0, attn_backend: str | None = None,
+                 logits_chunk_size: int = DEFAULT_LOGITS_CHUNK):
         self.config = config
         self.token_ids = token_ids
         self.seed = seed
         self.attn_backend = attn_backend
+        self.logits_chunk_size = logits_chunk_size  # rows of the LM head per chunk (0 = full logits)
 
     def corrupt(self, batch: TensorDict, step: int) -> TensorDict:
         return batch

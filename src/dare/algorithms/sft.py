@@ -8,7 +8,7 @@ import torch
 from tensordict import TensorDict
 
 from dare.algorithms.base import Algorithm, AlgorithmConfig, register_algorithm
-from dare.algorithms.logprobs import aligned_logits, model_inputs, selected_logprobs
+from dare.algorithms.logprobs import masked_logprobs, model_inputs
 from dare.diffusion import ForwardProcess, corrupt, nelbo_totals, nelbo_weights, resolve_normalization
 
 
@@ -54,15 +54,15 @@ class SFT(Algorithm):
         return nelbo_totals(batch["mask"], batch["maskable"], batch["example_index"])
 
     def estimate(self, model, batch: TensorDict) -> TensorDict:
-        layout = model_inputs(batch)
-        logits = aligned_logits(model, batch["noisy_ids"], attn_backend=self.attn_backend, **layout)
-        logp = selected_logprobs(logits, batch["input_ids"], batch["mask"])
+        logp = masked_logprobs(model, batch["noisy_ids"], batch["input_ids"], batch["mask"],
+                               attn_backend=self.attn_backend, chunk_size=self.logits_chunk_size, **model_inputs(batch))
         return TensorDict({"logp": logp}, batch_size=batch.batch_size)
 
     def loss(self, batch: TensorDict, estimates: TensorDict, totals: dict[str, torch.Tensor]):
         weights = nelbo_weights(batch["mask"], batch["p_mask"], batch["maskable"], batch["example_index"],
                                 totals, self.config.normalize, self.config.inverse_t).to(estimates["logp"].device)
         loss = -(weights * estimates["logp"]).sum()
-        masked = batch["mask"]
-        metrics = {"loss": loss.detach(), "nll_masked": -estimates["logp"].detach()[masked].sum()}
+        logp = estimates["logp"].detach()
+        nll = -torch.where(batch["mask"], logp, torch.zeros((), dtype=logp.dtype, device=logp.device)).sum()
+        metrics = {"loss": loss.detach(), "nll_masked": nll}  # no boolean indexing: no host sync
         return loss, metrics

@@ -19,10 +19,10 @@ step N has been logged (and checkpointed when due), to test kill-and-resume.
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import time
-from collections import defaultdict
 from pathlib import Path
 
 import torch
@@ -40,19 +40,22 @@ from dare.trainer.optim import build_optimizer, build_scheduler
 
 
 def _add(into: dict, values: dict) -> None:
+    """Accumulate scalar metrics where they live (no host sync per micro-batch; one at the end of the step)."""
     for key, value in values.items():
-        into[key] = into[key] + torch.as_tensor(value).detach().to(torch.float64).cpu()
+        value = torch.as_tensor(value).detach().to(torch.float64)
+        into[key] = into[key] + value if key in into else value
 
 
 class Trainer:
     """Build everything from a :class:`TrainConfig` and run :meth:`train`.
 
     ``source`` replaces the dataset source (e.g. an RL rollout source); ``info`` a pre-initialised
-    distributed context.
+    distributed context; ``model`` an already built model (on ``info.device``) instead of loading
+    ``config.model.path`` (e.g. a randomly initialised model for benchmarks).
     """
 
-    def __init__(self, config: TrainConfig, *, source=None, info: DistInfo | None = None):
-        from dare.models.loading import load_model, load_tokenizer, resolve_dtype, unwrap
+    def __init__(self, config: TrainConfig, *, source=None, info: DistInfo | None = None, model=None):
+        from dare.models.loading import load_model, resolve_dtype, unwrap
         from dare.models.spec import family_of
 
         self.config = config
@@ -67,8 +70,8 @@ class Trainer:
             save_yaml(config_dict(config), self.output_dir / "config.yaml")
         torch.manual_seed(cfg.trainer.seed)
 
-        model = load_model(cfg.model.path, dtype=resolve_dtype(cfg.model.dtype), device=self.info.device)
-        self.tokenizer = load_tokenizer(cfg.model.tokenizer or cfg.model.path)
+        if model is None:
+            model = load_model(cfg.model.path, dtype=resolve_dtype(cfg.model.dtype), device=self.info.device)
         self.token_ids = family_of(model).token_ids(model.config)
         base = unwrap(model)
         base.attn_backend = cfg.model.attn_backend
@@ -78,6 +81,10 @@ class Trainer:
             from dare.models.lora import apply_lora
 
             model = apply_lora(model, cfg.lora.r, cfg.lora.alpha, cfg.lora.dropout, cfg.lora.target_modules)
+        if cfg.model.compile:
+            from dare.models.compile import compile_blocks
+
+            compile_blocks(model, backend=cfg.model.compile_backend)
         self.sharded = self.info.initialized and cfg.distributed.fsdp
         if self.sharded:
             apply_fsdp(model, unwrap(model).blocks, self.info, cfg.distributed.mixed_precision,
@@ -85,7 +92,8 @@ class Trainer:
         self.model = model.train()
 
         self.algorithm = get_algorithm(cfg.algorithm.name)(
-            cfg.algorithm, token_ids=self.token_ids, seed=cfg.trainer.seed, attn_backend=cfg.model.attn_backend)
+            cfg.algorithm, token_ids=self.token_ids, seed=cfg.trainer.seed, attn_backend=cfg.model.attn_backend,
+            logits_chunk_size=cfg.model.logits_chunk_size)
         self.source = source if source is not None else self._dataset_source()
         self.total_steps = cfg.trainer.max_steps or max(1, int(cfg.trainer.epochs * self.source.steps_per_epoch))
 
@@ -100,6 +108,13 @@ class Trainer:
                                     config=config_dict(config))
 
     # ---- construction helpers -----------------------------------------------------------------------
+    @functools.cached_property
+    def tokenizer(self):
+        """The tokenizer (loaded on first use: dataset sources and exports need it, injected sources may not)."""
+        from dare.models.loading import load_tokenizer
+
+        return load_tokenizer(self.config.model.tokenizer or self.config.model.path)
+
     def _dataset_source(self):
         from dare.data.sft import build_sft_dataset
         from dare.trainer.sources import DatasetSource
@@ -117,7 +132,7 @@ class Trainer:
             data.examples, batch_size=cfg.trainer.batch_size, micro_batch_size=cfg.trainer.micro_batch_size,
             rank=self.info.rank, world_size=self.info.world_size, seed=cfg.trainer.seed, shuffle=cfg.data.shuffle,
             packing=cfg.data.packing, pack_length=pack_length, eos_id=self.token_ids.eos, pad_id=self.token_ids.pad,
-            eos_padding=cfg.data.eos_padding,
+            eos_padding=cfg.data.eos_padding, pack_fixed_length=fixed_length_rows(cfg),
         )
 
     @property
@@ -130,23 +145,23 @@ class Trainer:
         from dare.data.sft import dummy_micro_batch
 
         micro = [self.algorithm.corrupt(mb, step) for mb in self.source.batch(step)]
-        local_totals: dict = defaultdict(lambda: torch.zeros((), dtype=torch.float64))
+        local_totals: dict = {}
         for mb in micro:
             _add(local_totals, self.algorithm.totals(mb))
         totals = all_reduce_dict(dict(local_totals), self.info)
         count = all_reduce_max_int(len(micro), self.info)
         while len(micro) < count:  # same number of forward/backward collectives on every rank
             micro.append(self.algorithm.corrupt(dummy_micro_batch(self.token_ids.pad), step))
-        sums: dict = defaultdict(lambda: torch.zeros((), dtype=torch.float64))
+        sums: dict = {}
         device_totals = {k: v.to(self.info.device) for k, v in totals.items()}
+        micro = [mb.to(self.info.device, non_blocking=True) for mb in micro]  # all copies queued up front
         for mb in micro:
-            mb = mb.to(self.info.device)
             with autocast_context(self.config.distributed.mixed_precision if not self.sharded else "fp32", self.info.device):
                 estimates = self.algorithm.estimate(self.model, mb)
                 loss, metrics = self.algorithm.loss(mb, estimates, device_totals)
             loss.backward()
             _add(sums, metrics)
-        out = all_reduce_dict(dict(sums), self.info)
+        out = all_reduce_dict(sums, self.info)
         out.update(totals)
         return out
 
@@ -254,6 +269,14 @@ class Trainer:
             self.export()
         self.logger.close()
         return record
+
+
+def fixed_length_rows(config: TrainConfig) -> bool:
+    """Whether packed rows are padded to ``data.pack_length`` (``data.pack_fixed_length``; auto: on for
+    ``model.attn_backend=flex``, whose compiled kernel is specialised to the row length)."""
+    if config.data.pack_fixed_length is not None:
+        return config.data.pack_fixed_length
+    return config.model.attn_backend == "flex"
 
 
 def run_training(config: TrainConfig, source=None) -> dict:
