@@ -47,7 +47,12 @@ import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+if os.path.isdir(os.path.join(HERE, "..", "src", "dare")):  # this checkout's dare, installed or not
+    sys.path.insert(0, os.path.join(HERE, "..", "src"))
+# Variants allocate very different shapes one after another: expandable segments avoid fragmentation OOMs.
+os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
 
 import torch  # noqa: E402
 import torch._dynamo  # noqa: E402
@@ -296,7 +301,7 @@ def parse_args(argv=None):
     parser.add_argument("--min-len", type=int, default=None, help="shortest example (64)")
     parser.add_argument("--max-len", type=int, default=None, help="longest example (2048)")
     parser.add_argument("--pack-length", type=int, default=None, help="tokens per packed row (8192)")
-    parser.add_argument("--micro-rows", type=int, default=2, help="padded rows per micro-batch (2)")
+    parser.add_argument("--micro-rows", type=int, default=None, help="padded rows per micro-batch (2; tiny 4)")
     parser.add_argument("--logits-chunk", type=int, default=2048, help="LM-head rows per chunk (chunked CE)")
     parser.add_argument("--steps", type=int, default=3, help="timed steps per variant (fewer if time is short)")
     parser.add_argument("--warmup", type=int, default=1, help="untimed steps first (compilation, allocator)")
@@ -311,8 +316,8 @@ def parse_args(argv=None):
     parser.add_argument("--out", default=None, help="write the results JSON here (rewritten after each variant)")
     args = parser.parse_args(argv)
     tiny = args.tiny
-    defaults = {"variants": ",".join(TINY_VARIANTS if tiny else DEFAULT_VARIANTS), "layers": 2 if tiny else 16, "tokens_per_step": 384 if tiny else 16384, "min_len": 8 if tiny else 64,
-                "max_len": 64 if tiny else 2048, "pack_length": 192 if tiny else 8192,
+    defaults = {"variants": ",".join(TINY_VARIANTS if tiny else DEFAULT_VARIANTS), "layers": 2 if tiny else 16, "tokens_per_step": 256 if tiny else 16384, "min_len": 8 if tiny else 64,
+                "max_len": 64 if tiny else 2048, "pack_length": 128 if tiny else 8192, "micro_rows": 4 if tiny else 2,
                 "dtype": "float32" if tiny else "bfloat16", "compile_backend": "aot_eager" if tiny else "inductor",
                 "time_budget": 120.0 if tiny else 300.0, "matmul_size": 256 if tiny else 8192,
                 "device": "cpu" if tiny else ("cuda" if torch.cuda.is_available() else "cpu")}
@@ -329,9 +334,9 @@ def parse_args(argv=None):
 
 def skip_reason(variant: Variant, device: torch.device) -> str | None:
     if device.type == "cpu" and variant.backend == "flex":
-        return "skipped on CPU: FlexAttention has no CPU backward"
+        return "FlexAttention has no backward pass on CPU"
     if device.type == "cpu" and variant.backend == "varlen":
-        return "skipped on CPU: varlen attention needs CUDA"
+        return "varlen attention needs CUDA"
     return None
 
 
@@ -360,12 +365,13 @@ def main(argv=None) -> dict:
     special = min(shape.mask_id, shape.eos_id, shape.pad_id)
     workload = make_workload(args.tokens_per_step, args.min_len, args.max_len, vocab_limit=special, seed=args.seed)
 
-    import dare  # noqa: F401  (registers the families)
+    import dare  # registers the families
 
     peak = matmul_rate(device, args.torch_dtype, args.matmul_size, iters=50 if device.type == "cuda" else 20)
     report = {
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-        "torch": torch.__version__, "argv": sys.argv[1:] if argv is None else list(argv),
+        "torch": torch.__version__, "dare": os.path.dirname(os.path.abspath(dare.__file__)),
+        "argv": sys.argv[1:] if argv is None else list(argv),
         "shape": {**shape.__dict__, "matmul_params": shape.matmul_params, "total_params": shape.total_params},
         "dtype": args.dtype, "workload": workload.summary(),
         "step_flops": shape.step_flops(workload.lengths),
@@ -373,7 +379,7 @@ def main(argv=None) -> dict:
         "mfu_formula": "(6 * matmul_params * real_tokens + 12 * layers * d_model * sum(doc_len^2)) / step_s / matmul rate",
         "variants": [],
     }
-    log(f"device {report['device']}  torch {torch.__version__}  dtype {args.dtype}")
+    log(f"device {report['device']}  torch {torch.__version__}  dtype {args.dtype}  dare from {report['dare']}")
     log(f"model: LLaDA shape d_model {shape.d_model}, {shape.n_layers} layers, {shape.n_heads} heads, mlp {shape.mlp}, "
         f"vocab {shape.vocab}: {count(shape.total_params)} params ({count(shape.matmul_params)} in matmuls)")
     log(f"step: {json.dumps(workload.summary())}  pack_length {args.pack_length}  micro_rows {args.micro_rows}")
@@ -391,10 +397,10 @@ def main(argv=None) -> dict:
             row: dict = {"name": variant.name, "status": "skipped"}
             reason = skip_reason(variant, device)
             if reason is None and time_left < 15:
-                reason = f"skipped: time budget ({args.time_budget:.0f} s) exhausted"
+                reason = f"time budget ({args.time_budget:.0f} s) exhausted"
             if reason is not None:
                 row["note"] = reason
-                log(f"  {variant.name}: {reason}")
+                log(f"  {variant.name}: skipped ({reason})")
             else:
                 share = time_left / (len(variants) - position)
                 signal.setitimer(signal.ITIMER_REAL, max(1.0, time_left - 5))

@@ -8,8 +8,9 @@ everything else (data or rollouts, sharding, micro-batching, accumulation, optim
 2. ``totals(batch) -> {name: scalar}`` - counts that normalise the loss; the trainer sums them over the
    **global** batch (all micro-batches on all ranks) before any loss is computed.
 3. ``estimate(model, batch) -> TensorDict`` - the model-dependent quantities with gradients (token
-   log-probs, ELBO terms, ...). Old / reference log-probs of RL algorithms are the same call under
-   ``torch.no_grad()`` on the same stored views.
+   log-probs, ELBO terms, ...), through :mod:`dare.algorithms.logprobs` (``masked_logprobs`` applies the LM
+   head only to the scored positions, ``self.logits_chunk_size`` rows at a time). Old / reference log-probs
+   of RL algorithms are the same call under ``torch.no_grad()`` on the same stored views.
 4. ``loss(batch, estimates, totals) -> (loss, metrics)`` - this micro-batch's contribution: the objective
    of the global batch is the **sum** of the contributions of all micro-batches on all ranks (so losses and
    gradients do not depend on the split). ``metrics`` are sums too (the trainer all-reduces them).
