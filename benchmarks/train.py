@@ -303,7 +303,7 @@ def parse_args(argv=None):
     parser.add_argument("--pack-length", type=int, default=None, help="tokens per packed row (8192)")
     parser.add_argument("--micro-rows", type=int, default=None, help="padded rows per micro-batch (2; tiny 4)")
     parser.add_argument("--logits-chunk", type=int, default=2048, help="LM-head rows per chunk (chunked CE)")
-    parser.add_argument("--steps", type=int, default=3, help="timed steps per variant (fewer if time is short)")
+    parser.add_argument("--steps", "--repeats", type=int, default=3, help="timed steps per variant (fewer if time is short)")
     parser.add_argument("--warmup", type=int, default=1, help="untimed steps first (compilation, allocator)")
     parser.add_argument("--dtype", default=None, help="weight dtype: bfloat16 (GPU default) or float32 (tiny)")
     parser.add_argument("--grad-ckpt", action="store_true", help="activation checkpointing in every variant")
