@@ -183,7 +183,6 @@ def matmul_rate(device: torch.device, dtype: torch.dtype, n: int, iters: int) ->
 # ---- one variant --------------------------------------------------------------------------------------
 def trainer_for(variant: Variant, args, shape: Shape, workload: Workload, device: torch.device, out_dir: Path):
     from dare.trainer import Trainer, load_train_config
-    from dare.trainer.loop import fixed_length_rows
     from dare.trainer.sources import DatasetSource
 
     overrides = [
@@ -202,7 +201,7 @@ def trainer_for(variant: Variant, args, shape: Shape, workload: Workload, device
     source = DatasetSource(
         workload.examples, batch_size=len(workload.examples), micro_batch_size=args.micro_rows, shuffle=False,
         packing=variant.layout == "packed", pack_length=args.pack_length, eos_id=shape.eos_id, pad_id=shape.pad_id,
-        eos_padding=False, pack_fixed_length=fixed_length_rows(config), seed=args.seed,
+        eos_padding=False, fixed_width=config.fixed_width(), seed=args.seed,
     )
     model = build_model(shape, args.torch_dtype, device, seed=args.seed)
     return Trainer(config, source=source, model=model)

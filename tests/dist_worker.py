@@ -14,6 +14,8 @@ VARIANTS = {
     "padded": ["trainer.micro_batch_size=2"],
     "packed": ["data.packing=true", "data.pack_length=48", "data.max_length=48", "algorithm.normalize=masked"],
     "lora": ["lora.enabled=true", "lora.r=4", "model.path=tiny:dream:1", "algorithm.schedule=discrete"],
+    "block": ["model.path=tiny:sdar:1", "algorithm.per_block_t=true", "algorithm.normalize=d1", "data.packing=true",
+              "data.pack_length=48", "data.fixed_shapes=true"],  # block diffusion: [noisy ; clean] layout
 }
 
 

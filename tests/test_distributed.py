@@ -58,7 +58,7 @@ def results(root):
 
 
 @pytest.mark.parametrize("nproc", [1, 2])
-@pytest.mark.parametrize("variant", ["padded", "packed", "lora"])
+@pytest.mark.parametrize("variant", ["padded", "packed", "lora", "block"])
 def test_torchrun_matches_single_process(results, nproc, variant):
     single, dist = results[None][variant], results[nproc][variant]
     assert results[nproc]["world_size"] == nproc

@@ -1,4 +1,4 @@
-"""Training performance paths: fixed-length packed rows, compiled blocks, injected models, the benchmarks."""
+"""Training performance paths: fixed shapes, compiled blocks, injected models, the benchmarks."""
 
 import importlib.util
 import json
@@ -58,12 +58,36 @@ def test_collate_packed_fixed_length_appends_an_untrained_padding_document():
 @pytest.mark.parametrize("family", ["llada", "dream"])
 def test_fixed_length_rows_do_not_change_loss_or_gradients(tmp_path, family):
     common = [f"model.path=tiny:{family}", "data.packing=true", "data.pack_length=64"]
-    plain = Trainer(small_config(tmp_path / "a", *common, "data.pack_fixed_length=false"))
-    fixed = Trainer(small_config(tmp_path / "b", *common, "data.pack_fixed_length=true"))
+    plain = Trainer(small_config(tmp_path / "a", *common, "data.fixed_shapes=false"))
+    fixed = Trainer(small_config(tmp_path / "b", *common, "data.fixed_shapes=true"))
     rows = fixed.source.batch(0)
     assert len(rows) > 1 and all(r["input_ids"].shape == (1, 64) for r in rows)
     assert any(int(r["input_ids"].shape[1]) < 64 for r in plain.source.batch(0))
     assert_same(grads_of(plain), grads_of(fixed))
+
+
+def test_fixed_shapes_default_follows_the_attention_backend(tmp_path):
+    def width(*overrides):
+        return small_config(tmp_path, *overrides).fixed_width()
+
+    assert width() is None and width("model.attn_backend=eager") is None  # null = auto: off unless flex
+    assert width("model.attn_backend=flex") == 48  # padded rows: data.max_length
+    assert width("model.attn_backend=flex", "data.packing=true", "data.pack_length=64") == 64
+    assert width("data.packing=true") is None
+    assert width("data.fixed_shapes=true", "data.packing=true") == 48  # pack_length defaults to max_length
+    assert width("data.fixed_shapes=false", "model.attn_backend=flex") is None
+
+
+def test_fixed_width_shorter_than_a_row_is_a_config_error(tmp_path):
+    from dare.trainer.sources import DatasetSource
+
+    exs = [Example((1, 2, 3, 4), 1, 0), Example((5, 6, 7), 1, 1)]
+    options = dict(batch_size=2, micro_batch_size=2, eos_id=8, pad_id=9)
+    assert DatasetSource(exs, fixed_width=6, **options).batch(0)[0]["input_ids"].shape == (2, 6)
+    with pytest.raises(ConfigError, match="fixed_width=3"):
+        DatasetSource(exs, fixed_width=3, **options)
+    with pytest.raises(ConfigError, match="fixed_width=6"):
+        DatasetSource(exs, fixed_width=6, packing=True, pack_length=8, **options)
 
 
 def test_injected_model_is_trained_as_is(tmp_path):
@@ -79,7 +103,7 @@ def test_compiled_blocks_give_the_same_loss_and_gradients(tmp_path):
     common = ["model.path=tiny:llada", "data.packing=true", "data.pack_length=64"]
     plain = Trainer(small_config(tmp_path / "a", *common))
     compiled = Trainer(small_config(tmp_path / "b", *common, "model.compile=true", "model.compile_backend=aot_eager"))
-    assert not compiled.source.pack_fixed_length  # dynamic shapes: rows of any length
+    assert compiled.source.fixed_width is None  # dynamic shapes: rows of any length
     assert len({int(mb["input_ids"].shape[1]) for mb in compiled.source.batch(0)}) > 1
     assert all(is_compiled(b) for b in unwrap(compiled.model).blocks)
     assert not any(is_compiled(b) for b in unwrap(plain.model).blocks)

@@ -17,6 +17,7 @@ from dare.errors import DareError
 COMMANDS = {
     "demo": "dare.commands.demo",
     "eval": "dare.commands.eval",
+    "generate": "dare.commands.generate",
     "tiny": "dare.commands.tiny",
     "train": "dare.commands.train",
     "merge-lora": "dare.commands.merge_lora",

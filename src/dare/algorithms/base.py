@@ -3,17 +3,27 @@
 An algorithm declares what it needs (:class:`Needs`) and implements four small hooks; the trainer owns
 everything else (data or rollouts, sharding, micro-batching, accumulation, optimizer, checkpoints):
 
+0. ``bind_model(model)`` - called once with the (unwrapped) model before the first step: resolve options that
+   depend on the model (e.g. the block length of a block-causal family) and reject ones it cannot use.
+
 1. ``corrupt(batch, step) -> batch`` - add the corrupted *views* the estimator reads (stored tensors:
    noisy ids, masks, ``p_mask``; one set per Monte-Carlo sample), seeded per example.
 2. ``totals(batch) -> {name: scalar}`` - counts that normalise the loss; the trainer sums them over the
    **global** batch (all micro-batches on all ranks) before any loss is computed.
 3. ``estimate(model, batch) -> TensorDict`` - the model-dependent quantities with gradients (token
-   log-probs, ELBO terms, ...), through :mod:`dare.algorithms.logprobs` (``masked_logprobs`` applies the LM
-   head only to the scored positions, ``self.logits_chunk_size`` rows at a time). Old / reference log-probs
-   of RL algorithms are the same call under ``torch.no_grad()`` on the same stored views.
+   log-probs, ELBO terms, ...), through :mod:`dare.algorithms.logprobs` with ``**self.forward_options``
+   (``masked_logprobs`` runs the family's denoiser and applies the LM head only to the scored positions,
+   ``logits_chunk_size`` rows at a time). Old / reference log-probs of RL algorithms are the same call under
+   ``torch.no_grad()`` on the same stored views.
 4. ``loss(batch, estimates, totals) -> (loss, metrics)`` - this micro-batch's contribution: the objective
    of the global batch is the **sum** of the contributions of all micro-batches on all ranks (so losses and
    gradients do not depend on the split). ``metrics`` are sums too (the trainer all-reduces them).
+
+The trainer calls ``backward(model, batch, totals) -> metrics`` per micro-batch; its default is
+``loss(batch, estimate(model, batch), totals)[0].backward()``. An algorithm whose loss is a sum of
+independent terms (one per Monte-Carlo sample or denoising step) overrides it to run one forward and one
+backward per term, so memory stays that of one graph (:class:`dare.algorithms.rl.TermwiseMixin`).
+Totals may be vectors (e.g. per-step token counts); they are summed elementwise.
 """
 
 from __future__ import annotations
@@ -24,7 +34,7 @@ from typing import ClassVar
 import torch
 from tensordict import TensorDict
 
-from dare.algorithms.logprobs import DEFAULT_LOGITS_CHUNK
+from dare.algorithms.logprobs import DEFAULT_LOGITS_CHUNK, BlockLayout
 from dare.config import from_dict
 from dare.errors import ConfigError, unknown_choice
 
@@ -40,6 +50,7 @@ class Needs:
         old_logprobs: log-probs of the pre-update policy on the same views (PPO ratios).
         reward: batches need rewards / advantages.
         mc_samples: Monte-Carlo corruptions per example.
+        pairs: batches are preference pairs (chosen / rejected rows) from a dataset (DPO, VRPO).
     """
 
     rollout: bool = False
@@ -48,6 +59,7 @@ class Needs:
     old_logprobs: bool = False
     reward: bool = False
     mc_samples: int = 1
+    pairs: bool = False
 
 
 @dataclass
@@ -64,14 +76,29 @@ class Algorithm:
     name: ClassVar[str]
     config_class: ClassVar[type] = AlgorithmConfig
     needs: ClassVar[Needs] = Needs()
+    blocks: BlockLayout | None = None
+    """Block layout of the ``[noisy ; clean]`` forward on block-causal families (None: the model's block length,
+    anchored at position 0; ignored by full-attention families). ``bind_model`` may resolve it."""
 
     def __init__(self, config, *, token_ids, seed: int = 0, attn_backend: str | None = None,
                  logits_chunk_size: int = DEFAULT_LOGITS_CHUNK):
+        """``attn_backend``: attention backend of the training forwards (``model.attn_backend``);
+        ``logits_chunk_size``: LM-head rows per chunk of the log-probs (``model.logits_chunk_size``; 0 = full
+        logits)."""
         self.config = config
         self.token_ids = token_ids
         self.seed = seed
         self.attn_backend = attn_backend
-        self.logits_chunk_size = logits_chunk_size  # rows of the LM head per chunk (0 = full logits)
+        self.logits_chunk_size = logits_chunk_size
+
+    @property
+    def forward_options(self) -> dict:
+        """Keyword options of every model forward of this algorithm (``masked_logprobs``, ``mc_elbo``,
+        ``dare.algorithms.rl.forward_logp``): attention backend, logits chunk size and block layout."""
+        return {"attn_backend": self.attn_backend, "chunk_size": self.logits_chunk_size, "blocks": self.blocks}
+
+    def bind_model(self, model) -> None:
+        """Resolve model-dependent options against ``model`` (a ``DiffusionLM``); default: nothing."""
 
     def corrupt(self, batch: TensorDict, step: int) -> TensorDict:
         return batch
@@ -84,6 +111,12 @@ class Algorithm:
 
     def loss(self, batch: TensorDict, estimates: TensorDict, totals: dict[str, torch.Tensor]):
         raise NotImplementedError
+
+    def backward(self, model, batch: TensorDict, totals: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Accumulate this micro-batch's loss gradient into ``.grad``; returns its (summable) metrics."""
+        loss, metrics = self.loss(batch, self.estimate(model, batch), totals)
+        loss.backward()
+        return metrics
 
 
 ALGORITHMS: dict[str, type[Algorithm]] = {}

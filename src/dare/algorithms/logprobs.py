@@ -1,22 +1,30 @@
 """Model-facing log-prob helpers shared by the algorithms (the only place algorithms call the model).
 
-Algorithms need ``log p(target)`` only at the scored (masked) positions. :func:`masked_logprobs` runs the
-model without its LM head (``return_hidden=True``), aligns the hidden states with the family's logit shift
-(Dream), keeps the selected positions and applies the head to them ``chunk_size`` rows at a time with an fp32
-log-softmax per chunk; in the backward pass each chunk is recomputed. The ``[B, L, V]`` logits are never
-materialised (LLaDA-8B: 126464 x 2 bytes per token) and the head's matmuls run on the selected rows only.
-``chunk_size=0`` is the plain path (full logits, then select): the reference the chunked path is tested
-against.
+**Denoiser.** The training-time denoiser of any family is one forward chosen from
+``dare.family_of(model).attention`` through :data:`DENOISERS`: over the corrupted ids for full-attention MDLMs,
+over the ``[noisy ; clean]`` block-diffusion layout for block-causal families (``algorithms.md`` 1.2), whose
+noisy half predicts noisy block ``b`` from itself and the clean blocks before it (:func:`denoiser_outputs`).
+
+**Log-probs.** Algorithms need ``log p(target)`` only at the scored (masked) positions. :func:`masked_logprobs`
+runs the denoiser without the LM head (hidden states of the noisy positions), aligns them with the family's
+logit shift (Dream), keeps the selected positions and applies the head to them ``chunk_size`` rows at a time
+with an fp32 log-softmax per chunk (:func:`hidden_logprobs`); in the backward pass each chunk is recomputed.
+The ``[B, L, V]`` logits are never materialised (LLaDA-8B: 126464 x 2 bytes per token) and the head's matmuls
+run on the selected rows only. ``chunk_size=0`` is the plain path (the model's logits at every noisy position,
+then select, :func:`denoising_logits`): the reference the chunked path is tested against.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.utils.checkpoint
 from tensordict import TensorDict
 
 from dare.diffusion.elbo import token_logprobs
-from dare.errors import ConfigError
+from dare.errors import ConfigError, InputError, unknown_choice
 from dare.models.spec import family_of
 
 DEFAULT_LOGITS_CHUNK = 2048
@@ -35,31 +43,138 @@ def model_inputs(batch: TensorDict) -> dict:
     return kwargs
 
 
-def aligned_logits(model, input_ids: torch.Tensor, *, attn_backend: str | None = None, **layout) -> torch.Tensor:
-    """Logits where position ``i`` predicts token ``i`` (the family's shift applied per packed document)."""
-    out = model(input_ids, attn_backend=attn_backend, **layout)
-    return family_of(model).align_logits(out.logits, layout.get("cu_seqlens"))
+@dataclass(frozen=True)
+class BlockLayout:
+    """How a block-causal model sees a training sequence.
+
+    Attributes:
+        size: block length ``B'`` (must match the block length used at inference).
+        origin: ``global`` (blocks at ``position // size``, as the SDAR / LLaDA2 samplers) or ``response``
+            (the response starts a fresh block; the prompt keeps ``position // size``).
+    """
+
+    size: int
+    origin: str = "global"
+
+    def __post_init__(self):
+        from dare.models.block_diffusion import BLOCK_ORIGINS
+
+        if not isinstance(self.size, int) or isinstance(self.size, bool) or self.size < 1:
+            raise ConfigError(f"block_size must be a positive integer; got {self.size!r}")
+        if self.origin not in BLOCK_ORIGINS:
+            raise unknown_choice("block origin", self.origin, BLOCK_ORIGINS)
 
 
-def _head_logprobs(head, rows: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    return token_logprobs(head(rows), targets)
+def prompt_lengths_of(maskable: torch.Tensor, cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
+    """Prompt length (offset of the first maskable token) per row ``[R]``, or per packed document ``[D]``.
+
+    A row / document without maskable tokens counts as all prompt (its length).
+    """
+    maskable = maskable.bool()
+    if cu_seqlens is None:
+        length = maskable.shape[-1]
+        first = maskable.to(torch.int8).argmax(-1)
+        return torch.where(maskable.any(-1), first, torch.full_like(first, length))
+    if maskable.shape[0] != 1:
+        raise InputError("packed batches (cu_seqlens) must be a single row")
+    cu = cu_seqlens.to(device=maskable.device, dtype=torch.long)
+    lengths = cu.diff()
+    doc = torch.repeat_interleave(torch.arange(lengths.numel(), device=cu.device), lengths)
+    offset = torch.arange(maskable.shape[-1], device=cu.device) - cu[:-1][doc]
+    offset = torch.where(maskable[0], offset, lengths[doc])  # non-maskable tokens never win the minimum
+    return torch.empty_like(lengths).scatter_reduce(0, doc, offset, reduce="amin", include_self=False)
+
+
+# ------------------------------------------------------------------------------------------- denoiser
+def _one_copy(model, noisy_ids, clean_ids, *, blocks, prompt_lengths, attn_backend, hidden, **layout):
+    out = model(noisy_ids, attn_backend=attn_backend, return_hidden=hidden, **layout)
+    return out.last_hidden_state if hidden else out.logits
+
+
+def _two_copy(model, noisy_ids, clean_ids, *, blocks, prompt_lengths, attn_backend, hidden, **layout):
+    from dare.models.block_diffusion import two_copy_inputs
+    from dare.models.loading import unwrap
+
+    if blocks is None:  # the model's own block length, blocks anchored at position 0
+        blocks = BlockLayout(unwrap(model).block_size)
+    inputs = two_copy_inputs(
+        noisy_ids, clean_ids, blocks.size, attention_mask=layout.get("attention_mask"),
+        cu_seqlens=layout.get("cu_seqlens"), block_origin=blocks.origin,
+        prompt_lengths=prompt_lengths if blocks.origin == "response" else None,
+    )
+    noisy = slice(0, inputs.noisy_length)  # nothing reads the clean half: no logits for it
+    out = model(**inputs.model_kwargs(), attn_backend=attn_backend, return_hidden=hidden, logits_positions=noisy)
+    return inputs.noisy_half(out.last_hidden_state) if hidden else out.logits
+
+
+DENOISERS: dict[str, Callable[..., torch.Tensor]] = {"full": _one_copy, "block_causal": _two_copy}
+"""Training-time denoiser per attention topology (``FamilySpec.attention``): ``fn(model, noisy_ids, clean_ids, *,
+blocks, prompt_lengths, attn_backend, hidden, **layout)`` -> the raw outputs at the ``[R, S]`` noisy positions."""
+
+
+def denoiser_outputs(model, noisy_ids: torch.Tensor, clean_ids: torch.Tensor, *, hidden: bool = False,
+                     blocks: BlockLayout | None = None, prompt_lengths: torch.Tensor | None = None,
+                     attn_backend: str | None = None, **layout) -> torch.Tensor:
+    """Raw outputs of the denoiser at the noisy positions: final hidden states ``[R, S, D]`` (``hidden=True``; apply
+    ``model.head`` yourself) or logits ``[R, S, V]``, before the family's logit shift.
+
+    Full-attention families: one forward over ``noisy_ids``. Block-causal families: one forward over ``[noisy ;
+    clean]`` (:func:`dare.models.block_diffusion.two_copy_inputs`) whose noisy half predicts noisy block ``b`` from
+    itself and the clean blocks ``< b``; ``blocks`` gives the block length and origin (default: the model's block
+    length, ``global``), ``prompt_lengths`` (:func:`prompt_lengths_of`) are needed with ``origin="response"``.
+    ``layout`` is ``attention_mask`` (padded) or ``cu_seqlens`` (packed), as from :func:`model_inputs`.
+    """
+    return DENOISERS[family_of(model).attention](model, noisy_ids, clean_ids, blocks=blocks,
+                                                 prompt_lengths=prompt_lengths, attn_backend=attn_backend,
+                                                 hidden=hidden, **layout)
+
+
+def denoising_logits(model, noisy_ids: torch.Tensor, clean_ids: torch.Tensor, *, blocks: BlockLayout | None = None,
+                     prompt_lengths: torch.Tensor | None = None, attn_backend: str | None = None,
+                     **layout) -> torch.Tensor:
+    """Logits ``[R, S, V]`` where position ``i`` predicts clean token ``i`` from the corruption ``noisy_ids``
+    (:func:`denoiser_outputs`, then the family's shift per packed document). Materialises every noisy position's
+    logits: the plain path; losses use :func:`masked_logprobs`."""
+    logits = denoiser_outputs(model, noisy_ids, clean_ids, blocks=blocks, prompt_lengths=prompt_lengths,
+                              attn_backend=attn_backend, **layout)
+    return family_of(model).align_logits(logits, layout.get("cu_seqlens"))
+
+
+# ------------------------------------------------------------------------------------------- log-probs
+def _temperatures(temperature, shape: torch.Size, device) -> torch.Tensor | None:
+    """``temperature`` (a float or one per row ``[R]``) as ``[R, S]`` fp32, or None."""
+    if temperature is None:
+        return None
+    temp = torch.as_tensor(temperature, dtype=torch.float32, device=device)
+    return (temp[:, None] if temp.ndim == 1 else temp).expand(shape)
+
+
+def _head_logprobs(head, rows: torch.Tensor, targets: torch.Tensor, temperature: torch.Tensor | None) -> torch.Tensor:
+    logits = head(rows)
+    if temperature is not None:
+        logits = logits / temperature[:, None].to(logits.dtype)
+    return token_logprobs(logits, targets)
 
 
 def hidden_logprobs(model, hidden: torch.Tensor, targets: torch.Tensor, select: torch.Tensor, *,
-                    cu_seqlens: torch.Tensor | None = None, chunk_size: int = DEFAULT_LOGITS_CHUNK) -> torch.Tensor:
-    """``log p(target)`` in fp32 at ``select`` positions (0 elsewhere) from final hidden states ``[B, L, D]``.
+                    cu_seqlens: torch.Tensor | None = None, chunk_size: int = DEFAULT_LOGITS_CHUNK,
+                    temperature: torch.Tensor | float | None = None) -> torch.Tensor:
+    """``log p(target)`` in fp32 at ``select`` positions (0 elsewhere) from final hidden states ``[R, S, D]``.
 
-    ``hidden`` is ``model(..., return_hidden=True).last_hidden_state``. The family's alignment is applied to the
-    hidden states (the head is position-wise, so ``align(head(h)) == head(align(h))``; for Dream the output at
-    ``i - 1`` predicts token ``i``, per packed document with ``cu_seqlens``); then ``model.head`` runs on the
-    selected rows only, ``chunk_size`` rows at a time, each chunk recomputed in the backward pass. When nothing is
-    selected the result still depends on the head and ``hidden`` (times 0) so every rank runs the same backward
-    collectives.
+    ``hidden`` is ``denoiser_outputs(..., hidden=True)`` (or ``model(..., return_hidden=True).last_hidden_state``).
+    The family's alignment is applied to the hidden states (the head is position-wise, so ``align(head(h)) ==
+    head(align(h))``; for Dream the output at ``i - 1`` predicts token ``i``, per packed document with
+    ``cu_seqlens``); then ``model.head`` runs on the selected rows only, ``chunk_size`` rows at a time, each chunk
+    recomputed in the backward pass. ``temperature`` (a float or one per row ``[R]``) divides the logits. When
+    nothing is selected the result still depends on the head and ``hidden`` (times 0) so every rank runs the same
+    backward collectives.
     """
     if chunk_size < 1:
         raise ConfigError(f"the logits chunk size must be positive (0 = full logits); got {chunk_size}")
     aligned = family_of(model).align_logits(hidden, cu_seqlens)
     rows, wanted = aligned[select], targets[select]  # [N, D], [N]
+    temps = _temperatures(temperature, targets.shape, hidden.device)
+    temps = None if temps is None else temps[select]
     out = torch.zeros(targets.shape, dtype=torch.float32, device=hidden.device)
     count = rows.shape[0]
     if count == 0:
@@ -67,7 +182,8 @@ def hidden_logprobs(model, hidden: torch.Tensor, targets: torch.Tensor, select: 
     recompute = torch.is_grad_enabled()
     pieces = []
     for start in range(0, count, chunk_size):
-        part = (rows[start:start + chunk_size], wanted[start:start + chunk_size])
+        part = (rows[start:start + chunk_size], wanted[start:start + chunk_size],
+                None if temps is None else temps[start:start + chunk_size])
         if recompute:
             pieces.append(torch.utils.checkpoint.checkpoint(_head_logprobs, model.head, *part, use_reentrant=False,
                                                             preserve_rng_state=False))
@@ -76,24 +192,8 @@ def hidden_logprobs(model, hidden: torch.Tensor, targets: torch.Tensor, select: 
     return out.masked_scatter(select, torch.cat(pieces) if len(pieces) > 1 else pieces[0])
 
 
-def masked_logprobs(model, input_ids: torch.Tensor, targets: torch.Tensor, select: torch.Tensor, *,
-                    attn_backend: str | None = None, chunk_size: int = DEFAULT_LOGITS_CHUNK, **layout) -> torch.Tensor:
-    """``log p(targets)`` (fp32) at ``select`` positions of one forward of ``model`` on ``input_ids``; 0 elsewhere.
-
-    ``layout`` is :func:`model_inputs` (``attention_mask`` or ``cu_seqlens``). ``chunk_size > 0``: the chunked
-    head of :func:`hidden_logprobs` (never materialises ``[B, L, V]``); ``0``: full logits, then select (the
-    reference path). Both give the same values and gradients.
-    """
-    if chunk_size == 0:
-        logits = aligned_logits(model, input_ids, attn_backend=attn_backend, **layout)
-        return selected_logprobs(logits, targets, select)
-    out = model(input_ids, attn_backend=attn_backend, return_hidden=True, **layout)
-    return hidden_logprobs(model, out.last_hidden_state, targets, select, cu_seqlens=layout.get("cu_seqlens"),
-                           chunk_size=chunk_size)
-
-
 def selected_logprobs(logits: torch.Tensor, targets: torch.Tensor, select: torch.Tensor) -> torch.Tensor:
-    """``log p(target)`` in fp32 at ``select`` positions, 0 elsewhere (``[..., S]``).
+    """``log p(target)`` in fp32 at ``select`` positions, 0 elsewhere (``[..., S]``), from full logits.
 
     The log-softmax runs only on the selected rows (memory ~ #selected x V). When nothing is selected the
     result still depends on ``logits`` (times 0) so every rank runs the same backward collectives.
@@ -105,21 +205,50 @@ def selected_logprobs(logits: torch.Tensor, targets: torch.Tensor, select: torch
     return out
 
 
+def masked_logprobs(model, noisy_ids: torch.Tensor, clean_ids: torch.Tensor, select: torch.Tensor, *,
+                    targets: torch.Tensor | None = None, blocks: BlockLayout | None = None,
+                    prompt_lengths: torch.Tensor | None = None, attn_backend: str | None = None,
+                    chunk_size: int = DEFAULT_LOGITS_CHUNK, temperature: torch.Tensor | float | None = None,
+                    **layout) -> torch.Tensor:
+    """``log p(targets)`` (fp32) at ``select`` positions of one denoiser forward on ``noisy_ids``; 0 elsewhere.
+
+    ``targets`` defaults to ``clean_ids`` (the clean copy of block-causal families, :func:`denoiser_outputs` for
+    ``blocks`` / ``prompt_lengths`` / ``layout``). ``temperature`` (a float or one per row ``[R]``) divides the
+    logits. ``chunk_size > 0``: the chunked head of :func:`hidden_logprobs` (never materialises ``[R, S, V]``);
+    ``0``: full logits, then select (the reference path). Both give the same values and gradients.
+    """
+    targets = clean_ids if targets is None else targets
+    options = dict(blocks=blocks, prompt_lengths=prompt_lengths, attn_backend=attn_backend, **layout)
+    if chunk_size == 0:
+        logits = denoising_logits(model, noisy_ids, clean_ids, **options)
+        temps = _temperatures(temperature, targets.shape, logits.device)
+        if temps is not None:
+            logits = logits / temps[..., None].to(logits.dtype)
+        return selected_logprobs(logits, targets, select)
+    hidden = denoiser_outputs(model, noisy_ids, clean_ids, hidden=True, **options)
+    return hidden_logprobs(model, hidden, targets, select, cu_seqlens=layout.get("cu_seqlens"), chunk_size=chunk_size,
+                           temperature=temperature)
+
+
 def mc_elbo(model, input_ids: torch.Tensor, views, example_index: torch.Tensor, *, inverse_t: bool = True,
-            attn_backend: str | None = None, chunk_size: int = DEFAULT_LOGITS_CHUNK,
+            attn_backend: str | None = None, blocks: BlockLayout | None = None,
+            prompt_lengths: torch.Tensor | None = None, chunk_size: int = DEFAULT_LOGITS_CHUNK,
             **layout) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-example Monte-Carlo ELBO terms of ``model`` on stored corruptions ``views`` (``[R, n, S]``).
 
     One forward per MC sample (memory of one graph per sample while gradients are kept). Calling it for the
     policy and the reference with the *same* ``views`` is the antithetic (shared-noise) estimator of VRPO:
     equal models give exactly equal terms. Returns ``(example indices [E], terms [E, n])``; average the last
-    dim for the estimate (:func:`dare.diffusion.sequence_elbo` for the per-term definition).
+    dim for the estimate (:func:`dare.diffusion.sequence_elbo` for the per-term definition). Log-probs come
+    from :func:`masked_logprobs` (block-causal families: the ``[noisy ; clean]`` layout; ``blocks`` /
+    ``prompt_lengths`` / ``chunk_size`` as there).
     """
     from dare.diffusion.elbo import sequence_elbo
 
     n = views.noisy_ids.shape[1]
     logps = []
     for m in range(n):
-        logps.append(masked_logprobs(model, views.noisy_ids[:, m], input_ids, views.mask[:, m],
-                                     attn_backend=attn_backend, chunk_size=chunk_size, **layout))
+        logps.append(masked_logprobs(model, views.noisy_ids[:, m], input_ids, views.mask[:, m], blocks=blocks,
+                                     prompt_lengths=prompt_lengths, attn_backend=attn_backend, chunk_size=chunk_size,
+                                     **layout))
     return sequence_elbo(torch.stack(logps, 1), views.mask, views.p_mask, example_index, inverse_t=inverse_t)

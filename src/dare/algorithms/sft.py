@@ -1,4 +1,18 @@
-"""Masked-diffusion SFT (LLaDA / Dream / LLaDA-MoE): the NELBO of ``algorithms.md`` section 1.1."""
+"""Diffusion SFT for every family: the masked-diffusion NELBO (``algorithms.md`` 1.1) on full-attention MDLMs
+(LLaDA, Dream, LLaDA-MoE) and the block-diffusion NELBO (1.2) on block-causal families (SDAR, SDAR-MoE, LLaDA2).
+
+Both share the corruption (prompt never masked, noise seeded per example), the global-batch normalisers and the
+loss ``L = sum_j w_j (-log p(y_j | .))``; only the denoiser differs, chosen from the family's attention topology
+(:func:`dare.algorithms.logprobs.denoising_logits`): block-causal families run ONE forward over ``[z ; x]`` and
+score the noisy half only, so block ``b`` is predicted from the noisy block and the clean blocks before it.
+
+Reference settings (block-causal families; ``algorithms.md`` 1.2):
+
+* SDAR: ``t`` per sample in ``[1e-3, 1]``, ``1/t``, ``/ #answer tokens`` -> ``normalize=d1`` (the defaults otherwise).
+* BD3LM: ``t`` per block -> ``per_block_t=true normalize=d1``.
+* LLaDA2 (DARE): ``t ~ U[0.3, 0.8]`` per sample, unweighted mean over masked tokens ->
+  ``t_min=0.3 t_max=0.8 inverse_t=false normalize=masked``.
+"""
 
 from __future__ import annotations
 
@@ -8,8 +22,9 @@ import torch
 from tensordict import TensorDict
 
 from dare.algorithms.base import Algorithm, AlgorithmConfig, register_algorithm
-from dare.algorithms.logprobs import masked_logprobs, model_inputs
+from dare.algorithms.logprobs import BlockLayout, masked_logprobs, model_inputs, prompt_lengths_of
 from dare.diffusion import ForwardProcess, corrupt, nelbo_totals, nelbo_weights, resolve_normalization
+from dare.errors import ConfigError
 
 
 @dataclass
@@ -27,14 +42,25 @@ class SFTConfig(AlgorithmConfig):
     (/ #sequences), masked (/ #masked tokens; DARE trainers, not the NELBO). Aliases: sequence, token."""
     inverse_t: bool = True
     """Weight each masked token by 1/p_mask (the NELBO); false = unweighted CE (DARE's LLaDA2 SFT)."""
+    block_size: int | None = None
+    """Block-causal families: block length of the [noisy ; clean] training layout (and of per_block_t); null = the
+    model's (config.json block_size, else the family default: SDAR 4, LLaDA2 32). Must match inference."""
+    block_origin: str = "global"
+    """Block-causal families: where block 0 starts: global (position 0, as the SDAR / LLaDA2 samplers) or
+    response (the response starts a fresh block)."""
+    per_block_t: bool = False
+    """Block-causal families: one masking ratio per block (BD3LM) instead of one per sequence (SDAR, LLaDA2)."""
 
     def __post_init__(self):
         resolve_normalization(self.normalize)
-        _ = self.process  # ForwardProcess validates the schedule and the range
+        BlockLayout(1 if self.block_size is None else self.block_size, self.block_origin)  # validates both
+        _ = self.process()  # ForwardProcess validates the schedule and the range
 
-    @property
-    def process(self) -> ForwardProcess:
-        return ForwardProcess(schedule=self.schedule, t_low=self.t_min, t_high=self.t_max)
+    def process(self, block_size: int | None = None) -> ForwardProcess:
+        """The forward process; ``block_size`` (the resolved block length) is used only with ``per_block_t``."""
+        per_block = block_size if self.per_block_t else None
+        return ForwardProcess(schedule=self.schedule, t_low=self.t_min, t_high=self.t_max, block_size=per_block,
+                              block_origin=self.block_origin)
 
 
 @register_algorithm
@@ -43,10 +69,33 @@ class SFT(Algorithm):
 
     name = "sft"
     config_class = SFTConfig
+    _bound: bool = False
+
+    def bind_model(self, model) -> None:
+        """Resolve the block layout of a block-causal family; reject block options on full-attention ones."""
+        from dare.models.spec import FAMILIES, family_of
+
+        cfg = self.config
+        spec = family_of(model)
+        if spec.attention == "block_causal":
+            self.blocks = BlockLayout(cfg.block_size or getattr(model, "block_size", None) or spec.block_size,
+                                      cfg.block_origin)
+        else:
+            for key, value, default in (("block_size", cfg.block_size, None), ("per_block_t", cfg.per_block_t, False),
+                                        ("block_origin", cfg.block_origin, "global")):
+                if value != default:
+                    block_causal = ", ".join(sorted(n for n, f in FAMILIES.items() if f.attention == "block_causal"))
+                    raise ConfigError(f"algorithm.{key} applies to block-causal families ({block_causal}); "
+                                      f"{spec.name} uses full attention")
+            self.blocks = None
+        self._bound = True
 
     def corrupt(self, batch: TensorDict, step: int) -> TensorDict:
+        if self.config.per_block_t and not self._bound:
+            raise ConfigError("algorithm.per_block_t needs the model's block length: call bind_model(model) first")
+        process = self.config.process(self.blocks.size if self.blocks is not None else None)
         views = corrupt(batch["input_ids"], batch["maskable"], batch["example_index"], self.token_ids.mask,
-                        seed=self.seed, step=step, process=self.config.process)
+                        seed=self.seed, step=step, process=process)
         batch.update(views.as_dict())
         return batch
 
@@ -54,8 +103,14 @@ class SFT(Algorithm):
         return nelbo_totals(batch["mask"], batch["maskable"], batch["example_index"])
 
     def estimate(self, model, batch: TensorDict) -> TensorDict:
-        logp = masked_logprobs(model, batch["noisy_ids"], batch["input_ids"], batch["mask"],
-                               attn_backend=self.attn_backend, chunk_size=self.logits_chunk_size, **model_inputs(batch))
+        if not self._bound:
+            self.bind_model(model)
+        layout = model_inputs(batch)
+        starts = None
+        if self.blocks is not None and self.blocks.origin == "response":
+            starts = prompt_lengths_of(batch["maskable"], layout.get("cu_seqlens"))
+        logp = masked_logprobs(model, batch["noisy_ids"], batch["input_ids"], batch["mask"], prompt_lengths=starts,
+                               **self.forward_options, **layout)
         return TensorDict({"logp": logp}, batch_size=batch.batch_size)
 
     def loss(self, batch: TensorDict, estimates: TensorDict, totals: dict[str, torch.Tensor]):

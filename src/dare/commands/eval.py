@@ -1,10 +1,14 @@
-"""``dare eval score --benchmark B --predictions FILE.jsonl``: score predictions, print the metrics.
+"""``dare eval run`` (evaluate a model on a benchmark) and ``dare eval score`` (score a predictions file).
 
-Each predictions line is a JSON object with ``prediction`` (a completion, or a list of ``n``
+``dare eval run --model PATH|tiny:FAMILY --benchmark B [--data ...] [--sampler NAME -o key=value ...]``
+generates completions (free-form benchmarks, or ``--mode generate``) or scores every option of a
+multiple-choice benchmark by its MC-ELBO (``--mode likelihood``, the default there), then scores them and
+prints the metrics; ``--out`` writes the full results file (settings, timings, per-sample records).
+
+``dare eval score --benchmark B --predictions FILE.jsonl``: each predictions line is a JSON object with ``prediction`` (a completion, or a list of ``n``
 completions for pass@k) and either ``{"id"|"question", "answer"}`` or the benchmark's native fields
 (e.g. HumanEval's ``task_id/prompt/test/entry_point``); with ``--data`` the lines are joined to the
-benchmark's samples by ``id`` (or ``question``) instead. ``dare eval run`` (generation) is added here
-as a further sub-command.
+benchmark's samples by ``id`` (or ``question``) instead.
 """
 
 from __future__ import annotations
@@ -13,11 +17,12 @@ import argparse
 import json
 import sys
 
-HELP = "evaluate models on benchmarks (score: score a predictions file)"
+HELP = "evaluate models on benchmarks (run: generate/likelihood + score; score: score a predictions file)"
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="eval_command", metavar="SUBCOMMAND")
+    configure_run(sub.add_parser("run", help="evaluate a model on a benchmark and print the metrics as JSON"))
     score = sub.add_parser("score", help="score a predictions .jsonl file and print the metrics as JSON")
     score.add_argument("--benchmark", required=True, help="benchmark name (gsm8k, math500, humaneval, mmlu, ...)")
     score.add_argument("--predictions", required=True, help='JSONL: {"id"|"question", "prediction", "answer"} or native fields')
@@ -35,7 +40,165 @@ def run(args: argparse.Namespace) -> int:
     if args.eval_command is None:
         args.eval_parser.print_help()
         return 2
-    return {"score": run_score}[args.eval_command](args)
+    return {"run": run_run, "score": run_score}[args.eval_command](args)
+
+
+# ------------------------------------------------------------------------------------------- run
+
+def configure_run(run: argparse.ArgumentParser) -> None:
+    from dare.commands.generate import add_sampler_arguments
+
+    run.add_argument("--model", required=True, help="checkpoint directory / hub name, or tiny:FAMILY[:SEED]")
+    run.add_argument("--adapter", default=None, help="LoRA adapter directory to apply on top of --model")
+    run.add_argument("--benchmark", required=True, help="benchmark name (gsm8k, math500, humaneval, mmlu, ...)")
+    run.add_argument("--data", default=None,
+                     help="local file/directory in the dataset's schema, or a HF dataset name (default: packaged/HF)")
+    run.add_argument("--split", default=None, help="split of a HF dataset (default: the benchmark's)")
+    run.add_argument("--limit", type=int, default=None, help="evaluate only the first N problems")
+    run.add_argument("--shots", type=int, default=None, help="few-shot exemplars (default: the benchmark's)")
+    run.add_argument("--template", default=None, help="prompt template (zero_shot, few_shot, cot, ...)")
+    run.add_argument("--fewshot-data", default=None,
+                     help="exemplar pool (default: the benchmark's few-shot split, else the evaluated data)")
+    run.add_argument("--mode", default="auto", choices=["auto", "generate", "likelihood"],
+                     help="auto: likelihood for multiple choice, generate otherwise")
+    chat = run.add_mutually_exclusive_group()
+    chat.add_argument("--chat", dest="chat", action="store_true", default=None,
+                      help="apply the tokenizer's chat template (default: for generation when it has one)")
+    chat.add_argument("--no-chat", dest="chat", action="store_false", help="plain-text prompts")
+    add_sampler_arguments(
+        run, default=None, seed_help="seeds sampling, few-shot selection and the ELBO corruptions (default 0)",
+        option_help="any SamplerConfig field (generation) or LikelihoodConfig field (likelihood), e.g. -o cache=dual")
+    run.add_argument("--num-samples", "-n", type=int, default=1, help="completions per problem (pass@k)")
+    run.add_argument("--k", type=int, nargs="*", default=None, help="pass@k values (default: 1,5,10,... up to n)")
+    run.add_argument("--mc-samples", type=int, default=None, help="likelihood: Monte-Carlo ELBO samples per option")
+    run.add_argument("--length-norm", default=None, choices=["none", "tokens", "chars"],
+                     help="likelihood: option score normalisation (default none)")
+    run.add_argument("--batch-size", type=int, default=8,
+                     help="prompts per generate call / corrupted rows per forward (likelihood)")
+    run.add_argument("--out", default=None, help="write the full results file (settings, per-sample records) here")
+    run.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
+    run.add_argument("--dtype", default=None, choices=["bfloat16", "float16", "float32", "auto"],
+                     help="weights dtype (default: bfloat16 on GPU, float32 on CPU)")
+    run.add_argument("--json", action="store_true", help="print one compact JSON line")
+    run.add_argument("--no-progress", action="store_true", help="no progress bars")
+    run.add_argument("--workers", type=int, default=None, help="parallel sandboxed programs (code benchmarks)")
+    run.add_argument("--timeout", type=float, default=None, help="seconds per sandboxed program (code benchmarks)")
+    run.set_defaults(eval_parser=run)
+
+
+SAMPLER_FLAGS = ("sampler", "gen_length", "block_length", "steps", "temperature", "top_p", "top_k", "threshold",
+                 "factor", "decoder", "cache")
+
+
+def _run_configs(args: argparse.Namespace, bench):
+    """``(EvalConfig, sampler field values or None, LikelihoodConfig or None)`` from the flags, validated
+    before the model is loaded."""
+    from dare.commands.generate import parse_options, sampler_values
+    from dare.errors import ConfigError
+    from dare.eval import EvalConfig, LikelihoodConfig
+
+    config = EvalConfig(mode=args.mode, shots=args.shots, template=args.template, chat=args.chat,
+                        num_samples=args.num_samples, batch_size=args.batch_size, seed=args.seed or 0,
+                        ks=tuple(args.k) if args.k else None)
+    mode = config.resolve_mode(bench)
+    if mode == "likelihood":
+        given = [f"--{f.replace('_', '-')}" for f in (*SAMPLER_FLAGS, "template") if getattr(args, f) is not None]
+        if given or args.num_samples != 1:
+            flag = given[0] if given else "--num-samples"
+            raise ConfigError(f"{flag} applies to generation; {bench.name} is scored by likelihood here "
+                              "(add --mode generate)")
+        values = parse_options(args.option)
+        if args.mc_samples is not None:
+            values["mc_samples"] = args.mc_samples
+        if args.length_norm is not None:
+            values["length_norm"] = args.length_norm
+        return config, None, LikelihoodConfig.from_dict(values)
+    if args.mc_samples is not None or args.length_norm is not None:
+        flag = "--mc-samples" if args.mc_samples is not None else "--length-norm"
+        raise ConfigError(f"{flag} applies to --mode likelihood (multiple-choice benchmarks)")
+    values = sampler_values(args)
+    values.pop("seed", None)  # EvalConfig.seed seeds everything
+    if "gen_length" not in values:
+        template = config.resolve_template(bench, bench.default_shots if args.shots is None else args.shots)
+        values["gen_length"] = bench.generation_defaults(template).max_new_tokens
+    from dare.rollout import SamplerConfig
+
+    check = SamplerConfig.from_dict(values)  # unknown -o keys
+    if "sampler" in values:
+        check.resolved()  # unknown sampler / bad values, before loading the model
+    return config, values, None
+
+
+def load_for_eval(path: str, adapter: str | None, device: str | None, dtype: str | None):
+    """``(model, tokenizer, model_info)``; a missing or unreadable checkpoint is a one-line error."""
+    from pathlib import Path
+
+    import torch
+
+    from dare.errors import DareError, InputError
+    from dare.models.loading import load_model, load_tokenizer, parse_tiny
+
+    local = str(path).startswith(("/", ".", "~"))
+    if local and not Path(path).expanduser().exists():
+        raise InputError(f"--model {path}: no such checkpoint directory")
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = dtype or ("bfloat16" if torch.device(device).type == "cuda" else "float32")
+    try:
+        model = load_model(path, adapter, dtype=dtype, device=device)
+        tokenizer = load_tokenizer(path)
+    except DareError:
+        raise
+    except (OSError, ValueError) as err:
+        kind = "tiny model" if parse_tiny(path) else "model"
+        raise InputError(f"cannot load {kind} {path}: {str(err).strip().splitlines()[0]}") from None
+    return model, tokenizer, {"path": path, "adapter": adapter, "requested_dtype": dtype}
+
+
+def _load_samples(bench, args: argparse.Namespace):
+    """``(samples, fewshot pool or None, data record)``."""
+    samples = bench.load(args.data, split=args.split, limit=args.limit)
+    shots = bench.default_shots if args.shots is None else args.shots
+    pool, pool_source = None, None
+    if shots > 0:
+        if args.fewshot_data:
+            pool, pool_source = bench.load(args.fewshot_data), args.fewshot_data
+        elif args.data is None and bench.hf is not None and bench.hf.fewshot_split and bench.packaged is None:
+            pool, pool_source = bench.load(None, split=bench.hf.fewshot_split), f"{bench.hf.path}:{bench.hf.fewshot_split}"
+        else:
+            pool = bench.load(args.data, split=args.split)  # the whole file, not only --limit rows
+            pool_source = args.data
+    source = args.data or (bench.packaged() if bench.packaged else None) or (bench.hf.path if bench.hf else None)
+    data = {"source": source, "split": args.split or (bench.hf.split if bench.hf and args.data is None else None),
+            "limit": args.limit, "fewshot_source": pool_source}
+    return samples, pool, data
+
+
+def run_run(args: argparse.Namespace) -> int:
+    from dare.eval import evaluate, get_benchmark
+    from dare.rollout import default_sampler
+    from dare.rollout import SamplerConfig
+
+    bench = get_benchmark(args.benchmark)
+    config, sampler_values_, likelihood = _run_configs(args, bench)
+    samples, pool, data = _load_samples(bench, args)
+    model, tokenizer, model_info = load_for_eval(args.model, args.adapter, args.device, args.dtype)
+    sampler = None
+    if sampler_values_ is not None:
+        sampler = SamplerConfig.from_dict({"sampler": default_sampler(model), **sampler_values_})
+    options = {}
+    if bench.reward == "code":
+        options = {k: v for k, v in (("workers", args.workers), ("timeout", args.timeout)) if v is not None}
+    progress = not args.no_progress and sys.stderr.isatty()
+    if bench.reward == "code":
+        options["progress"] = progress
+    results = evaluate(model, tokenizer, bench, samples, sampler=sampler, likelihood=likelihood, config=config,
+                       fewshot_pool=pool, reward_options=options, model_info=model_info, data_info=data,
+                       progress=progress)
+    if args.out:
+        results.write(args.out)
+    summary = results.summary()
+    print(json.dumps(summary) if args.json else json.dumps(summary, indent=2))
+    return 0
 
 
 def read_predictions(path: str) -> list[tuple[int, dict]]:

@@ -168,10 +168,10 @@ def collate_padded(examples: list[Example], width: int, eos_id: int, pad_id: int
 def collate_packed(examples: list[Example], length: int | None = None, pad_id: int = 0) -> TensorDict:
     """Concatenate examples into one ``[1, T]`` row with ``cu_seqlens [1, D + 1]``.
 
-    ``length`` pads the row to exactly that many tokens with one trailing padding document (``pad_id``, not
+    ``length`` pads the row to exactly that many tokens with one trailing filler document (``pad_id``, not
     maskable, ``example_index = -1``): documents never attend to each other, so real tokens never see it and
-    it is never scored. Fixed-length rows give every micro-batch one shape, so compiled kernels (FlexAttention,
-    ``torch.compile``) are not rebuilt for each new row length.
+    it is never trained. Fixed-length rows give every micro-batch one shape, so compiled kernels (FlexAttention,
+    ``torch.compile``) are not rebuilt for each new row length (``data.fixed_shapes``).
     """
     total = sum(len(ex) for ex in examples)
     if length is not None and total > length:

@@ -74,20 +74,61 @@ def barrier(info: DistInfo) -> None:
 
 
 def all_reduce_dict(values: dict[str, torch.Tensor], info: DistInfo, op: str = "sum") -> dict[str, torch.Tensor]:
-    """Reduce a dict of scalars across ranks in one collective (float64 for exact counts)."""
+    """Reduce a dict of tensors across ranks in one collective (float64 for exact counts).
+
+    Values are usually scalars; a tensor of any shape (the same on every rank) is reduced elementwise.
+    """
     if not values:
         return {}
     keys = sorted(values)
-    flat = torch.stack([torch.as_tensor(values[k]).detach().to(torch.float64).reshape(()).cpu() for k in keys])
+    tensors = [torch.as_tensor(values[k]).detach().to(torch.float64).cpu() for k in keys]
+    flat = torch.cat([t.reshape(-1) for t in tensors])
     if info.initialized:
         flat = flat.to(info.device) if info.backend == "nccl" else flat
         dist.all_reduce(flat, op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX)
         flat = flat.cpu()
-    return dict(zip(keys, flat.unbind(0)))
+    out, offset = {}, 0
+    for key, t in zip(keys, tensors):
+        out[key] = flat[offset:offset + t.numel()].reshape(t.shape)
+        offset += t.numel()
+    return out
 
 
 def all_reduce_max_int(value: int, info: DistInfo) -> int:
     return int(all_reduce_dict({"v": torch.tensor(float(value))}, info, op="max")["v"])
+
+
+def gathered_parameters(model):
+    """Context manager: hold every FSDP2 module of ``model`` unsharded (one all-gather each, on entry) so that
+    forwards inside issue no collectives - e.g. rollouts whose number of forwards differs between ranks.
+    Parameters are resharded on exit. A no-op for unsharded models."""
+    import contextlib
+
+    from torch.distributed.fsdp import FSDPModule
+
+    modules = [m for m in model.modules() if isinstance(m, FSDPModule)]
+    if not modules:
+        return contextlib.nullcontext()
+
+    @contextlib.contextmanager
+    def gathered():
+        states = [m._get_fsdp_state() for m in modules]
+        saved = [[g.post_forward_mesh_info for g in st._fsdp_param_groups] for st in states]
+        auto = [st._auto_reshard_after_forward for st in states]
+        modules[0].set_reshard_after_forward(False, recurse=True)
+        for module in modules:
+            module.unshard()
+        try:
+            yield model
+        finally:
+            for st, infos, flag in zip(states, saved, auto):
+                st._auto_reshard_after_forward = flag
+                for group, info in zip(st._fsdp_param_groups, infos):
+                    group.post_forward_mesh_info = info
+            for module in modules:
+                module.reshard()
+
+    return gathered()
 
 
 def mixed_precision_policy(name: str, device: torch.device):

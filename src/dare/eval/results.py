@@ -9,13 +9,15 @@ Schema ``dare.eval.results/1``::
       "model": {"path": "...", "family": "llada", "dtype": "bfloat16", ...},
       "sampler": {"name": "llada", "settings": {"gen_length": 256, "steps": 256, "block_length": 32,
                                                "temperature": 0.0, ...every decoding setting...}},
-      "seed": 0,
+      "seed": 0, "mode": "generate",
       "prompt": {"template": "few_shot", "shots": 5, "chat": true, "fewshot_seed": 0},
       "metrics": {"accuracy": 0.79, "pass@1": ..., ...},
       "num_problems": 1319, "num_predictions": 1319,
+      "timings": {"generation_seconds": ..., "tokens_per_second": ..., "nfe": ...},
       "samples": [{"id": "...", "sample_index": 0, "prompt": "...", "prediction": "...",
                    "extracted": "42", "gold": "42", "correct": true, "reward": 1.0,
-                   "partial": null, "components": {...}, "info": {...}}, ...]
+                   "partial": null, "components": {...}, "info": {...},
+                   "tokens": 87, "steps": 87, "finish": "stop"}, ...]   # generation; likelihood: choice_elbo, ...
     }
 """
 
@@ -51,6 +53,10 @@ class EvalResults:
     """``{"source", "split", "limit"}``."""
     num_problems: int = 0
     num_predictions: int = 0
+    mode: str = "score"
+    """``generate`` / ``likelihood`` (``dare eval run``) or ``score`` (predictions scored from a file)."""
+    timings: dict[str, Any] = field(default_factory=dict)
+    """Wall-clock seconds, tokens/s, nfe / forwards of the run."""
     created: str = field(default_factory=lambda: datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"))
     dare_version: str = ""
 
@@ -64,9 +70,11 @@ class EvalResults:
         """What ``dare eval score`` prints: benchmark, counts and metrics."""
         return {
             "benchmark": self.benchmark,
+            "mode": self.mode,
             "num_problems": self.num_problems,
             "num_predictions": self.num_predictions,
             "metrics": self.metrics,
+            **({"timings": self.timings} if self.timings else {}),
         }
 
     def to_dict(self) -> dict[str, Any]:
@@ -79,10 +87,12 @@ class EvalResults:
             "model": self.model,
             "sampler": self.sampler,
             "seed": self.seed,
+            "mode": self.mode,
             "prompt": self.prompt,
             "metrics": self.metrics,
             "num_problems": self.num_problems,
             "num_predictions": self.num_predictions,
+            "timings": self.timings,
             "samples": self.samples,
         }
 

@@ -236,6 +236,15 @@ def _flex(q, k, v, layout: AttentionLayout, scale: float) -> torch.Tensor:
         return flex_attention(q, k, v, block_mask=layout.block_mask(), scale=scale, enable_gqa=gqa)
 
 
+@functools.cache
+def _varlen_has_gqa() -> bool:
+    import inspect
+
+    from torch.nn.attention.varlen import varlen_attn
+
+    return "enable_gqa" in inspect.signature(varlen_attn).parameters
+
+
 def _varlen(q, k, v, layout: AttentionLayout, scale: float) -> torch.Tensor:
     if q.device.type != "cuda":
         raise InputError("the varlen attention backend needs CUDA; use 'sdpa' (or 'flex' for inference) on CPU")
@@ -250,9 +259,16 @@ def _varlen(q, k, v, layout: AttentionLayout, scale: float) -> torch.Tensor:
     if cu is None:
         cu = torch.tensor([0, total], dtype=torch.int32, device=q.device)
     max_len = layout.max_seqlen or total
+    gqa = {}
+    if q.shape[1] != k.shape[1]:
+        if _varlen_has_gqa():
+            gqa = {"enable_gqa": True}
+        else:  # older PyTorch: expand the KV heads ourselves
+            groups = q.shape[1] // k.shape[1]
+            k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
     out = varlen_attn(
         q[0].transpose(0, 1), k[0].transpose(0, 1), v[0].transpose(0, 1), cu, cu, max_len, max_len,
-        scale=scale, enable_gqa=q.shape[1] != k.shape[1],
+        scale=scale, **gqa,
     )
     return out.transpose(0, 1)[None]
 

@@ -252,6 +252,7 @@ class DiffusionLM(PreTrainedModel):
         block_size: int | None = None,
         attention_rule: MaskMod | None = None,
         return_hidden: bool = False,
+        logits_positions: slice | None = None,
         output_hidden_states: bool = False,
         return_dict: bool = True,
         use_cache: bool | None = None,
@@ -276,6 +277,9 @@ class DiffusionLM(PreTrainedModel):
                 padding (``attention_mask``) and packing (``cu_seqlens``) still apply. Used for the ``[noisy ;
                 clean]`` block-diffusion training layout (:mod:`dare.models.block_diffusion`).
             return_hidden: skip the LM head (``logits=None``), e.g. for a chunked loss.
+            logits_positions: apply the LM head only to ``[:, logits_positions]`` (e.g. ``slice(0, n)``, the noisy
+                half of the ``[noisy ; clean]`` layout, which halves the logits memory); ``last_hidden_state`` keeps
+                every position.
         """
         if labels is not None:
             raise InputError("DARE models do not compute a loss in forward(); use dare.diffusion objectives")
@@ -340,7 +344,7 @@ class DiffusionLM(PreTrainedModel):
         x = self.final_norm(x)
         if all_hidden is not None:
             all_hidden.append(x)
-        logits = None if return_hidden else self.head(x)
+        logits = None if return_hidden else self.head(x if logits_positions is None else x[:, logits_positions])
         return DiffusionLMOutput(
             logits=logits,
             last_hidden_state=x,

@@ -7,7 +7,7 @@ rewards ``code_format``, ``xml_count``, ``soft_format``, ``strict_format``, ``in
 """
 
 from dare.rewards.base import PRESETS, REWARDS, Reward, RewardResult, WeightedSum, get_reward, register_reward
-from dare.rewards import coding, countdown, formats, sudoku, verifiers  # noqa: F401,E402  (register)
+from dare.rewards import coding, countdown, formats, matching, sudoku, verifiers  # noqa: F401,E402  (register)
 from dare.rewards.sandbox import ExecResult, Program, Sandbox, SandboxConfig, default_sandbox
 
 __all__ = [

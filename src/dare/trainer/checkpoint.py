@@ -61,8 +61,12 @@ def checkpoint_dir(output_dir: str | Path, step: int) -> Path:
 
 
 def save_checkpoint(output_dir, step: int, model, optimizer, scheduler, info: DistInfo, *,
-                    trainable_only: bool = False, keep_last: int = 2, extra: dict | None = None) -> Path:
-    """Write a complete checkpoint for ``step`` (collective: every rank calls it)."""
+                    trainable_only: bool = False, keep_last: int = 2, extra: dict | None = None,
+                    rank_state: dict | None = None) -> Path:
+    """Write a complete checkpoint for ``step`` (collective: every rank calls it).
+
+    ``extra`` is stored once (rank 0) in the trainer state; ``rank_state`` per rank (e.g. an RL source's cached
+    rollouts, which differ between ranks)."""
     import torch.distributed.checkpoint as dcp
 
     final = checkpoint_dir(output_dir, step)
@@ -76,6 +80,8 @@ def save_checkpoint(output_dir, step: int, model, optimizer, scheduler, info: Di
         warnings.filterwarnings("ignore", message=SINGLE_PROCESS_WARNING)
         dcp.save(state, checkpoint_id=str(tmp))
     torch.save(rng_state(), tmp / f"rng_rank{info.rank}.pt")
+    if rank_state:
+        torch.save(rank_state, tmp / f"state_rank{info.rank}.pt")
     if info.is_main:
         torch.save({"step": step, "scheduler": scheduler.state_dict(), "world_size": info.world_size,
                     **(extra or {})}, tmp / STATE_FILE)
@@ -114,6 +120,10 @@ def load_checkpoint(path, model, optimizer, scheduler, info: DistInfo, *, traina
     trainer_state = torch.load(path / STATE_FILE, weights_only=False)
     scheduler.load_state_dict(trainer_state["scheduler"])
     rng_file = path / f"rng_rank{info.rank}.pt"
-    if rng_file.is_file() and trainer_state.get("world_size") == info.world_size:
+    same_world = trainer_state.get("world_size") == info.world_size
+    if rng_file.is_file() and same_world:
         set_rng_state(torch.load(rng_file, weights_only=False))
+    rank_file = path / f"state_rank{info.rank}.pt"
+    if rank_file.is_file() and same_world:
+        trainer_state["rank_state"] = torch.load(rank_file, weights_only=False)
     return trainer_state

@@ -8,6 +8,7 @@ from typing import Any
 
 from dare.config import from_dict, load_yaml, merge, parse_overrides, to_dict
 from dare.errors import ConfigError, unknown_choice
+from dare.rollout.config import SamplerConfig
 
 
 @dataclass
@@ -74,14 +75,39 @@ class DataConfig:
     """Pack examples into ``[1, T]`` rows with ``cu_seqlens`` (no cross-example attention) instead of padding."""
     pack_length: int | None = None
     """Tokens per packed row (default: max_length); each packed row is one micro-batch."""
-    pack_fixed_length: bool | None = None
-    """Pad every packed row to exactly pack_length with a padding document (never attended by real tokens nor
-    scored) so every micro-batch has one shape; null = auto: on for model.attn_backend=flex, whose compiled
-    kernel would otherwise be rebuilt for every new row length."""
+    fixed_shapes: bool | None = None
+    """Pad every micro-batch to one shape: padded rows to max_length (the fill counts as answer when eos_padding),
+    packed rows to pack_length (a filler document that is never attended or trained). Compiled kernels (flex
+    attention, model.compile) then never recompile for a new length. null = auto: on for model.attn_backend=flex,
+    whose compiled kernel is specialised to the row length."""
     shuffle: bool = True
     """Shuffle examples every epoch (deterministic in trainer.seed and the epoch)."""
     num_examples: int | None = None
     """Use only the first N examples (synthetic tasks: how many to generate; default 512)."""
+    chosen_key: str = "chosen"
+    """Preference pairs (DPO/VRPO): field holding the preferred response."""
+    rejected_key: str = "rejected"
+    """Preference pairs (DPO/VRPO): field holding the dispreferred response."""
+
+
+@dataclass
+class RolloutConfig:
+    """Online RL: how prompts are turned into scored rollouts (``trainer.batch_size`` counts rollouts)."""
+
+    group_size: int = 8
+    """Rollouts per prompt (the GRPO group G); prompts per step = trainer.batch_size / group_size."""
+    sampler: SamplerConfig = field(default_factory=lambda: SamplerConfig(temperature=1.0))
+    """Decoding settings of the rollouts (``dare.rollout.SamplerConfig``); ``seed`` is re-derived every step."""
+    reward: Any = None
+    """Reward: a registered name, a preset, or {name: weight | {weight, options}} (see dare.rewards)."""
+    max_prompt_length: int = 512
+    """Prompts longer than this many tokens are dropped (and counted)."""
+    chunk_size: int | None = None
+    """Rows per generate call (default: the rank's whole share of the step)."""
+    samples_file: bool = True
+    """Append every rollout step's first completions with their rewards to output_dir/rollouts.jsonl."""
+    samples_per_step: int = 2
+    """How many completions per step go to rollouts.jsonl (rank 0)."""
 
 
 @dataclass
@@ -164,6 +190,8 @@ class TrainConfig:
     """Training data."""
     algorithm: Any = field(default_factory=lambda: {"name": "sft"})
     """Algorithm section: ``name`` plus that algorithm's options (see dare.algorithms)."""
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    """RL only: group size, sampler and reward of the rollouts."""
     optim: OptimConfig = field(default_factory=OptimConfig)
     """Optimizer and learning-rate schedule."""
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
@@ -188,7 +216,8 @@ class TrainConfig:
                 raise unknown_choice(f"value for {key}", value, allowed)
         positive = {"trainer.batch_size": self.trainer.batch_size, "trainer.micro_batch_size": self.trainer.micro_batch_size,
                     "trainer.log_every": self.trainer.log_every, "data.max_length": self.data.max_length,
-                    "lora.r": self.lora.r}
+                    "lora.r": self.lora.r, "rollout.group_size": self.rollout.group_size,
+                    "rollout.max_prompt_length": self.rollout.max_prompt_length}
         for key, value in positive.items():
             if value < 1:
                 raise ConfigError(f"{key} must be positive; got {value}")
@@ -196,6 +225,15 @@ class TrainConfig:
             raise ConfigError(f"model.logits_chunk_size must be >= 0 (0 = full logits); got {self.model.logits_chunk_size}")
         if self.optim.lr <= 0:
             raise ConfigError(f"optim.lr must be positive; got {self.optim.lr}")
+
+    def fixed_width(self) -> int | None:
+        """Tokens of every micro-batch row under ``data.fixed_shapes`` (null: on for ``model.attn_backend=flex``):
+        ``data.pack_length`` (default ``max_length``) for packed rows, ``data.max_length`` for padded rows; None
+        when row shapes follow the data."""
+        on = self.data.fixed_shapes if self.data.fixed_shapes is not None else self.model.attn_backend == "flex"
+        if not on:
+            return None
+        return (self.data.pack_length or self.data.max_length) if self.data.packing else self.data.max_length
 
 
 def load_train_config(path: str | Path | None, overrides: list[str] = ()) -> TrainConfig:

@@ -9,9 +9,13 @@ Per optimizer step ``s`` (0-based; logged as ``step = s + 1``)::
         loss, metrics = algorithm.loss(mb, algorithm.estimate(model, mb), totals); loss.backward()
     clip; optimizer.step(); scheduler.step()      # gradients are sums over micro-batches and ranks
 
-Extension points: pass another :class:`~dare.trainer.sources.BatchSource` (RL: rollout -> reward ->
-advantages, old/reference log-probs as extra batch fields) and/or a registered algorithm; the loop,
-sharding, checkpointing and logging stay the same.
+Extension points: pass another :class:`~dare.trainer.sources.BatchSource` and/or a registered algorithm;
+the loop, sharding, checkpointing and logging stay the same. The source follows the algorithm's ``needs``:
+a dataset (SFT), rollouts of the current policy (RL: :class:`~dare.trainer.rl.RolloutSource`, rollout ->
+reward -> advantage -> stored views -> old/reference log-probs) or preference pairs
+(:class:`~dare.trainer.preference.PairSource`). Sources with ``prepares_views = True`` return micro-batches
+that already hold the algorithm's views (the loop does not corrupt them again); a source's
+``step_metrics`` (global values, e.g. rollout rewards) are added to the step's record.
 
 Test seam: with the environment variable ``DARE_KILL_AT_STEP=N`` the process SIGKILLs itself right after
 step N has been logged (and checkpointed when due), to test kill-and-resume.
@@ -19,6 +23,7 @@ step N has been logged (and checkpointed when due), to test kill-and-resume.
 
 from __future__ import annotations
 
+import copy
 import functools
 import os
 import signal
@@ -70,11 +75,20 @@ class Trainer:
             save_yaml(config_dict(config), self.output_dir / "config.yaml")
         torch.manual_seed(cfg.trainer.seed)
 
-        if model is None:
+        given = model is not None
+        if not given:
             model = load_model(cfg.model.path, dtype=resolve_dtype(cfg.model.dtype), device=self.info.device)
         self.token_ids = family_of(model).token_ids(model.config)
         base = unwrap(model)
         base.attn_backend = cfg.model.attn_backend
+        self.algorithm = get_algorithm(cfg.algorithm.name)(
+            cfg.algorithm, token_ids=self.token_ids, seed=cfg.trainer.seed, attn_backend=cfg.model.attn_backend,
+            logits_chunk_size=cfg.model.logits_chunk_size)
+        self.algorithm.bind_model(base)
+        # A given model has no checkpoint to load a frozen reference from: copy it before it is adapted / sharded.
+        frozen = None
+        if given and self.algorithm.needs.reference and not cfg.lora.enabled:
+            frozen = copy.deepcopy(model)
         if cfg.model.gradient_checkpointing:
             base.gradient_checkpointing_enable()
         if cfg.lora.enabled:
@@ -91,10 +105,11 @@ class Trainer:
                        cfg.distributed.reshard_after_forward)
         self.model = model.train()
 
-        self.algorithm = get_algorithm(cfg.algorithm.name)(
-            cfg.algorithm, token_ids=self.token_ids, seed=cfg.trainer.seed, attn_backend=cfg.model.attn_backend,
-            logits_chunk_size=cfg.model.logits_chunk_size)
-        self.source = source if source is not None else self._dataset_source()
+        self.reference = self._reference(frozen) if self.algorithm.needs.reference else None
+        self.source = source if source is not None else self._build_source()
+        if getattr(self.source, "prepares_views", False):  # old / reference forwards under the same precision
+            precision = cfg.distributed.mixed_precision if not self.sharded else "fp32"
+            self.source.precision = lambda: autocast_context(precision, self.info.device)
         self.total_steps = cfg.trainer.max_steps or max(1, int(cfg.trainer.epochs * self.source.steps_per_epoch))
 
         params = [p for p in self.model.parameters() if p.requires_grad]
@@ -115,6 +130,37 @@ class Trainer:
 
         return load_tokenizer(self.config.model.tokenizer or self.config.model.path)
 
+    def _reference(self, frozen=None):
+        """The frozen reference policy: the adapter-disabled policy with LoRA, else a frozen (sharded) copy
+        (``frozen``, or loaded from ``model.path``)."""
+        from dare.trainer.workflow import Reference
+
+        if self.config.lora.enabled:
+            return Reference(self.model)
+        from dare.models.loading import load_model, resolve_dtype, unwrap
+
+        cfg = self.config
+        if frozen is None:
+            frozen = load_model(cfg.model.path, dtype=resolve_dtype(cfg.model.dtype), device=self.info.device)
+        frozen.requires_grad_(False)
+        unwrap(frozen).attn_backend = cfg.model.attn_backend
+        if self.sharded:
+            apply_fsdp(frozen, unwrap(frozen).blocks, self.info, cfg.distributed.mixed_precision,
+                       cfg.distributed.reshard_after_forward)
+        return Reference(self.model, frozen.eval())
+
+    def _build_source(self):
+        needs = self.algorithm.needs
+        if needs.rollout:
+            from dare.trainer.rl import build_rollout_source
+
+            return build_rollout_source(self)
+        if needs.pairs:
+            from dare.trainer.preference import build_pair_source
+
+            return build_pair_source(self)
+        return self._dataset_source()
+
     def _dataset_source(self):
         from dare.data.sft import build_sft_dataset
         from dare.trainer.sources import DatasetSource
@@ -132,7 +178,7 @@ class Trainer:
             data.examples, batch_size=cfg.trainer.batch_size, micro_batch_size=cfg.trainer.micro_batch_size,
             rank=self.info.rank, world_size=self.info.world_size, seed=cfg.trainer.seed, shuffle=cfg.data.shuffle,
             packing=cfg.data.packing, pack_length=pack_length, eos_id=self.token_ids.eos, pad_id=self.token_ids.pad,
-            eos_padding=cfg.data.eos_padding, pack_fixed_length=fixed_length_rows(cfg),
+            eos_padding=cfg.data.eos_padding, fixed_width=cfg.fixed_width(),
         )
 
     @property
@@ -144,12 +190,17 @@ class Trainer:
         """Accumulate the gradient of step ``step``'s global-batch loss into ``.grad``; returns summed metrics."""
         from dare.data.sft import dummy_micro_batch
 
-        micro = [self.algorithm.corrupt(mb, step) for mb in self.source.batch(step)]
+        micro = self.source.batch(step)
+        prepared = getattr(self.source, "prepares_views", False)
+        if not prepared:
+            micro = [self.algorithm.corrupt(mb, step) for mb in micro]
         local_totals: dict = {}
         for mb in micro:
             _add(local_totals, self.algorithm.totals(mb))
         totals = all_reduce_dict(dict(local_totals), self.info)
         count = all_reduce_max_int(len(micro), self.info)
+        if prepared and len(micro) < count:
+            raise RuntimeError("the source returned different numbers of micro-batches on different ranks")
         while len(micro) < count:  # same number of forward/backward collectives on every rank
             micro.append(self.algorithm.corrupt(dummy_micro_batch(self.token_ids.pad), step))
         sums: dict = {}
@@ -157,12 +208,11 @@ class Trainer:
         micro = [mb.to(self.info.device, non_blocking=True) for mb in micro]  # all copies queued up front
         for mb in micro:
             with autocast_context(self.config.distributed.mixed_precision if not self.sharded else "fp32", self.info.device):
-                estimates = self.algorithm.estimate(self.model, mb)
-                loss, metrics = self.algorithm.loss(mb, estimates, device_totals)
-            loss.backward()
+                metrics = self.algorithm.backward(self.model, mb, device_totals)
             _add(sums, metrics)
         out = all_reduce_dict(sums, self.info)
-        out.update(totals)
+        out.update({k: v for k, v in totals.items() if v.numel() == 1})
+        out.update(getattr(self.source, "step_metrics", None) or {})
         return out
 
     def optimizer_step(self) -> dict[str, float]:
@@ -181,7 +231,7 @@ class Trainer:
         start = time.perf_counter()
         sums = self.forward_backward(step)
         record = {"step": step + 1, "epoch": round(self.source_epoch(step + 1), 6)}
-        record.update({k: float(v) for k, v in sorted(sums.items())})
+        record.update({k: float(v) for k, v in sorted(sums.items()) if torch.as_tensor(v).numel() == 1})
         record.update(self.optimizer_step())
         record["time/step_s"] = round(time.perf_counter() - start, 4)
         return record
@@ -193,7 +243,7 @@ class Trainer:
     def save(self) -> Path:
         return save_checkpoint(self.output_dir, self.step, self.model, self.optimizer, self.scheduler, self.info,
                                trainable_only=self.trainable_only, keep_last=self.config.trainer.keep_last,
-                               extra={"source": self.source.state_dict()})
+                               rank_state={"source": self.source.state_dict()})
 
     def maybe_resume(self) -> None:
         resume = self.config.trainer.resume
@@ -210,7 +260,7 @@ class Trainer:
             path = Path(resume)
         state = load_checkpoint(path, self.model, self.optimizer, self.scheduler, self.info,
                                 trainable_only=self.trainable_only)
-        self.source.load_state_dict(state.get("source", {}))
+        self.source.load_state_dict(state.get("rank_state", {}).get("source", state.get("source", {})))
         self.step = int(state["step"])
         self.logger.truncate_after(self.step)
         if self.info.is_main:
@@ -269,14 +319,6 @@ class Trainer:
             self.export()
         self.logger.close()
         return record
-
-
-def fixed_length_rows(config: TrainConfig) -> bool:
-    """Whether packed rows are padded to ``data.pack_length`` (``data.pack_fixed_length``; auto: on for
-    ``model.attn_backend=flex``, whose compiled kernel is specialised to the row length)."""
-    if config.data.pack_fixed_length is not None:
-        return config.data.pack_fixed_length
-    return config.model.attn_backend == "flex"
 
 
 def run_training(config: TrainConfig, source=None) -> dict:

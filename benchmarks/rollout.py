@@ -1,0 +1,249 @@
+#!/usr/bin/env python
+"""Rollout throughput: naive decoding vs Fast-dLLM prefix/dual caches vs threshold parallel decoding.
+
+GPU run (LLaDA-8B shape, random bf16 weights built on the GPU in seconds, ~5 minutes on one H200)::
+
+    python benchmarks/rollout.py --json benchmarks/rollout_results.json
+
+CPU smoke test (tiny model)::
+
+    python benchmarks/rollout.py --tiny
+
+What is measured, per batch size and generation length (block 32, greedy, no early stop):
+
+* ``naive``: full forward every step, one token per step (``steps = gen_length``): the LLaDA/Fast-dLLM
+  baseline;
+* ``prefix`` / ``dual``: the same schedule with Fast-dLLM's prefix / dual KV cache;
+* ``threshold``, ``prefix+threshold``, ``dual+threshold``: Fast-dLLM threshold decoding (tau = 0.9).
+
+tokens/s counts generated tokens of the whole batch; ``x naive`` is the ratio to ``naive`` at the same
+batch and length. Random weights give near-uniform predictions (top probability ~1e-3), so threshold
+decoding would commit one token per step; ``--confident-fraction f`` injects confidence honestly and
+visibly: at every forward a random fraction ``f`` of the positions gets its top logit raised by 20 (its
+probability becomes ~1, above tau). Tokens per forward (TPF) is printed for every run. ``--max-blocks``
+decodes only the first blocks of each generation (a time bound; conservative for ``prefix``, whose early
+blocks carry the longest uncached suffix). The floor is the weights-only memory-bandwidth bound:
+``nfe x (bytes of the weights read per forward) / measured HBM bandwidth``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+CONFIGS = {
+    "naive": dict(cache="none", decoder="quota"),
+    "prefix": dict(cache="prefix", decoder="quota"),
+    "dual": dict(cache="dual", decoder="quota"),
+    "threshold": dict(cache="none", decoder="threshold"),
+    "prefix+threshold": dict(cache="prefix", decoder="threshold"),
+    "dual+threshold": dict(cache="dual", decoder="threshold"),
+}
+
+LLADA_8B = dict(d_model=4096, n_heads=32, n_kv_heads=32, n_layers=32, mlp_hidden_size=12288, vocab_size=126464,
+                embedding_size=126464, max_sequence_length=4096, mask_token_id=126336, eos_token_id=126081,
+                pad_token_id=126081)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--tiny", action="store_true", help="tiny LLaDA on CPU (smoke test)")
+    p.add_argument("--device", help="default: cuda if available (cpu with --tiny)")
+    p.add_argument("--batch", type=int, nargs="+", help="batch sizes (default 1 16; tiny: 1 4)")
+    p.add_argument("--gen", type=int, nargs="+", help="generation lengths (default 256 512; tiny: 32 64)")
+    p.add_argument("--block", type=int, help="block length (default 32; tiny: 8)")
+    p.add_argument("--prompt-length", type=int, help="prompt tokens (default 128; tiny: 16)")
+    p.add_argument("--threshold", type=float, default=0.9, help="threshold of the parallel decoder (0.9)")
+    p.add_argument("--confident-fraction", type=float, default=0.25,
+                   help="fraction of positions made confident at each forward (0 = raw random weights)")
+    p.add_argument("--max-blocks", type=int, help="decode only the first N blocks (default 4; tiny: all)")
+    p.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
+    p.add_argument("--budget-s", type=float, default=450.0, help="skip runs that would exceed this total time")
+    p.add_argument("--json", help="write all results to this file")
+    args = p.parse_args(argv)
+    tiny = args.tiny
+    args.device = args.device or ("cpu" if tiny or not torch.cuda.is_available() else "cuda")
+    args.batch = args.batch or ([1, 4] if tiny else [1, 16])
+    args.gen = args.gen or ([32, 64] if tiny else [256, 512])
+    args.block = args.block or (8 if tiny else 32)
+    args.prompt_length = args.prompt_length or (16 if tiny else 128)
+    if args.max_blocks is None and not tiny:
+        args.max_blocks = 4
+    return args
+
+
+def build_model(tiny: bool, device: torch.device):
+    """Tiny fp32 LLaDA, or an LLaDA-8B-shaped model with random bf16 weights initialised on ``device``."""
+    import dare  # noqa: F401
+    from dare.models.llada import LLaDAConfig, LLaDAModelLM, tiny_llada_config
+    from dare.models.tiny import tiny_model
+
+    if tiny:
+        return tiny_model("llada", seed=0).to(device)
+    raw = tiny_llada_config(**LLADA_8B)
+    raw.pop("model_type")
+    config = LLaDAConfig.from_dict(raw)
+    with torch.device("meta"):
+        model = LLaDAModelLM(config)
+    model = model.to(torch.bfloat16).to_empty(device=device)
+    gen = torch.Generator(device=device).manual_seed(0)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight") or ".ln_f." in name:
+                param.fill_(1.0)
+            else:
+                param.normal_(0.0, 0.02, generator=gen)
+    return model.eval()
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def memory_bandwidth(device: torch.device, nbytes: int) -> float:
+    """Bytes/s of a large device-to-device copy (read + write)."""
+    src = torch.empty(nbytes // 2, dtype=torch.bfloat16, device=device).normal_()
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    sync(device)
+    reps = 10
+    start = time.perf_counter()
+    for _ in range(reps):
+        dst.copy_(src)
+    sync(device)
+    seconds = time.perf_counter() - start
+    del src, dst
+    return 2 * nbytes * reps / seconds
+
+
+def weight_bytes(model) -> int:
+    """Bytes of the weights a forward reads in full (the input embedding is only gathered row-wise)."""
+    embedding = model.get_input_embeddings().weight
+    return sum(p.numel() * p.element_size() for p in model.parameters() if p is not embedding)
+
+
+def inject_confidence(model, fraction: float, device: torch.device, margin: float = 20.0):
+    """Raise the top logit by ``margin`` at a random ``fraction`` of the positions of every forward."""
+    if fraction <= 0:
+        return None
+    gen = torch.Generator(device=device).manual_seed(1234)
+
+    def hook(module, inputs, output):
+        pick = torch.rand(output.shape[:-1], device=output.device, generator=gen) < fraction
+        boost = pick[..., None].to(output.dtype) * margin
+        return output.scatter_add_(-1, output.argmax(-1, keepdim=True), boost)
+
+    return model.get_output_embeddings().register_forward_hook(hook)
+
+
+def run_once(model, prompts, gen_length, args, overrides, max_blocks):
+    from dare.rollout import SamplerConfig, generate
+
+    config = SamplerConfig(sampler="fastdllm", gen_length=gen_length, block_length=args.block, steps=gen_length,
+                           threshold=args.threshold, temperature=0.0, eos_early_stop=False,
+                           max_blocks=max_blocks, **overrides)
+    device = prompts.device
+    sync(device)
+    start = time.perf_counter()
+    out = generate(model, prompts, None, config)
+    sync(device)
+    seconds = time.perf_counter() - start
+    decoded = int((out.step_map >= 0).sum())
+    return out, decoded, seconds
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    device = torch.device(args.device)
+    if device.type == "cpu":
+        torch.set_num_threads(1)  # tiny models: extra OpenMP threads only add contention
+    t_start = time.perf_counter()
+    model = build_model(args.tiny, device)
+    vocab_hi = 256 if args.tiny else 126000  # prompt ids below every special token
+    bandwidth = memory_bandwidth(device, (64 << 20) if device.type == "cpu" else (4 << 30))
+    wbytes = weight_bytes(model)
+    floor_forward = wbytes / bandwidth
+    inject_confidence(model, args.confident_fraction, device)
+    print(f"model: {sum(p.numel() for p in model.parameters()) / 1e9:.3f}B params, "
+          f"{wbytes / 2**30:.2f} GiB read per forward; device {device}"
+          + (f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else ""), flush=True)
+    print(f"memory bandwidth {bandwidth / 1e9:.0f} GB/s -> weights floor {floor_forward * 1e3:.2f} ms/forward; "
+          f"setup {time.perf_counter() - t_start:.1f}s", flush=True)
+
+    results = []
+    gen_cpu = torch.Generator().manual_seed(0)
+    for batch in args.batch:
+        for gen_length in args.gen:
+            prompts = torch.randint(0, vocab_hi, (batch, args.prompt_length), generator=gen_cpu).to(device)
+            blocks = gen_length // args.block
+            measured_blocks = min(blocks, args.max_blocks) if args.max_blocks else blocks
+            for name in args.configs:
+                overrides = CONFIGS[name]
+                if time.perf_counter() - t_start > args.budget_s:
+                    print(f"skip  B={batch:<3d} G={gen_length:<4d} {name:<17s} (time budget spent)", flush=True)
+                    continue
+                _, _, warm = run_once(model, prompts, gen_length, args, overrides, max_blocks=1)
+                estimate = warm * measured_blocks
+                elapsed = time.perf_counter() - t_start
+                if elapsed + estimate > args.budget_s:
+                    print(f"skip  B={batch:<3d} G={gen_length:<4d} {name:<17s} (estimated {estimate:.0f}s, "
+                          f"{elapsed:.0f}s used of the {args.budget_s:.0f}s budget)", flush=True)
+                    continue
+                out, decoded, seconds = run_once(model, prompts, gen_length, args, overrides, measured_blocks)
+                floor = out.nfe * floor_forward
+                row = dict(batch=batch, gen_length=gen_length, config=name, blocks=measured_blocks, nfe=out.nfe,
+                           tokens=decoded, seconds=seconds, tokens_per_s=decoded / seconds,
+                           tokens_per_forward=decoded / batch / out.nfe, floor_s=floor, gap_to_floor=seconds / floor)
+                results.append(row)
+                print(f"run   B={batch:<3d} G={gen_length:<4d} {name:<17s} {row['tokens_per_s']:9.1f} tok/s  "
+                      f"nfe={out.nfe:<4d} TPF={row['tokens_per_forward']:5.2f}  {seconds:7.2f}s  "
+                      f"{row['gap_to_floor']:5.2f}x floor", flush=True)
+
+    print_table(results, args)
+    if args.json:
+        Path(args.json).write_text(json.dumps(dict(args=vars(args), bandwidth=bandwidth, weight_bytes=wbytes,
+                                                   results=results), indent=2) + "\n")
+    print(f"total {time.perf_counter() - t_start:.1f}s", flush=True)
+    return 0
+
+
+def print_table(results, args) -> None:
+    shapes = sorted({(r["batch"], r["gen_length"]) for r in results})
+    if not shapes:
+        return
+    by = {(r["batch"], r["gen_length"], r["config"]): r for r in results}
+    head = "| config | " + " | ".join(f"B={b} G={g}" for b, g in shapes) + " |"
+    print("\ntokens/s (x naive) [gap to weights floor]; block", args.block, "threshold", args.threshold,
+          "confident fraction", args.confident_fraction)
+    print(head)
+    print("|" + "---|" * (len(shapes) + 1))
+    for name in args.configs:
+        cells = []
+        for b, g in shapes:
+            r, base = by.get((b, g, name)), by.get((b, g, "naive"))
+            if r is None:
+                cells.append("skipped")
+                continue
+            ratio = f" ({r['tokens_per_s'] / base['tokens_per_s']:.2f}x)" if base else ""
+            cells.append(f"{r['tokens_per_s']:.1f}{ratio} [{r['gap_to_floor']:.1f}x]")
+        print(f"| {name} | " + " | ".join(cells) + " |")
+    best = {}
+    for (b, g, name), r in by.items():
+        base = by.get((b, g, "naive"))
+        if base and "threshold" in name and name != "threshold":
+            best[(b, g)] = max(best.get((b, g), 0.0), r["tokens_per_s"] / base["tokens_per_s"])
+    for (b, g), ratio in sorted(best.items()):
+        verdict = "meets" if ratio >= 2.2 else "MISSES"
+        print(f"B={b} G={g}: best cached+parallel = {ratio:.2f}x naive ({verdict} the 2.2x target)")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,155 @@
+"""Prompt datasets for online RL and preference-pair datasets for DPO / VRPO.
+
+RL prompt sources (``data.path``):
+
+* a ``.jsonl`` / ``.json`` / ``.parquet`` file: each record has a prompt (``data.prompt_key``, text) or chat
+  ``data.messages_key`` (a trailing assistant turn is dropped); the **whole record** is the reward's sample
+  (e.g. ``answer``, ``numbers`` / ``target``, ``tests``);
+* ``synthetic:copy|reverse|add`` (``dare.data.synthetic``; the response becomes ``answer``), or
+  ``synthetic:countdown|sudoku|sudoku9|gsm_symbolic`` (reasoning-gym problems with the benchmark's prompt);
+* ``benchmark:NAME`` or ``benchmark:NAME:PATH`` - a ``dare.eval`` benchmark's samples and prompt template.
+
+Pairs (``data.path`` jsonl/json/parquet): ``prompt`` (``data.prompt_key``), ``chosen`` and ``rejected``; or
+``synthetic:copy|reverse|add`` (chosen = the right answer, rejected = it rotated by one character: a wrong
+answer of the same length, for tests and tiny recipes).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from dare.errors import ConfigError, InputError
+
+BENCHMARK_PREFIX = "benchmark:"
+
+
+@dataclass(frozen=True)
+class PromptItem:
+    """A tokenized RL prompt: ``ids``, the reward sample (ground truth) and its dataset index."""
+
+    ids: tuple[int, ...]
+    sample: dict
+    index: int
+    text: str = ""
+
+
+def _benchmark_records(name: str, source: str | None, limit: int | None) -> list[tuple[list[dict], dict]]:
+    from dare.eval import get_benchmark
+
+    bench = get_benchmark(name)
+    return [(bench.messages(s), dict(s.target)) for s in bench.load(source, limit=limit)]
+
+
+def _eval_synthetic(task: str, n: int, seed: int) -> list[tuple[list[dict], dict]]:
+    from dare.eval import get_benchmark
+    from dare.eval.benchmarks import synthetic
+
+    bench = get_benchmark("gsm8k" if task == "gsm_symbolic" else "countdown" if task == "countdown" else "sudoku")
+    return [(bench.messages(s), dict(s.target)) for s in synthetic(task, n, seed)]
+
+
+def prompt_records(cfg, seed: int = 0) -> list[tuple[list[dict] | str, dict]]:
+    """``(messages or text, sample)`` pairs of an RL prompt source (``cfg`` is a ``DataConfig``)."""
+    from dare.data.sft import DEFAULT_SYNTHETIC_SIZE, SYNTHETIC_PREFIX, read_records
+    from dare.data.synthetic import TASKS
+
+    path = cfg.path
+    limit = cfg.num_examples
+    if path.startswith(BENCHMARK_PREFIX):
+        name, _, source = path[len(BENCHMARK_PREFIX):].partition(":")
+        return _benchmark_records(name, source or None, limit)
+    if path.startswith(SYNTHETIC_PREFIX) and path[len(SYNTHETIC_PREFIX):] not in TASKS:
+        return _eval_synthetic(path[len(SYNTHETIC_PREFIX):], limit or DEFAULT_SYNTHETIC_SIZE, seed)
+    out = []
+    for number, record in enumerate(read_records(path, limit, seed)):
+        if path.startswith(SYNTHETIC_PREFIX):
+            record = {"prompt": record["prompt"], "answer": record["response"]}
+            out.append((record["prompt"], record))
+            continue
+        if cfg.messages_key in record:
+            messages = list(record[cfg.messages_key])
+            if messages and messages[-1].get("role") == "assistant":
+                messages = messages[:-1]
+            out.append((messages, record))
+        elif cfg.prompt_key in record:
+            out.append((record[cfg.prompt_key], record))
+        else:
+            raise InputError(f"record {number} has neither '{cfg.prompt_key}' nor '{cfg.messages_key}' "
+                             f"(keys: {', '.join(sorted(record))})")
+    return out
+
+
+def encode_prompt(prompt: list[dict] | str, tokenizer, chat_template: bool) -> list[int]:
+    """Token ids of a prompt: the chat template with the generation prompt, or the plain text."""
+    if chat_template:
+        if not getattr(tokenizer, "chat_template", None):
+            raise ConfigError("the tokenizer has no chat template; set data.chat_template=false")
+        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+        return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                                  return_dict=False))
+    text = prompt if isinstance(prompt, str) else "\n".join(m["content"] for m in prompt)
+    return list(tokenizer(text, add_special_tokens=True).input_ids)
+
+
+def build_prompts(cfg, tokenizer, max_prompt_length: int, seed: int = 0) -> tuple[list[PromptItem], int]:
+    """Tokenized prompts (those longer than ``max_prompt_length`` dropped) and the number dropped."""
+    items, dropped = [], 0
+    for prompt, sample in prompt_records(cfg, seed):
+        ids = encode_prompt(prompt, tokenizer, cfg.chat_template)
+        if not ids:
+            raise InputError("a prompt encodes to no tokens")
+        if len(ids) > max_prompt_length:
+            dropped += 1
+            continue
+        text = prompt if isinstance(prompt, str) else prompt[-1]["content"]
+        items.append(PromptItem(tuple(ids), sample, len(items), text))
+    if not items:
+        raise InputError(f"{cfg.path}: no usable prompts ({dropped} longer than rollout.max_prompt_length={max_prompt_length})")
+    return items, dropped
+
+
+@dataclass(frozen=True)
+class PairItem:
+    """A tokenized preference pair sharing one prompt."""
+
+    prompt: tuple[int, ...]
+    chosen: tuple[int, ...]
+    rejected: tuple[int, ...]
+    index: int
+
+
+def build_pairs(cfg, tokenizer, eos_id: int, seed: int = 0) -> tuple[list[PairItem], int]:
+    """Tokenized pairs (responses end with EOS per ``data.append_eos``); pairs longer than
+    ``data.max_length`` (prompt + the longer response) are dropped and counted."""
+    from dare.data.sft import read_records, tokenize_record
+
+    from dare.data.sft import SYNTHETIC_PREFIX
+
+    records = read_records(cfg.path, cfg.num_examples, seed)
+    if cfg.path.startswith(SYNTHETIC_PREFIX):
+        records = [{cfg.prompt_key: r["prompt"], cfg.chosen_key: r["response"],
+                    cfg.rejected_key: r["response"][1:] + r["response"][:1] + ("x" if len(set(r["response"])) < 2 else "")}
+                   for r in records]
+    items, dropped = [], 0
+    for number, record in enumerate(records):
+        missing = [k for k in (cfg.prompt_key, cfg.chosen_key, cfg.rejected_key) if k not in record]
+        if missing:
+            raise InputError(f"pair {number} lacks {', '.join(missing)} (keys: {', '.join(sorted(record))})")
+        sides: list[Any] = []
+        for key in (cfg.chosen_key, cfg.rejected_key):
+            shim = {cfg.prompt_key: record[cfg.prompt_key], cfg.response_key: record[key]}
+            sides.append(tokenize_record(shim, tokenizer, cfg, eos_id, number))
+        (prompt, chosen), (_, rejected) = sides
+        if len(prompt) + max(len(chosen), len(rejected)) > cfg.max_length:
+            if cfg.overlong == "error":
+                raise InputError(f"pair {number} is longer than data.max_length={cfg.max_length}")
+            dropped += 1
+            continue
+        items.append(PairItem(tuple(prompt), tuple(chosen), tuple(rejected), len(items)))
+    if not items:
+        raise InputError(f"{cfg.path}: no usable pairs ({dropped} longer than data.max_length={cfg.max_length})")
+    return items, dropped
+
+
+__all__ = ["PairItem", "PromptItem", "build_pairs", "build_prompts", "encode_prompt", "prompt_records"]

@@ -1,0 +1,276 @@
+"""OpenCompass model plug-in: run DARE diffusion models (any family, any registered sampler) in OpenCompass.
+
+Install OpenCompass next to DARE (``pip install "dare-dllm[opencompass]"``, or in its own environment with
+``pip install opencompass`` and DARE installed there), then use the class in an OpenCompass config::
+
+    from dare.eval.opencompass import DareDiffusionModel
+
+    models = [dict(
+        type=DareDiffusionModel, abbr="llada-8b-instruct-fastdllm",
+        path="GSAI-ML/LLaDA-8B-Instruct",                       # or a local checkpoint, or tiny:llada
+        sampler=dict(sampler="fastdllm", cache="dual", block_length=32),   # any SamplerConfig field
+        likelihood=dict(mc_samples=32),                         # any LikelihoodConfig field (ppl / ll tasks)
+        max_out_len=256, batch_size=8, run_cfg=dict(num_gpus=1),
+    )]
+
+(see ``configs/opencompass/``). OpenCompass calls:
+
+* ``generate(inputs, max_out_len)`` (``gen`` datasets): decoding with :func:`dare.rollout.generate`;
+  ``gen_length`` is the sampler's if set, else ``max_out_len`` (rounded up to whole blocks, then cut);
+  completions end at the family's stop ids and at OpenCompass's stop strings.
+* ``get_ppl(inputs, mask_length)`` (``ppl`` datasets): ``-ELBO / tokens`` of each input after its first
+  ``mask_length`` tokens (the whole text when None): an upper bound on the per-token NLL, lowest wins.
+* ``get_loglikelihood(inputs, conts)`` (``ll`` datasets): the MC-ELBO of ``cont`` given the text before it.
+
+The same question scored under different labels sits at the same position of every batch, which is the
+noise group of :func:`dare.eval.likelihood.continuation_elbo`: its options share corruptions.
+
+The module imports without OpenCompass; creating the model without it raises a one-line ``ConfigError``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from dare.errors import ConfigError, InputError
+
+try:  # OpenCompass is optional: the class below subclasses its BaseModel only when it is installed.
+    from opencompass.models.base import BaseModel as _BaseModel
+except ImportError as _err:  # pragma: no cover - depends on the environment
+    _BaseModel = object
+    _IMPORT_ERROR: ImportError | None = _err
+else:
+    _IMPORT_ERROR = None
+
+ROLES = {"HUMAN": "user", "BOT": "assistant", "SYSTEM": "system"}
+"""OpenCompass prompt roles -> chat-template roles."""
+
+
+def require_opencompass() -> None:
+    if _IMPORT_ERROR is not None:
+        raise ConfigError("the OpenCompass plug-in needs opencompass (pip install 'dare-dllm[opencompass]'): "
+                          f"{_IMPORT_ERROR}")
+
+
+class DareDiffusionModel(_BaseModel):
+    """An OpenCompass ``BaseModel`` backed by a DARE model, a sampler and the MC-ELBO estimator.
+
+    Args:
+        path: checkpoint directory / hub name, or ``tiny:FAMILY[:SEED]``.
+        adapter: LoRA adapter directory (optional).
+        sampler: :class:`dare.rollout.SamplerConfig` fields (default: the family's sampler).
+        likelihood: :class:`dare.eval.likelihood.LikelihoodConfig` fields for ``get_ppl`` / ``get_loglikelihood``.
+        dtype / device: weights dtype and device (default: bf16 on CUDA, fp32 on CPU).
+        max_seq_len: longest prompt + output; longer contexts are cut from the left.
+        chat: wrap ``gen`` prompts in the tokenizer's chat template (default: when it has one). Likelihood
+            tasks always score the plain text.
+        meta_template: OpenCompass meta template (prompt rounds); with ``chat`` the default maps roles to
+            user/assistant turns like OpenCompass's ``HuggingFacewithChatTemplate``.
+        stop_words: extra stop strings for generation.
+        seed: seeds sampling and the MC corruptions.
+        mc_batch_size: corrupted rows per forward in likelihood scoring.
+        model / tokenizer: an already loaded DARE model and tokenizer (in-process use; ``path`` is then only
+            recorded).
+    """
+
+    is_api = False
+
+    def __init__(self, path: str, adapter: str | None = None, sampler: dict | None = None,
+                 likelihood: dict | None = None, dtype: str | None = None, device: str | None = None,
+                 max_seq_len: int = 4096, chat: bool | None = None, meta_template: dict | None = None,
+                 generation_kwargs: dict | None = None, stop_words: Sequence[str] = (), seed: int = 0,
+                 mc_batch_size: int = 16, tokenizer_only: bool = False, model=None, tokenizer=None,
+                 **unused: Any):
+        require_opencompass()
+        from dare.eval.likelihood import LikelihoodConfig
+        from dare.rollout import SamplerConfig
+
+        super().__init__(path=path, max_seq_len=max_seq_len, tokenizer_only=tokenizer_only,
+                         meta_template=meta_template, generation_kwargs=dict(generation_kwargs or {}))
+        self.sampler_fields = dict(sampler or {})
+        SamplerConfig.from_dict(self.sampler_fields)  # unknown keys: one-line error
+        self.likelihood = LikelihoodConfig.from_dict(dict(likelihood or {}))
+        self.stop_words = list(stop_words)
+        self.seed = seed
+        self.mc_batch_size = mc_batch_size
+        self._calls = 0
+        if tokenizer is None:
+            from dare.models.loading import load_tokenizer
+
+            tokenizer = load_tokenizer(path)
+        self.tokenizer = tokenizer
+        self.model = None
+        if not tokenizer_only:
+            if model is None:
+                from dare.commands.eval import load_for_eval
+
+                model, _, _ = load_for_eval(path, adapter, device, dtype)
+            self.model = model.eval()
+        self.chat = getattr(tokenizer, "chat_template", None) is not None if chat is None else bool(chat)
+        self.chat_parser = None
+        if self.chat and not meta_template:  # gen prompts keep their roles (PromptList of role dicts)
+            from opencompass.models.base_api import APITemplateParser
+
+            self.chat_parser = APITemplateParser(dict(round=[
+                dict(role="HUMAN", api_role="HUMAN"), dict(role="SYSTEM", api_role="HUMAN"),
+                dict(role="BOT", api_role="BOT", generate=True)]))
+
+    def parse_template(self, prompt_template, mode: str):
+        """``gen`` prompts of a chat model keep their turns (for the chat template); ``ppl`` prompts are plain
+        text, which OpenCompass's likelihood inferencers require."""
+        if mode == "gen" and self.chat_parser is not None:
+            return self.chat_parser.parse_template(prompt_template, mode)
+        return self.template_parser.parse_template(prompt_template, mode)
+
+    # ------------------------------------------------------------------------------- tokens
+
+    def encode(self, prompt: str):
+        import torch
+
+        return torch.tensor([self._ids(prompt)])
+
+    def decode(self, tokens) -> str:
+        ids = tokens.tolist() if hasattr(tokens, "tolist") else list(tokens)
+        if ids and isinstance(ids[0], list):
+            ids = ids[0]
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def get_token_len(self, prompt: str) -> int:
+        return len(self._ids(_plain(prompt)))
+
+    def _ids(self, text: str, special: bool = True) -> list[int]:
+        return list(self.tokenizer(text, add_special_tokens=special)["input_ids"])
+
+    # ---------------------------------------------------------------------------- generation
+
+    def sampler_config(self, max_out_len: int | None):
+        """The resolved :class:`SamplerConfig` of a ``generate`` call."""
+        from dare.eval.run import default_sampler
+        from dare.rollout import SamplerConfig, get_sampler
+
+        fields = {"sampler": default_sampler(self.model), **self.generation_kwargs, **self.sampler_fields,
+                  "seed": self.seed}
+        if "gen_length" not in fields:  # max_out_len, rounded up to whole blocks (one block if shorter)
+            gen = int(max_out_len or 256)
+            block = fields.get("block_length") or get_sampler(fields["sampler"]).defaults.get("block_length") or gen
+            fields["gen_length"] = -(-gen // block) * block if gen > block or "block_length" in fields else gen
+        return SamplerConfig.from_dict(fields).resolved()
+
+    def generate(self, inputs: list, max_out_len: int, min_out_len: int | None = None,
+                 stopping_criteria: Sequence[str] = (), **kwargs) -> list[str]:
+        import torch
+
+        from dare.rollout import generate
+
+        if self.model is None:
+            raise ConfigError("this DareDiffusionModel was built with tokenizer_only=True")
+        config = self.sampler_config(max_out_len)
+        prompts = [self._prompt_ids(item, config.gen_length) for item in inputs]
+        ids = list(range(self._calls, self._calls + len(prompts)))
+        self._calls += len(prompts)
+        with torch.no_grad():
+            out = generate(self.model, prompts, config=config, example_ids=ids)
+        stops = [s for s in (*stopping_criteria, *self.stop_words) if s]
+        texts = []
+        for row in range(len(prompts)):
+            tokens = out.completion[row][out.completion_mask[row]].tolist()
+            if max_out_len:
+                tokens = tokens[:max_out_len]
+            text = self.tokenizer.decode(tokens, skip_special_tokens=True)
+            cut = min((text.find(s) for s in stops if s in text), default=-1)
+            texts.append(text[:cut] if cut >= 0 else text)
+        return texts
+
+    def _prompt_ids(self, item, gen_length: int) -> list[int]:
+        if self.chat:
+            text = self.tokenizer.apply_chat_template(_messages(item), add_generation_prompt=True, tokenize=False)
+            ids = self._ids(text, special=False)
+        else:
+            ids = self._ids(_plain(item))
+        room = max(self.max_seq_len - gen_length, 1)
+        return ids[-room:]
+
+    # ---------------------------------------------------------------------------- likelihood
+
+    def get_ppl(self, inputs: list, mask_length: Sequence[int] | None = None):
+        """``-ELBO / scored tokens`` per input; the first ``mask_length[i]`` tokens are context."""
+        import numpy as np
+
+        requests = []
+        for i, item in enumerate(inputs):
+            ids = self._ids(_plain(item))
+            special = 1 if ids and ids[0] == getattr(self.tokenizer, "bos_token_id", None) else 0
+            cut = mask_length[i] if mask_length is not None else special
+            if not 0 <= cut < len(ids):
+                raise InputError(f"get_ppl: mask_length {cut} leaves nothing to score in a {len(ids)}-token input")
+            requests.append(self._request(ids[:cut], ids[cut:], i))
+        elbo = self._elbo(requests)
+        return np.array([-e / len(r.continuation) for e, r in zip(elbo, requests)])
+
+    def get_loglikelihood(self, inputs: list, conts: Sequence[str]):
+        """MC-ELBO of each ``conts[i]`` (and anything after it) given the text of ``inputs[i]`` before it."""
+        import numpy as np
+
+        requests = []
+        for i, (item, cont) in enumerate(zip(inputs, conts)):
+            text = _plain(item)
+            at = text.rfind(cont) if cont else -1
+            if at < 0:
+                raise InputError(f"get_loglikelihood: continuation {cont[:40]!r} is not in input {i}")
+            context = self._ids(text[:at])
+            whole = self._ids(text)
+            if whole[:len(context)] == context and len(whole) > len(context):
+                continuation = whole[len(context):]
+            else:
+                continuation = self._ids(text[at:], special=False)
+            requests.append(self._request(context, continuation, i))
+        return np.array(self._elbo(requests))
+
+    def _request(self, context: list[int], continuation: list[int], group: int):
+        from dare.eval.likelihood import Request
+
+        room = max(self.max_seq_len - len(continuation), 0)
+        return Request(context[-room:] if room else [], continuation, group)
+
+    def _elbo(self, requests) -> list[float]:
+        from dare.eval.likelihood import continuation_elbo
+
+        if self.model is None:
+            raise ConfigError("this DareDiffusionModel was built with tokenizer_only=True")
+        terms = continuation_elbo(self.model, requests, self.likelihood, seed=self.seed, batch_size=self.mc_batch_size)
+        return terms.mean(1).tolist()
+
+
+def _plain(item) -> str:
+    """A prompt as plain text: strings as they are, OpenCompass prompt lists joined by newlines."""
+    if isinstance(item, str):
+        return item
+    return "\n".join(str(p["prompt"]) if isinstance(p, dict) else str(p) for p in item
+                     if not (isinstance(p, dict) and "section" in p) and (not isinstance(p, dict) or p.get("prompt")))
+
+
+def _messages(item) -> list[dict[str, str]]:
+    """Chat messages of a prompt: a string is one user turn; role dicts map HUMAN/BOT/SYSTEM to
+    user/assistant/system (consecutive turns of one role merged, as OpenCompass's chat wrapper does)."""
+    if isinstance(item, str):
+        return [{"role": "user", "content": item}]
+    messages: list[dict[str, str]] = []
+    for part in item:
+        if not isinstance(part, dict) or "section" in part or not part.get("prompt"):
+            continue
+        role = ROLES.get(part.get("role"), "user")
+        if messages and messages[-1]["role"] == role:
+            messages[-1]["content"] += "\n" + part["prompt"]
+        else:
+            messages.append({"role": role, "content": part["prompt"]})
+    return messages
+
+
+if _IMPORT_ERROR is None:  # make ``type="DareDiffusionModel"`` work in OpenCompass configs too
+    from opencompass.registry import MODELS
+
+    MODELS.register_module(name="DareDiffusionModel", module=DareDiffusionModel, force=True)
+
+
+__all__ = ["DareDiffusionModel", "require_opencompass"]

@@ -1,0 +1,325 @@
+"""Evaluate a model on a benchmark: generation + scoring, or likelihood (MC-ELBO) for multiple choice.
+
+```python
+from dare.eval import EvalConfig, evaluate, get_benchmark
+from dare.rollout import SamplerConfig
+bench = get_benchmark("gsm8k")
+results = evaluate(model, tokenizer, bench, bench.load("gsm8k_test.jsonl", limit=100),
+                   sampler=SamplerConfig(sampler="fastdllm", cache="dual", gen_length=256),
+                   config=EvalConfig(shots=4, batch_size=16, seed=0))
+results.metrics["accuracy"]; results.write("results.json")
+```
+
+Generation goes only through :func:`dare.rollout.generate` with a :class:`~dare.rollout.SamplerConfig`, so
+every registered sampler (block-diffusion ones included) works unchanged. Prompts are sorted by token length
+(longest first) and decoded in batches; every row samples from its own stream seeded by ``(seed, example
+id)``, so predictions do not depend on the batch size or order. Completions end at the family's first stop
+id (EOS/EOT, ``RolloutOutput.completion_mask``) and then at the template's first stop string.
+
+Likelihood mode (multiple choice) scores every option's continuation with
+:func:`dare.eval.likelihood.continuation_elbo` and predicts the argmax.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from dare.errors import ConfigError, unknown_choice
+from dare.eval.benchmark import Benchmark, Sample, get_benchmark
+from dare.eval.likelihood import LikelihoodConfig, LikelihoodStats, Request, continuation_elbo, normalise
+from dare.eval.results import EvalResults
+from dare.eval.scoring import score_predictions
+from dare.rollout import default_sampler
+
+MODES = {
+    "auto": "likelihood for multiple-choice benchmarks, generate otherwise",
+    "generate": "decode completions with a sampler, extract and score the answers",
+    "likelihood": "score each option by its MC-ELBO and predict the best (multiple choice only)",
+}
+
+
+@dataclass
+class EvalConfig:
+    """Settings of one evaluation besides the sampler / likelihood estimator."""
+
+    mode: str = "auto"
+    """``auto`` | ``generate`` | ``likelihood`` (see :data:`MODES`)."""
+    shots: int | None = None
+    """Few-shot exemplars per prompt (None: the benchmark's default)."""
+    template: str | None = None
+    """Prompt template for generation (None: ``few_shot`` when shots > 0 and the benchmark has it, else its
+    default). Likelihood scoring always uses the benchmark's ``likelihood`` prompt."""
+    chat: bool | None = None
+    """Apply the tokenizer's chat template (None: yes for generation when the tokenizer has one, no for
+    likelihood scoring, as lm-eval does)."""
+    num_samples: int = 1
+    """Completions per problem (pass@k needs n >= k and temperature > 0)."""
+    batch_size: int = 8
+    """Prompts per ``generate`` call; corrupted rows per forward in likelihood mode."""
+    seed: int = 0
+    """Seeds few-shot selection, sampling (replaces ``SamplerConfig.seed``) and the MC corruptions."""
+    ks: tuple[int, ...] | None = None
+    """pass@k values (None: 1, 5, 10, ... up to n)."""
+
+    def resolve_mode(self, benchmark: Benchmark) -> str:
+        if self.mode not in MODES:
+            raise unknown_choice("evaluation mode", self.mode, MODES)
+        if self.mode == "auto":
+            return "likelihood" if benchmark.kind == "choice" else "generate"
+        if self.mode == "likelihood" and benchmark.kind != "choice":
+            raise ConfigError(f"--mode likelihood needs a multiple-choice benchmark; {benchmark.name} is free-form")
+        return self.mode
+
+    def resolve_template(self, benchmark: Benchmark, shots: int) -> str:
+        if self.template is not None:
+            benchmark.template(self.template)  # unknown name -> one-line error
+            return self.template
+        if shots > 0 and benchmark.default_template == "zero_shot" and "few_shot" in benchmark.templates:
+            return "few_shot"
+        return benchmark.default_template
+
+
+def model_record(model, **extra: Any) -> dict[str, Any]:
+    """What the results file says about the model: family, dtype, device, parameter count (+ ``extra``)."""
+    from dare.models.spec import family_of
+
+    param = next(model.parameters())
+    return {**extra, "family": family_of(model).name, "dtype": str(param.dtype).removeprefix("torch."),
+            "device": str(param.device), "parameters": sum(p.numel() for p in model.parameters())}
+
+
+def encode(tokenizer, text: str, chat: bool) -> list[int]:
+    """Token ids of a rendered prompt (a chat-templated text already holds its special tokens)."""
+    return list(tokenizer(text, add_special_tokens=not chat)["input_ids"])
+
+
+def _shots(benchmark: Benchmark, sample: Sample, pool: Sequence[Sample], k: int, seed: int) -> list[Sample]:
+    return benchmark.fewshot(pool, k, seed=seed, exclude=sample.id)
+
+
+@torch.no_grad()
+def evaluate(model, tokenizer, benchmark: Benchmark | str, samples: Sequence[Sample], *,
+             sampler=None, likelihood: LikelihoodConfig | None = None, config: EvalConfig | None = None,
+             fewshot_pool: Sequence[Sample] | None = None, reward_options: dict[str, Any] | None = None,
+             model_info: dict[str, Any] | None = None, data_info: dict[str, Any] | None = None,
+             progress: bool = False) -> EvalResults:
+    """Evaluate ``model`` on ``samples`` of ``benchmark`` and score the predictions.
+
+    Args:
+        model / tokenizer: an in-memory DARE model (possibly peft-wrapped) and its tokenizer.
+        benchmark: a :class:`Benchmark` or its name.
+        samples: the problems (``benchmark.load(...)``).
+        sampler: :class:`dare.rollout.SamplerConfig` for generation (None: the family's default sampler with
+            ``gen_length`` = the benchmark's ``max_new_tokens``).
+        likelihood: :class:`LikelihoodConfig` for likelihood mode (None: defaults).
+        config: :class:`EvalConfig` (mode, shots, template, chat, n, batch size, seed, ks).
+        fewshot_pool: exemplars for few-shot prompts (None: ``samples``, never the sample itself).
+        reward_options: passed to the benchmark's reward (``workers``, ``timeout`` for code).
+        model_info / data_info: recorded in the results file (path, adapter / source, split, limit).
+        progress: show progress bars on stderr.
+    Returns the :class:`EvalResults` (``mode`` and ``timings`` included); write it with ``.write(path)``.
+    """
+    bench = get_benchmark(benchmark) if isinstance(benchmark, str) else benchmark
+    config = config or EvalConfig()
+    mode = config.resolve_mode(bench)
+    if not samples:
+        raise ConfigError(f"{bench.name}: no samples to evaluate")
+    if config.num_samples < 1:
+        raise ConfigError(f"num_samples must be >= 1; got {config.num_samples}")
+    if config.batch_size < 1:
+        raise ConfigError(f"batch_size must be >= 1; got {config.batch_size}")
+    shots = bench.default_shots if config.shots is None else config.shots
+    if shots < 0:
+        raise ConfigError(f"shots must be >= 0; got {shots}")
+    pool = list(samples) if fewshot_pool is None else list(fewshot_pool)
+    info = {"model": model_record(model, **(model_info or {})), "data": dict(data_info or {})}
+    was_training = model.training
+    model.eval()
+    try:
+        if mode == "likelihood":
+            return _likelihood(model, tokenizer, bench, samples, pool, shots, likelihood or LikelihoodConfig(),
+                               config, info, progress)
+        return _generation(model, tokenizer, bench, samples, pool, shots, sampler, config, info, reward_options,
+                           progress)
+    finally:
+        model.train(was_training)
+
+
+# ------------------------------------------------------------------------------------ generation
+
+def _generation(model, tokenizer, bench, samples, pool, shots, sampler, config, info, reward_options, progress):
+    from dare.models.spec import family_of
+    from dare.rollout import SamplerConfig, generate
+
+    stop_ids = family_of(model).token_ids(model.config).stop_ids
+    template = config.resolve_template(bench, shots)
+    defaults = bench.generation_defaults(template)
+    if sampler is None:
+        sampler = SamplerConfig(sampler=default_sampler(model), gen_length=defaults.max_new_tokens)
+    resolved = sampler.replace(seed=config.seed).resolved()
+    n = config.num_samples
+    if n > 1 and resolved.temperature == 0 and resolved.confidence != "random":
+        warnings.warn(f"{n} samples per problem with temperature 0 are identical; pass@k needs temperature > 0",
+                      stacklevel=3)
+    chat = config.chat
+    if chat is None:
+        chat = getattr(tokenizer, "chat_template", None) is not None
+
+    prompts = [bench.render(s, tokenizer, _shots(bench, s, pool, shots, config.seed), template, chat=chat)
+               for s in samples]
+    encoded = [encode(tokenizer, text, chat) for text in prompts]
+    rows = [(i, j) for i in range(len(samples)) for j in range(n)]  # example id = i * n + j
+    order = sorted(range(len(rows)), key=lambda r: -len(encoded[rows[r][0]]))
+    completions: list[dict[str, Any]] = [{} for _ in rows]
+    nfe = generated = 0
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(rows), desc=f"{bench.name} ({resolved.sampler})", unit="sample")
+    start = time.perf_counter()
+    for b in range(0, len(order), config.batch_size):
+        batch = order[b:b + config.batch_size]
+        out = generate(model, [encoded[rows[r][0]] for r in batch], config=resolved,
+                       example_ids=[rows[r][0] * n + rows[r][1] for r in batch])
+        nfe += out.nfe
+        for k, r in enumerate(batch):
+            keep = out.completion_mask[k]
+            tokens = out.completion[k][keep].tolist()
+            generated += len(tokens)
+            completions[r] = _finish(tokenizer, tokens, stop_ids, defaults.stop, int(out.num_steps[k]))
+        if bar is not None:
+            bar.update(len(batch))
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - start
+    if bar is not None:
+        bar.close()
+
+    predictions = [[completions[i * n + j]["text"] for j in range(n)] if n > 1 else completions[i]["text"]
+                   for i in range(len(samples))]
+    scoring_start = time.perf_counter()
+    results = score_predictions(
+        bench, samples, predictions, prompts=prompts, ks=config.ks, reward_options=reward_options,
+        model=info["model"], sampler={"name": resolved.sampler, "settings": dataclasses.asdict(resolved)},
+        seed=config.seed, prompt={"template": template, "shots": shots, "chat": chat, "fewshot_seed": config.seed,
+                                  "stop": list(defaults.stop)},
+        data=info["data"],
+    )  # fmt: skip
+    for record, done in zip(results.samples, completions):  # records are ordered (problem, sample) like rows
+        record.update(tokens=done["tokens"], steps=done["steps"], finish=done["finish"])
+    results.mode = "generate"
+    results.timings = {
+        "generation_seconds": round(seconds, 4),
+        "scoring_seconds": round(time.perf_counter() - scoring_start, 4),
+        "generated_tokens": generated,
+        "tokens_per_second": round(generated / seconds, 2) if seconds > 0 else None,
+        "nfe": nfe,
+        "batches": -(-len(rows) // config.batch_size),
+        "mean_steps": round(sum(c["steps"] for c in completions) / len(completions), 2),
+    }
+    return results
+
+
+def _finish(tokenizer, tokens: list[int], stop_ids: Sequence[int], stop: Sequence[str], steps: int) -> dict[str, Any]:
+    """Decode a completion (already cut after its first stop id) and cut it at the first stop string.
+    ``finish``: ``stop`` (ended by a stop id), ``stop_string`` or ``length`` (ran out of positions)."""
+    text = tokenizer.decode(tokens, skip_special_tokens=True)
+    finish = "stop" if tokens and tokens[-1] in stop_ids else "length"
+    cut = min((text.find(s) for s in stop if s and s in text), default=-1)
+    if cut >= 0:
+        text, finish = text[:cut], "stop_string"
+    return {"text": text, "tokens": len(tokens), "steps": steps, "finish": finish}
+
+
+# ------------------------------------------------------------------------------------ likelihood
+
+def choice_requests(tokenizer, bench: Benchmark, samples: Sequence[Sample], pool: Sequence[Sample], shots: int,
+                    seed: int, chat: bool, first_group: int = 0):
+    """``(prompts, requests, spans, chars)``: the scored prompt per sample, one :class:`Request` per option
+    (group = the sample's index, so its options share corruptions), each sample's ``(start, end)`` in the
+    request list, and each option's character length."""
+    prompts, requests, spans, chars = [], [], [], []
+    for index, sample in enumerate(samples):
+        exemplars = _shots(bench, sample, pool, shots, seed)
+        if chat:
+            prompt = tokenizer.apply_chat_template(bench.messages(sample, exemplars, "likelihood"), tokenize=False,
+                                                   add_generation_prompt=True)
+        else:
+            prompt = bench.choice_prompt(sample, exemplars)
+        prompts.append(prompt)
+        start = len(requests)
+        for option in bench.continuations(sample):
+            context, continuation = _split_whitespace(prompt, option if not chat else option.lstrip())
+            context_ids = encode(tokenizer, context, chat)
+            whole = encode(tokenizer, context + continuation, chat)
+            if whole[:len(context_ids)] == context_ids and len(whole) > len(context_ids):
+                continuation_ids = whole[len(context_ids):]
+            else:  # the tokenizer merged across the boundary: encode the option on its own
+                continuation_ids = list(tokenizer(continuation, add_special_tokens=False)["input_ids"])
+            requests.append(Request(context_ids, continuation_ids, first_group + index))
+            chars.append(len(continuation))
+        spans.append((start, len(requests)))
+    return prompts, requests, spans, chars
+
+
+def _split_whitespace(context: str, continuation: str) -> tuple[str, str]:
+    """Move the context's trailing whitespace to the continuation (as lm-eval does)."""
+    stripped = context.rstrip()
+    return stripped, context[len(stripped):] + continuation
+
+
+def _likelihood(model, tokenizer, bench, samples, pool, shots, likelihood, config, info, progress):
+    likelihood = likelihood.validated()
+    chat = bool(config.chat)
+    prompts, requests, spans, chars = choice_requests(tokenizer, bench, samples, pool, shots, config.seed, chat)
+    stats = LikelihoodStats()
+    start = time.perf_counter()
+    terms = continuation_elbo(model, requests, likelihood, seed=config.seed, batch_size=config.batch_size,
+                              progress=progress, stats=stats)
+    seconds = time.perf_counter() - start
+    elbo = terms.mean(1)
+    tokens = [len(r.continuation) for r in requests]
+
+    predictions, per_sample = [], []
+    hits = {"acc": 0, "acc_norm": 0}
+    for sample, (a, b) in zip(samples, spans):
+        labels = sample.target["labels"]
+        scores = normalise(elbo[a:b], tokens[a:b], chars[a:b], likelihood.length_norm)
+        best = int(torch.argmax(scores))
+        predictions.append(labels[best])
+        gold = sample.target.get("index")
+        for name, norm in (("acc", "none"), ("acc_norm", "chars")):
+            hits[name] += int(gold is not None and int(torch.argmax(normalise(elbo[a:b], tokens[a:b], chars[a:b], norm))) == gold)
+        per_sample.append({"choice_elbo": [round(float(x), 6) for x in elbo[a:b]],
+                           "choice_scores": [round(float(x), 6) for x in scores],
+                           "choice_tokens": tokens[a:b], "choice_chars": chars[a:b], "predicted_index": best})
+
+    results = score_predictions(
+        bench, samples, predictions, prompts=prompts, ks=config.ks,
+        model=info["model"], sampler={"name": "mc_elbo", "settings": dataclasses.asdict(likelihood)},
+        seed=config.seed, prompt={"template": "likelihood", "shots": shots, "chat": chat, "fewshot_seed": config.seed},
+        data=info["data"],
+    )  # fmt: skip
+    for record, extra in zip(results.samples, per_sample):
+        record.update(extra)
+    if all(s.target.get("index") is not None for s in samples):
+        results.metrics["acc"] = hits["acc"] / len(samples)
+        results.metrics["acc_norm"] = hits["acc_norm"] / len(samples)
+    results.mode = "likelihood"
+    results.timings = {
+        "likelihood_seconds": round(seconds, 4),
+        "options": stats.requests, "mc_terms": stats.mc_terms, "rows": stats.rows, "forwards": stats.forwards,
+        "tokens_per_second": round(stats.tokens / seconds, 2) if seconds > 0 else None,
+    }
+    return results
+
+
+__all__ = ["MODES", "EvalConfig", "choice_requests", "encode", "evaluate", "model_record"]

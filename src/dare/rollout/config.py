@@ -1,0 +1,263 @@
+"""``SamplerConfig``: every knob of diffusion decoding in one typed dataclass.
+
+Fields left as ``None`` take the value of the named sampler's preset (:mod:`dare.rollout.samplers`), so
+``SamplerConfig(sampler="fastdllm", cache="dual")`` is Fast-dLLM's recipe with a dual cache. Caching
+(``cache``), the selection rule (``decoder``), the transfer schedule (``schedule``) and the confidence
+(``confidence``) are independent choices.
+
+Two kinds of samplers share the config: masked-diffusion samplers (``llada``, ``dream``, ``fastdllm*``;
+:mod:`dare.rollout.mdlm`) and block-diffusion samplers (``sdar``, ``llada2``, ``llada21*``;
+:mod:`dare.rollout.block`). Each sampler completes and checks the fields that only it uses (its
+``finalize``/``check`` hooks), so a field meant for the other kind is a one-line error, never ignored.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from dare.errors import ConfigError, closest
+from dare.rollout.kernels import (
+    CONFIDENCE_ALIASES,
+    CONFIDENCE_DTYPES,
+    CONFIDENCE_SOURCES,
+    CONFIDENCES,
+    DECODER_ALIASES,
+    DECODERS,
+    SCHEDULES,
+)
+
+
+@dataclass
+class SamplerConfig:
+    """Settings of one rollout (see the field docstrings; ``None`` = the sampler preset's value)."""
+
+    sampler: str = "llada"
+    """Preset name: ``llada``, ``dream``, ``fastdllm``, ``fastdllm_dream`` (masked diffusion); ``sdar``,
+    ``llada2``, ``llada21``, ``llada21_speed`` (block diffusion) - ``dare.rollout.SAMPLERS``."""
+
+    gen_length: int = 128
+    """Number of generated positions ``G`` (the completion has ``G`` positions)."""
+
+    block_length: int | None = None
+    """Block length ``Lb``; blocks are decoded left to right. Masked diffusion: the canvas after the prompt is
+    cut into blocks (``Lb`` must divide ``gen_length``); preset 32 for ``llada``/``fastdllm`` (one block when
+    ``gen_length < 32``), ``gen_length`` for ``dream``. Block diffusion: the block grid of the model's
+    block-causal attention, anchored at position 0 of each prompt (need not divide ``gen_length``); preset 4
+    for ``sdar``, 32 for ``llada2``/``llada21``."""
+
+    steps: int | None = None
+    """Masked diffusion: denoising steps over the whole generation for the ``quota``/``dynamic`` decoders (a
+    multiple of the number of blocks; ``steps / num_blocks`` per block). Default: ``gen_length`` (one token
+    per step). Threshold/factor decoders run until each block is filled and ignore it. Block samplers count
+    steps per block: use ``block_steps``."""
+
+    block_steps: int | None = None
+    """Block diffusion: denoising steps per block ``S`` (SDAR ``denoising_steps``, LLaDA2 ``steps``), at most
+    ``block_length``. Step ``i`` of a block commits at least ``Lb // S + [i < Lb % S]`` masks (the reference
+    ``k_step``, clamped to the masks left), so a block never takes more than ``S`` steps. Default:
+    ``block_length`` (one token per step unless the decoder commits more)."""
+
+    temperature: float = 0.0
+    """Sampling temperature; 0 is an explicit argmax path."""
+
+    top_p: float | None = None
+    """Nucleus filter applied after the temperature (None or 1 = off)."""
+
+    top_k: int | None = None
+    """Top-k filter applied after top-p (None or 0 = off)."""
+
+    top_k_first: bool | None = None
+    """Apply top-k before top-p (SDAR, LLaDA2) instead of after it (Dream). Preset: True for the block
+    samplers, False otherwise."""
+
+    confidence: str | None = None
+    """Score ranking candidates: ``prob`` (probability of the proposed token), ``margin`` (top-1 minus
+    top-2 probability), ``neg_entropy``, ``random``. Reference names are accepted: ``low_confidence``,
+    ``maskgit_plus`` -> prob, ``topk_margin`` -> margin, ``entropy`` -> neg_entropy."""
+
+    confidence_source: str | None = None
+    """Distribution the confidence is computed from: ``logits`` (raw model distribution at T=1, LLaDA and
+    Fast-dLLM) or ``sampling`` (after temperature/top-p/top-k, Dream)."""
+
+    confidence_dtype: str | None = None
+    """Precision of the confidence softmax: ``model`` (logits dtype, LLaDA/Dream), ``float32``, ``float64``
+    (Fast-dLLM)."""
+
+    schedule: str | None = None
+    """Tokens per step for quota decoding: ``linear`` (LLaDA: ``n // s`` plus a front-loaded remainder) or
+    ``timestep`` (Dream: ``floor(n_masked * (1 - s/t))`` on ``linspace(1, eps, s + 1)``)."""
+
+    eps: float = 1e-3
+    """Final time of the ``timestep`` schedule (Dream's ``eps``)."""
+
+    decoder: str | None = None
+    """Selection rule: ``quota`` (top-k by schedule; SDAR ``low_confidence_static``), ``threshold``
+    (Fast-dLLM: all with confidence >= threshold, at least the top-1), ``factor`` (Fast-dLLM factor rule),
+    ``dynamic`` (all with confidence > threshold if at least the scheduled count, else top-k by schedule;
+    SDAR ``low_confidence_dynamic``, LLaDA2), ``sequential`` (the leftmost scheduled count),
+    ``entropy_bounded`` (SDAR/JetEngine: lowest-entropy positions while their cumulative entropy stays below
+    ``entropy_bound``). Masked-diffusion default: ``factor`` if ``factor`` is set, else ``threshold`` if
+    ``threshold`` is set, else the preset's; block samplers always default to their preset's."""
+
+    threshold: float | None = None
+    """Confidence threshold of the ``threshold``/``dynamic`` decoders (default 0.9; LLaDA2 preset 0.95,
+    LLaDA2.1 quality 0.7, speed 0.5)."""
+
+    entropy_bound: float | None = None
+    """Cumulative-entropy bound of the ``entropy_bounded`` decoder (SDAR ``eb_threshold``; default 0.35)."""
+
+    editing_threshold: float | None = None
+    """LLaDA2.1 token editing (T2T): an already decoded, non-prompt position of the current block is
+    rewritten when the model proposes a different token with confidence > this value. None or 0 = no
+    editing. Preset: 0.5 for ``llada21`` (quality mode), off for ``llada21_speed``."""
+
+    max_post_steps: int = 16
+    """LLaDA2.1: at most this many edit-only forwards per block once it has no masks left (the block also
+    ends at the first such forward that edits nothing)."""
+
+    num_to_transfer: int | None = None
+    """LLaDA2.1: masks committed per step when fewer than that are above ``threshold`` (a constant count
+    replacing the ``block_steps`` schedule; a block then runs until it has no masks). Preset 1 for
+    ``llada21``; None = the schedule."""
+
+    factor: float | None = None
+    """Factor ``f`` of the ``factor`` decoder (commit the longest prefix with ``c_(n) >= 1 - f/(n+1)``;
+    default 1.0)."""
+
+    factor_last_rank_quirk: bool = False
+    """Reproduce dInfer's factor code, which commits all candidates when only the last rank fails."""
+
+    cache: str | None = None
+    """KV caching. Masked diffusion: ``none`` (full forward every step), ``prefix`` (Fast-dLLM prefix cache:
+    prompt and finished blocks cached at each block start, the rest recomputed), ``dual`` (Fast-dLLM dual
+    cache: prefix and masked suffix cached, only the current block recomputed). Block diffusion: ``block``
+    (exact KV cache of the prompt and finished blocks; steps run the current block only) or ``none`` (every
+    step recomputes prompt and finished blocks, as LLaDA2's reference ``generate``)."""
+
+    refresh_every: int = 0
+    """With a cache, also recompute the full canvas (and the cache) every N forwards inside a block;
+    0 = only at block starts (Fast-dLLM). 1 makes cached decoding identical to ``cache=none``."""
+
+    suppress_eos: bool = False
+    """Set the EOS logit to -inf before sampling (LLaDA's ``logits_eos_inf``, used for code benchmarks)."""
+
+    eos_early_stop: bool = True
+    """Stop decoding a row once its first stop token (EOS/EOT) is committed and every position before it is
+    decoded; the loop ends when every row has stopped. Tokens up to the first stop are unaffected; the
+    undecoded positions after it hold the pad id. Block samplers stop a row at the end of the block that
+    holds its first stop token, as the references do (the rest of that block is decoded). False: decode
+    all ``gen_length`` positions."""
+
+    record_trajectory: bool = False
+    """Record every step's state, predictions, confidences and committed set (MDPO, CJ-GRPO, TraceRL)."""
+
+    seed: int = 0
+    """Base seed; row ``i`` samples from a generator seeded by ``(seed, example_id[i])``."""
+
+    max_blocks: int | None = None
+    """Decode only the first N blocks (benchmarks/debugging); the rest stays undecoded (pad id)."""
+
+    full_logits: bool = False
+    """Compute logits for the whole canvas inside the model's forward (for wrappers such as FSDP that only
+    gather weights there). Default: run the LM head only on the rows of the current block."""
+
+    attn_backend: str | None = None
+    """Attention backend passed to the model (``sdpa`` by default)."""
+
+    # ---------------------------------------------------------------------------------------------
+
+    @classmethod
+    def from_dict(cls, values: dict) -> SamplerConfig:
+        """Build from a mapping; an unknown key is a one-line error naming the closest valid key."""
+        names = [f.name for f in dataclasses.fields(cls)]
+        for key in values:
+            if key not in names:
+                hint = closest(key, names)
+                raise ConfigError(f"unknown sampler option '{key}'" + (f" (did you mean '{hint}'?)" if hint else ""))
+        return cls(**values)
+
+    def replace(self, **changes) -> SamplerConfig:
+        """A copy with ``changes`` (unknown names are one-line errors)."""
+        merged = dataclasses.asdict(self)
+        merged.update(changes)
+        return SamplerConfig.from_dict(merged)
+
+    @property
+    def num_blocks(self) -> int:
+        return self.gen_length // self.block_length
+
+    def resolved(self) -> SamplerConfig:
+        """Fill ``None`` fields from the sampler preset, normalise aliases and validate (``ConfigError``)."""
+        from dare.rollout.samplers import get_sampler
+
+        preset = get_sampler(self.sampler)
+        values = dataclasses.asdict(self)
+        for key, value in preset.defaults.items():
+            if values.get(key) is None:
+                values[key] = value
+        if values["confidence"] in CONFIDENCE_ALIASES:
+            values["confidence"] = CONFIDENCE_ALIASES[values["confidence"]]
+        if values["decoder"] in DECODER_ALIASES:
+            values["decoder"] = DECODER_ALIASES[values["decoder"]]
+        if values["decoder"] == "entropy_bounded" and self.confidence is None:
+            values["confidence"] = "neg_entropy"  # the rule ranks positions by entropy
+        preset.finalize(values, self)
+        for key, default in (("threshold", 0.9), ("factor", 1.0), ("entropy_bound", 0.35), ("top_k_first", False)):
+            if values[key] is None:
+                values[key] = default
+        config = SamplerConfig(**values)
+        config.validate()
+        return config
+
+    def validate(self) -> None:
+        """Check a resolved config; every problem is a one-line :class:`ConfigError`."""
+        from dare.rollout.samplers import get_sampler
+
+        self.choice("confidence", CONFIDENCES)
+        self.choice("confidence_source", CONFIDENCE_SOURCES)
+        self.choice("confidence_dtype", CONFIDENCE_DTYPES)
+        self.choice("schedule", SCHEDULES)
+        self.choice("decoder", DECODERS)
+        if self.gen_length < 1:
+            raise ConfigError(f"gen_length must be >= 1; got {self.gen_length}")
+        if self.block_length < 1:
+            raise ConfigError(f"block_length must be >= 1; got {self.block_length}")
+        if self.temperature < 0:
+            raise ConfigError(f"temperature must be >= 0; got {self.temperature}")
+        if self.top_p is not None and not 0 < self.top_p <= 1:
+            raise ConfigError(f"top_p must be in (0, 1]; got {self.top_p}")
+        if self.top_k is not None and self.top_k < 0:
+            raise ConfigError(f"top_k must be >= 0 (0 = off); got {self.top_k}")
+        if not 0 < self.threshold <= 1:
+            raise ConfigError(f"threshold must be in (0, 1]; got {self.threshold}")
+        if self.factor <= 0:
+            raise ConfigError(f"factor must be > 0; got {self.factor}")
+        if self.entropy_bound <= 0:
+            raise ConfigError(f"entropy_bound must be > 0; got {self.entropy_bound}")
+        if not 0 < self.eps < 1:
+            raise ConfigError(f"eps must be in (0, 1); got {self.eps}")
+        if self.refresh_every < 0:
+            raise ConfigError(f"refresh_every must be >= 0; got {self.refresh_every}")
+        if self.max_blocks is not None and self.max_blocks < 1:
+            raise ConfigError(f"max_blocks must be >= 1; got {self.max_blocks}")
+        if self.decoder == "entropy_bounded" and self.confidence != "neg_entropy":
+            raise ConfigError(f"decoder 'entropy_bounded' ranks by entropy: confidence must be 'neg_entropy' "
+                              f"(got '{self.confidence}')")
+        get_sampler(self.sampler).check(self)
+
+    def choice(self, key: str, options) -> None:
+        """One-line error when field ``key`` is not one of ``options``."""
+        value = getattr(self, key)
+        if value not in options:
+            hint = closest(str(value), list(options))
+            raise ConfigError(
+                f"unknown {key} '{value}'" + (f" (did you mean '{hint}'?)" if hint else "")
+                + f"; choose from: {', '.join(sorted(options))}"
+            )
+
+    def reject_fields(self, fields: tuple[str, ...], reason: str) -> None:
+        """One-line error naming the first of ``fields`` that is set (not None)."""
+        for key in fields:
+            if getattr(self, key) is not None:
+                raise ConfigError(f"{key} does not apply to sampler '{self.sampler}' ({reason})")

@@ -1,0 +1,203 @@
+"""The sampler registry and :func:`generate`, the entry point every other area calls.
+
+A sampler is a named preset of orthogonal choices (confidence, schedule, selection rule, cache) plus the
+loop that runs them. Registering a new one is one :func:`register_sampler` call. Masked-diffusion samplers run
+:func:`dare.rollout.mdlm.denoise_mdlm`; block-diffusion samplers run :func:`dare.rollout.block.denoise_blocks`;
+both loops share :mod:`dare.rollout.kernels`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from dare.errors import ConfigError, InputError, unknown_choice
+from dare.rollout import block, mdlm
+from dare.rollout.config import SamplerConfig
+from dare.rollout.output import RolloutOutput
+
+
+@dataclass(frozen=True)
+class Sampler:
+    """A named decoding recipe.
+
+    Attributes:
+        name: registry key (``SamplerConfig.sampler``).
+        description: one line for ``--help`` and docs.
+        defaults: values for the ``SamplerConfig`` fields the user leaves as ``None``.
+        run: ``run(model, input_ids, attention_mask, resolved_config, *, example_ids, progress) -> RolloutOutput``.
+        finalize: ``finalize(values, given)`` completes the field dict of :meth:`SamplerConfig.resolved` after the
+            preset defaults (loop-specific defaults).
+        check: ``check(config)`` loop-specific validation of a resolved config (one-line ``ConfigError``).
+        attention: the model attention the loop decodes (``full`` or ``block_causal``, ``FamilySpec.attention``).
+        families: model families this sampler is the default for (:func:`default_sampler`).
+    """
+
+    name: str
+    description: str
+    defaults: dict = field(default_factory=dict)
+    run: Callable[..., RolloutOutput] = mdlm.denoise_mdlm
+    finalize: Callable[[dict, SamplerConfig], None] = mdlm.finalize_config
+    check: Callable[[SamplerConfig], None] = mdlm.check_config
+    attention: str = "full"
+    families: tuple[str, ...] = ()
+
+
+SAMPLERS: dict[str, Sampler] = {}
+
+
+def register_sampler(sampler: Sampler) -> Sampler:
+    SAMPLERS[sampler.name] = sampler
+    return sampler
+
+
+def get_sampler(name: str) -> Sampler:
+    if name not in SAMPLERS:
+        raise unknown_choice("sampler", name, SAMPLERS)
+    return SAMPLERS[name]
+
+
+def default_sampler(model) -> str:
+    """The sampler registered as the default for ``model``'s family, else ``llada``."""
+    from dare.models.spec import family_of
+
+    family = family_of(model).name
+    return next((s.name for s in SAMPLERS.values() if family in s.families), "llada")
+
+
+_LLADA = dict(confidence="prob", confidence_source="logits", confidence_dtype="model", schedule="linear")
+_DREAM = dict(confidence="neg_entropy", confidence_source="sampling", confidence_dtype="model", schedule="timestep")
+
+register_sampler(Sampler(
+    "llada",
+    "LLaDA generate: semi-AR blocks, linear quota, float64 Gumbel-max, low-confidence remasking (bf16 softmax)",
+    dict(_LLADA, block_length=32, decoder="quota", cache="none"),
+    families=("llada", "llada_moe"),
+))
+register_sampler(Sampler(
+    "dream",
+    "Dream diffusion_generate: one block, timestep quota, entropy confidence on the sampling distribution",
+    dict(_DREAM, decoder="quota", cache="none"),
+    families=("dream",),
+))
+register_sampler(Sampler(
+    "fastdllm",
+    "Fast-dLLM (LLaDA): blocks of 32, prefix KV cache, threshold 0.9 parallel decoding, float64 confidence",
+    dict(_LLADA, confidence_dtype="float64", block_length=32, decoder="threshold", cache="prefix"),
+))
+register_sampler(Sampler(
+    "fastdllm_dream",
+    "Fast-dLLM (Dream): blocks of 32, prefix KV cache, threshold 0.9 on the sampling distribution's probability",
+    dict(_DREAM, confidence="prob", block_length=32, decoder="threshold", cache="prefix"),
+))
+
+# Block diffusion: confidence = probability of the drawn token under the sampling distribution (softmax of
+# the filtered, tempered logits, top-k before top-p), in the logits' dtype; exact block KV cache.
+_BLOCK = dict(confidence="prob", confidence_source="sampling", confidence_dtype="model", schedule="linear",
+              top_k_first=True, cache="block")
+_BLOCK_HOOKS = dict(run=block.denoise_blocks, finalize=block.finalize_config, check=block.check_config,
+                    attention="block_causal")
+
+register_sampler(Sampler(
+    "sdar",
+    "SDAR/TraDo block_diffusion_generate: block 4, per-block steps, low_confidence_dynamic 0.9, block KV cache",
+    dict(_BLOCK, block_length=4, decoder="dynamic", threshold=0.9),
+    families=("sdar", "sdar_moe"), **_BLOCK_HOOKS,
+))
+register_sampler(Sampler(
+    "llada2",
+    "LLaDA2.0 generate: block 32, threshold 0.95 with top-k fallback, block KV cache (cache=none: reference recompute)",
+    dict(_BLOCK, block_length=32, decoder="dynamic", threshold=0.95),
+    families=("llada2",), **_BLOCK_HOOKS,
+))
+register_sampler(Sampler(
+    "llada21",
+    "LLaDA2.1 quality mode: M2T threshold 0.7 + T2T token editing 0.5, up to 16 edit-only forwards per block",
+    dict(_BLOCK, block_length=32, decoder="dynamic", threshold=0.7, editing_threshold=0.5, num_to_transfer=1),
+    **_BLOCK_HOOKS,
+))
+register_sampler(Sampler(
+    "llada21_speed",
+    "LLaDA2.1 speed mode: M2T threshold 0.5, no token editing",
+    dict(_BLOCK, block_length=32, decoder="dynamic", threshold=0.5, num_to_transfer=1),
+    **_BLOCK_HOOKS,
+))
+
+
+def left_pad(prompts: Sequence[Sequence[int]], pad_id: int, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-pad token lists into ``input_ids, attention_mask`` ``[B, max_len]``."""
+    if not prompts or any(len(p) == 0 for p in prompts):
+        raise InputError("every prompt needs at least one token")
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p):] = torch.as_tensor(list(p), dtype=torch.long)
+        mask[i, width - len(p):] = 1
+    return ids.to(device), mask.to(device)
+
+
+def model_device(model) -> torch.device:
+    try:
+        return next(model.parameters()).device
+    except StopIteration:
+        return torch.device("cpu")
+
+
+def generate(
+    model,
+    prompts: torch.Tensor | Sequence[Sequence[int]],
+    attention_mask: torch.Tensor | None = None,
+    config: SamplerConfig | None = None,
+    *,
+    example_ids: Sequence[int] | torch.Tensor | None = None,
+    progress: bool = False,
+    **overrides,
+) -> RolloutOutput:
+    """Decode completions for ``prompts`` with a diffusion LM.
+
+    Args:
+        model: a DARE model (``dare.models``), possibly peft-wrapped.
+        prompts: ``[B, P]`` left-padded ids with ``attention_mask`` (1 = real token), or a list of token-id
+            lists (left-padded here with the family's pad id).
+        config: a :class:`SamplerConfig`; ``**overrides`` replace fields (``generate(m, p, sampler="dream",
+            temperature=0.7)``).
+        example_ids: global example indices seeding each row's random stream (default ``0..B-1``); pass the
+            dataset indices so that samples do not depend on batching, ranks or resume. Several samples of
+            one prompt need distinct ids (e.g. ``prompt_index * group_size + j``), and a training loop should
+            vary ``config.seed`` per step (e.g. ``derive_seed(seed, step)``) so revisited prompts get new samples.
+        progress: show a progress bar of committed tokens.
+
+    Returns:
+        :class:`RolloutOutput` (tokens, completion mask, log-probs, step map, nfe, optional trajectory).
+    """
+    from dare.models.spec import family_of
+
+    config = config or SamplerConfig()
+    if overrides:
+        config = config.replace(**overrides)
+    config = config.resolved()
+    device = model_device(model)
+    if not isinstance(prompts, torch.Tensor):
+        if attention_mask is not None:
+            raise InputError("attention_mask is only accepted with a prompt tensor")
+        pad_id = family_of(model).token_ids(model.config).pad
+        prompts, attention_mask = left_pad(prompts, pad_id, device)
+    prompts = prompts.to(device)
+    if attention_mask is not None:
+        attention_mask = attention_mask.to(device)
+    batch = prompts.shape[0] if prompts.ndim == 2 else 0
+    if example_ids is None:
+        example_ids = list(range(batch))
+    example_ids = [int(i) for i in (example_ids.tolist() if isinstance(example_ids, torch.Tensor) else example_ids)]
+    if len(example_ids) != batch:
+        raise InputError(f"example_ids has {len(example_ids)} entries for {batch} prompts")
+    sampler = get_sampler(config.sampler)
+    family = family_of(model)
+    if family.attention != sampler.attention:
+        fits = [s.name for s in SAMPLERS.values() if s.attention == family.attention]
+        raise ConfigError(f"sampler '{sampler.name}' decodes {sampler.attention.replace('_', '-')} models; "
+                          f"{family.name} is {family.attention.replace('_', '-')}: use {', '.join(fits)}")
+    return sampler.run(model, prompts, attention_mask, config, example_ids=example_ids, progress=progress)

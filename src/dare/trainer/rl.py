@@ -1,0 +1,328 @@
+"""Online RL batches: :class:`RolloutSource` runs rollout -> reward -> advantage -> stored views -> old /
+reference estimates and hands the trainer ready micro-batches (``prepares_views = True``).
+
+Step ``s`` belongs to rollout ``r = s // mu`` (``mu = algorithm.inner_steps``): at ``s0 = r * mu`` the source
+draws the rollout's prompts (a per-epoch seeded permutation, like :class:`~dare.trainer.sources.DatasetSource`),
+splits them over ranks (whole groups per rank), generates ``G`` completions per prompt with the **current**
+policy (eval mode, FSDP parameters gathered once, sampler seed ``derive_seed(seed, r)``, row seeds = the
+rollout's global index), scores them, computes advantages with the algorithm's hook, then for each inner step
+``k < mu`` builds the algorithm's views for step ``s0 + k`` and the old / reference estimates on them. The
+batch is cached until step ``s0 + mu - 1``; checkpoints inside a cycle store the cache per rank, so resume is
+exact. Everything else is a pure function of the step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import json
+import time
+import warnings
+from pathlib import Path
+
+import torch
+from tensordict import TensorDict
+
+from dare.algorithms.rl import RolloutContext
+from dare.data.prompts import PromptItem
+from dare.distributed import DistInfo, all_reduce_dict, all_reduce_max_int, gathered_parameters
+from dare.errors import ConfigError
+from dare.rollout import derive_seed, generate, left_pad
+from dare.rollout.output import completion_mask as stop_mask
+from dare.trainer.workflow import Reference, evaluating, prepare_micro_batch
+
+TRAJECTORY_FIELDS = ("states", "predictions", "confidences", "transfers", "candidates")
+
+
+class RolloutSource:
+    """The RL :class:`~dare.trainer.sources.BatchSource` (see the module docstring).
+
+    Args:
+        prompts: tokenized prompts with their reward samples.
+        policy: the trained model (possibly peft-wrapped / FSDP-sharded).
+        algorithm: the RL plug-in (``needs``, ``inner_steps``, ``assign_advantages``, ``corrupt``, ``estimate``).
+        tokenizer: decodes completions for the reward.
+        reward: a :class:`dare.rewards.Reward`.
+        config: the ``rollout`` section (:class:`~dare.trainer.config.RolloutConfig`).
+        batch_size: rollouts per optimizer step over all ranks (``prompts per step x group_size``).
+        micro_batch_size: rollout rows per forward/backward.
+        reference: the reference policy (:class:`~dare.trainer.workflow.Reference`) when the algorithm needs one.
+        output_dir: where ``rollouts.jsonl`` samples go (None = not written).
+    """
+
+    prepares_views = True
+    precision = staticmethod(contextlib.nullcontext)
+    """Context of old / reference forwards (the trainer sets its autocast)."""
+
+    def __init__(self, prompts: list[PromptItem], *, policy, algorithm, tokenizer, reward, config, batch_size: int,
+                 micro_batch_size: int, info: DistInfo | None = None, seed: int = 0, shuffle: bool = True,
+                 reference: Reference | None = None, output_dir: str | Path | None = None, progress: bool = False):
+        from dare.models.spec import family_of
+
+        self.info = info or DistInfo()
+        group = config.group_size
+        if batch_size % group:
+            raise ConfigError(f"trainer.batch_size={batch_size} (rollouts per step) must be a multiple of "
+                              f"rollout.group_size={group}")
+        self.prompts_per_step = batch_size // group
+        if self.prompts_per_step % self.info.world_size:
+            raise ConfigError(f"prompts per step ({self.prompts_per_step} = trainer.batch_size / rollout.group_size) "
+                              f"must be divisible by the number of processes ({self.info.world_size})")
+        if self.prompts_per_step > len(prompts):
+            raise ConfigError(f"{self.prompts_per_step} prompts per step but the dataset has only {len(prompts)}")
+        if config.sampler.temperature <= 0:
+            raise ConfigError("RL rollouts need rollout.sampler.temperature > 0 (a group of greedy rollouts is identical)")
+        if getattr(algorithm.config, "advantage", None) == "loo" and group < 2:
+            raise ConfigError("leave-one-out advantages need rollout.group_size >= 2")
+        self.prompts, self.policy, self.algorithm = prompts, policy, algorithm
+        self.tokenizer, self.reward, self.config = tokenizer, reward, config
+        self.group_size, self.batch_size, self.micro_batch_size = group, batch_size, micro_batch_size
+        self.seed, self.shuffle, self.reference, self.progress = seed, shuffle, reference, progress
+        self.mu = algorithm.inner_steps
+        self.rollouts_per_epoch = len(prompts) // self.prompts_per_step
+        self.steps_per_epoch = self.rollouts_per_epoch * self.mu
+        self.token_ids = family_of(policy).token_ids(policy.config)
+        self.sampler = config.sampler.replace(record_trajectory=algorithm.needs.trajectory or
+                                              config.sampler.record_trajectory)
+        self.sampler.resolved()  # validate now (one-line errors before any work)
+        self.samples_path = Path(output_dir) / "rollouts.jsonl" if output_dir is not None and self.info.is_main else None
+        self.step_metrics: dict[str, float] = {}
+        self._cache: tuple[int, list[list[TensorDict]]] | None = None
+        self._last_step = -1
+        self._order_cache: tuple[int, list[int]] | None = None
+
+    # ---- prompt order (pure function of the rollout index) -------------------------------------------
+    def _order(self, epoch: int) -> list[int]:
+        if self._order_cache is None or self._order_cache[0] != epoch:
+            n = len(self.prompts)
+            if self.shuffle:
+                order = torch.randperm(n, generator=torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)).tolist()
+            else:
+                order = list(range(n))
+            self._order_cache = (epoch, order)
+        return self._order_cache[1]
+
+    def prompt_indices(self, rollout: int) -> list[int]:
+        """Dataset indices of the ``prompts_per_step`` prompts of rollout ``rollout`` (all ranks)."""
+        epoch, position = divmod(rollout, self.rollouts_per_epoch)
+        return self._order(epoch)[position * self.prompts_per_step:(position + 1) * self.prompts_per_step]
+
+    # ---- the BatchSource protocol --------------------------------------------------------------------
+    def batch(self, step: int) -> list[TensorDict]:
+        start = step - step % self.mu
+        self.step_metrics = {}
+        if self._cache is None or self._cache[0] != start:
+            if step != start:
+                warnings.warn(f"step {step} is inside the rollout cycle starting at step {start} but its cached "
+                              "rollouts are missing (resumed with another world size?); regenerating them with the "
+                              "current policy", stacklevel=2)
+            self._cache = (start, self._collect(start))
+        self._last_step = step
+        return [mb.clone() for mb in self._cache[1][step - start]]
+
+    def state_dict(self) -> dict:
+        if self._cache is None or (self._last_step + 1) % self.mu == 0:
+            return {}  # the next step starts a new rollout: nothing to keep
+        start, cached = self._cache
+        return {"start": start, "micro": [[mb.to_dict() for mb in row] for row in cached],
+                "sizes": [[mb.batch_size[0] for mb in row] for row in cached]}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state.get("micro") is None:
+            return
+        micro = [[TensorDict(d, batch_size=[n]) for d, n in zip(row, sizes)]
+                 for row, sizes in zip(state["micro"], state["sizes"])]
+        self._cache = (int(state["start"]), micro)
+
+    # ---- one rollout -----------------------------------------------------------------------------------
+    def _rows(self, start: int) -> tuple[list[PromptItem], list[int]]:
+        """This rank's prompts (each repeated G times) and the rows' global indices in the step."""
+        indices = self.prompt_indices(start // self.mu)
+        share = self.prompts_per_step // self.info.world_size
+        first = self.info.rank * share
+        items, rows = [], []
+        for p, index in enumerate(indices[first:first + share]):
+            for g in range(self.group_size):
+                items.append(self.prompts[index])
+                rows.append((first + p) * self.group_size + g)
+        return items, rows
+
+    def _generate(self, items: list[PromptItem], rows: list[int], rollout: int):
+        ids, attn = left_pad([item.ids for item in items], self.token_ids.pad)
+        device = next(self.policy.parameters()).device
+        sampler = self.sampler.replace(seed=derive_seed(self.seed, rollout))
+        chunk = self.config.chunk_size or len(items)
+        outputs = []
+        with torch.no_grad(), evaluating(self.policy), gathered_parameters(self.policy):
+            for lo in range(0, len(items), chunk):
+                outputs.append(generate(self.policy, ids[lo:lo + chunk].to(device), attn[lo:lo + chunk].to(device),
+                                        sampler, example_ids=rows[lo:lo + chunk], progress=self.progress))
+        return outputs
+
+    def _decode(self, completion: torch.Tensor, mask: torch.Tensor) -> list[str]:
+        lengths = mask.sum(-1).tolist()
+        return [self.tokenizer.decode(row[:n].tolist(), skip_special_tokens=True)
+                for row, n in zip(completion.cpu(), lengths)]
+
+    def _score(self, items: list[PromptItem], completion: torch.Tensor, mask: torch.Tensor):
+        texts = self._decode(completion, mask)
+        return texts, self.reward.score(texts, [item.sample for item in items])
+
+    def _assemble(self, outputs, rows: list[int]) -> TensorDict:
+        """One CPU TensorDict of this rank's rollouts in the layout of ``dare.algorithms.rl``."""
+        eos = self.token_ids.eos
+        seqs, attn, comp, steps, logps = [], [], [], [], []
+        for out in outputs:
+            seqs.append(out.sequences.cpu())
+            attn.append(out.attention_mask.cpu())
+            comp.append(out.completion_mask.cpu())
+            steps.append(out.step_map.cpu())
+            logps.append(out.logprobs.cpu())
+        sequences, attention = torch.cat(seqs), torch.cat(attn).long()
+        completion, step_map = torch.cat(comp), torch.cat(steps)
+        prompt_len = outputs[0].prompt_length
+        rows_t = torch.tensor(rows, dtype=torch.long)
+        n, width = sequences.shape
+        gen = sequences[:, prompt_len:]
+        gen[step_map < 0] = eos  # undecoded tail after an early stop: EOS padding, as the model would emit
+        prompt_mask = torch.zeros(n, width, dtype=torch.bool)
+        prompt_mask[:, :prompt_len] = attention[:, :prompt_len].bool()
+        generated = torch.zeros(n, width, dtype=torch.bool)
+        generated[:, prompt_len:] = True
+        full_completion = torch.zeros(n, width, dtype=torch.bool)
+        full_completion[:, prompt_len:] = completion
+        data = {
+            "input_ids": sequences, "attention_mask": attention, "prompt_mask": prompt_mask, "generated": generated,
+            "completion_mask": full_completion, "example_index": torch.where(attention.bool(), rows_t[:, None], -1),
+            "rollout_index": rows_t, "group_size": torch.full((n,), self.group_size, dtype=torch.long),
+            "temperature": torch.full((n,), float(self.sampler.temperature)),
+            "rollout_logprobs": torch.cat(logps), "step_map": step_map,
+        }
+        if self.algorithm.needs.trajectory:
+            data.update(self._trajectory(outputs))
+        return TensorDict(data, batch_size=[n])
+
+    def _trajectory(self, outputs) -> dict[str, torch.Tensor]:
+        """Trajectory fields padded to the longest trajectory over all ranks (so every rank replays the same
+        number of steps: FSDP collectives stay aligned)."""
+        local = max(out.trajectory.states.shape[1] for out in outputs)
+        steps = all_reduce_max_int(local, self.info)
+        fields: dict[str, list[torch.Tensor]] = {f"traj_{k}": [] for k in (*TRAJECTORY_FIELDS, "step_mask")}
+        for out in outputs:
+            traj = out.trajectory
+            extra = steps - traj.states.shape[1]
+            for key in TRAJECTORY_FIELDS:
+                value = getattr(traj, key).cpu()
+                if extra:
+                    fill = self.token_ids.mask if key in ("states", "predictions") else 0
+                    pad = torch.full((value.shape[0], extra, value.shape[2]), fill, dtype=value.dtype)
+                    value = torch.cat([value, pad], 1)
+                fields[f"traj_{key}"].append(value)
+            mask = traj.step_mask.cpu()
+            fields["traj_step_mask"].append(torch.cat([mask, torch.zeros(mask.shape[0], extra, dtype=torch.bool)], 1))
+        return {k: torch.cat(v) for k, v in fields.items()}
+
+    def _context(self, items: list[PromptItem]) -> RolloutContext:
+        samples = [item.sample for item in items]
+        stops = self.token_ids.stop_ids
+
+        def score(ids: torch.Tensor) -> torch.Tensor:
+            texts = self._decode(ids, stop_mask(ids.cpu(), stops))
+            return torch.tensor([r.reward for r in self.reward.score(texts, samples)], dtype=torch.float32)
+
+        def reduce(t: torch.Tensor) -> torch.Tensor:
+            return all_reduce_dict({"t": t}, self.info)["t"].to(t.dtype)
+
+        return RolloutContext(self.group_size, score, reduce)
+
+    def _collect(self, start: int) -> list[list[TensorDict]]:
+        began = time.perf_counter()
+        rollout = start // self.mu
+        items, rows = self._rows(start)
+        outputs = self._generate(items, rows, rollout)
+        generated_s = time.perf_counter() - began
+        batch = self._assemble(outputs, rows)
+        completion = torch.cat([out.completion.cpu() for out in outputs])
+        comp_mask = torch.cat([out.completion_mask.cpu() for out in outputs])
+        texts, results = self._score(items, completion, comp_mask)
+        batch["rewards"] = torch.tensor([r.reward for r in results], dtype=torch.float32)
+        self.algorithm.assign_advantages(batch, self._context(items))
+        self._log_metrics(batch, results, outputs, generated_s, began)
+        self._write_samples(start, items, texts, results)
+        device = next(self.policy.parameters()).device
+        micro = []
+        for k in range(self.mu):
+            chunks = [batch[lo:lo + self.micro_batch_size].clone()
+                      for lo in range(0, batch.batch_size[0], self.micro_batch_size)]
+            micro.append([prepare_micro_batch(self.algorithm, mb, start + k, self.policy, self.reference, device,
+                                              self.precision)
+                          for mb in chunks])
+        self.step_metrics["rollout/time_s"] = round(time.perf_counter() - began, 4)
+        return micro
+
+    # ---- logging ---------------------------------------------------------------------------------------
+    def _log_metrics(self, batch: TensorDict, results, outputs, generated_s: float, began: float) -> None:
+        rewards = batch["rewards"].double()
+        partial = [r.partial for r in results if r.partial is not None]
+        groups = rewards.reshape(-1, self.group_size)
+        lengths = batch["completion_mask"].sum(-1).double()
+        sums = {
+            "n": float(rewards.numel()), "reward": rewards.sum(), "reward_sq": (rewards ** 2).sum(),
+            "correct": float(sum(r.correct for r in results)), "partial": float(sum(partial)),
+            "partial_n": float(len(partial)), "length": lengths.sum(),
+            "eos": float(sum(bool(m.any()) for m in self._stopped(outputs))),
+            "flat_groups": (groups.std(1, unbiased=False) == 0).double().sum(), "groups": float(groups.shape[0]),
+            "adv_abs": batch["advantages"].double().abs().sum() / max(batch["advantages"][0].numel(), 1),
+            "nfe": float(sum(out.nfe for out in outputs)), "generate_s": generated_s, "ranks": 1.0,
+        }
+        s = {k: float(v) for k, v in all_reduce_dict(sums, self.info).items()}
+        n = max(s["n"], 1.0)
+        mean = s["reward"] / n
+        self.step_metrics = {
+            "rollout/reward": mean, "rollout/reward_std": max(s["reward_sq"] / n - mean ** 2, 0.0) ** 0.5,
+            "rollout/accuracy": s["correct"] / n, "rollout/length": s["length"] / n,
+            "rollout/stopped": s["eos"] / n, "rollout/flat_groups": s["flat_groups"] / max(s["groups"], 1.0),
+            "rollout/advantage_abs": s["adv_abs"] / n, "rollout/nfe": s["nfe"] / s["ranks"],
+            "rollout/generate_s": s["generate_s"] / s["ranks"],
+        }
+        if s["partial_n"]:
+            self.step_metrics["rollout/partial"] = s["partial"] / s["partial_n"]
+
+    def _stopped(self, outputs):
+        stops = torch.tensor(self.token_ids.stop_ids)
+        for out in outputs:
+            comp = out.completion.cpu()
+            yield from (torch.isin(row, stops) for row in comp)
+
+    def _write_samples(self, start: int, items, texts, results) -> None:
+        if self.samples_path is None or self.config.samples_per_step <= 0:
+            return
+        with self.samples_path.open("a") as handle:
+            for item, text, result in list(zip(items, texts, results))[:self.config.samples_per_step]:
+                handle.write(json.dumps({"step": start + 1, "prompt": item.text, "completion": text,
+                                         "reward": result.reward, "correct": result.correct}) + "\n")
+
+
+def build_rollout_source(trainer) -> RolloutSource:
+    """The rollout source of a :class:`~dare.trainer.Trainer` (prompts from ``data``, reward and sampler from
+    ``rollout``)."""
+    from dare.data.prompts import build_prompts
+    from dare.rewards import get_reward
+
+    cfg = trainer.config
+    if cfg.rollout.reward is None:
+        raise ConfigError("RL needs a reward: set rollout.reward (e.g. gsm8k, d1_countdown, exact_match)")
+    reward = get_reward(cfg.rollout.reward)
+    prompts, dropped = build_prompts(cfg.data, trainer.tokenizer, cfg.rollout.max_prompt_length, cfg.trainer.seed)
+    if dropped and trainer.info.is_main:
+        print(f"warning: dropped {dropped} of {dropped + len(prompts)} prompts longer than "
+              f"rollout.max_prompt_length={cfg.rollout.max_prompt_length}")
+    return RolloutSource(
+        prompts, policy=trainer.model, algorithm=trainer.algorithm, tokenizer=trainer.tokenizer, reward=reward,
+        config=cfg.rollout, batch_size=cfg.trainer.batch_size, micro_batch_size=cfg.trainer.micro_batch_size,
+        info=trainer.info, seed=cfg.trainer.seed, shuffle=cfg.data.shuffle, reference=trainer.reference,
+        output_dir=trainer.output_dir if cfg.rollout.samples_file else None,
+    )
+
+
+__all__ = ["RolloutSource", "build_rollout_source"]

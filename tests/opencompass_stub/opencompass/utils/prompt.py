@@ -1,0 +1,2 @@
+class PromptList(list):
+    """Prompt made of strings, role dicts ``{"role", "prompt"}`` and section markers."""

@@ -1,0 +1,59 @@
+"""Shared helpers of the rollout tests: tiny models with realistic confidences, padded prompt batches."""
+
+import pytest
+import torch
+
+from dare.models.tiny import tiny_model
+from dare.rollout import left_pad
+
+
+@pytest.fixture(autouse=True)
+def single_thread():
+    """Tiny models run fastest on one thread; two OpenMP threads on a shared 2-core machine spin-wait
+    (measured 50x slower under load). Import this fixture into a test module to use it."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def sharp_model(family: str, seed: int = 1, scale: float = 50.0, dtype=torch.float32, **overrides):
+    """A tiny model whose LM head is scaled so that confidences spread over (0, 1) like a trained model's
+    (with the default init every token has probability ~1/264)."""
+    model = tiny_model(family, seed=seed, dtype=dtype, **overrides)
+    with torch.no_grad():
+        model.get_output_embeddings().weight.mul_(scale)
+    return model
+
+
+def prompts(lengths, seed: int = 0, vocab: int = 256):
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, vocab, (n,), generator=gen).tolist() for n in lengths]
+
+
+def padded(lengths, seed: int = 0, pad_id: int = 256):
+    """Left-padded ``input_ids, attention_mask`` of random byte prompts."""
+    return left_pad(prompts(lengths, seed), pad_id)
+
+
+def bias_token(model, token_id: int, value: float):
+    """Add ``value`` to one token's logit (a hook on the LM head); returns the hook handle."""
+    def hook(module, inputs, output):
+        output = output.clone()
+        output[..., token_id] += value
+        return output
+
+    return model.get_output_embeddings().register_forward_hook(hook)
+
+
+def sprinkle_token(model, token_id: int, rate: float = 0.25, margin: float = 6.0):
+    """Make ``token_id`` the clear favourite at a pseudo-random, context-dependent ``rate`` of positions
+    (a deterministic function of each position's own logits), e.g. to get EOS at varying places."""
+    def hook(module, inputs, output):
+        output = output.clone()
+        pick = torch.sin(output[..., 1].double() * 1000.0) > 1 - 2 * rate
+        top = output.max(-1).values + margin
+        output[..., token_id] = torch.where(pick, top, output[..., token_id])
+        return output
+
+    return model.get_output_embeddings().register_forward_hook(hook)

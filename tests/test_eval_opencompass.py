@@ -1,0 +1,154 @@
+"""The OpenCompass plug-in (``dare.eval.opencompass``) against a tiny model.
+
+With OpenCompass installed the tests use it; otherwise they use ``tests/opencompass_stub``, a minimal stand-in
+of the parts of OpenCompass's ``BaseModel`` interface that the plug-in and the inferencers touch. (The full
+OpenCompass pipeline was also run with ``configs/opencompass/eval_dare_tiny.py``; see the README.)"""
+
+import importlib
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from eval_helpers import train_memorised
+from rollout_helpers import single_thread  # noqa: F401  (fixture)
+
+from dare.data.tokenizer import build_byte_tokenizer
+from dare.errors import ConfigError
+from dare.eval.likelihood import LikelihoodConfig, Request, continuation_elbo
+from dare.models.tiny import tiny_model
+from dare.rollout import SamplerConfig, generate
+
+STUB = Path(__file__).parent / "opencompass_stub"
+HAVE_OPENCOMPASS = importlib.util.find_spec("opencompass") is not None
+
+
+@pytest.fixture
+def oc():
+    """``(plug-in module, PromptList)`` with OpenCompass or the stand-in importable."""
+    added = False
+    if not HAVE_OPENCOMPASS:
+        sys.path.insert(0, str(STUB))
+        added = True
+    sys.modules.pop("dare.eval.opencompass", None)
+    try:
+        module = importlib.import_module("dare.eval.opencompass")
+        from opencompass.utils.prompt import PromptList
+
+        yield module, PromptList
+    finally:
+        sys.modules.pop("dare.eval.opencompass", None)
+        if added:
+            sys.path.remove(str(STUB))
+            for name in [n for n in sys.modules if n == "opencompass" or n.startswith("opencompass.")]:
+                del sys.modules[name]
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    """A tiny LLaDA that only writes printable ASCII (so that stop strings can be checked on its text)."""
+    model = tiny_model("llada", seed=0).eval()
+    allowed = torch.zeros(model.config.vocab_size, dtype=torch.bool)
+    allowed[32:127] = True
+
+    def printable(module, inputs, output):
+        return output.masked_fill(~allowed.to(output.device), -1e4)
+
+    model.get_output_embeddings().register_forward_hook(printable)
+    return model, build_byte_tokenizer()
+
+
+def test_imports_without_opencompass_and_says_what_to_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "opencompass", None)  # `import opencompass...` now fails
+    monkeypatch.delitem(sys.modules, "dare.eval.opencompass", raising=False)
+    module = importlib.import_module("dare.eval.opencompass")
+    try:
+        with pytest.raises(ConfigError) as err:
+            module.DareDiffusionModel(path="tiny:llada")
+    finally:
+        sys.modules.pop("dare.eval.opencompass", None)
+    message = str(err.value)
+    assert message.startswith("the OpenCompass plug-in needs opencompass") and "dare-dllm[opencompass]" in message
+    assert "\n" not in message
+
+
+def test_is_an_opencompass_model_and_registered(oc, tiny):
+    module, _ = oc
+    from opencompass.models.base import BaseModel
+    from opencompass.registry import MODELS
+
+    model = MODELS.build(dict(type="DareDiffusionModel", path="tiny:llada", model=tiny[0], tokenizer=tiny[1]))
+    assert isinstance(model, BaseModel) and isinstance(model, module.DareDiffusionModel)
+    assert model.get_token_len("abc") == len(tiny[1]("abc")["input_ids"])
+    with pytest.raises(ConfigError, match="unknown sampler option 'temprature'"):
+        module.DareDiffusionModel(path="tiny:llada", model=tiny[0], tokenizer=tiny[1], sampler={"temprature": 1})
+
+
+def test_generate_matches_dare_rollout_and_cuts_stop_words(oc, tiny):
+    module, PromptList = oc
+    model, tok = tiny
+    oc_model = module.DareDiffusionModel(path="tiny:llada", model=model, tokenizer=tok, chat=False,
+                                         sampler=dict(sampler="fastdllm", threshold=0.5))
+    prompts = ["What is 2+2?", "Name a colour:"]
+    texts = oc_model.generate(prompts, max_out_len=12)
+    config = SamplerConfig(sampler="fastdllm", threshold=0.5, gen_length=12)  # 12 < 32: one block of 12
+    assert oc_model.sampler_config(12).gen_length == 12 and oc_model.sampler_config(40).gen_length == 64
+    out = generate(model, [tok(p)["input_ids"] for p in prompts], config=config, example_ids=[0, 1])
+    expected = [tok.decode(out.completion[i][out.completion_mask[i]].tolist(), skip_special_tokens=True) for i in range(2)]
+    assert texts == expected
+    # a stop word cuts the text at its first occurrence
+    assert all(len(t) == 12 and t.isprintable() for t in texts)
+    stop = texts[0][5:7]
+    cut = oc_model.generate(prompts[:1], max_out_len=12, stopping_criteria=[stop])
+    assert cut[0] == texts[0][:texts[0].find(stop)] and len(cut[0]) <= 5
+    # chat models keep the turns of a gen prompt and apply the chat template
+    chat = module.DareDiffusionModel(path="tiny:llada", model=model, tokenizer=tok)
+    prompt = PromptList([{"section": "round", "pos": "begin"}, {"role": "HUMAN", "prompt": "Hi"},
+                         {"role": "BOT", "prompt": ""}, {"section": "round", "pos": "end"}])
+    parsed = chat.parse_template([prompt], mode="gen")[0]
+    assert [(p["role"], p["prompt"].strip()) for p in parsed] == [("HUMAN", "Hi")]  # OpenCompass appends "\n"
+    turns = [{"role": "user", "content": parsed[0]["prompt"]}]
+    templated = tok.apply_chat_template(turns, tokenize=False, add_generation_prompt=True)
+    assert chat._prompt_ids(parsed, 16) == tok(templated, add_special_tokens=False)["input_ids"]
+    assert isinstance(chat.parse_template([prompt], mode="ppl")[0], str)  # likelihood inferencers need text
+    assert len(chat.generate_from_template([prompt], max_out_len=8)) == 1
+
+
+def test_likelihood_methods_are_the_mc_elbo(oc, tiny):
+    module, _ = oc
+    model, tok = tiny
+    oc_model = module.DareDiffusionModel(path="tiny:llada", model=model, tokenizer=tok, likelihood={"mc_samples": 3},
+                                         seed=5)
+    config = LikelihoodConfig(mc_samples=3)
+    context = "Q: 2+2? A:"
+    inputs = [context + " 4", context + " 5"]
+    cut = oc_model.get_token_len(context)
+    ppl = oc_model.get_ppl(inputs, mask_length=[cut, cut])
+    ids = [tok(text)["input_ids"] for text in inputs]
+    terms = continuation_elbo(model, [Request(x[:cut], x[cut:], i) for i, x in enumerate(ids)], config, seed=5)
+    assert ppl.tolist() == pytest.approx((-terms.mean(1) / 2).tolist(), rel=1e-6)
+    ll = oc_model.get_loglikelihood(inputs, [" 4", " 5"])
+    assert ll.tolist() == pytest.approx(terms.mean(1).tolist(), rel=1e-6)
+    whole = oc_model.get_ppl(inputs[:1])  # no mask_length: everything after BOS is scored
+    assert whole.shape == (1,) and 0 < whole[0] < 20
+    # options at the same batch position share corruptions: same-length options differ only by their tokens
+    same = oc_model.get_loglikelihood([context + " 4", context + " 4"], [" 4", " 4"])
+    assert same[0] != same[1]  # different groups (positions) -> different noise
+    again = oc_model.get_loglikelihood([context + " 4"], [" 4"])
+    assert again[0] == pytest.approx(ll[0], rel=1e-9)
+    with pytest.raises(Exception, match="not in input"):
+        oc_model.get_loglikelihood([context], [" 7"])
+
+
+def test_ppl_ranks_a_memorised_answer_first(oc, tiny):
+    """End to end through OpenCompass's entry point: the lowest ELBO-perplexity option is the memorised one."""
+    module, _ = oc
+    model = tiny_model("llada", seed=3)
+    tok = tiny[1]
+    train_memorised(model, tok, "Q: 2+2? A:", " 4")
+    oc_model = module.DareDiffusionModel(path="tiny:llada", model=model, tokenizer=tok, likelihood={"mc_samples": 2})
+    options = [" 7", " 4", " 9"]
+    ppl = [oc_model.get_ppl_from_template(["Q: 2+2? A:" + o], mask_length=[oc_model.get_token_len("Q: 2+2? A:")])[0]
+           for o in options]
+    assert min(range(3), key=ppl.__getitem__) == 1

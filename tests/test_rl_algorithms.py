@@ -1,0 +1,305 @@
+"""RL plug-ins through the real code on a tiny LLaDA: the sanity properties of algorithms.md per algorithm,
+stored views shared by old / reference / current, invariance to micro-batching."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from rl_helpers import Constant, algorithm, backward_all, policy, source, totals_of
+from rollout_helpers import single_thread  # noqa: F401  (autouse fixture)
+
+RL_NAMES = ["d1", "wd1", "coupled_grpo", "spg", "bgpo", "cj_grpo", "mdpo"]
+SMALL = {"bgpo": {"mc_num": 3}, "spg": {"block_length": 4}, "mdpo": {"train_steps": 2}}
+
+
+def direct_logp(model, batch, noisy, select, targets=None):
+    targets = batch["input_ids"] if targets is None else targets
+    logits = model(noisy, attention_mask=batch["attention_mask"]).logits.float()
+    logp = torch.log_softmax(logits, -1).gather(-1, targets[..., None]).squeeze(-1)
+    return torch.where(select, logp, 0.0)
+
+
+# --------------------------------------------------------------------------------------------- d1
+def test_d1_views_and_one_step_logprobs_equal_a_direct_forward():
+    src = source("d1", inner_steps=1, kl_coef=0.0, p_mask_prompt=0.5)
+    mb = src.batch(0)[0]
+    noisy, ids = mb["noisy_ids"], mb["input_ids"]
+    mask_id = src.token_ids.mask
+    assert bool((noisy[mb["generated"]] == mask_id).all())  # the whole completion is masked
+    masked_prompt = (noisy == mask_id) & mb["prompt_mask"]
+    assert 0 < int(masked_prompt.sum()) < int(mb["prompt_mask"].sum())  # some prompt tokens, p = 0.5
+    untouched = ~mb["generated"] & ~masked_prompt
+    assert torch.equal(noisy[untouched], ids[untouched])
+    with torch.no_grad():
+        got = src.algorithm.estimate(src.policy, mb)["logp"]
+        want = direct_logp(src.policy, mb, noisy, mb["completion_mask"])
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_d1_on_policy_loss_is_minus_length_weighted_advantage():
+    src = source("d1", inner_steps=1, kl_coef=0.0)
+    micro = src.batch(0)
+    algo = src.algorithm
+    assert not algo.needs.old_logprobs and not algo.needs.reference
+    totals = totals_of(algo, micro)
+    mb = micro[0]
+    loss, metrics = algo.loss(mb, algo.estimate(src.policy, mb), totals)
+    n = mb["completion_mask"].sum(-1).float()
+    expected = -(mb["advantages"] * n).sum() / n.sum()
+    assert abs(float(loss.detach()) - float(expected)) < 1e-6
+    assert float(metrics["policy/clip_frac"]) == 0.0  # rho == 1 everywhere
+
+
+def test_d1_token_logprob_does_not_depend_on_other_completion_tokens():
+    src = source("d1", inner_steps=1, kl_coef=0.0, p_mask_prompt=0.0)
+    mb = src.batch(0)[0]
+    algo = src.algorithm
+    with torch.no_grad():
+        before = algo.estimate(src.policy, algo.corrupt(mb.clone(), 0))["logp"]
+        changed = mb.clone()
+        k = int(changed["generated"][0].nonzero()[0])
+        changed["input_ids"][0, k] = (changed["input_ids"][0, k] + 1) % 256
+        after = algo.estimate(src.policy, algo.corrupt(changed, 0))["logp"]
+    others = changed["completion_mask"].clone()
+    others[0, k] = False
+    torch.testing.assert_close(before[others], after[others], atol=0, rtol=0)
+    assert before[0, k] != after[0, k]
+
+
+def test_old_reference_and_current_share_stored_views():
+    src = source("d1", inner_steps=2, kl_coef=0.04, p_mask_prompt=0.3)
+    algo = src.algorithm
+    assert algo.needs.old_logprobs and algo.needs.reference
+    first, second = src.batch(0)[0], src.batch(1)[0]
+    assert not torch.equal(first["noisy_ids"], second["noisy_ids"])  # each inner step has its own mask
+    for mb in (first, second):
+        with torch.no_grad():
+            current = algo.estimate(src.policy, mb)["logp"]
+        # policy unchanged since the rollout and reference == policy: identical inputs give identical values
+        torch.testing.assert_close(mb["old_logp"], current, atol=0, rtol=0)
+        torch.testing.assert_close(mb["ref_logp"], current, atol=0, rtol=0)
+    again = src.batch(1)[0]  # the cache serves the stored views again
+    assert torch.equal(again["noisy_ids"], second["noisy_ids"])
+    assert torch.equal(again["old_logp"], second["old_logp"])
+
+
+# --------------------------------------------------------------------------------------------- coupled
+def test_coupled_masks_are_complementary_fresh_and_on_policy_ratio_is_one():
+    src = source("coupled_grpo", inner_steps=2, kl_coef=0.0)
+    a, b = src.batch(0)[0], src.batch(1)[0]
+    mask_id = src.token_ids.mask
+    for mb in (a, b):
+        gen = mb["generated"]
+        z0, z1, z2 = (mb["noisy_ids"][:, v] == mask_id for v in range(3))
+        assert torch.equal(z0, gen)
+        assert not bool((z1 & z2).any()) and torch.equal(z1 | z2, gen)
+        assert bool(((mb["t"] >= 0.2) & (mb["t"] <= 0.8)).all())
+        with torch.no_grad():
+            current = src.algorithm.estimate(src.policy, mb)["logp"]
+        torch.testing.assert_close(mb["old_logp"], current, atol=0, rtol=0)
+    assert not torch.equal(a["in_first"], b["in_first"])  # fresh masks per step
+    on_policy = source("coupled_grpo", inner_steps=1, kl_coef=0.0)
+    micro = on_policy.batch(0)
+    totals = totals_of(on_policy.algorithm, micro)
+    mb = micro[0]
+    loss, metrics = on_policy.algorithm.loss(mb, on_policy.algorithm.estimate(on_policy.policy, mb), totals)
+    n = mb["completion_mask"].sum(-1).float()
+    assert abs(float(loss.detach()) + float((mb["advantages"] * n).sum() / n.sum())) < 1e-6
+    assert float(metrics["policy/clip_frac"]) == 0.0
+
+
+# --------------------------------------------------------------------------------------------- wd1
+def test_wd1_equal_rewards_give_zero_loss_and_gradient():
+    src = source("wd1", inner_steps=1, reward=Constant())
+    micro = src.batch(0)
+    assert float(micro[0]["wd1_weight"].abs().max()) == 0.0
+    loss, grads = backward_all(src.algorithm, src.policy, micro)
+    assert loss == 0.0
+    assert all(float(g.abs().max()) == 0.0 for g in grads.values())
+
+
+def test_wd1_weights_are_group_softmax_differences():
+    src = source("wd1", inner_steps=1)
+    mb = src.batch(0)[0]
+    adv = mb["advantages"].reshape(-1, 4)
+    expected = (torch.softmax(-adv, 1) - torch.softmax(adv, 1)).reshape(-1)
+    torch.testing.assert_close(mb["wd1_weight"], expected)
+    torch.testing.assert_close(mb["wd1_weight"].reshape(-1, 4).sum(1), torch.zeros(2), atol=1e-6, rtol=0)
+
+
+# --------------------------------------------------------------------------------------------- SPG
+def test_spg_degenerate_eubo_equals_elbo_and_zero_advantages_give_zero_loss():
+    options = dict(num_t=1, block_length=8, min_t=1.0, max_t=1.0, p_mask_prompt=0.0, logp_estimation="eubo")
+    src = source("spg", inner_steps=1, **options)
+    mb = src.batch(0)[0]
+    assert torch.equal(mb["masked"][:, 0] & mb["generated"], mb["generated"])  # whole completion masked
+    algo = src.algorithm
+    with torch.no_grad():
+        logp = algo.estimate(src.policy, mb)["logp"]
+    negative = mb.clone()
+    negative["advantages"] = -negative["advantages"].abs() - 1  # every row takes the EUBO branch
+    positive = mb.clone()
+    positive["advantages"] = negative["advantages"].abs()
+    torch.testing.assert_close(algo.sequence_estimates(negative, logp), algo.sequence_estimates(positive, logp),
+                               atol=1e-5, rtol=1e-5)
+    zero = mb.clone()
+    zero["advantages"] = torch.zeros_like(zero["advantages"])
+    loss, _ = algo.loss(zero, {"logp": logp}, totals_of(algo, [zero]))
+    assert float(loss) == 0.0
+
+
+def test_spg_block_views_follow_the_rules():
+    src = source("spg", inner_steps=1, num_t=2, block_length=4, p_mask_prompt=0.0)
+    mb = src.batch(0)[0]
+    gen = mb["generated"]
+    for row in range(mb.batch_size[0]):
+        length = int(mb["completion_mask"][row].sum())
+        for j in range(2):
+            view = mb["masked"][row, j][gen[row]]
+            assert not bool(mb["masked"][row, j][~gen[row]].any())  # no prompt masking with p = 0
+            assert bool(view[length:].all())  # everything after the first EOS is masked
+            chosen = int(view.to(torch.int8).argmax()) // 4  # earlier blocks clean: the first mask is in block b
+            assert bool(view[(chosen + 1) * 4:].all())  # later blocks fully masked
+
+
+# --------------------------------------------------------------------------------------------- BGPO
+def test_bgpo_on_policy_gradient_is_the_elbo_policy_gradient_and_termwise_equals_joint():
+    src = source("bgpo", inner_steps=1, mc_num=3)
+    algo, model = src.algorithm, src.policy
+    micro = src.batch(0)
+    mb = micro[0]
+    totals = totals_of(algo, micro)
+    # per-term backward (the trainer's path)
+    _, termwise = backward_all(algo, model, micro)
+    # one joint backward of the summed loss
+    model.zero_grad(set_to_none=True)
+    joint_loss, _ = algo.loss(mb, algo.estimate(model, mb), totals)
+    joint_loss.backward()
+    joint = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    # the ELBO policy gradient: -(1/N) sum_i A_i grad mean_k l_ik
+    model.zero_grad(set_to_none=True)
+    elbo = algo.estimate(model, mb)["elbo"].mean(1)
+    (-(mb["advantages"] * elbo).sum() / mb.batch_size[0]).backward()
+    reference = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    assert float(mb["advantages"].abs().max()) > 0
+    for name in reference:
+        torch.testing.assert_close(termwise[name], joint[name], atol=1e-6, rtol=1e-4)
+        torch.testing.assert_close(termwise[name], reference[name], atol=1e-6, rtol=1e-4)
+    assert abs(float(joint_loss) + float((mb["advantages"]).sum()) / mb.batch_size[0]) < 1e-5  # ratios are 1
+
+
+def test_bgpo_views_are_stratified_over_the_completion():
+    src = source("bgpo", inner_steps=1, mc_num=4)
+    mb = src.batch(0)[0]
+    masked = mb["mask"]
+    assert not bool((masked & ~mb["completion_mask"][:, None]).any())
+    counts = masked.sum(-1)
+    lengths = mb["completion_mask"].sum(-1, keepdim=True)
+    assert bool(((counts >= 1) & (counts <= lengths)).all())
+    torch.testing.assert_close(mb["p_mask"].amax(-1) * 0 + torch.where(masked, mb["p_mask"], 0).amax(-1),
+                               counts / lengths, atol=1e-6, rtol=0)
+
+
+# --------------------------------------------------------------------------------------------- MDPO
+def test_mdpo_constant_rewards_give_zero_step_advantages():
+    src = source("mdpo", inner_steps=1, train_steps=2, reward=Constant())
+    mb = src.batch(0)[0]
+    assert mb["advantages"].shape == (8, 2)
+    assert float(mb["advantages"].abs().max()) == 0.0
+    assert torch.equal(mb["step_rewards"], torch.ones_like(mb["step_rewards"]))
+
+
+def test_mdpo_views_replay_selected_steps():
+    src = source("mdpo", inner_steps=1, train_steps=2, kl_coef=0.0)
+    mb = src.batch(0)[0]
+    mask_id = src.token_ids.mask
+    for k, s in enumerate(mb["mdpo_steps"][0].tolist()):
+        state = mb["traj_states"][:, s]
+        region = mb["generated"]
+        assert torch.equal(mb["noisy_ids"][:, k][region].reshape(state.shape), state)
+        sel = mb["select"][:, k]
+        assert bool((mb["noisy_ids"][:, k][sel] == mask_id).all()) and bool(sel.any())
+        with torch.no_grad():
+            got = src.algorithm.estimate_term(src.policy, mb, k)["logp"]
+            logits = src.policy(mb["noisy_ids"][:, k], attention_mask=mb["attention_mask"]).logits.float()
+            logits = logits / mb["temperature"][:, None, None]
+            want = torch.log_softmax(logits, -1).gather(-1, mb["targets"][:, k, :, None]).squeeze(-1)
+        torch.testing.assert_close(got, torch.where(sel, want, 0.0), atol=1e-5, rtol=1e-5)
+
+
+# --------------------------------------------------------------------------------------------- CJ-GRPO
+def test_cj_grpo_steps_partition_the_completion():
+    src = source("cj_grpo", inner_steps=1, kl_coef=0.0, steps=4)
+    mb = src.batch(0)[0]
+    per_token = mb["select"].sum(1)
+    assert torch.equal(per_token, mb["completion_mask"].long())  # every completion token in exactly one U_s
+    mask_id = src.token_ids.mask
+    assert bool((mb["noisy_ids"][mb["select"]] == mask_id).all())  # U_s was masked in x_s
+
+
+def test_cj_grpo_with_one_step_equals_d1_without_prompt_masking():
+    model = policy()
+    cj = source("cj_grpo", model, inner_steps=1, kl_coef=0.0, steps=1)
+    d1 = source("d1", model, inner_steps=1, kl_coef=0.0, p_mask_prompt=0.0, steps=1)
+    a, b = cj.batch(0), d1.batch(0)
+    assert torch.equal(a[0]["input_ids"], b[0]["input_ids"])  # same rollouts
+    assert a[0]["noisy_ids"].shape[1] == 1
+    torch.testing.assert_close(a[0]["noisy_ids"][:, 0], b[0]["noisy_ids"], atol=0, rtol=0)
+    loss_cj, grads_cj = backward_all(cj.algorithm, model, a)
+    loss_d1, grads_d1 = backward_all(d1.algorithm, model, b)
+    assert abs(loss_cj - loss_d1) < 1e-6
+    for name in grads_d1:
+        torch.testing.assert_close(grads_cj[name], grads_d1[name], atol=1e-7, rtol=1e-5)
+
+
+# --------------------------------------------------------------------------------------------- all
+@pytest.mark.parametrize("name", RL_NAMES)
+def test_loss_and_gradient_do_not_depend_on_micro_batching(name):
+    model = policy()
+    options = {"inner_steps": 1, **SMALL.get(name, {})}
+    one = source(name, model, micro=8, **options)
+    two = source(name, model, micro=4, **options)
+    loss_one, grads_one = backward_all(one.algorithm, model, one.batch(0))
+    loss_two, grads_two = backward_all(two.algorithm, model, two.batch(0))
+    assert math.isfinite(loss_one) and abs(loss_one - loss_two) < 1e-5
+    assert any(float(g.abs().max()) > 0 for g in grads_one.values())
+    for key in grads_one:
+        torch.testing.assert_close(grads_one[key], grads_two[key], atol=1e-6, rtol=1e-4)
+
+
+def test_vrpo_policy_equal_to_reference_gives_log_two(tmp_path):
+    from dare.data.tokenizer import EOS_ID, PAD_ID, build_byte_tokenizer
+    from dare.data.prompts import build_pairs
+    from dare.trainer.config import DataConfig
+    from dare.trainer.preference import PairSource
+    from dare.trainer.workflow import Reference
+    import copy
+
+    model = policy()
+    algo = algorithm("vrpo", model, mc_num=2)
+    cfg = DataConfig(path="synthetic:reverse", num_examples=8, chat_template=False, max_length=64)
+    pairs, _ = build_pairs(cfg, build_byte_tokenizer(), EOS_ID)
+    src = PairSource(pairs, algorithm=algo, policy=model, reference=Reference(model, copy.deepcopy(model).eval()),
+                     batch_size=4, micro_batch_size=2, eos_id=EOS_ID, pad_id=PAD_ID)
+    micro = src.batch(0)
+    assert len(micro) == 2 and all(mb.batch_size[0] == 4 for mb in micro)  # whole pairs per micro-batch
+    mb = micro[0]
+    assert torch.equal(mb["example_index"][0::2].amax(-1) + 1, mb["example_index"][1::2].amax(-1))
+    totals = totals_of(algo, micro)
+    loss = sum(float(algo.loss(m, algo.estimate(model, m), totals)[0]) for m in micro)
+    assert abs(loss - math.log(2)) < 1e-6
+    # the DPO gradient at pi = ref: -(beta/2) mean_pairs (grad B(y_w) - grad B(y_l))
+    model.zero_grad(set_to_none=True)
+    for m in micro:
+        algo.backward(model, m, totals)
+    got = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+    expected = 0
+    for m in micro:
+        e = algo.estimate(model, m)["elbo"]
+        expected = expected - 0.5 * algo.config.beta * (e[0::2] - e[1::2]).sum() / 4
+    expected.backward()
+    for n, p in model.named_parameters():
+        torch.testing.assert_close(got[n], p.grad, atol=1e-7, rtol=1e-4)

@@ -1,0 +1,68 @@
+"""``dare generate`` and the rollout benchmark's CPU smoke mode."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+from rollout_helpers import single_thread  # noqa: F401  (fixture)
+
+from dare.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_generate_tiny_json(capsys):
+    code = main(["generate", "--model", "tiny:llada", "--prompt", "Hi", "--prompt", "What is 2+2?",
+                 "--sampler", "fastdllm", "--gen-length", "16", "--block-length", "8", "--cache", "dual",
+                 "-o", "eos_early_stop=false", "--json"])
+    assert code == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["sampler"] == "fastdllm" and result["config"]["cache"] == "dual"
+    assert result["config"]["eos_early_stop"] is False
+    assert len(result["results"]) == 2 and all(len(r["tokens"]) == 16 for r in result["results"])
+    assert 2 <= result["nfe"] <= 16
+
+
+def test_generate_checkpoint_dir_with_chat_template(tiny_dirs, capsys):
+    args = ["generate", "--model", str(tiny_dirs["dream"]), "--prompt", "Hello", "--sampler", "dream",
+            "--gen-length", "8", "--steps", "4", "--temperature", "0.5", "--json"]
+    assert main(args) == 0
+    chat = json.loads(capsys.readouterr().out)
+    assert main(args + ["--no-chat-template"]) == 0
+    raw = json.loads(capsys.readouterr().out)
+    assert chat["config"]["schedule"] == "timestep" and chat["nfe"] == 4
+    assert chat["results"][0]["steps"] == raw["results"][0]["steps"] == 4
+    # <|bos|><|user|>Hello<|eot|><|assistant|> vs the 5 bytes of "Hello"
+    assert (chat["results"][0]["prompt_tokens"], raw["results"][0]["prompt_tokens"]) == (9, 5)
+
+
+def test_generate_errors_are_one_line(tmp_path, capsys):
+    cases = ((["--sampler", "fastdlm"], "unknown sampler 'fastdlm' (did you mean 'fastdllm'?)"),
+             (["-o", "temprature=1"], "unknown sampler option 'temprature' (did you mean 'temperature'?)"),
+             (["--block-length", "5"], "block_length (5) must divide gen_length (128)"),
+             (["--model", str(tmp_path / "nope")], "not a checkpoint directory"))
+    for extra, message in cases:
+        assert main(["generate", "--model", "tiny:llada", "--prompt", "x", *extra]) == 2
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], lines
+
+
+def load_benchmark():
+    spec = importlib.util.spec_from_file_location("rollout_benchmark", ROOT / "benchmarks" / "rollout.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_benchmark_tiny_smoke(tmp_path, capsys):
+    out = tmp_path / "bench.json"
+    bench = load_benchmark()
+    assert bench.main(["--tiny", "--batch", "2", "--gen", "16", "--configs", "naive", "dual", "dual+threshold",
+                       "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    data = json.loads(out.read_text())
+    runs = {r["config"]: r for r in data["results"]}
+    assert set(runs) == {"naive", "dual", "dual+threshold"}
+    assert runs["naive"]["nfe"] == runs["dual"]["nfe"] == 16 and runs["naive"]["tokens"] == 32
+    assert runs["dual+threshold"]["tokens_per_forward"] >= 1
+    assert "| dual+threshold |" in printed and "x naive" in printed
