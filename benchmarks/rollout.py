@@ -37,6 +37,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import LLADA_8B, ConfidenceInjection, build_llada, sync, weight_bytes  # noqa: E402,F401
 
 CONFIGS = {
     "naive": dict(cache="none", decoder="quota"),
@@ -46,10 +49,6 @@ CONFIGS = {
     "prefix+threshold": dict(cache="prefix", decoder="threshold"),
     "dual+threshold": dict(cache="dual", decoder="threshold"),
 }
-
-LLADA_8B = dict(d_model=4096, n_heads=32, n_kv_heads=32, n_layers=32, mlp_hidden_size=12288, vocab_size=126464,
-                embedding_size=126464, max_sequence_length=4096, mask_token_id=126336, eos_token_id=126081,
-                pad_token_id=126081)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -81,31 +80,11 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def build_model(tiny: bool, device: torch.device):
     """Tiny fp32 LLaDA, or an LLaDA-8B-shaped model with random bf16 weights initialised on ``device``."""
-    import dare  # noqa: F401
-    from dare.models.llada import LLaDAConfig, LLaDAModelLM, tiny_llada_config
     from dare.models.tiny import tiny_model
 
     if tiny:
         return tiny_model("llada", seed=0).to(device)
-    raw = tiny_llada_config(**LLADA_8B)
-    raw.pop("model_type")
-    config = LLaDAConfig.from_dict(raw)
-    with torch.device("meta"):
-        model = LLaDAModelLM(config)
-    model = model.to(torch.bfloat16).to_empty(device=device)
-    gen = torch.Generator(device=device).manual_seed(0)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if name.endswith("norm.weight") or ".ln_f." in name:
-                param.fill_(1.0)
-            else:
-                param.normal_(0.0, 0.02, generator=gen)
-    return model.eval()
-
-
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+    return build_llada(device)
 
 
 def memory_bandwidth(device: torch.device, nbytes: int) -> float:
@@ -124,24 +103,9 @@ def memory_bandwidth(device: torch.device, nbytes: int) -> float:
     return 2 * nbytes * reps / seconds
 
 
-def weight_bytes(model) -> int:
-    """Bytes of the weights a forward reads in full (the input embedding is only gathered row-wise)."""
-    embedding = model.get_input_embeddings().weight
-    return sum(p.numel() * p.element_size() for p in model.parameters() if p is not embedding)
-
-
 def inject_confidence(model, fraction: float, device: torch.device, margin: float = 20.0):
     """Raise the top logit by ``margin`` at a random ``fraction`` of the positions of every forward."""
-    if fraction <= 0:
-        return None
-    gen = torch.Generator(device=device).manual_seed(1234)
-
-    def hook(module, inputs, output):
-        pick = torch.rand(output.shape[:-1], device=output.device, generator=gen) < fraction
-        boost = pick[..., None].to(output.dtype) * margin
-        return output.scatter_add_(-1, output.argmax(-1, keepdim=True), boost)
-
-    return model.get_output_embeddings().register_forward_hook(hook)
+    return ConfidenceInjection(model, fraction, device, margin).handle
 
 
 def run_once(model, prompts, gen_length, args, overrides, max_blocks):

@@ -37,7 +37,6 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import math
 import os
 import signal
 import sys
@@ -57,6 +56,8 @@ os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
 import torch  # noqa: E402
 import torch._dynamo  # noqa: E402
 
+from common import LLADA_8B as LLADA_8B_CONFIG  # noqa: E402
+from common import build_llada, sync  # noqa: E402
 from workload import Workload, make_workload  # noqa: E402
 
 DEFAULT_VARIANTS = ("padded-eager", "padded-sdpa", "packed-sdpa", "packed-varlen", "packed-varlen+fullce",
@@ -101,8 +102,10 @@ class Shape:
         return 6.0 * self.matmul_params * tokens + attention
 
 
-LLADA_8B = Shape(d_model=4096, n_heads=32, n_layers=32, mlp=12288, vocab=126464, mask_id=126336, eos_id=126081,
-                 pad_id=126081)
+LLADA_8B = Shape(d_model=LLADA_8B_CONFIG["d_model"], n_heads=LLADA_8B_CONFIG["n_heads"],
+                 n_layers=LLADA_8B_CONFIG["n_layers"], mlp=LLADA_8B_CONFIG["mlp_hidden_size"],
+                 vocab=LLADA_8B_CONFIG["vocab_size"], mask_id=LLADA_8B_CONFIG["mask_token_id"],
+                 eos_id=LLADA_8B_CONFIG["eos_token_id"], pad_id=LLADA_8B_CONFIG["pad_token_id"])
 TINY = Shape(d_model=64, n_heads=4, n_layers=2, mlp=128, vocab=264, mask_id=259, eos_id=258, pad_id=256)
 
 
@@ -139,22 +142,11 @@ def log(message: str = "") -> None:
 
 # ---- model and calibration -------------------------------------------------------------------------
 def build_model(shape: Shape, dtype: torch.dtype, device: torch.device, seed: int = 0):
-    """A randomly initialised LLaDA of ``shape`` allocated directly on ``device`` (no CPU copy)."""
-    from dare.models.llada import LLaDAConfig, LLaDAModelLM
-
-    config = LLaDAConfig(
-        d_model=shape.d_model, n_heads=shape.n_heads, n_kv_heads=shape.n_heads, n_layers=shape.n_layers,
-        mlp_hidden_size=shape.mlp, vocab_size=shape.vocab, embedding_size=shape.vocab, rope_theta=500000.0,
-        max_sequence_length=4096, mask_token_id=shape.mask_id, eos_token_id=shape.eos_id, pad_token_id=shape.pad_id,
-    )
-    with torch.device("meta"):
-        model = LLaDAModelLM(config)
-    model = model.to(dtype).to_empty(device=device)
-    torch.manual_seed(seed)
-    with torch.no_grad():
-        for module in model.modules():
-            model._init_weights(module)
-    return model.train()
+    """A randomly initialised LLaDA of ``shape`` allocated directly on ``device`` (``common.build_llada``)."""
+    return build_llada(device, dtype=dtype, seed=seed, d_model=shape.d_model, n_heads=shape.n_heads,
+                       n_kv_heads=shape.n_heads, n_layers=shape.n_layers, mlp_hidden_size=shape.mlp,
+                       vocab_size=shape.vocab, embedding_size=shape.vocab, mask_token_id=shape.mask_id,
+                       eos_token_id=shape.eos_id, pad_token_id=shape.pad_id).train()
 
 
 def matmul_rate(device: torch.device, dtype: torch.dtype, n: int, iters: int) -> float:
@@ -212,11 +204,6 @@ def layout_tokens(trainer) -> int:
     return sum(int(mb["input_ids"].numel()) for mb in trainer.source.batch(0))
 
 
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def profile_step(trainer, step: int, device: torch.device, rows: int = 12) -> list[dict]:
     """Top operators by self device (CPU: host) time of one profiled step."""
     from torch.profiler import ProfilerActivity, profile
@@ -224,7 +211,7 @@ def profile_step(trainer, step: int, device: torch.device, rows: int = 12) -> li
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with profile(activities=activities) as prof:
         trainer.train_step(step)
-        synchronize(device)
+        sync(device)
     attr = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
     events = sorted(prof.key_averages(), key=lambda e: getattr(e, attr), reverse=True)[:rows]
     total = sum(getattr(e, attr) for e in prof.key_averages()) or 1.0
@@ -253,13 +240,13 @@ def run_variant(variant: Variant, args, shape: Shape, workload: Workload, device
         for step in range(args.warmup):
             start = time.perf_counter()
             records.append(trainer.train_step(step))
-            synchronize(device)
+            sync(device)
             result.setdefault("warmup_s", []).append(round(time.perf_counter() - start, 4))
         step = args.warmup
         while len(times) < args.steps and not (times and time.perf_counter() + times[-1] > begin + share):
             start = time.perf_counter()
             records.append(trainer.train_step(step))
-            synchronize(device)
+            sync(device)
             times.append(time.perf_counter() - start)
             step += 1
         if args.profile:

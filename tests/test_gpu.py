@@ -78,3 +78,24 @@ def test_rollout_on_cuda_matches_cpu_greedy():
     gpu = generate(model.cuda(), prompts.cuda(), None, config)
     agree = (cpu.completion == gpu.completion.cpu()).float().mean().item()
     assert agree > 0.9, agree
+
+
+@pytest.mark.parametrize("cache", ["none", "dual"])
+def test_rl_step_on_cuda_decodes_under_the_trainers_autocast(tmp_path, cache):
+    """fp32 master weights on one GPU: rollout, old/reference and training forwards all run under bf16 autocast
+    (the rollout used to decode in fp32), with the dual cache too."""
+    from pathlib import Path
+
+    from dare.trainer import Trainer, load_train_config
+
+    root = Path(__file__).resolve().parents[1]
+    config = load_train_config(root / "configs/llada/d1_tiny.yaml", [
+        f"trainer.output_dir={tmp_path}", "trainer.progress=false", "trainer.export=false", "trainer.max_steps=2",
+        "distributed.device=cuda", "model.dtype=float32", f"rollout.sampler.cache={cache}",
+        "rollout.sampler.sampler=fastdllm"])
+    trainer = Trainer(config)
+    seen = []
+    trainer.model.register_forward_pre_hook(lambda module, args: seen.append(torch.is_autocast_enabled("cuda")))
+    record = trainer.train_step(0)
+    assert seen and all(seen), seen
+    assert torch.isfinite(torch.tensor(record["loss"])) and record["rollout/logprob_s"] > 0

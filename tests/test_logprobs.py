@@ -32,7 +32,7 @@ def batch_of(layout):
     return collate_padded(exs, max(len(e) for e in exs) + 3, EOS_ID, PAD_ID, eos_padding=False)
 
 
-def reference_logprobs(model, noisy, clean, select, temperature=None, **layout):
+def reference_logprobs(model, noisy, clean, select, temperature=None, targets=None, **layout):
     """Written without the code under test: the model's logits at every position (both copies of the [noisy ;
     clean] forward for block-causal families), the family's shift, the temperature, then select."""
     spec = family_of(model)
@@ -45,7 +45,7 @@ def reference_logprobs(model, noisy, clean, select, temperature=None, **layout):
     logits = spec.align_logits(logits, layout.get("cu_seqlens"))
     if temperature is not None:
         logits = logits / temperature[:, None, None]
-    return selected_logprobs(logits, clean, select)
+    return selected_logprobs(logits, clean if targets is None else targets, select)
 
 
 def grads(model):
@@ -109,7 +109,8 @@ def test_sft_loss_and_gradients_do_not_depend_on_the_logits_path(family, layout)
 
 
 def rollout_like_batch(model, rows=4, width=14, views=2, seed=0):
-    """Left-padded rows (prompt then completion), ``views`` corruptions of the completion per row."""
+    """Left-padded rows (prompt then a 6-token completion), ``views`` corruptions per row of the completion and of
+    a few prompt tokens (d1 / SPG mask the prompt too)."""
     token_ids = family_of(model).token_ids(model.config)
     gen = torch.Generator().manual_seed(seed)
     ids = torch.randint(3, 250, (rows, width), generator=gen)
@@ -118,23 +119,28 @@ def rollout_like_batch(model, rows=4, width=14, views=2, seed=0):
     ids = torch.where(attention.bool(), ids, torch.full_like(ids, token_ids.pad))
     completion = (torch.arange(width)[None] >= width - 6).expand(rows, width)
     select = (torch.rand(rows, views, width, generator=gen) < 0.6) & completion[:, None]
-    noisy = torch.where(select, torch.full_like(select, token_ids.mask, dtype=torch.long), ids[:, None])
-    batch = TensorDict({"input_ids": ids, "attention_mask": attention}, batch_size=[rows])
+    prompt = attention.bool() & ~completion
+    prompt_masked = (torch.rand(rows, views, width, generator=gen) < 0.3) & prompt[:, None]
+    noisy = torch.where(select | prompt_masked, torch.full_like(select, token_ids.mask, dtype=torch.long), ids[:, None])
+    batch = TensorDict({"input_ids": ids, "attention_mask": attention, "generated": completion}, batch_size=[rows])
     return batch, noisy, select
 
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_rl_forward_logp_is_chunked_on_every_family_with_views_and_temperature(family):
-    """RL estimators: [R, n, S] views in one forward, per-row temperature, the family's denoiser (SDAR: the rollout
-    is the clean copy); the chunked head equals the full logits in values and gradients."""
+    """RL estimators: [R, n, S] views in one forward, per-row temperature, the family's denoiser (SDAR: the clean
+    copy is the view's prompt then the clean completion); the chunked head equals the full logits in values and
+    gradients."""
     model = tiny_model(family, seed=3)
     batch, noisy, select = rollout_like_batch(model)
     temperature = torch.tensor([1.0, 0.7, 1.3, 0.5])
     rows, views, width = noisy.shape
     weights = torch.rand(noisy.shape, generator=torch.Generator().manual_seed(1))
+    ids, completion = batch["input_ids"], batch["generated"]
 
-    ref = torch.stack([reference_logprobs(model, noisy[:, m], batch["input_ids"], select[:, m], temperature,
-                                          attention_mask=batch["attention_mask"]) for m in range(views)], 1)
+    ref = torch.stack([reference_logprobs(model, noisy[:, m], torch.where(completion, ids, noisy[:, m]), select[:, m],
+                                          temperature, targets=ids, attention_mask=batch["attention_mask"])
+                       for m in range(views)], 1)
     (weights * ref).sum().backward()
     ref_grads = grads(model)
     for chunk in (0, 5, 2048):

@@ -10,8 +10,9 @@ import torch.nn.functional as F
 from rl_helpers import Constant, algorithm, backward_all, policy, source, totals_of
 from rollout_helpers import single_thread  # noqa: F401  (autouse fixture)
 
-RL_NAMES = ["d1", "wd1", "coupled_grpo", "spg", "bgpo", "cj_grpo", "mdpo"]
-SMALL = {"bgpo": {"mc_num": 3}, "spg": {"block_length": 4}, "mdpo": {"train_steps": 2}}
+RL_NAMES = ["d1", "wd1", "coupled_grpo", "spg", "bgpo", "cj_grpo", "mdpo", "tracerl"]
+SMALL = {"bgpo": {"mc_num": 3}, "spg": {"block_length": 4}, "mdpo": {"train_steps": 2},
+         "tracerl": {"accuracy_filter": None, "truncated_reward": None}}
 
 
 def direct_logp(model, batch, noisy, select, targets=None):

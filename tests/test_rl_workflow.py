@@ -178,3 +178,101 @@ def test_tiny_rl_recipes_run_a_step(recipe, tmp_path):
     record = run_training(config)
     assert record["step"] == 1 and torch.isfinite(torch.tensor(record["loss"]))
     assert "rollout/reward" in record or "dpo/accuracy" in record
+
+
+def test_batched_old_and_reference_estimates_equal_per_micro_batch_and_switch_modes_once():
+    """prepare_micro_batches gives exactly the per-batch results while entering the reference context (peft's
+    adapter switch, which walks every module) and the policy's eval mode once for all micro-batches."""
+    from dare.models.lora import apply_lora
+    from dare.trainer.workflow import Reference, prepare_micro_batch, prepare_micro_batches
+
+    model = apply_lora(policy(seed=2), r=4, alpha=8)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.3)  # the policy differs from the reference
+    src = source("d1", model, n_prompts=2, group=4, micro=2, inner_steps=2, kl_coef=0.04)
+    rollouts = torch.cat(src.batch(0), 0).select(  # the rollout fields, without views or estimates
+        "input_ids", "attention_mask", "prompt_mask", "generated", "completion_mask", "example_index",
+        "rollout_index", "group_size", "advantages")
+    chunks = [rollouts[i:i + 2] for i in range(0, 8, 2)]
+
+    class Counting(Reference):
+        entered = 0
+
+        def model(self):
+            Counting.entered += 1
+            return super().model()
+
+    modes = []
+    model.register_forward_pre_hook(lambda module, args: modes.append(module.training))
+    reference = Counting(model)
+    copies = [c.clone() for _ in (5, 6) for c in chunks]
+    batched = prepare_micro_batches(src.algorithm, copies, [5] * 4 + [6] * 4, model, reference)
+    assert Counting.entered == 1 and model.training and not any(modes)
+    singles = [prepare_micro_batch(src.algorithm, c.clone(), step, model, reference)
+               for step in (5, 6) for c in chunks]
+    assert Counting.entered == 1 + len(singles)
+    for got, want in zip(batched, singles):
+        for key in ("noisy_ids", "old_logp", "ref_logp"):
+            torch.testing.assert_close(got[key], want[key], atol=0, rtol=0)
+    assert float((batched[0]["old_logp"] - batched[0]["ref_logp"]).abs().max()) > 1e-4
+    assert not torch.equal(batched[0]["noisy_ids"], batched[4]["noisy_ids"])  # each step its own prompt mask
+
+
+def test_rollout_source_times_its_phases_and_generates_under_the_trainer_precision():
+    entered = []
+
+    import contextlib
+
+    @contextlib.contextmanager
+    def precision():
+        entered.append(True)
+        yield
+        entered.pop()
+
+    model = policy(seed=4)
+    during = []
+    model.register_forward_pre_hook(lambda module, args: during.append(bool(entered)))
+    src = source("d1", model, n_prompts=2, group=4, gen_length=8, steps=8, inner_steps=2, kl_coef=0.04)
+    src.precision = precision
+    micro = src.batch(0)
+    metrics = src.step_metrics
+    assert during and all(during)  # rollout, old and reference forwards all ran inside precision()
+    phases = [metrics[f"rollout/{k}_s"] for k in ("generate", "reward", "logprob")]
+    assert all(t >= 0 for t in phases) and metrics["rollout/logprob_s"] > 0
+    assert abs(sum(phases) - metrics["rollout/time_s"]) < 2e-3
+    decoded = sum(int((mb["step_map"] >= 0).sum()) for mb in micro)
+    assert metrics["rollout/decoded"] == decoded / 8 and metrics["rollout/nfe"] == 8  # one token per step
+
+
+def test_trainer_accepts_a_built_model_and_a_source_factory(tmp_path):
+    from rl_helpers import Varied
+    from rl_helpers import prompts as rl_prompts
+
+    from dare.models.loading import unwrap
+    from dare.trainer.rl import RolloutSource
+
+    model = policy(seed=6)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    seen = []
+
+    def factory(trainer):
+        seen.append(trainer)
+        cfg = trainer.config
+        return RolloutSource(rl_prompts(4), policy=trainer.model, algorithm=trainer.algorithm,
+                             tokenizer=build_byte_tokenizer(), reward=Varied(), config=cfg.rollout,
+                             batch_size=cfg.trainer.batch_size, micro_batch_size=cfg.trainer.micro_batch_size,
+                             info=trainer.info, reference=trainer.reference)
+
+    config = rl_config(tmp_path, "model.path=not-a-checkpoint", "lora.enabled=false", "algorithm.kl_coef=0.04")
+    trainer = Trainer(config, model=model, source=factory)
+    assert seen == [trainer] and trainer.source.policy is trainer.model and unwrap(trainer.model) is model
+    frozen = trainer.reference.frozen  # no LoRA: a frozen copy of the given model, not a second load
+    assert frozen is not model and not any(p.requires_grad for p in frozen.parameters())
+    record = trainer.train_step(0)
+    assert "rollout/logprob_s" in record and record["grad_norm"] > 0
+    moved = any(not torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    assert moved  # the given model is the one trained ...
+    for k, v in frozen.state_dict().items():
+        torch.testing.assert_close(v, before[k], atol=0, rtol=0)  # ... and the reference kept its weights

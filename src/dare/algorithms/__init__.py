@@ -1,15 +1,15 @@
 """Algorithm registry: each algorithm is one module registering an :class:`Algorithm` subclass.
 
 SFT (``sft``), online RL on the shared rollout workflow (``d1``, ``wd1``, ``coupled_grpo``, ``mdpo``,
-``cj_grpo``, ``spg``, ``bgpo``; base classes in :mod:`dare.algorithms.rl`) and preference optimisation on
-pairs (``vrpo``, ``dpo``). The pure math lives in :mod:`dare.algorithms.functional`.
+``cj_grpo``, ``spg``, ``bgpo``, ``ebpo``, ``tracerl``; base classes in :mod:`dare.algorithms.rl`) and preference
+optimisation on pairs (``vrpo``, ``dpo``). The pure math lives in :mod:`dare.algorithms.functional`.
 """
 
 from dare.algorithms.base import (
     ALGORITHMS, Algorithm, AlgorithmConfig, Needs, get_algorithm, register_algorithm, resolve_algorithm_config,
 )
 from dare.algorithms import sft  # noqa: F401,E402  (registers "sft")
-from dare.algorithms import bgpo, cj_grpo, coupled_grpo, d1, mdpo, spg, vrpo, wd1  # noqa: F401,E402  (register)
+from dare.algorithms import bgpo, cj_grpo, coupled_grpo, d1, ebpo, mdpo, spg, tracerl, vrpo, wd1  # noqa: F401,E402,I001
 
 __all__ = ["ALGORITHMS", "Algorithm", "AlgorithmConfig", "Needs", "get_algorithm", "register_algorithm",
            "resolve_algorithm_config"]

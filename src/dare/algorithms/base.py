@@ -4,7 +4,9 @@ An algorithm declares what it needs (:class:`Needs`) and implements four small h
 everything else (data or rollouts, sharding, micro-batching, accumulation, optimizer, checkpoints):
 
 0. ``bind_model(model)`` - called once with the (unwrapped) model before the first step: resolve options that
-   depend on the model (e.g. the block length of a block-causal family) and reject ones it cannot use.
+   depend on the model (e.g. the block length of a block-causal family) and reject ones it cannot use;
+   ``auxiliary_models(load_backbone)`` then names the extra models it trains (:class:`Auxiliary`, e.g. a value
+   model; usually none).
 
 1. ``corrupt(batch, step) -> batch`` - add the corrupted *views* the estimator reads (stored tensors:
    noisy ids, masks, ``p_mask``; one set per Monte-Carlo sample), seeded per example.
@@ -63,6 +65,25 @@ class Needs:
 
 
 @dataclass
+class Auxiliary:
+    """A model an algorithm trains alongside the policy (e.g. TraceRL's value model).
+
+    The trainer shards it like the policy, gives it its own AdamW at ``lr`` (the policy's schedule, betas, weight
+    decay and gradient clipping), steps it after every policy step and stores it in checkpoints; the algorithm
+    runs its forwards and backwards.
+
+    Attributes:
+        module: the model (its parameters with ``requires_grad`` are trained).
+        lr: peak learning rate.
+        blocks: the transformer blocks (FSDP units), or None for a small module.
+    """
+
+    module: torch.nn.Module
+    lr: float
+    blocks: object = None
+
+
+@dataclass
 class AlgorithmConfig:
     """Base of algorithm configs (every algorithm config has ``name``)."""
 
@@ -99,6 +120,11 @@ class Algorithm:
 
     def bind_model(self, model) -> None:
         """Resolve model-dependent options against ``model`` (a ``DiffusionLM``); default: nothing."""
+
+    def auxiliary_models(self, load_backbone) -> dict[str, Auxiliary]:
+        """Models trained alongside the policy, by name (called once after ``bind_model``); ``load_backbone()``
+        returns a fresh copy of the initial policy weights (a ``DiffusionLM``). Default: none."""
+        return {}
 
     def corrupt(self, batch: TensorDict, step: int) -> TensorDict:
         return batch

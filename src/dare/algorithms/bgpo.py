@@ -2,10 +2,14 @@
 
 Views: ``mc_num`` stratified discrete corruptions of the EOS-truncated completion (VRPO's counts), stored for
 old and current. With per-term ELBOs ``l_k = sum_{masked} log p / p_k / L`` (``L`` = generation length, or the
-valid length with ``normalize=valid``) and ``D_k = l_k - l_k_old``, each term's ratio is ``1 + D_k`` for
-``A > 0`` (tangent of exp) and ``exp(D_k)`` otherwise (Jensen); PPO clip with dual clip per term, mean over
-terms and rollouts. The loss is a sum of per-term losses, so every term is its own forward + backward
-(constant memory in ``mc_num``); on-policy value and gradient equal those of ``A exp(mean D)``.
+valid length with ``normalize=valid``, the default on block-causal families) and ``D_k = l_k - l_k_old``, each
+term's ratio is ``1 + D_k`` for ``A > 0`` (tangent of exp) and ``exp(D_k)`` otherwise (Jensen); PPO clip with
+dual clip per term, mean over terms and rollouts. The loss is a sum of per-term losses, so every term is its own
+forward + backward (constant memory in ``mc_num``); on-policy value and gradient equal those of ``A exp(mean D)``.
+
+Block-causal families (SDAR, LLaDA2; algorithms.md §8): the same corruption (global over the response, not
+per block); each term's log-probs come from one ``[noisy ; clean]`` forward, so block ``b`` is scored from its
+noisy copy and the clean blocks before it.
 """
 
 from __future__ import annotations
@@ -17,11 +21,11 @@ from tensordict import TensorDict
 
 from dare.algorithms.base import register_algorithm
 from dare.algorithms.functional import bgpo_ratio, ratio_policy_loss
-from dare.algorithms.rl import GroupConfig, RLAlgorithm, TermwiseMixin, forward_logp
+from dare.algorithms.rl import GroupConfig, RLAlgorithm, TermwiseMixin
 from dare.diffusion import ForwardProcess, corrupt_mc
 from dare.errors import ConfigError, unknown_choice
 
-NORMALIZE = ("pad", "valid")
+NORMALIZE = ("auto", "pad", "valid")
 
 
 @dataclass
@@ -38,8 +42,9 @@ class BGPOConfig(GroupConfig):
     """Ratio clip epsilon (per MC term)."""
     dual_clip: float | None = 3.0
     """Dual clip c for negative advantages (null = off)."""
-    normalize: str = "pad"
-    """ELBO term normaliser: pad (generation length, LLaDA/DARE) or valid (completion length, BDLM ports)."""
+    normalize: str = "auto"
+    """ELBO term normaliser: pad (generation length, DARE's LLaDA port), valid (EOS-truncated completion length,
+    DARE's SDAR / LLaDA2 ports) or auto (valid on block-causal families, pad otherwise)."""
 
     def __post_init__(self):
         super().__post_init__()
@@ -64,13 +69,19 @@ class BGPO(TermwiseMixin, RLAlgorithm):
         batch.update(views.as_dict())
         return batch
 
+    @property
+    def normalizer(self) -> str:
+        if self.config.normalize != "auto":
+            return self.config.normalize
+        return "valid" if self.blocks is not None else "pad"
+
     def num_terms(self, batch: TensorDict) -> int:
         return batch["noisy_ids"].shape[1]
 
     def estimate_term(self, model, batch: TensorDict, k: int) -> TensorDict:
         mask, p_mask = batch["mask"][:, k], batch["p_mask"][:, k]
-        logp = forward_logp(model, batch, batch["noisy_ids"][:, k], mask, **self.forward_options)
-        region = batch["generated"] if self.config.normalize == "pad" else batch["completion_mask"]
+        logp = self.logp(model, batch, batch["noisy_ids"][:, k], mask)
+        region = batch["generated"] if self.normalizer == "pad" else batch["completion_mask"]
         elbo = (logp / p_mask.float()).sum(-1) / region.sum(-1).clamp(min=1).float()
         return TensorDict({"elbo": elbo}, batch_size=batch.batch_size)
 

@@ -16,7 +16,7 @@ from tensordict import TensorDict
 
 from dare.algorithms.base import register_algorithm
 from dare.algorithms.functional import coupled_logp
-from dare.algorithms.rl import PPOConfig, RLAlgorithm, forward_logp
+from dare.algorithms.rl import PPOConfig, RLAlgorithm
 from dare.diffusion import corrupt_complementary
 from dare.errors import ConfigError
 
@@ -63,7 +63,7 @@ class CoupledGRPO(RLAlgorithm):
     def estimate(self, model, batch: TensorDict) -> TensorDict:
         completion, in_first = batch["completion_mask"], batch["in_first"]
         select = torch.stack([completion, completion & in_first, completion & ~in_first], 1)
-        logp = forward_logp(model, batch, batch["noisy_ids"], select, **self.forward_options)
+        logp = self.logp(model, batch, batch["noisy_ids"], select)
         combined = coupled_logp(logp[:, 0], logp[:, 1], logp[:, 2], in_first, batch["t"][:, None])
         return TensorDict({"logp": torch.where(completion, combined, 0.0)}, batch_size=batch.batch_size)
 

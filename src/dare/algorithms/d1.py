@@ -14,7 +14,7 @@ import torch
 from tensordict import TensorDict
 
 from dare.algorithms.base import register_algorithm
-from dare.algorithms.rl import STREAM_PROMPT, PPOConfig, RLAlgorithm, forward_logp
+from dare.algorithms.rl import STREAM_PROMPT, PPOConfig, RLAlgorithm
 from dare.diffusion.forward import iid_mask
 from dare.diffusion.noise import example_generator
 from dare.errors import ConfigError
@@ -69,7 +69,7 @@ class D1(RLAlgorithm):
         return batch
 
     def estimate(self, model, batch: TensorDict) -> TensorDict:
-        logp = forward_logp(model, batch, batch["noisy_ids"], batch["completion_mask"], **self.forward_options)
+        logp = self.logp(model, batch, batch["noisy_ids"], batch["completion_mask"])
         return TensorDict({"logp": logp}, batch_size=batch.batch_size)
 
     def loss(self, batch: TensorDict, estimates: TensorDict, totals):

@@ -241,19 +241,28 @@ def ratio_policy_loss(
     return loss
 
 
+def ebpo_sequence_losses(
+    elbo: torch.Tensor, old_elbo: torch.Tensor, advantages: torch.Tensor, eps_low: float = 0.2, eps_high: float | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-sample sequence-level PPO loss on the composite ELBO in log space (algorithms.md §9) and the clipped mask.
+
+    ``log rho = Ê_θ - Ê_old`` (computed in fp32), clipped to ``[log(1-eps_low), log(1+eps_high)]``; the loss
+    ``max(-A rho, -A clip(rho))`` equals the one-sided clip of the sign of A (the usual PPO pessimism) and never
+    exponentiates beyond ``exp(20)``.
+    """
+    eps_high = eps_low if eps_high is None else eps_high
+    log_ratio = (elbo.float() - old_elbo.float()).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    clipped = log_ratio.clamp(math.log(1.0 - eps_low), math.log(1.0 + eps_high))
+    advantages = advantages.float()
+    unclipped_loss, clipped_loss = -advantages * torch.exp(log_ratio), -advantages * torch.exp(clipped)
+    return torch.maximum(unclipped_loss, clipped_loss), clipped_loss > unclipped_loss
+
+
 def ebpo_sequence_loss(
     elbo: torch.Tensor, old_elbo: torch.Tensor, advantages: torch.Tensor, eps_low: float = 0.2, eps_high: float | None = None
 ) -> torch.Tensor:
-    """Sequence-level PPO on the composite ELBO in log space (algorithms.md §9), mean over samples.
-
-    ``log rho = Ê_θ - Ê_old``, clipped to ``[log(1-eps_low), log(1+eps_high)]`` on the side selected by the
-    sign of A (the usual PPO pessimism), then ``-mean_i min(rho A, clip(rho) A)``.
-    """
-    eps_high = eps_low if eps_high is None else eps_high
-    log_ratio = (elbo - old_elbo).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-    clipped = log_ratio.clamp(math.log(1.0 - eps_low), math.log(1.0 + eps_high))
-    loss = torch.maximum(-advantages * torch.exp(log_ratio), -advantages * torch.exp(clipped))
-    return loss.mean()
+    """:func:`ebpo_sequence_losses` averaged over samples."""
+    return ebpo_sequence_losses(elbo, old_elbo, advantages, eps_low, eps_high)[0].mean()
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -270,22 +279,58 @@ def dpo_loss(
 # ---------------------------------------------------------------------------------------------------
 # Trajectories: CJ-GRPO (§6) and TraceRL (§10)
 # ---------------------------------------------------------------------------------------------------
-def shrink_step_map(step_map: torch.Tensor, valid: torch.Tensor, shrink: int, block_size: int | None = None) -> torch.Tensor:
-    """TraceRL shrinkage: group each row's sorted distinct step ids (per block when ``block_size``) in
-    consecutive runs of ``shrink`` and map every id to its run's last id. Invalid positions keep -1."""
+def _group_keys(values: torch.Tensor, valid: torch.Tensor, groups: torch.Tensor | None):
+    """Distinct ``(row, group, value)`` triples of the valid positions, sorted.
+
+    Returns ``(distinct values [U], inverse [n_valid], rank [U], count [U])``: ``rank`` is each distinct value's
+    0-based rank inside its (row, group), ``count`` the number of distinct values of that (row, group).
+    """
+    valid = valid.bool()
+    rows = torch.arange(values.shape[0], device=values.device)[:, None].expand_as(values)
+    groups = torch.zeros_like(values) if groups is None else groups.to(values.device).long()
+    v, g, r = values[valid].long(), groups[valid], rows[valid]
+    if v.numel() == 0:
+        empty = v.new_zeros(0)
+        return empty, empty, empty, empty
+    if bool((v < 0).any()) or bool((g < 0).any()):
+        raise InputError("step ids and group ids of valid positions must be >= 0")
+    span = int(v.max()) + 1
+    width = int(g.max()) + 1
+    key = (r * width + g) * span + v
+    distinct, inverse = torch.unique(key, sorted=True, return_inverse=True)
+    group_key = distinct // span
+    first = torch.searchsorted(distinct, group_key * span)
+    after = torch.searchsorted(distinct, (group_key + 1) * span)
+    rank = torch.arange(distinct.numel(), device=values.device) - first
+    return distinct % span, inverse, rank, after - first
+
+
+def step_ranks(step_map: torch.Tensor, valid: torch.Tensor, groups: torch.Tensor | None = None) -> torch.Tensor:
+    """Dense rank of every valid position's step id among the distinct step ids of its row and group (``groups``:
+    e.g. the block of each position; None = one group per row); -1 elsewhere. TraceRL's round of a token:
+    round ``r`` holds, in every block, the tokens of that block's ``r``-th distinct (shrunk) step."""
     out = torch.full_like(step_map, -1)
-    L = step_map.shape[1]
-    spans = [(0, L)] if block_size is None else [(s, min(s + block_size, L)) for s in range(0, L, block_size)]
-    for row in range(step_map.shape[0]):
-        for start, end in spans:
-            ids = step_map[row, start:end]
-            ok = valid[row, start:end].bool()
-            if not ok.any():
-                continue
-            distinct = torch.unique(ids[ok])  # sorted
-            run_last = distinct[torch.clamp((torch.arange(len(distinct)) // shrink + 1) * shrink - 1, max=len(distinct) - 1)]
-            mapped = run_last[torch.searchsorted(distinct, ids[ok])]
-            out[row, start:end][ok] = mapped
+    _, inverse, rank, _ = _group_keys(step_map, valid, groups)
+    out[valid.bool()] = rank[inverse] if inverse.numel() else out[valid.bool()]
+    return out
+
+
+def shrink_step_map(step_map: torch.Tensor, valid: torch.Tensor, shrink: int, block_size: int | None = None, *,
+                    groups: torch.Tensor | None = None) -> torch.Tensor:
+    """TraceRL shrinkage (algorithms.md §10): group each row's sorted distinct step ids (per group: ``groups``
+    gives each position's block, or ``block_size`` cuts the columns into blocks from column 0; neither = the
+    whole row) in consecutive runs of ``shrink`` and map every id to its run's last id. Invalid positions: -1."""
+    if shrink < 1:
+        raise ConfigError(f"shrink must be >= 1; got {shrink}")
+    if groups is None and block_size is not None:
+        groups = (torch.arange(step_map.shape[1], device=step_map.device) // block_size)[None].expand_as(step_map)
+    out = torch.full_like(step_map, -1)
+    values, inverse, rank, count = _group_keys(step_map, valid, groups)
+    if inverse.numel() == 0:
+        return out
+    last = torch.minimum((rank // shrink + 1) * shrink - 1, count - 1)  # rank of the run's last id
+    index = torch.arange(values.numel(), device=values.device) - rank + last
+    out[valid.bool()] = values[index][inverse]
     return out
 
 
@@ -342,6 +387,24 @@ def tracerl_token_advantages(
     adv[valid] = (r - v) + gamma * next_v[index] + gamma * lam * next_a[index]
     ret[valid] = r + gamma * next_R[index]
     return adv, ret
+
+
+def transition_weights(select: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
+    """Block-diffusion CJ-GRPO weights (algorithms.md §6): tokens averaged within each (sample, block, local
+    step) transition, transitions averaged within the sample: ``w = 1 / (|U_ibk| T_i)`` at the selected tokens.
+
+    ``select [N, K, L]`` marks the tokens committed at local step ``k``; ``groups [N, L]`` is each position's
+    block. Every sample with a transition has total weight 1; 0 elsewhere."""
+    rows, steps, _ = select.shape
+    blocks = groups.long()[:, None].expand_as(select)
+    width = int(blocks.max()) + 1 if blocks.numel() else 1
+    key = (torch.arange(rows, device=select.device)[:, None, None] * steps
+           + torch.arange(steps, device=select.device)[None, :, None]) * width + blocks
+    counts = torch.zeros(rows * steps * width, device=select.device).index_add_(
+        0, key[select], torch.ones(int(select.sum()), device=select.device))
+    transitions = (counts.reshape(rows, -1) > 0).sum(-1).float()  # T_i
+    weight = 1.0 / (counts[key] * transitions[:, None, None]).clamp(min=1)
+    return torch.where(select, weight, torch.zeros_like(weight))
 
 
 def step_partition(step_map: torch.Tensor, completion_mask: torch.Tensor) -> list[torch.Tensor]:

@@ -6,9 +6,10 @@ over the ``[noisy ; clean]`` block-diffusion layout for block-causal families (`
 noisy half predicts noisy block ``b`` from itself and the clean blocks before it (:func:`denoiser_outputs`).
 
 **Log-probs.** Algorithms need ``log p(target)`` only at the scored (masked) positions. :func:`masked_logprobs`
-runs the denoiser without the LM head (hidden states of the noisy positions), aligns them with the family's
-logit shift (Dream), keeps the selected positions and applies the head to them ``chunk_size`` rows at a time
-with an fp32 log-softmax per chunk (:func:`hidden_logprobs`); in the backward pass each chunk is recomputed.
+runs the denoiser without the LM head (hidden states of the noisy positions, aligned with the family's logit
+shift: :func:`denoising_hidden`), keeps the selected positions and applies the head to them ``chunk_size`` rows
+at a time with an fp32 log-softmax per chunk (:func:`hidden_logprobs`); in the backward pass each chunk is
+recomputed.
 The ``[B, L, V]`` logits are never materialised (LLaDA-8B: 126464 x 2 bytes per token) and the head's matmuls
 run on the selected rows only. ``chunk_size=0`` is the plain path (the model's logits at every noisy position,
 then select, :func:`denoising_logits`): the reference the chunked path is tested against.
@@ -140,6 +141,17 @@ def denoising_logits(model, noisy_ids: torch.Tensor, clean_ids: torch.Tensor, *,
     return family_of(model).align_logits(logits, layout.get("cu_seqlens"))
 
 
+def denoising_hidden(model, noisy_ids: torch.Tensor, clean_ids: torch.Tensor, *, blocks: BlockLayout | None = None,
+                     prompt_lengths: torch.Tensor | None = None, attn_backend: str | None = None,
+                     **layout) -> torch.Tensor:
+    """The final hidden states ``[R, S, D]`` behind :func:`denoising_logits` (same forward, no LM head, same
+    alignment: position ``i`` is the state that predicts token ``i``): the input of :func:`hidden_logprobs`, or
+    of a value head."""
+    hidden = denoiser_outputs(model, noisy_ids, clean_ids, hidden=True, blocks=blocks, prompt_lengths=prompt_lengths,
+                              attn_backend=attn_backend, **layout)
+    return family_of(model).align_logits(hidden, layout.get("cu_seqlens"))
+
+
 # ------------------------------------------------------------------------------------------- log-probs
 def _temperatures(temperature, shape: torch.Size, device) -> torch.Tensor | None:
     """``temperature`` (a float or one per row ``[R]``) as ``[R, S]`` fp32, or None."""
@@ -157,22 +169,19 @@ def _head_logprobs(head, rows: torch.Tensor, targets: torch.Tensor, temperature:
 
 
 def hidden_logprobs(model, hidden: torch.Tensor, targets: torch.Tensor, select: torch.Tensor, *,
-                    cu_seqlens: torch.Tensor | None = None, chunk_size: int = DEFAULT_LOGITS_CHUNK,
+                    chunk_size: int = DEFAULT_LOGITS_CHUNK,
                     temperature: torch.Tensor | float | None = None) -> torch.Tensor:
-    """``log p(target)`` in fp32 at ``select`` positions (0 elsewhere) from final hidden states ``[R, S, D]``.
+    """``log p(target)`` in fp32 at ``select`` positions (0 elsewhere) from aligned final hidden states ``[R, S, D]``.
 
-    ``hidden`` is ``denoiser_outputs(..., hidden=True)`` (or ``model(..., return_hidden=True).last_hidden_state``).
-    The family's alignment is applied to the hidden states (the head is position-wise, so ``align(head(h)) ==
-    head(align(h))``; for Dream the output at ``i - 1`` predicts token ``i``, per packed document with
-    ``cu_seqlens``); then ``model.head`` runs on the selected rows only, ``chunk_size`` rows at a time, each chunk
-    recomputed in the backward pass. ``temperature`` (a float or one per row ``[R]``) divides the logits. When
-    nothing is selected the result still depends on the head and ``hidden`` (times 0) so every rank runs the same
-    backward collectives.
+    ``hidden`` is :func:`denoising_hidden` (position ``i`` holds the state that predicts token ``i``: the head is
+    position-wise, so aligning hidden states equals aligning logits). ``model.head`` runs on the selected rows
+    only, ``chunk_size`` rows at a time, each chunk recomputed in the backward pass. ``temperature`` (a float or one
+    per row ``[R]``) divides the logits. When nothing is selected the result still depends on the head and
+    ``hidden`` (times 0) so every rank runs the same backward collectives.
     """
     if chunk_size < 1:
         raise ConfigError(f"the logits chunk size must be positive (0 = full logits); got {chunk_size}")
-    aligned = family_of(model).align_logits(hidden, cu_seqlens)
-    rows, wanted = aligned[select], targets[select]  # [N, D], [N]
+    rows, wanted = hidden[select], targets[select]  # [N, D], [N]
     temps = _temperatures(temperature, targets.shape, hidden.device)
     temps = None if temps is None else temps[select]
     out = torch.zeros(targets.shape, dtype=torch.float32, device=hidden.device)
@@ -225,9 +234,8 @@ def masked_logprobs(model, noisy_ids: torch.Tensor, clean_ids: torch.Tensor, sel
         if temps is not None:
             logits = logits / temps[..., None].to(logits.dtype)
         return selected_logprobs(logits, targets, select)
-    hidden = denoiser_outputs(model, noisy_ids, clean_ids, hidden=True, **options)
-    return hidden_logprobs(model, hidden, targets, select, cu_seqlens=layout.get("cu_seqlens"), chunk_size=chunk_size,
-                           temperature=temperature)
+    hidden = denoising_hidden(model, noisy_ids, clean_ids, **options)
+    return hidden_logprobs(model, hidden, targets, select, chunk_size=chunk_size, temperature=temperature)
 
 
 def mc_elbo(model, input_ids: torch.Tensor, views, example_index: torch.Tensor, *, inverse_t: bool = True,

@@ -21,7 +21,7 @@ from tensordict import TensorDict
 
 from dare.algorithms.base import Needs, register_algorithm
 from dare.algorithms.functional import clipped_surrogate, kl_estimate, mdpo_step_advantages, top_advantage_steps
-from dare.algorithms.rl import PPOConfig, RLAlgorithm, RolloutContext, TermwiseMixin, forward_logp
+from dare.algorithms.rl import PPOConfig, RLAlgorithm, RolloutContext, TermwiseMixin
 from dare.errors import ConfigError
 
 
@@ -94,8 +94,8 @@ class MDPO(TermwiseMixin, RLAlgorithm):
 
     def estimate_term(self, model, batch: TensorDict, k: int) -> TensorDict:
         temperature = batch["temperature"] if self.config.divide_by_temperature else None
-        logp = forward_logp(model, batch, batch["noisy_ids"][:, k], batch["select"][:, k], batch["targets"][:, k],
-                            temperature=temperature, **self.forward_options)
+        logp = self.logp(model, batch, batch["noisy_ids"][:, k], batch["select"][:, k], batch["targets"][:, k],
+                         temperature=temperature)
         return TensorDict({"logp": logp}, batch_size=batch.batch_size)
 
     def loss_term(self, batch: TensorDict, estimates: TensorDict, k: int, totals):

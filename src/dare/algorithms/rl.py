@@ -8,7 +8,10 @@ Rollout micro-batches (built by :class:`dare.trainer.rl.RolloutSource`) are ``Te
   ``prompt_mask [R, S]`` (real prompt tokens), ``generated [R, S]`` (the completion region),
   ``completion_mask [R, S]`` (up to the first EOS inclusive), ``example_index [R, S]`` (the rollout's global
   index in the step on every real token, -1 on padding), ``rollout_index [R]``, ``group_size [R]``;
-* ``rewards [R]``, ``advantages [R]`` (set by :meth:`RLAlgorithm.assign_advantages`), ``temperature [R]``;
+* ``rewards [R]``, ``correct [R]`` (the reward's accuracy flag), ``advantages [R]`` (set by
+  :meth:`RLAlgorithm.assign_advantages`), ``temperature [R]``, ``rollout_logprobs [R, G]``;
+* ``step_map [R, G]`` (the step each completion position was committed at, -1 = never decoded) and, from block
+  samplers, ``block_step_map [R, G]`` (the step counted from the start of the token's block);
 * with ``needs.trajectory``: ``traj_states``, ``traj_predictions``, ``traj_confidences``, ``traj_transfers``,
   ``traj_candidates`` ``[R, T, G]`` and ``traj_step_mask [R, T]`` (:class:`dare.rollout.Trajectory`);
 * after ``corrupt``: the algorithm's views; after the workflow: ``old_<key>`` / ``ref_<key>`` for every key
@@ -16,6 +19,12 @@ Rollout micro-batches (built by :class:`dare.trainer.rl.RolloutSource`) are ``Te
 
 Loss contributions are normalised by global totals (:meth:`totals`), so they sum over micro-batches and ranks
 to the global-batch objective. Metrics follow the same rule (each is a global mean once summed).
+
+Model families: estimators score their views with :meth:`RLAlgorithm.logp` (:func:`forward_logp`), i.e. the
+family's training denoiser: full attention reads the view; block-causal families (SDAR, LLaDA2) run the
+``[noisy ; clean]`` layout on the model's block grid (:attr:`RLAlgorithm.blocks`, resolved by ``bind_model`` and
+checked against the sampler's block length), so block ``b`` of a view is predicted from itself and the clean
+earlier blocks, the context the block sampler had.
 """
 
 from __future__ import annotations
@@ -48,12 +57,17 @@ class GroupConfig(AlgorithmConfig):
     inner_steps: int = 1
     """mu: optimizer steps per rollout batch (each with its own stored corruption; old log-probs from the
     rollout policy when mu > 1, else the detached current ones, i.e. ratio 1)."""
+    block_size: int | None = None
+    """Block-causal families (SDAR, LLaDA2): block length of the [noisy ; clean] training forward; null = the
+    model's. Must equal rollout.sampler.block_length (blocks anchored at position 0, as the block samplers)."""
 
     def __post_init__(self):
         if self.advantage not in ADVANTAGE_MODES:
             raise unknown_choice("value for algorithm.advantage", self.advantage, ADVANTAGE_MODES)
         if self.inner_steps < 1:
             raise ConfigError(f"algorithm.inner_steps must be >= 1; got {self.inner_steps}")
+        if self.block_size is not None:
+            BlockLayout(self.block_size)  # validates
 
 
 @dataclass
@@ -93,11 +107,18 @@ class RolloutContext:
         score: ``score(token_ids [N, L]) -> rewards [N]``: decode completions (up to the first stop token) and
             score them with the run's reward against the rows' samples (MDPO's per-step rewards).
         all_reduce: sum a tensor over ranks (identity in one process); e.g. global step statistics.
+        all_max: the maximum of an int over ranks (e.g. a number of replay terms every rank must run).
+        evaluate: ``evaluate(fn, batch) -> Tensor``: ``fn(micro_batch)`` on the training device over micro-batches
+            of ``batch`` without gradients (under the trainer's precision), outputs concatenated along dim 0
+            on the CPU; e.g. a value model's predictions at rollout time.
     """
 
     group_size: int
     score: Callable[[torch.Tensor], torch.Tensor]
     all_reduce: Callable[[torch.Tensor], torch.Tensor] = lambda t: t
+    all_max: Callable[[int], int] = lambda n: n
+    evaluate: Callable[[Callable[[TensorDict], torch.Tensor], TensorDict], torch.Tensor] = \
+        lambda fn, batch: torch.no_grad()(fn)(batch)
 
 
 # --------------------------------------------------------------------------------------------- estimators
@@ -110,9 +131,14 @@ def forward_logp(model, batch: TensorDict, noisy_ids: torch.Tensor, select: torc
     ``noisy_ids`` is ``[R, S]`` or ``[R, n, S]`` (``n`` views per row, evaluated in one forward of ``R*n`` rows
     sharing the row's attention mask); ``select`` and ``targets`` (default ``input_ids``) broadcast to it.
     ``temperature`` divides the logits (per row ``[R]`` or a float), as MDPO does with the rollout temperature.
-    The forward is the family's denoiser (:func:`dare.algorithms.logprobs.masked_logprobs`: block-causal families
-    see ``[noisy ; clean]`` with the rollout as the clean copy) with the chunked LM head (``chunk_size``; 0 = full
-    logits). Algorithms pass ``**self.forward_options``.
+
+    The denoiser is the family's (:func:`~dare.algorithms.logprobs.masked_logprobs`): full-attention families
+    read ``noisy_ids`` alone; block-causal families run the ``[noisy ; clean]`` layout with ``blocks``, where
+    block ``b`` of the view is predicted from itself and the clean blocks before it. The clean copy is the
+    clean response (``generated`` / ``maskable``) after the view's prompt, so prompt masking (d1, SPG) hits the
+    context every block sees. The LM head runs on the selected positions only, ``chunk_size`` rows at a time
+    (0 = full logits, the plain path). Algorithms call it through :meth:`RLAlgorithm.logp` (or pass
+    ``**self.forward_options``).
     """
     input_ids = batch["input_ids"]
     targets = input_ids if targets is None else targets
@@ -123,6 +149,10 @@ def forward_logp(model, batch: TensorDict, noisy_ids: torch.Tensor, select: torc
     def flat(t: torch.Tensor) -> torch.Tensor:  # [R, S] or [R, n, S] -> [R*n, S]
         return (t if t.ndim == len(shape) else t[:, None]).expand(shape).reshape(rows * n, length)
 
+    noisy, clean = noisy_ids.reshape(rows * n, length), flat(input_ids)
+    response = next((batch[k] for k in ("generated", "maskable") if k in batch.keys()), None)
+    if response is not None:  # the view's prompt (masked or not), then the clean response
+        clean = torch.where(flat(response), clean, noisy)
     layout = model_inputs(batch)
     if "attention_mask" in layout:
         layout["attention_mask"] = layout["attention_mask"].repeat_interleave(n, 0)
@@ -130,7 +160,7 @@ def forward_logp(model, batch: TensorDict, noisy_ids: torch.Tensor, select: torc
         temperature = torch.as_tensor(temperature, dtype=torch.float32, device=input_ids.device)
         if temperature.ndim == 1:
             temperature = temperature.repeat_interleave(n, 0)
-    out = masked_logprobs(model, noisy_ids.reshape(rows * n, length), flat(input_ids), flat(select),
+    out = masked_logprobs(model, noisy, clean, flat(select),
                           targets=flat(targets), blocks=blocks, attn_backend=attn_backend, chunk_size=chunk_size,
                           temperature=temperature, **layout)
     return out.reshape(shape)
@@ -149,6 +179,11 @@ class RLAlgorithm(Algorithm):
     logprob_keys: ClassVar[tuple[str, ...]] = ("logp",)
     uses_ratio: ClassVar[bool] = True
     """Whether the loss compares with the rollout policy (then mu > 1 needs old estimates)."""
+    attentions: ClassVar[tuple[str, ...]] = ("full", "block_causal")
+    """Model attention topologies (``FamilySpec.attention``) the estimator is defined for."""
+    replays_steps: ClassVar[bool] = False
+    """Whether views are rebuilt from the rollout's step maps (each position committed once: no token editing)."""
+    _bound: bool = False
 
     def __init__(self, config, **kwargs):
         super().__init__(config, **kwargs)
@@ -160,6 +195,57 @@ class RLAlgorithm(Algorithm):
     @property
     def inner_steps(self) -> int:
         return getattr(self.config, "inner_steps", 1)
+
+    # ---- model binding -------------------------------------------------------------------------------
+    def bind_model(self, model) -> None:
+        """Resolve the block layout of a block-causal family (``block_size`` or the model's); reject a family
+        whose attention the estimator is not defined for, and ``block_size`` on full-attention families."""
+        from dare.models.loading import unwrap
+        from dare.models.spec import FAMILIES, family_of
+
+        spec = family_of(model)
+        if spec.attention not in self.attentions:
+            fits = ", ".join(sorted(n for n, f in FAMILIES.items() if f.attention in self.attentions))
+            kinds = " or ".join(a.replace("_", "-") for a in self.attentions)
+            raise ConfigError(f"algorithm '{self.name}' needs a {kinds} model family ({fits}); {spec.name} is "
+                              f"{spec.attention.replace('_', '-')}")
+        size = getattr(self.config, "block_size", None)
+        if spec.attention == "block_causal":
+            self.blocks = BlockLayout(size or unwrap(model).block_size or spec.block_size)
+        elif size is not None:
+            raise ConfigError(f"algorithm.block_size applies to block-causal families; {spec.name} uses full attention")
+        else:
+            self.blocks = None
+        self._bound = True
+
+    def ensure_bound(self, model) -> None:
+        if not self._bound:
+            self.bind_model(model)
+
+    def check_rollout(self, model, sampler) -> None:
+        """Called by the rollout source with the policy and the resolved ``SamplerConfig``: bind the model and
+        check that training sees the blocks the sampler decoded (one-line ``ConfigError``)."""
+        self.ensure_bound(model)
+        if self.blocks is not None and sampler.block_length != self.blocks.size:
+            raise ConfigError(f"rollout.sampler.block_length={sampler.block_length} differs from the training block "
+                              f"length {self.blocks.size} (algorithm.block_size or the model's); they must match")
+        if self.replays_steps and sampler.editing_threshold:
+            raise ConfigError(f"{self.name} replays each position's single commit; LLaDA2.1 token editing rewrites "
+                              "positions: set rollout.sampler.editing_threshold=0 (or sampler llada21_speed)")
+
+    def block_ids(self, batch: TensorDict) -> torch.Tensor:
+        """``[R, S]`` block of every column on the model's grid (``position // block_size``, positions counting
+        real tokens, as the block samplers); all 0 for full-attention families (one block)."""
+        mask = batch["attention_mask"].long()
+        if self.blocks is None:
+            return torch.zeros_like(mask)
+        return (mask.cumsum(-1) - 1).clamp(min=0) // self.blocks.size
+
+    def logp(self, model, batch: TensorDict, noisy_ids: torch.Tensor, select: torch.Tensor,
+             targets: torch.Tensor | None = None, temperature=None) -> torch.Tensor:
+        """:func:`forward_logp` with this algorithm's attention backend, logits chunk size and block layout."""
+        self.ensure_bound(model)
+        return forward_logp(model, batch, noisy_ids, select, targets, temperature=temperature, **self.forward_options)
 
     # ---- hooks of the rollout source -----------------------------------------------------------------
     def assign_advantages(self, batch: TensorDict, context: RolloutContext) -> TensorDict:
@@ -247,5 +333,12 @@ class TermwiseMixin:
         return batch[key][:, k]
 
 
+def response_field(batch: TensorDict, values: torch.Tensor, fill: int = -1) -> torch.Tensor:
+    """A per-completion-position field ``[R, G]`` (e.g. ``step_map``) spread over the batch columns ``[R, S]``."""
+    out = torch.full(batch["input_ids"].shape, fill, dtype=values.dtype, device=values.device)
+    out[batch["generated"].to(values.device)] = values.reshape(-1)
+    return out
+
+
 __all__ = ["GroupConfig", "PPOConfig", "RLAlgorithm", "RolloutContext", "STREAM_PROMPT", "TermwiseMixin",
-           "forward_logp"]
+           "forward_logp", "response_field"]

@@ -19,7 +19,7 @@ from tensordict import TensorDict
 
 from dare.algorithms.base import register_algorithm
 from dare.algorithms.functional import spg_elbo, spg_eubo
-from dare.algorithms.rl import STREAM_PROMPT, GroupConfig, RLAlgorithm, forward_logp
+from dare.algorithms.rl import STREAM_PROMPT, GroupConfig, RLAlgorithm
 from dare.diffusion.forward import exact_mask, iid_mask
 from dare.diffusion.noise import example_generator
 from dare.errors import ConfigError, unknown_choice
@@ -118,7 +118,7 @@ class SPG(RLAlgorithm):
 
     def estimate(self, model, batch: TensorDict) -> TensorDict:
         select = batch["masked"] & batch["completion_mask"][:, None]
-        logp = forward_logp(model, batch, batch["noisy_ids"], select, **self.forward_options)
+        logp = self.logp(model, batch, batch["noisy_ids"], select)
         return TensorDict({"logp": logp}, batch_size=batch.batch_size)
 
     def sequence_estimates(self, batch: TensorDict, logp: torch.Tensor) -> torch.Tensor:

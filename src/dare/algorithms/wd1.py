@@ -16,7 +16,7 @@ from tensordict import TensorDict
 from dare.algorithms.base import register_algorithm
 from dare.algorithms.d1 import one_step_views
 from dare.algorithms.functional import group_advantages
-from dare.algorithms.rl import GroupConfig, RLAlgorithm, RolloutContext, forward_logp
+from dare.algorithms.rl import GroupConfig, RLAlgorithm, RolloutContext
 from dare.errors import ConfigError
 
 
@@ -63,7 +63,7 @@ class WD1(RLAlgorithm):
         return batch
 
     def estimate(self, model, batch: TensorDict) -> TensorDict:
-        logp = forward_logp(model, batch, batch["noisy_ids"], batch["completion_mask"], **self.forward_options)
+        logp = self.logp(model, batch, batch["noisy_ids"], batch["completion_mask"])
         return TensorDict({"logp": logp}, batch_size=batch.batch_size)
 
     def loss(self, batch: TensorDict, estimates: TensorDict, totals):

@@ -60,13 +60,22 @@ def checkpoint_dir(output_dir: str | Path, step: int) -> Path:
     return Path(output_dir) / "checkpoints" / f"step_{step:08d}"
 
 
+def _auxiliary_state(state: dict, auxiliary: dict | None) -> dict:
+    """Add ``<name>_model`` / ``<name>_optim`` entries of the algorithm's auxiliary models (e.g. a value model)."""
+    for name, (module, optimizer) in (auxiliary or {}).items():
+        aux, _ = _state_dicts(module, optimizer, False)
+        state[f"{name}_model"], state[f"{name}_optim"] = aux["model"], aux["optim"]
+    return state
+
+
 def save_checkpoint(output_dir, step: int, model, optimizer, scheduler, info: DistInfo, *,
                     trainable_only: bool = False, keep_last: int = 2, extra: dict | None = None,
-                    rank_state: dict | None = None) -> Path:
+                    rank_state: dict | None = None, auxiliary: dict | None = None) -> Path:
     """Write a complete checkpoint for ``step`` (collective: every rank calls it).
 
     ``extra`` is stored once (rank 0) in the trainer state; ``rank_state`` per rank (e.g. an RL source's cached
-    rollouts, which differ between ranks)."""
+    rollouts, which differ between ranks); ``auxiliary`` maps names to ``(module, optimizer)`` of models trained
+    alongside the policy (stored in the same sharded checkpoint)."""
     import torch.distributed.checkpoint as dcp
 
     final = checkpoint_dir(output_dir, step)
@@ -76,6 +85,7 @@ def save_checkpoint(output_dir, step: int, model, optimizer, scheduler, info: Di
         tmp.mkdir(parents=True)
     barrier(info)
     state, _ = _state_dicts(model, optimizer, trainable_only)
+    state = _auxiliary_state(state, auxiliary)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=SINGLE_PROCESS_WARNING)
         dcp.save(state, checkpoint_id=str(tmp))
@@ -104,8 +114,10 @@ def list_checkpoints(output_dir) -> list[Path]:
     return sorted(done, key=lambda p: p.name)
 
 
-def load_checkpoint(path, model, optimizer, scheduler, info: DistInfo, *, trainable_only: bool = False) -> dict:
-    """Restore model, optimizer, scheduler and this rank's RNG; returns the trainer state (``step``, ...)."""
+def load_checkpoint(path, model, optimizer, scheduler, info: DistInfo, *, trainable_only: bool = False,
+                    auxiliary: dict | None = None) -> dict:
+    """Restore model, optimizer, scheduler, the ``auxiliary`` ``(module, optimizer)`` pairs and this rank's RNG;
+    returns the trainer state (``step``, ...)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import set_state_dict
 
@@ -113,10 +125,14 @@ def load_checkpoint(path, model, optimizer, scheduler, info: DistInfo, *, traina
     if not (path / STATE_FILE).is_file():
         raise ConfigError(f"{path} is not a complete DARE checkpoint (no {STATE_FILE})")
     state, options = _state_dicts(model, optimizer, trainable_only)
+    state = _auxiliary_state(state, auxiliary)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=SINGLE_PROCESS_WARNING)
         dcp.load(state, checkpoint_id=str(path))
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"], options=options)
+    for name, (module, aux_optimizer) in (auxiliary or {}).items():
+        set_state_dict(module, aux_optimizer, model_state_dict=state[f"{name}_model"],
+                       optim_state_dict=state[f"{name}_optim"])
     trainer_state = torch.load(path / STATE_FILE, weights_only=False)
     scheduler.load_state_dict(trainer_state["scheduler"])
     rng_file = path / f"rng_rank{info.rank}.pt"

@@ -24,6 +24,7 @@ step N has been logged (and checkpointed when due), to test kill-and-resume.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import os
 import signal
@@ -54,9 +55,11 @@ def _add(into: dict, values: dict) -> None:
 class Trainer:
     """Build everything from a :class:`TrainConfig` and run :meth:`train`.
 
-    ``source`` replaces the dataset source (e.g. an RL rollout source); ``info`` a pre-initialised
-    distributed context; ``model`` an already built model (on ``info.device``) instead of loading
-    ``config.model.path`` (e.g. a randomly initialised model for benchmarks).
+    ``source`` replaces the dataset source: a :class:`~dare.trainer.sources.BatchSource`, or a callable
+    ``source(trainer) -> BatchSource`` called once the model, algorithm and reference exist (an RL source with
+    its own prompts or reward needs them). ``info`` is a pre-initialised distributed context; ``model`` an
+    already built model on ``info.device`` used instead of loading ``config.model.path`` (e.g. a randomly
+    initialised model for benchmarks; without LoRA a frozen reference is a copy of it taken before training).
     """
 
     def __init__(self, config: TrainConfig, *, source=None, info: DistInfo | None = None, model=None):
@@ -85,7 +88,8 @@ class Trainer:
             cfg.algorithm, token_ids=self.token_ids, seed=cfg.trainer.seed, attn_backend=cfg.model.attn_backend,
             logits_chunk_size=cfg.model.logits_chunk_size)
         self.algorithm.bind_model(base)
-        # A given model has no checkpoint to load a frozen reference from: copy it before it is adapted / sharded.
+        # A given model has no checkpoint to load a frozen reference from: copy it before it is adapted / sharded
+        # (the algorithm is built first so its needs are known).
         frozen = None
         if given and self.algorithm.needs.reference and not cfg.lora.enabled:
             frozen = copy.deepcopy(model)
@@ -105,8 +109,18 @@ class Trainer:
                        cfg.distributed.reshard_after_forward)
         self.model = model.train()
 
+        self.auxiliary = self.algorithm.auxiliary_models(self._load_backbone)
+        for aux in self.auxiliary.values():
+            if self.sharded:
+                apply_fsdp(aux.module, aux.blocks or [], self.info, cfg.distributed.mixed_precision,
+                           cfg.distributed.reshard_after_forward)
+            aux.module.train()
         self.reference = self._reference(frozen) if self.algorithm.needs.reference else None
-        self.source = source if source is not None else self._build_source()
+        if source is None:
+            source = self._build_source()
+        elif callable(source) and not hasattr(source, "batch"):
+            source = source(self)
+        self.source = source
         if getattr(self.source, "prepares_views", False):  # old / reference forwards under the same precision
             precision = cfg.distributed.mixed_precision if not self.sharded else "fp32"
             self.source.precision = lambda: autocast_context(precision, self.info.device)
@@ -117,6 +131,12 @@ class Trainer:
             raise ConfigError("the model has no trainable parameters")
         self.optimizer = build_optimizer(params, cfg.optim)
         self.scheduler = build_scheduler(self.optimizer, cfg.optim, self.total_steps)
+        self.aux_optimizers, self.aux_schedulers = {}, {}
+        for name, aux in self.auxiliary.items():  # own AdamW at aux.lr, the policy's schedule shape
+            aux_optim = dataclasses.replace(cfg.optim, lr=aux.lr)
+            self.aux_optimizers[name] = build_optimizer([p for p in aux.module.parameters() if p.requires_grad],
+                                                        aux_optim)
+            self.aux_schedulers[name] = build_scheduler(self.aux_optimizers[name], aux_optim, self.total_steps)
         self.step = 0
         self.logger = MetricsLogger(self.output_dir, enabled=self.info.is_main, tensorboard=cfg.trainer.tensorboard,
                                     wandb=cfg.trainer.wandb, wandb_project=cfg.trainer.wandb_project,
@@ -125,14 +145,15 @@ class Trainer:
     # ---- construction helpers -----------------------------------------------------------------------
     @functools.cached_property
     def tokenizer(self):
-        """The tokenizer (loaded on first use: dataset sources and exports need it, injected sources may not)."""
+        """The tokenizer of ``model.tokenizer`` / ``model.path`` (loaded on first use: sources built from
+        ``data`` and exports need it, an injected source and model may not have one)."""
         from dare.models.loading import load_tokenizer
 
         return load_tokenizer(self.config.model.tokenizer or self.config.model.path)
 
     def _reference(self, frozen=None):
         """The frozen reference policy: the adapter-disabled policy with LoRA, else a frozen (sharded) copy
-        (``frozen``, or loaded from ``model.path``)."""
+        (``frozen``: of a model passed as ``Trainer(model=...)``, else loaded from ``model.path``)."""
         from dare.trainer.workflow import Reference
 
         if self.config.lora.enabled:
@@ -148,6 +169,17 @@ class Trainer:
             apply_fsdp(frozen, unwrap(frozen).blocks, self.info, cfg.distributed.mixed_precision,
                        cfg.distributed.reshard_after_forward)
         return Reference(self.model, frozen.eval())
+
+    def _load_backbone(self):
+        """A fresh copy of the initial policy weights (no adapter) for an algorithm's auxiliary model."""
+        from dare.models.loading import load_model, resolve_dtype, unwrap
+
+        cfg = self.config
+        model = load_model(cfg.model.path, dtype=resolve_dtype(cfg.model.dtype), device=self.info.device)
+        unwrap(model).attn_backend = cfg.model.attn_backend
+        if cfg.model.gradient_checkpointing:
+            unwrap(model).gradient_checkpointing_enable()
+        return model
 
     def _build_source(self):
         needs = self.algorithm.needs
@@ -225,7 +257,17 @@ class Trainer:
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return {"grad_norm": float(norm), "lr": float(lr)}
+        record = {"grad_norm": float(norm), "lr": float(lr)}
+        for name, aux in self.auxiliary.items():
+            aux_norm = torch.nn.utils.clip_grad_norm_([p for p in aux.module.parameters() if p.requires_grad],
+                                                      max_norm)
+            if hasattr(aux_norm, "full_tensor"):
+                aux_norm = aux_norm.full_tensor()
+            self.aux_optimizers[name].step()
+            self.aux_schedulers[name].step()
+            self.aux_optimizers[name].zero_grad(set_to_none=True)
+            record[f"{name}/grad_norm"] = float(aux_norm)
+        return record
 
     def train_step(self, step: int) -> dict:
         start = time.perf_counter()
@@ -243,7 +285,11 @@ class Trainer:
     def save(self) -> Path:
         return save_checkpoint(self.output_dir, self.step, self.model, self.optimizer, self.scheduler, self.info,
                                trainable_only=self.trainable_only, keep_last=self.config.trainer.keep_last,
-                               rank_state={"source": self.source.state_dict()})
+                               rank_state={"source": self.source.state_dict()}, auxiliary=self._auxiliary_pairs(),
+                               extra={"aux_schedulers": {k: v.state_dict() for k, v in self.aux_schedulers.items()}})
+
+    def _auxiliary_pairs(self) -> dict:
+        return {name: (aux.module, self.aux_optimizers[name]) for name, aux in self.auxiliary.items()}
 
     def maybe_resume(self) -> None:
         resume = self.config.trainer.resume
@@ -259,7 +305,9 @@ class Trainer:
         else:
             path = Path(resume)
         state = load_checkpoint(path, self.model, self.optimizer, self.scheduler, self.info,
-                                trainable_only=self.trainable_only)
+                                trainable_only=self.trainable_only, auxiliary=self._auxiliary_pairs())
+        for name, sched_state in state.get("aux_schedulers", {}).items():
+            self.aux_schedulers[name].load_state_dict(sched_state)
         self.source.load_state_dict(state.get("rank_state", {}).get("source", state.get("source", {})))
         self.step = int(state["step"])
         self.logger.truncate_after(self.step)
@@ -283,6 +331,10 @@ class Trainer:
             else:
                 unwrap(self.model).save_pretrained(str(out), state_dict=state, safe_serialization=True)
             self.tokenizer.save_pretrained(str(out))
+        for name, aux in self.auxiliary.items():  # e.g. value.pt: the value model's full state dict
+            aux_state = get_model_state_dict(aux.module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+            if self.info.is_main:
+                torch.save(aux_state, out / f"{name}.pt")
         barrier(self.info)
         return out
 

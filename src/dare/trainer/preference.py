@@ -13,7 +13,7 @@ from dare.data.prompts import PairItem
 from dare.data.sft import Example, collate_padded
 from dare.distributed import DistInfo
 from dare.errors import ConfigError
-from dare.trainer.workflow import Reference, prepare_micro_batch
+from dare.trainer.workflow import Reference, prepare_micro_batches
 
 
 class PairSource:
@@ -56,13 +56,12 @@ class PairSource:
         share = self.batch_size // self.info.world_size
         mine = indices[self.info.rank * share:(self.info.rank + 1) * share]
         device = next(self.policy.parameters()).device
-        out = []
+        micro = []
         for lo in range(0, len(mine), self.micro_batch_size):
             rows = [e for i in mine[lo:lo + self.micro_batch_size] for e in self.examples(self.pairs[i])]
-            mb = collate_padded(rows, width, self.eos_id, self.pad_id, eos_padding=False)
-            out.append(prepare_micro_batch(self.algorithm, mb, step, self.policy, self.reference, device,
-                                           self.precision))
-        return out
+            micro.append(collate_padded(rows, width, self.eos_id, self.pad_id, eos_padding=False))
+        return prepare_micro_batches(self.algorithm, micro, [step] * len(micro), self.policy, self.reference, device,
+                                     self.precision)
 
     def state_dict(self) -> dict:
         return {}

@@ -4,11 +4,17 @@ reference estimates and hands the trainer ready micro-batches (``prepares_views 
 Step ``s`` belongs to rollout ``r = s // mu`` (``mu = algorithm.inner_steps``): at ``s0 = r * mu`` the source
 draws the rollout's prompts (a per-epoch seeded permutation, like :class:`~dare.trainer.sources.DatasetSource`),
 splits them over ranks (whole groups per rank), generates ``G`` completions per prompt with the **current**
-policy (eval mode, FSDP parameters gathered once, sampler seed ``derive_seed(seed, r)``, row seeds = the
-rollout's global index), scores them, computes advantages with the algorithm's hook, then for each inner step
-``k < mu`` builds the algorithm's views for step ``s0 + k`` and the old / reference estimates on them. The
-batch is cached until step ``s0 + mu - 1``; checkpoints inside a cycle store the cache per rank, so resume is
-exact. Everything else is a pure function of the step.
+policy (eval mode, FSDP parameters gathered once, the trainer's autocast, sampler seed ``derive_seed(seed, r)``,
+row seeds = the rollout's global index), scores them, computes advantages with the algorithm's hook, then for
+each inner step ``k < mu`` builds the algorithm's views for step ``s0 + k`` and the old / reference estimates on
+them (policy eval mode and reference context entered once for all micro-batches). The batch is cached until step
+``s0 + mu - 1``; checkpoints inside a cycle store the cache per rank, so resume is exact. Everything else is a pure
+function of the step.
+
+Phase timings (device-synchronised) go to the step's metrics: ``rollout/generate_s`` (decoding),
+``rollout/reward_s`` (assembling, decoding text, reward, advantages), ``rollout/logprob_s`` (views and old /
+reference forwards) and ``rollout/time_s`` (all three); ``rollout/decoded`` is the mean number of decoded positions
+per rollout (tokens per forward = ``decoded / nfe``).
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ from dare.distributed import DistInfo, all_reduce_dict, all_reduce_max_int, gath
 from dare.errors import ConfigError
 from dare.rollout import derive_seed, generate, left_pad
 from dare.rollout.output import completion_mask as stop_mask
-from dare.trainer.workflow import Reference, evaluating, prepare_micro_batch
+from dare.trainer.workflow import Reference, evaluating, prepare_micro_batches
 
 TRAJECTORY_FIELDS = ("states", "predictions", "confidences", "transfers", "candidates")
 
@@ -82,9 +88,13 @@ class RolloutSource:
         self.rollouts_per_epoch = len(prompts) // self.prompts_per_step
         self.steps_per_epoch = self.rollouts_per_epoch * self.mu
         self.token_ids = family_of(policy).token_ids(policy.config)
+        resolved = config.sampler.resolved()  # validate now (one-line errors before any work)
+        if hasattr(algorithm, "check_rollout"):  # binds the model (may refine needs) and checks the block grid
+            from dare.models.loading import unwrap
+
+            algorithm.check_rollout(unwrap(policy), resolved)
         self.sampler = config.sampler.replace(record_trajectory=algorithm.needs.trajectory or
                                               config.sampler.record_trajectory)
-        self.sampler.resolved()  # validate now (one-line errors before any work)
         self.samples_path = Path(output_dir) / "rollouts.jsonl" if output_dir is not None and self.info.is_main else None
         self.step_metrics: dict[str, float] = {}
         self._cache: tuple[int, list[list[TensorDict]]] | None = None
@@ -153,7 +163,7 @@ class RolloutSource:
         sampler = self.sampler.replace(seed=derive_seed(self.seed, rollout))
         chunk = self.config.chunk_size or len(items)
         outputs = []
-        with torch.no_grad(), evaluating(self.policy), gathered_parameters(self.policy):
+        with torch.no_grad(), evaluating(self.policy), gathered_parameters(self.policy), self.precision():
             for lo in range(0, len(items), chunk):
                 outputs.append(generate(self.policy, ids[lo:lo + chunk].to(device), attn[lo:lo + chunk].to(device),
                                         sampler, example_ids=rows[lo:lo + chunk], progress=self.progress))
@@ -171,13 +181,14 @@ class RolloutSource:
     def _assemble(self, outputs, rows: list[int]) -> TensorDict:
         """One CPU TensorDict of this rank's rollouts in the layout of ``dare.algorithms.rl``."""
         eos = self.token_ids.eos
-        seqs, attn, comp, steps, logps = [], [], [], [], []
+        seqs, attn, comp, steps, logps, local = [], [], [], [], [], []
         for out in outputs:
             seqs.append(out.sequences.cpu())
             attn.append(out.attention_mask.cpu())
             comp.append(out.completion_mask.cpu())
             steps.append(out.step_map.cpu())
             logps.append(out.logprobs.cpu())
+            local.append(None if out.block_step_map is None else out.block_step_map.cpu())
         sequences, attention = torch.cat(seqs), torch.cat(attn).long()
         completion, step_map = torch.cat(comp), torch.cat(steps)
         prompt_len = outputs[0].prompt_length
@@ -198,6 +209,8 @@ class RolloutSource:
             "temperature": torch.full((n,), float(self.sampler.temperature)),
             "rollout_logprobs": torch.cat(logps), "step_map": step_map,
         }
+        if all(x is not None for x in local):  # block samplers: step within the block
+            data["block_step_map"] = torch.cat(local)
         if self.algorithm.needs.trajectory:
             data.update(self._trajectory(outputs))
         return TensorDict(data, batch_size=[n])
@@ -233,31 +246,50 @@ class RolloutSource:
         def reduce(t: torch.Tensor) -> torch.Tensor:
             return all_reduce_dict({"t": t}, self.info)["t"].to(t.dtype)
 
-        return RolloutContext(self.group_size, score, reduce)
+        def evaluate(fn, batch: TensorDict) -> torch.Tensor:
+            device = next(self.policy.parameters()).device
+            outputs = []
+            with torch.no_grad(), self.precision():
+                for lo in range(0, batch.batch_size[0], self.micro_batch_size):
+                    outputs.append(fn(batch[lo:lo + self.micro_batch_size].to(device)).cpu())
+            return torch.cat(outputs)
+
+        return RolloutContext(self.group_size, score, reduce, lambda n: all_reduce_max_int(n, self.info), evaluate)
+
+    def _clock(self) -> float:
+        """Wall time after the device's queued work (phase timings would otherwise drift across phases)."""
+        device = next(self.policy.parameters()).device
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return time.perf_counter()
 
     def _collect(self, start: int) -> list[list[TensorDict]]:
-        began = time.perf_counter()
+        began = self._clock()
         rollout = start // self.mu
         items, rows = self._rows(start)
         outputs = self._generate(items, rows, rollout)
-        generated_s = time.perf_counter() - began
+        generated_s = self._clock() - began
         batch = self._assemble(outputs, rows)
         completion = torch.cat([out.completion.cpu() for out in outputs])
         comp_mask = torch.cat([out.completion_mask.cpu() for out in outputs])
         texts, results = self._score(items, completion, comp_mask)
         batch["rewards"] = torch.tensor([r.reward for r in results], dtype=torch.float32)
+        batch["correct"] = torch.tensor([bool(r.correct) for r in results])
         self.algorithm.assign_advantages(batch, self._context(items))
         self._log_metrics(batch, results, outputs, generated_s, began)
         self._write_samples(start, items, texts, results)
         device = next(self.policy.parameters()).device
-        micro = []
-        for k in range(self.mu):
-            chunks = [batch[lo:lo + self.micro_batch_size].clone()
-                      for lo in range(0, batch.batch_size[0], self.micro_batch_size)]
-            micro.append([prepare_micro_batch(self.algorithm, mb, start + k, self.policy, self.reference, device,
-                                              self.precision)
-                          for mb in chunks])
-        self.step_metrics["rollout/time_s"] = round(time.perf_counter() - began, 4)
+        scored = self._clock()
+        bounds = range(0, batch.batch_size[0], self.micro_batch_size)
+        chunks = [batch[lo:lo + self.micro_batch_size].clone() for k in range(self.mu) for lo in bounds]
+        steps = [start + k for k in range(self.mu) for _ in bounds]
+        views = prepare_micro_batches(self.algorithm, chunks, steps, self.policy, self.reference, device,
+                                      self.precision)
+        micro = [views[k * len(bounds):(k + 1) * len(bounds)] for k in range(self.mu)]
+        done = self._clock()
+        self.step_metrics["rollout/reward_s"] = round(scored - began - generated_s, 4)
+        self.step_metrics["rollout/logprob_s"] = round(done - scored, 4)
+        self.step_metrics["rollout/time_s"] = round(done - began, 4)
         return micro
 
     # ---- logging ---------------------------------------------------------------------------------------
@@ -274,6 +306,7 @@ class RolloutSource:
             "flat_groups": (groups.std(1, unbiased=False) == 0).double().sum(), "groups": float(groups.shape[0]),
             "adv_abs": batch["advantages"].double().abs().sum() / max(batch["advantages"][0].numel(), 1),
             "nfe": float(sum(out.nfe for out in outputs)), "generate_s": generated_s, "ranks": 1.0,
+            "decoded": float(sum(int((out.step_map >= 0).sum()) for out in outputs)),
         }
         s = {k: float(v) for k, v in all_reduce_dict(sums, self.info).items()}
         n = max(s["n"], 1.0)
@@ -283,7 +316,7 @@ class RolloutSource:
             "rollout/accuracy": s["correct"] / n, "rollout/length": s["length"] / n,
             "rollout/stopped": s["eos"] / n, "rollout/flat_groups": s["flat_groups"] / max(s["groups"], 1.0),
             "rollout/advantage_abs": s["adv_abs"] / n, "rollout/nfe": s["nfe"] / s["ranks"],
-            "rollout/generate_s": s["generate_s"] / s["ranks"],
+            "rollout/generate_s": s["generate_s"] / s["ranks"], "rollout/decoded": s["decoded"] / n,
         }
         if s["partial_n"]:
             self.step_metrics["rollout/partial"] = s["partial"] / s["partial_n"]

@@ -24,7 +24,11 @@ from tensordict import TensorDict
 
 @contextlib.contextmanager
 def evaluating(model):
-    """Eval mode (no dropout) for the duration of the block, then the previous mode."""
+    """Eval mode (no dropout) for the duration of the block, then the previous mode. A model already in eval
+    mode is left alone (switching walks every module: ~50 ms on LLaDA-8B with LoRA adapters)."""
+    if not model.training:
+        yield model
+        return
     was_training = model.training
     model.eval()
     try:
@@ -67,25 +71,37 @@ def attach_estimates(algorithm, batch: TensorDict, model, prefix: str) -> Tensor
     return batch
 
 
+def prepare_micro_batches(algorithm, batches: list[TensorDict], steps: list[int], policy=None,
+                          reference: Reference | None = None, device=None,
+                          precision=contextlib.nullcontext) -> list[TensorDict]:
+    """Corrupt ``batches[i]`` for optimizer step ``steps[i]`` and attach old / reference estimates as the algorithm
+    needs them (``needs.old_logprobs`` / ``needs.reference``), inside ``precision()`` (the trainer's autocast, so
+    old and current log-probs are computed alike). Returns the batches on the CPU.
+
+    The policy's eval mode and the reference context are entered once for all batches: each entry walks every
+    module (with LoRA, disabling the adapter costs ~0.25 s of host time on LLaDA-8B), so doing it per micro-batch
+    and inner step would add seconds to every rollout step. Each batch visits ``device`` one at a time.
+    """
+    if len(batches) != len(steps):
+        raise ValueError(f"{len(batches)} batches for {len(steps)} steps")
+    batches = [algorithm.corrupt(batch, step) for batch, step in zip(batches, steps)]
+    needs = algorithm.needs
+    if needs.reference and reference is None:
+        raise RuntimeError(f"algorithm '{algorithm.name}' needs a reference model")
+    passes = ([("old_", contextlib.nullcontext(policy))] if needs.old_logprobs else []) + \
+        ([("ref_", reference.model())] if needs.reference else [])
+    for prefix, context in passes:
+        with precision(), context as model, evaluating(model):
+            for i, batch in enumerate(batches):
+                on_device = batch.to(device) if device is not None else batch
+                batches[i] = attach_estimates(algorithm, on_device, model, prefix).to("cpu")
+    return batches
+
+
 def prepare_micro_batch(algorithm, batch: TensorDict, step: int, policy=None, reference: Reference | None = None,
                         device=None, precision=contextlib.nullcontext) -> TensorDict:
-    """Corrupt ``batch`` for optimizer step ``step`` and attach old / reference estimates as the algorithm
-    needs them (``needs.old_logprobs`` / ``needs.reference``), inside ``precision()`` (the trainer's autocast,
-    so old and current log-probs are computed alike). Returns the batch on the CPU."""
-    batch = algorithm.corrupt(batch, step)
-    needs = algorithm.needs
-    if needs.old_logprobs or needs.reference:
-        on_device = batch.to(device) if device is not None else batch
-        with precision():
-            if needs.old_logprobs:
-                attach_estimates(algorithm, on_device, policy, "old_")
-            if needs.reference:
-                if reference is None:
-                    raise RuntimeError(f"algorithm '{algorithm.name}' needs a reference model")
-                with reference.model() as ref:
-                    attach_estimates(algorithm, on_device, ref, "ref_")
-        batch = on_device.to("cpu")
-    return batch
+    """:func:`prepare_micro_batches` of one batch."""
+    return prepare_micro_batches(algorithm, [batch], [step], policy, reference, device, precision)[0]
 
 
-__all__ = ["Reference", "attach_estimates", "evaluating", "prepare_micro_batch"]
+__all__ = ["Reference", "attach_estimates", "evaluating", "prepare_micro_batch", "prepare_micro_batches"]

@@ -1,0 +1,99 @@
+"""Helpers shared by the benchmark scripts: LLaDA-8B-shaped random models built on the device, device
+synchronisation, and the visible confidence injection that lets threshold decoding run on random weights.
+
+Import from a script in this directory (``benchmarks/`` is put on ``sys.path`` by the scripts)::
+
+    from common import LLADA_8B, build_llada, confidence_injection, sync
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+import torch
+
+LLADA_8B = dict(d_model=4096, n_heads=32, n_kv_heads=32, n_layers=32, mlp_hidden_size=12288, vocab_size=126464,
+                embedding_size=126464, max_sequence_length=4096, mask_token_id=126336, eos_token_id=126081,
+                pad_token_id=126081)
+"""LLaDA-8B's architecture and special ids (GSAI-ML/LLaDA-8B-Instruct config.json)."""
+
+
+def build_llada(device: torch.device, *, dtype: torch.dtype = torch.bfloat16, seed: int = 0, **overrides):
+    """An LLaDA-8B-shaped model (``overrides`` change fields of :data:`LLADA_8B`, e.g. ``n_layers=16``) with
+    random N(0, 0.02) weights (norm weights 1) created directly on ``device``: meta init, ``to_empty``,
+    ``normal_`` - seconds on a GPU, no host copy of the weights. Returned in eval mode."""
+    import dare  # noqa: F401  (registers the families)
+    from dare.models.llada import LLaDAConfig, LLaDAModelLM, tiny_llada_config
+
+    raw = tiny_llada_config(**{**LLADA_8B, **overrides})
+    raw.pop("model_type")
+    config = LLaDAConfig.from_dict(raw)
+    with torch.device("meta"):
+        model = LLaDAModelLM(config)
+    model = model.to(dtype).to_empty(device=device)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight") or ".ln_f." in name:
+                param.fill_(1.0)
+            else:
+                param.normal_(0.0, 0.02, generator=gen)
+    return model.eval()
+
+
+def sync(device: torch.device) -> None:
+    """Wait for the device's queued work (a no-op on the CPU)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def clock(device: torch.device) -> float:
+    """``time.perf_counter()`` after :func:`sync`."""
+    sync(device)
+    return time.perf_counter()
+
+
+def weight_bytes(model) -> int:
+    """Bytes of the weights a forward reads in full (the input embedding is only gathered row-wise)."""
+    embedding = model.get_input_embeddings().weight
+    return sum(p.numel() * p.element_size() for p in model.parameters() if p is not embedding)
+
+
+class ConfidenceInjection:
+    """Raise the top logit by ``margin`` at a random ``fraction`` of the positions of every forward of the
+    model's LM head while :attr:`active` (a forward hook; ``fraction <= 0`` installs nothing).
+
+    Random weights give near-uniform predictions (top probability ~1e-5 over LLaDA's vocabulary), so a
+    confidence-threshold decoder would commit one token per forward; a boosted position gets probability ~1
+    and passes any threshold. Benchmarks print the resulting tokens per forward.
+    """
+
+    def __init__(self, model, fraction: float, device: torch.device, margin: float = 20.0, seed: int = 1234,
+                 active: bool = True):
+        self.fraction, self.margin, self.active = fraction, margin, active
+        self.generator = torch.Generator(device=device).manual_seed(seed)
+        self.handle = None
+        if fraction > 0:
+            self.handle = model.get_output_embeddings().register_forward_hook(self._hook)
+
+    def _hook(self, module, inputs, output):
+        if not self.active:
+            return None
+        pick = torch.rand(output.shape[:-1], device=output.device, generator=self.generator) < self.fraction
+        boost = pick[..., None].to(output.dtype) * self.margin
+        return output.scatter_add_(-1, output.argmax(-1, keepdim=True), boost)
+
+    @contextlib.contextmanager
+    def enabled(self):
+        """Inject only inside the block (e.g. during rollouts, not during training forwards)."""
+        previous, self.active = self.active, True
+        try:
+            yield self
+        finally:
+            self.active = previous
+
+    def remove(self) -> None:
+        if self.handle is not None:
+            self.handle.remove()
+            self.handle = None
