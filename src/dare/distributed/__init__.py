@@ -112,6 +112,10 @@ def gathered_parameters(model):
 
     @contextlib.contextmanager
     def gathered():
+        # FSDP2 initialises lazily on the first forward, which marks the root "not resharded after forward".
+        # Do it now: saving and restoring the settings around a first forward (an RL run's first rollout)
+        # would otherwise undo that, and the root's parameters (LM head) would be sharded after every forward.
+        modules[0]._get_fsdp_state()._lazy_init()
         states = [m._get_fsdp_state() for m in modules]
         saved = [[g.post_forward_mesh_info for g in st._fsdp_param_groups] for st in states]
         auto = [st._auto_reshard_after_forward for st in states]
