@@ -30,8 +30,9 @@ those. Each variant first runs a warm-up step (a one-block rollout, one update),
 Variants (equal settings otherwise: same prompts, seeds, LoRA, mu, micro-batches):
 
 * ``naive``: LLaDA's sampler (no cache, one token per step: ``steps = gen_length``), training forwards with
-  ``eager`` attention on the padded batch;
-* ``optimised``: Fast-dLLM dual KV cache + threshold (0.9) parallel decoding, training with ``sdpa``.
+  ``eager`` attention on the padded batch and full ``[B, L, V]`` logits (``model.logits_chunk_size=0``);
+* ``optimised``: Fast-dLLM dual KV cache + threshold (0.9) parallel decoding, training with ``sdpa`` and the
+  chunked LM head at the scored positions only.
   (RL batches are padded rows; packing them is not supported by the RL source, so sdpa is the best existing
   training path; the printed padding fraction bounds what packing could save.)
 
@@ -69,8 +70,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import ConfidenceInjection, build_llada, clock  # noqa: E402
 
 VARIANTS = {
-    "naive": dict(sampler=dict(sampler="llada", cache="none", decoder="quota"), attn="eager"),
-    "optimised": dict(sampler=dict(sampler="fastdllm", cache="dual", decoder="threshold"), attn="sdpa"),
+    "naive": dict(sampler=dict(sampler="llada", cache="none", decoder="quota"), attn="eager", logits_chunk=0),
+    "optimised": dict(sampler=dict(sampler="fastdllm", cache="dual", decoder="threshold"), attn="sdpa",
+                      logits_chunk=2048),
 }
 PHASES = ("rollout", "reward", "logprobs", "update")
 D1_MU = 12  # d1's inner steps per rollout (the projection below)
@@ -145,7 +147,7 @@ def overrides(args, variant: dict, out_dir: str) -> list[str]:
     values = {
         "model.path": "random:llada" if not args.tiny else "tiny:llada",
         "model.dtype": "float32" if args.tiny else "bfloat16",
-        "model.attn_backend": variant["attn"],
+        "model.attn_backend": variant["attn"], "model.logits_chunk_size": variant["logits_chunk"],
         "model.gradient_checkpointing": args.grad_ckpt,
         "lora.enabled": not args.no_lora, "lora.r": args.lora_r, "lora.alpha": args.lora_alpha,
         "lora.dropout": args.lora_dropout,

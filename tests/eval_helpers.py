@@ -2,7 +2,7 @@
 
 import torch
 
-from dare.algorithms.logprobs import aligned_logits, selected_logprobs
+from dare.algorithms.logprobs import masked_logprobs, selected_logprobs
 from dare.diffusion import corrupt
 from dare.models.block_diffusion import two_copy_inputs
 from dare.models.spec import family_of
@@ -21,7 +21,7 @@ def train_memorised(model, tok, context: str, answer: str, steps: int = 40):
     model.train()
     for step in range(steps):
         views = corrupt(ids, maskable, example, mask_id, seed=0, step=step)
-        logp = selected_logprobs(aligned_logits(model, views.noisy_ids), ids, views.mask)
+        logp = masked_logprobs(model, views.noisy_ids, ids, views.mask)
         loss = -(logp / views.p_mask).sum() / ids.numel()
         optimizer.zero_grad()
         loss.backward()

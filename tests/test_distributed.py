@@ -1,4 +1,5 @@
-"""torchrun on CPU (gloo, FSDP2): 1 and 2 processes give the single-process loss, gradients and updates;
+"""torchrun on CPU (gloo, FSDP2): 1 and 2 processes give the single-process loss, gradients and updates (SFT
+variants, and RL steps: rollout with the sharded policy, reward, advantages, old / reference log-probs, update);
 kill-and-resume reproduces the uninterrupted run's metrics."""
 
 import json
@@ -33,7 +34,12 @@ def run_worker(out: Path, nproc: int | None):
     if nproc is None:  # plain single process, no process group
         import dist_worker
 
-        dist_worker.main(out)
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)  # as the workers (OMP_NUM_THREADS=1): same reduction order, same round-off
+        try:
+            dist_worker.main(out)
+        finally:
+            torch.set_num_threads(threads)
         return torch.load(out / "result.pt", weights_only=False)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
            "--master_addr", "127.0.0.1", "--master_port", str(free_port()), str(WORKER), str(out)]
@@ -69,6 +75,50 @@ def test_torchrun_matches_single_process(results, nproc, variant):
         assert all("lora_" in name for name in single["grads"])
 
 
+RL_VARIANTS = ["rl_d1", "rl_coupled_lora", "rl_sdar_bgpo"]
+
+
+@pytest.mark.parametrize("nproc", [1, 2])
+@pytest.mark.parametrize("variant", RL_VARIANTS)
+def test_rl_steps_under_torchrun_match_single_process(results, nproc, variant):
+    """d1 (old + frozen-copy reference), coupled-GRPO with LoRA (adapter-disabled reference) and SDAR BGPO (block
+    cache sampler): every rollout of the run (including the one sampled after the first update(s)), the
+    per-step losses, the step-0 gradients and the final parameters equal the single-process run."""
+    single, dist = results[None][variant], results[nproc][variant]
+    assert len(single["rollouts"]) == len(dist["rollouts"]) == 2
+    for ours, theirs in zip(single["rollouts"], dist["rollouts"]):
+        assert ours["row"].tolist() == list(range(8))
+        for key in ("row", "completion", "rewards", "advantages"):  # per-row sampling streams: exactly equal
+            assert torch.equal(theirs[key], ours[key]), key
+        assert ours["advantages"].abs().sum() > 0  # a policy-gradient signal, not only the KL term
+        for key in ("old_logp", "ref_logp"):  # fp32 forwards on other batch compositions / left-padding widths
+            if key in ours:
+                torch.testing.assert_close(theirs[key], ours[key], atol=1e-6, rtol=1e-5, msg=key)
+    assert ("ref_logp" in single["rollouts"][0]) == (variant != "rl_sdar_bgpo")
+    for ours, theirs in zip(single["losses"], dist["losses"]):
+        assert abs(theirs - ours) <= 1e-6 * max(1.0, abs(ours))
+    assert single["grads"].keys() == dist["grads"].keys() and single["grads"]
+    for name, grad in single["grads"].items():
+        torch.testing.assert_close(dist["grads"][name], grad, atol=1e-6, rtol=1e-5, msg=name)
+    assert single["params"].keys() == dist["params"].keys()
+    for name, value in single["params"].items():  # Adam (lr 1e-3, eps 1e-8) divides a ~1e-8 gradient coordinate
+        # (fp32 round-off of a 1e-2 gradient) by ~(|g| + eps): a 1 % relative difference there moves the weight by
+        # ~lr * 5e-3 (seen: <= 3e-6 in single coordinates, all others < 1e-6)
+        torch.testing.assert_close(dist["params"][name], value, atol=5e-6, rtol=1e-5, msg=name)
+    if variant == "rl_coupled_lora":
+        assert all("lora_" in name for name in single["params"])
+
+
+def test_rl_ranks_ran_different_rollouts_without_deadlock(results):
+    """The comparisons above cover ranks whose early-stopping samplers ran different numbers of forwards (no
+    collective inside generation: parameters are gathered once) and rank-local left padding of other widths."""
+    nfe = results[2]["rl_sdar_bgpo"]["nfe_per_rank"]
+    assert any(len(set(per_rollout)) > 1 for per_rollout in zip(*nfe)), nfe
+    widths = [w for v in RL_VARIANTS for r in results[2][v]["rollouts"] for w in r["width_per_rank"]]
+    single = {w for v in RL_VARIANTS for r in results[None][v]["rollouts"] for w in r["width_per_rank"]}
+    assert set(widths) - single, (widths, single)
+
+
 def test_uneven_packing_exercises_empty_micro_batches(results):
     """Rank 0 holds fewer packed rows than a single process: the others ran empty micro-batches."""
     assert results[2]["packed"]["micro_batches_rank0"] < results[None]["packed"]["micro_batches_rank0"]
@@ -80,14 +130,23 @@ def test_kill_and_resume_reproduces_the_uninterrupted_run(tmp_path):
     args = ["trainer.progress=false", "data.num_examples=48", "data.max_length=48", "trainer.batch_size=8",
             "trainer.micro_batch_size=4", "trainer.max_steps=6", "trainer.save_every=2", "optim.lr=1e-2",
             "optim.scheduler=cosine", "optim.warmup_steps=2", "trainer.export=false"]
-    run_training(load_train_config(None, [f"trainer.output_dir={tmp_path / 'full'}", *args]))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the subprocess (OMP_NUM_THREADS=1): exact comparison needs the same round-off
+    try:
+        run_training(load_train_config(None, [f"trainer.output_dir={tmp_path / 'full'}", *args]))
+    finally:
+        torch.set_num_threads(threads)
     out = tmp_path / "killed"
     killed = subprocess.run([sys.executable, "-m", "dare.cli", "train", f"trainer.output_dir={out}", *args],
                             capture_output=True, text=True, timeout=600, env={**env(), "DARE_KILL_AT_STEP": "3"})
     assert killed.returncode == -9, killed.stderr[-2000:]
     logged = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert logged == [1, 2, 3]  # step 3 was logged after the last checkpoint (step 2): it must be redone
-    run_training(load_train_config(None, [f"trainer.output_dir={out}", *args]))
+    torch.set_num_threads(1)
+    try:
+        run_training(load_train_config(None, [f"trainer.output_dir={out}", *args]))
+    finally:
+        torch.set_num_threads(threads)
 
     def records(path):
         rows = [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines()]

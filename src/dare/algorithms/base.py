@@ -13,7 +13,9 @@ everything else (data or rollouts, sharding, micro-batching, accumulation, optim
 2. ``totals(batch) -> {name: scalar}`` - counts that normalise the loss; the trainer sums them over the
    **global** batch (all micro-batches on all ranks) before any loss is computed.
 3. ``estimate(model, batch) -> TensorDict`` - the model-dependent quantities with gradients (token
-   log-probs, ELBO terms, ...). Old / reference log-probs of RL algorithms are the same call under
+   log-probs, ELBO terms, ...), through :mod:`dare.algorithms.logprobs` with ``**self.forward_options``
+   (``masked_logprobs`` runs the family's denoiser and applies the LM head only to the scored positions,
+   ``logits_chunk_size`` rows at a time). Old / reference log-probs of RL algorithms are the same call under
    ``torch.no_grad()`` on the same stored views.
 4. ``loss(batch, estimates, totals) -> (loss, metrics)`` - this micro-batch's contribution: the objective
    of the global batch is the **sum** of the contributions of all micro-batches on all ranks (so losses and
@@ -34,6 +36,7 @@ from typing import ClassVar
 import torch
 from tensordict import TensorDict
 
+from dare.algorithms.logprobs import DEFAULT_LOGITS_CHUNK, BlockLayout
 from dare.config import from_dict
 from dare.errors import ConfigError, unknown_choice
 
@@ -94,12 +97,26 @@ class Algorithm:
     name: ClassVar[str]
     config_class: ClassVar[type] = AlgorithmConfig
     needs: ClassVar[Needs] = Needs()
+    blocks: BlockLayout | None = None
+    """Block layout of the ``[noisy ; clean]`` forward on block-causal families (None: the model's block length,
+    anchored at position 0; ignored by full-attention families). ``bind_model`` may resolve it."""
 
-    def __init__(self, config, *, token_ids, seed: int = 0, attn_backend: str | None = None):
+    def __init__(self, config, *, token_ids, seed: int = 0, attn_backend: str | None = None,
+                 logits_chunk_size: int = DEFAULT_LOGITS_CHUNK):
+        """``attn_backend``: attention backend of the training forwards (``model.attn_backend``);
+        ``logits_chunk_size``: LM-head rows per chunk of the log-probs (``model.logits_chunk_size``; 0 = full
+        logits)."""
         self.config = config
         self.token_ids = token_ids
         self.seed = seed
         self.attn_backend = attn_backend
+        self.logits_chunk_size = logits_chunk_size
+
+    @property
+    def forward_options(self) -> dict:
+        """Keyword options of every model forward of this algorithm (``masked_logprobs``, ``mc_elbo``,
+        ``dare.algorithms.rl.forward_logp``): attention backend, logits chunk size and block layout."""
+        return {"attn_backend": self.attn_backend, "chunk_size": self.logits_chunk_size, "blocks": self.blocks}
 
     def bind_model(self, model) -> None:
         """Resolve model-dependent options against ``model`` (a ``DiffusionLM``); default: nothing."""

@@ -56,12 +56,9 @@ def one_step_views(batch: TensorDict, mask_id: int, *, seed: int, step: int, p_m
     return noisy
 
 
-@register_algorithm
-class D1(RLAlgorithm):
-    """diffu-GRPO with the one-step estimator (see the module docstring)."""
-
-    name = "d1"
-    config_class = D1Config
+class OneStepEstimator:
+    """The corruption and likelihood hooks of d1's one-step estimator (shared by d1 and wd1): per-token
+    log-probs of the completion from one forward of :func:`one_step_views`."""
 
     def corrupt(self, batch: TensorDict, step: int) -> TensorDict:
         batch["noisy_ids"] = one_step_views(batch, self.token_ids.mask, seed=self.seed, step=step,
@@ -71,6 +68,14 @@ class D1(RLAlgorithm):
     def estimate(self, model, batch: TensorDict) -> TensorDict:
         logp = self.logp(model, batch, batch["noisy_ids"], batch["completion_mask"])
         return TensorDict({"logp": logp}, batch_size=batch.batch_size)
+
+
+@register_algorithm
+class D1(OneStepEstimator, RLAlgorithm):
+    """diffu-GRPO with the one-step estimator (see the module docstring)."""
+
+    name = "d1"
+    config_class = D1Config
 
     def loss(self, batch: TensorDict, estimates: TensorDict, totals):
         logp = estimates["logp"]

@@ -1,8 +1,18 @@
 """Model-facing log-prob helpers shared by the algorithms (the only place algorithms call the model).
 
-:func:`denoising_logits` is the training-time denoiser of any family: one forward over the corrupted ids for
-full-attention MDLMs, one forward over the ``[noisy ; clean]`` block-diffusion layout for block-causal families
-(``algorithms.md`` 1.2), chosen from ``dare.family_of(model).attention`` through :data:`DENOISERS`.
+**Denoiser.** The training-time denoiser of any family is one forward chosen from
+``dare.family_of(model).attention`` through :data:`DENOISERS`: over the corrupted ids for full-attention MDLMs,
+over the ``[noisy ; clean]`` block-diffusion layout for block-causal families (``algorithms.md`` 1.2), whose
+noisy half predicts noisy block ``b`` from itself and the clean blocks before it (:func:`denoiser_outputs`).
+
+**Log-probs.** Algorithms need ``log p(target)`` only at the scored (masked) positions. :func:`masked_logprobs`
+runs the denoiser without the LM head (hidden states of the noisy positions, aligned with the family's logit
+shift: :func:`denoising_hidden`), keeps the selected positions and applies the head to them ``chunk_size`` rows
+at a time with an fp32 log-softmax per chunk (:func:`hidden_logprobs`); in the backward pass each chunk is
+recomputed.
+The ``[B, L, V]`` logits are never materialised (LLaDA-8B: 126464 x 2 bytes per token) and the head's matmuls
+run on the selected rows only. ``chunk_size=0`` is the plain path (the model's logits at every noisy position,
+then select, :func:`denoising_logits`): the reference the chunked path is tested against.
 """
 
 from __future__ import annotations
@@ -11,11 +21,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+import torch.utils.checkpoint
 from tensordict import TensorDict
 
 from dare.diffusion.elbo import token_logprobs
 from dare.errors import ConfigError, InputError, unknown_choice
 from dare.models.spec import family_of
+
+DEFAULT_LOGITS_CHUNK = 2048
+"""Rows of the LM head per chunk: 2048 x 126464 fp32 log-probs is 1 GiB (LLaDA's vocabulary)."""
 
 
 def model_inputs(batch: TensorDict) -> dict:
@@ -28,12 +42,6 @@ def model_inputs(batch: TensorDict) -> dict:
         if not bool(mask.all()):
             kwargs["attention_mask"] = mask
     return kwargs
-
-
-def aligned_logits(model, input_ids: torch.Tensor, *, attn_backend: str | None = None, **layout) -> torch.Tensor:
-    """Logits where position ``i`` predicts token ``i`` (the family's shift applied per packed document)."""
-    out = model(input_ids, attn_backend=attn_backend, **layout)
-    return family_of(model).align_logits(out.logits, layout.get("cu_seqlens"))
 
 
 @dataclass(frozen=True)
@@ -78,14 +86,13 @@ def prompt_lengths_of(maskable: torch.Tensor, cu_seqlens: torch.Tensor | None = 
     return torch.empty_like(lengths).scatter_reduce(0, doc, offset, reduce="amin", include_self=False)
 
 
-def _one_copy_logits(model, noisy_ids, clean_ids, *, blocks, prompt_lengths, attn_backend, hidden=False, **layout):
-    if hidden:
-        out = model(noisy_ids, attn_backend=attn_backend, return_hidden=True, **layout).last_hidden_state
-        return family_of(model).align_logits(out, layout.get("cu_seqlens"))
-    return aligned_logits(model, noisy_ids, attn_backend=attn_backend, **layout)
+# ------------------------------------------------------------------------------------------- denoiser
+def _one_copy(model, noisy_ids, clean_ids, *, blocks, prompt_lengths, attn_backend, hidden, **layout):
+    out = model(noisy_ids, attn_backend=attn_backend, return_hidden=hidden, **layout)
+    return out.last_hidden_state if hidden else out.logits
 
 
-def _two_copy_logits(model, noisy_ids, clean_ids, *, blocks, prompt_lengths, attn_backend, hidden=False, **layout):
+def _two_copy(model, noisy_ids, clean_ids, *, blocks, prompt_lengths, attn_backend, hidden, **layout):
     from dare.models.block_diffusion import two_copy_inputs
     from dare.models.loading import unwrap
 
@@ -96,45 +103,106 @@ def _two_copy_logits(model, noisy_ids, clean_ids, *, blocks, prompt_lengths, att
         cu_seqlens=layout.get("cu_seqlens"), block_origin=blocks.origin,
         prompt_lengths=prompt_lengths if blocks.origin == "response" else None,
     )
-    noisy = slice(0, inputs.noisy_length)  # the loss never reads the clean half: no logits for it
-    if hidden:
-        out = model(**inputs.model_kwargs(), attn_backend=attn_backend, return_hidden=True).last_hidden_state[:, noisy]
-    else:
-        out = model(**inputs.model_kwargs(), attn_backend=attn_backend, logits_positions=noisy).logits
-    return family_of(model).align_logits(out, layout.get("cu_seqlens"))
+    noisy = slice(0, inputs.noisy_length)  # nothing reads the clean half: no logits for it
+    out = model(**inputs.model_kwargs(), attn_backend=attn_backend, return_hidden=hidden, logits_positions=noisy)
+    return inputs.noisy_half(out.last_hidden_state) if hidden else out.logits
 
 
-DENOISERS: dict[str, Callable[..., torch.Tensor]] = {"full": _one_copy_logits, "block_causal": _two_copy_logits}
-"""Training-time denoiser per attention topology (``FamilySpec.attention``)."""
+DENOISERS: dict[str, Callable[..., torch.Tensor]] = {"full": _one_copy, "block_causal": _two_copy}
+"""Training-time denoiser per attention topology (``FamilySpec.attention``): ``fn(model, noisy_ids, clean_ids, *,
+blocks, prompt_lengths, attn_backend, hidden, **layout)`` -> the raw outputs at the ``[R, S]`` noisy positions."""
+
+
+def denoiser_outputs(model, noisy_ids: torch.Tensor, clean_ids: torch.Tensor, *, hidden: bool = False,
+                     blocks: BlockLayout | None = None, prompt_lengths: torch.Tensor | None = None,
+                     attn_backend: str | None = None, **layout) -> torch.Tensor:
+    """Raw outputs of the denoiser at the noisy positions: final hidden states ``[R, S, D]`` (``hidden=True``; apply
+    ``model.head`` yourself) or logits ``[R, S, V]``, before the family's logit shift.
+
+    Full-attention families: one forward over ``noisy_ids``. Block-causal families: one forward over ``[noisy ;
+    clean]`` (:func:`dare.models.block_diffusion.two_copy_inputs`) whose noisy half predicts noisy block ``b`` from
+    itself and the clean blocks ``< b``; ``blocks`` gives the block length and origin (default: the model's block
+    length, ``global``), ``prompt_lengths`` (:func:`prompt_lengths_of`) are needed with ``origin="response"``.
+    ``layout`` is ``attention_mask`` (padded) or ``cu_seqlens`` (packed), as from :func:`model_inputs`.
+    """
+    return DENOISERS[family_of(model).attention](model, noisy_ids, clean_ids, blocks=blocks,
+                                                 prompt_lengths=prompt_lengths, attn_backend=attn_backend,
+                                                 hidden=hidden, **layout)
 
 
 def denoising_logits(model, noisy_ids: torch.Tensor, clean_ids: torch.Tensor, *, blocks: BlockLayout | None = None,
                      prompt_lengths: torch.Tensor | None = None, attn_backend: str | None = None,
                      **layout) -> torch.Tensor:
-    """Logits ``[R, S, V]`` where position ``i`` predicts clean token ``i`` from the corruption ``noisy_ids``.
-
-    Full-attention families: one forward over ``noisy_ids`` (:func:`aligned_logits`). Block-causal families: one
-    forward over ``[noisy ; clean]`` (:func:`dare.models.block_diffusion.two_copy_inputs`) whose noisy half predicts
-    noisy block ``b`` from itself and the clean blocks ``< b``; ``blocks`` gives the block length and origin (default:
-    the model's block length, ``global``), ``prompt_lengths`` (:func:`prompt_lengths_of`) are needed with
-    ``origin="response"``. ``layout`` is ``attention_mask`` (padded) or ``cu_seqlens`` (packed), as from
-    :func:`model_inputs`.
-    """
-    return DENOISERS[family_of(model).attention](model, noisy_ids, clean_ids, blocks=blocks,
-                                                 prompt_lengths=prompt_lengths, attn_backend=attn_backend, **layout)
+    """Logits ``[R, S, V]`` where position ``i`` predicts clean token ``i`` from the corruption ``noisy_ids``
+    (:func:`denoiser_outputs`, then the family's shift per packed document). Materialises every noisy position's
+    logits: the plain path; losses use :func:`masked_logprobs`."""
+    logits = denoiser_outputs(model, noisy_ids, clean_ids, blocks=blocks, prompt_lengths=prompt_lengths,
+                              attn_backend=attn_backend, **layout)
+    return family_of(model).align_logits(logits, layout.get("cu_seqlens"))
 
 
 def denoising_hidden(model, noisy_ids: torch.Tensor, clean_ids: torch.Tensor, *, blocks: BlockLayout | None = None,
                      prompt_lengths: torch.Tensor | None = None, attn_backend: str | None = None,
                      **layout) -> torch.Tensor:
     """The final hidden states ``[R, S, D]`` behind :func:`denoising_logits` (same forward, no LM head, same
-    alignment: position ``i`` is the state that predicts token ``i``), e.g. for a value head."""
-    return DENOISERS[family_of(model).attention](model, noisy_ids, clean_ids, blocks=blocks, hidden=True,
-                                                 prompt_lengths=prompt_lengths, attn_backend=attn_backend, **layout)
+    alignment: position ``i`` is the state that predicts token ``i``): the input of :func:`hidden_logprobs`, or
+    of a value head."""
+    hidden = denoiser_outputs(model, noisy_ids, clean_ids, hidden=True, blocks=blocks, prompt_lengths=prompt_lengths,
+                              attn_backend=attn_backend, **layout)
+    return family_of(model).align_logits(hidden, layout.get("cu_seqlens"))
+
+
+# ------------------------------------------------------------------------------------------- log-probs
+def _temperatures(temperature, shape: torch.Size, device) -> torch.Tensor | None:
+    """``temperature`` (a float or one per row ``[R]``) as ``[R, S]`` fp32, or None."""
+    if temperature is None:
+        return None
+    temp = torch.as_tensor(temperature, dtype=torch.float32, device=device)
+    return (temp[:, None] if temp.ndim == 1 else temp).expand(shape)
+
+
+def _head_logprobs(head, rows: torch.Tensor, targets: torch.Tensor, temperature: torch.Tensor | None) -> torch.Tensor:
+    logits = head(rows)
+    if temperature is not None:
+        logits = logits / temperature[:, None].to(logits.dtype)
+    return token_logprobs(logits, targets)
+
+
+def hidden_logprobs(model, hidden: torch.Tensor, targets: torch.Tensor, select: torch.Tensor, *,
+                    chunk_size: int = DEFAULT_LOGITS_CHUNK,
+                    temperature: torch.Tensor | float | None = None) -> torch.Tensor:
+    """``log p(target)`` in fp32 at ``select`` positions (0 elsewhere) from aligned final hidden states ``[R, S, D]``.
+
+    ``hidden`` is :func:`denoising_hidden` (position ``i`` holds the state that predicts token ``i``: the head is
+    position-wise, so aligning hidden states equals aligning logits). ``model.head`` runs on the selected rows
+    only, ``chunk_size`` rows at a time, each chunk recomputed in the backward pass. ``temperature`` (a float or one
+    per row ``[R]``) divides the logits. When nothing is selected the result still depends on the head and
+    ``hidden`` (times 0) so every rank runs the same backward collectives.
+    """
+    if chunk_size < 1:
+        raise ConfigError(f"the logits chunk size must be positive (0 = full logits); got {chunk_size}")
+    rows, wanted = hidden[select], targets[select]  # [N, D], [N]
+    temps = _temperatures(temperature, targets.shape, hidden.device)
+    temps = None if temps is None else temps[select]
+    out = torch.zeros(targets.shape, dtype=torch.float32, device=hidden.device)
+    count = rows.shape[0]
+    if count == 0:
+        return out + 0.0 * model.head(hidden.reshape(-1, hidden.shape[-1])[:1]).float().sum()
+    recompute = torch.is_grad_enabled()
+    pieces = []
+    for start in range(0, count, chunk_size):
+        part = (rows[start:start + chunk_size], wanted[start:start + chunk_size],
+                None if temps is None else temps[start:start + chunk_size])
+        if recompute:
+            pieces.append(torch.utils.checkpoint.checkpoint(_head_logprobs, model.head, *part, use_reentrant=False,
+                                                            preserve_rng_state=False))
+        else:
+            pieces.append(_head_logprobs(model.head, *part))
+    return out.masked_scatter(select, torch.cat(pieces) if len(pieces) > 1 else pieces[0])
 
 
 def selected_logprobs(logits: torch.Tensor, targets: torch.Tensor, select: torch.Tensor) -> torch.Tensor:
-    """``log p(target)`` in fp32 at ``select`` positions, 0 elsewhere (``[..., S]``).
+    """``log p(target)`` in fp32 at ``select`` positions, 0 elsewhere (``[..., S]``), from full logits.
 
     The log-softmax runs only on the selected rows (memory ~ #selected x V). When nothing is selected the
     result still depends on ``logits`` (times 0) so every rank runs the same backward collectives.
@@ -146,23 +214,49 @@ def selected_logprobs(logits: torch.Tensor, targets: torch.Tensor, select: torch
     return out
 
 
+def masked_logprobs(model, noisy_ids: torch.Tensor, clean_ids: torch.Tensor, select: torch.Tensor, *,
+                    targets: torch.Tensor | None = None, blocks: BlockLayout | None = None,
+                    prompt_lengths: torch.Tensor | None = None, attn_backend: str | None = None,
+                    chunk_size: int = DEFAULT_LOGITS_CHUNK, temperature: torch.Tensor | float | None = None,
+                    **layout) -> torch.Tensor:
+    """``log p(targets)`` (fp32) at ``select`` positions of one denoiser forward on ``noisy_ids``; 0 elsewhere.
+
+    ``targets`` defaults to ``clean_ids`` (the clean copy of block-causal families, :func:`denoiser_outputs` for
+    ``blocks`` / ``prompt_lengths`` / ``layout``). ``temperature`` (a float or one per row ``[R]``) divides the
+    logits. ``chunk_size > 0``: the chunked head of :func:`hidden_logprobs` (never materialises ``[R, S, V]``);
+    ``0``: full logits, then select (the reference path). Both give the same values and gradients.
+    """
+    targets = clean_ids if targets is None else targets
+    options = dict(blocks=blocks, prompt_lengths=prompt_lengths, attn_backend=attn_backend, **layout)
+    if chunk_size == 0:
+        logits = denoising_logits(model, noisy_ids, clean_ids, **options)
+        temps = _temperatures(temperature, targets.shape, logits.device)
+        if temps is not None:
+            logits = logits / temps[..., None].to(logits.dtype)
+        return selected_logprobs(logits, targets, select)
+    hidden = denoising_hidden(model, noisy_ids, clean_ids, **options)
+    return hidden_logprobs(model, hidden, targets, select, chunk_size=chunk_size, temperature=temperature)
+
+
 def mc_elbo(model, input_ids: torch.Tensor, views, example_index: torch.Tensor, *, inverse_t: bool = True,
             attn_backend: str | None = None, blocks: BlockLayout | None = None,
-            prompt_lengths: torch.Tensor | None = None, **layout) -> tuple[torch.Tensor, torch.Tensor]:
+            prompt_lengths: torch.Tensor | None = None, chunk_size: int = DEFAULT_LOGITS_CHUNK,
+            **layout) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-example Monte-Carlo ELBO terms of ``model`` on stored corruptions ``views`` (``[R, n, S]``).
 
     One forward per MC sample (memory of one graph per sample while gradients are kept). Calling it for the
     policy and the reference with the *same* ``views`` is the antithetic (shared-noise) estimator of VRPO:
     equal models give exactly equal terms. Returns ``(example indices [E], terms [E, n])``; average the last
-    dim for the estimate (:func:`dare.diffusion.sequence_elbo` for the per-term definition). Block-causal families
-    use the ``[noisy ; clean]`` layout (:func:`denoising_logits`; ``blocks`` / ``prompt_lengths`` as there).
+    dim for the estimate (:func:`dare.diffusion.sequence_elbo` for the per-term definition). Log-probs come
+    from :func:`masked_logprobs` (block-causal families: the ``[noisy ; clean]`` layout; ``blocks`` /
+    ``prompt_lengths`` / ``chunk_size`` as there).
     """
     from dare.diffusion.elbo import sequence_elbo
 
     n = views.noisy_ids.shape[1]
     logps = []
     for m in range(n):
-        logits = denoising_logits(model, views.noisy_ids[:, m], input_ids, blocks=blocks, prompt_lengths=prompt_lengths,
-                                  attn_backend=attn_backend, **layout)
-        logps.append(selected_logprobs(logits, input_ids, views.mask[:, m]))
+        logps.append(masked_logprobs(model, views.noisy_ids[:, m], input_ids, views.mask[:, m], blocks=blocks,
+                                     prompt_lengths=prompt_lengths, attn_backend=attn_backend, chunk_size=chunk_size,
+                                     **layout))
     return sequence_elbo(torch.stack(logps, 1), views.mask, views.p_mask, example_index, inverse_t=inverse_t)

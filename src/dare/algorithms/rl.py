@@ -39,8 +39,7 @@ from tensordict import TensorDict
 
 from dare.algorithms.base import Algorithm, AlgorithmConfig, Needs
 from dare.algorithms.functional import ADVANTAGE_MODES, KL_ESTIMATORS, clipped_surrogate, group_advantages, kl_estimate
-from dare.algorithms.logprobs import BlockLayout, denoising_logits, model_inputs
-from dare.diffusion.elbo import token_logprobs
+from dare.algorithms.logprobs import DEFAULT_LOGITS_CHUNK, BlockLayout, masked_logprobs, model_inputs
 from dare.errors import ConfigError, unknown_choice
 
 STREAM_PROMPT = 2  # example_generator stream of prompt masking (0 = response masks, 1 = stratification)
@@ -125,48 +124,45 @@ class RolloutContext:
 # --------------------------------------------------------------------------------------------- estimators
 def forward_logp(model, batch: TensorDict, noisy_ids: torch.Tensor, select: torch.Tensor,
                  targets: torch.Tensor | None = None, *, attn_backend: str | None = None,
-                 temperature: torch.Tensor | float | None = None, blocks: BlockLayout | None = None) -> torch.Tensor:
+                 temperature: torch.Tensor | float | None = None, chunk_size: int = DEFAULT_LOGITS_CHUNK,
+                 blocks: BlockLayout | None = None) -> torch.Tensor:
     """``log p(target_j | noisy_ids)`` (fp32) at ``select`` positions, 0 elsewhere.
 
     ``noisy_ids`` is ``[R, S]`` or ``[R, n, S]`` (``n`` views per row, evaluated in one forward of ``R*n`` rows
     sharing the row's attention mask); ``select`` and ``targets`` (default ``input_ids``) broadcast to it.
     ``temperature`` divides the logits (per row ``[R]`` or a float), as MDPO does with the rollout temperature.
 
-    The denoiser is the family's (:func:`~dare.algorithms.logprobs.denoising_logits`): full-attention families
+    The denoiser is the family's (:func:`~dare.algorithms.logprobs.masked_logprobs`): full-attention families
     read ``noisy_ids`` alone; block-causal families run the ``[noisy ; clean]`` layout with ``blocks``, where
     block ``b`` of the view is predicted from itself and the clean blocks before it. The clean copy is the
     clean response (``generated`` / ``maskable``) after the view's prompt, so prompt masking (d1, SPG) hits the
-    context every block sees.
+    context every block sees. The LM head runs on the selected positions only, ``chunk_size`` rows at a time
+    (0 = full logits, the plain path). Algorithms call it through :meth:`RLAlgorithm.logp` (or pass
+    ``**self.forward_options``).
     """
-    targets = batch["input_ids"] if targets is None else targets
-    rows, length = batch["input_ids"].shape
+    input_ids = batch["input_ids"]
+    targets = input_ids if targets is None else targets
+    rows, length = input_ids.shape
     n = 1 if noisy_ids.ndim == 2 else noisy_ids.shape[1]
-    flat = noisy_ids.reshape(rows * n, length)
-    ids = batch["input_ids"] if noisy_ids.ndim == 2 else batch["input_ids"][:, None]
+    shape = noisy_ids.shape
+
+    def flat(t: torch.Tensor) -> torch.Tensor:  # [R, S] or [R, n, S] -> [R*n, S]
+        return (t if t.ndim == len(shape) else t[:, None]).expand(shape).reshape(rows * n, length)
+
+    noisy, clean = noisy_ids.reshape(rows * n, length), flat(input_ids)
     response = next((batch[k] for k in ("generated", "maskable") if k in batch.keys()), None)
-    if response is None:
-        clean = ids.expand(noisy_ids.shape)
-    else:
-        clean = torch.where(response if noisy_ids.ndim == 2 else response[:, None], ids, noisy_ids)
-    clean = clean.reshape(rows * n, length)
+    if response is not None:  # the view's prompt (masked or not), then the clean response
+        clean = torch.where(flat(response), clean, noisy)
     layout = model_inputs(batch)
     if "attention_mask" in layout:
         layout["attention_mask"] = layout["attention_mask"].repeat_interleave(n, 0)
-    logits = denoising_logits(model, flat, clean, blocks=blocks, attn_backend=attn_backend, **layout)
     if temperature is not None:
-        temp = torch.as_tensor(temperature, dtype=logits.dtype, device=logits.device)
-        if temp.ndim == 1:
-            temp = temp.repeat_interleave(n, 0)[:, None, None]
-        logits = logits / temp
-    shape = noisy_ids.shape
-    sel = select.expand(shape).reshape(rows * n, length) if select.ndim == noisy_ids.ndim else \
-        select[:, None].expand(shape).reshape(rows * n, length)
-    tgt = targets.expand(shape).reshape(rows * n, length) if targets.ndim == noisy_ids.ndim else \
-        targets[:, None].expand(shape).reshape(rows * n, length)
-    values = token_logprobs(logits[sel], tgt[sel])
-    out = torch.zeros(sel.shape, dtype=torch.float32, device=logits.device).masked_scatter(sel, values)
-    if not bool(sel.any()):  # keep the graph connected so every rank runs the same backward
-        out = out + 0.0 * logits.sum()
+        temperature = torch.as_tensor(temperature, dtype=torch.float32, device=input_ids.device)
+        if temperature.ndim == 1:
+            temperature = temperature.repeat_interleave(n, 0)
+    out = masked_logprobs(model, noisy, clean, flat(select),
+                          targets=flat(targets), blocks=blocks, attn_backend=attn_backend, chunk_size=chunk_size,
+                          temperature=temperature, **layout)
     return out.reshape(shape)
 
 
@@ -187,8 +183,6 @@ class RLAlgorithm(Algorithm):
     """Model attention topologies (``FamilySpec.attention``) the estimator is defined for."""
     replays_steps: ClassVar[bool] = False
     """Whether views are rebuilt from the rollout's step maps (each position committed once: no token editing)."""
-    blocks: BlockLayout | None = None
-    """Block layout of a bound block-causal model (None: full attention or not bound yet)."""
     _bound: bool = False
 
     def __init__(self, config, **kwargs):
@@ -249,10 +243,9 @@ class RLAlgorithm(Algorithm):
 
     def logp(self, model, batch: TensorDict, noisy_ids: torch.Tensor, select: torch.Tensor,
              targets: torch.Tensor | None = None, temperature=None) -> torch.Tensor:
-        """:func:`forward_logp` with this algorithm's attention backend and block layout."""
+        """:func:`forward_logp` with this algorithm's attention backend, logits chunk size and block layout."""
         self.ensure_bound(model)
-        return forward_logp(model, batch, noisy_ids, select, targets, attn_backend=self.attn_backend,
-                            temperature=temperature, blocks=self.blocks)
+        return forward_logp(model, batch, noisy_ids, select, targets, temperature=temperature, **self.forward_options)
 
     # ---- hooks of the rollout source -----------------------------------------------------------------
     def assign_advantages(self, batch: TensorDict, context: RolloutContext) -> TensorDict:

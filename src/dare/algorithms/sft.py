@@ -22,7 +22,7 @@ import torch
 from tensordict import TensorDict
 
 from dare.algorithms.base import Algorithm, AlgorithmConfig, register_algorithm
-from dare.algorithms.logprobs import BlockLayout, denoising_logits, model_inputs, prompt_lengths_of, selected_logprobs
+from dare.algorithms.logprobs import BlockLayout, masked_logprobs, model_inputs, prompt_lengths_of
 from dare.diffusion import ForwardProcess, corrupt, nelbo_totals, nelbo_weights, resolve_normalization
 from dare.errors import ConfigError
 
@@ -69,8 +69,6 @@ class SFT(Algorithm):
 
     name = "sft"
     config_class = SFTConfig
-    blocks: BlockLayout | None = None
-    """The block layout of a bound block-causal model (None: full attention, or not bound yet)."""
     _bound: bool = False
 
     def bind_model(self, model) -> None:
@@ -111,15 +109,15 @@ class SFT(Algorithm):
         starts = None
         if self.blocks is not None and self.blocks.origin == "response":
             starts = prompt_lengths_of(batch["maskable"], layout.get("cu_seqlens"))
-        logits = denoising_logits(model, batch["noisy_ids"], batch["input_ids"], blocks=self.blocks,
-                                  prompt_lengths=starts, attn_backend=self.attn_backend, **layout)
-        logp = selected_logprobs(logits, batch["input_ids"], batch["mask"])
+        logp = masked_logprobs(model, batch["noisy_ids"], batch["input_ids"], batch["mask"], prompt_lengths=starts,
+                               **self.forward_options, **layout)
         return TensorDict({"logp": logp}, batch_size=batch.batch_size)
 
     def loss(self, batch: TensorDict, estimates: TensorDict, totals: dict[str, torch.Tensor]):
         weights = nelbo_weights(batch["mask"], batch["p_mask"], batch["maskable"], batch["example_index"],
                                 totals, self.config.normalize, self.config.inverse_t).to(estimates["logp"].device)
         loss = -(weights * estimates["logp"]).sum()
-        masked = batch["mask"]
-        metrics = {"loss": loss.detach(), "nll_masked": -estimates["logp"].detach()[masked].sum()}
+        logp = estimates["logp"].detach()
+        nll = -torch.where(batch["mask"], logp, torch.zeros((), dtype=logp.dtype, device=logp.device)).sum()
+        metrics = {"loss": loss.detach(), "nll_masked": nll}  # no boolean indexing: no host sync
         return loss, metrics

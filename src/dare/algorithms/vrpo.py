@@ -73,7 +73,7 @@ class VRPO(Algorithm):
         return {"pairs": torch.tensor(batch.batch_size[0] / 2, dtype=torch.float64)}
 
     def estimate(self, model, batch: TensorDict) -> TensorDict:
-        logp = forward_logp(model, batch, batch["noisy_ids"], batch["mask"], attn_backend=self.attn_backend)
+        logp = forward_logp(model, batch, batch["noisy_ids"], batch["mask"], **self.forward_options)
         terms = (logp / batch["p_mask"].float()).sum(-1)  # [R, n]; zero where not masked
         elbo = terms.mean(-1) / self.config.elbo_divisor
         return TensorDict({"elbo": elbo}, batch_size=batch.batch_size)

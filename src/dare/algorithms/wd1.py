@@ -14,7 +14,7 @@ import torch
 from tensordict import TensorDict
 
 from dare.algorithms.base import register_algorithm
-from dare.algorithms.d1 import one_step_views
+from dare.algorithms.d1 import OneStepEstimator
 from dare.algorithms.functional import group_advantages
 from dare.algorithms.rl import GroupConfig, RLAlgorithm, RolloutContext
 from dare.errors import ConfigError
@@ -38,7 +38,7 @@ class WD1Config(GroupConfig):
 
 
 @register_algorithm
-class WD1(RLAlgorithm):
+class WD1(OneStepEstimator, RLAlgorithm):
     name = "wd1"
     config_class = WD1Config
     uses_ratio = False
@@ -56,15 +56,6 @@ class WD1(RLAlgorithm):
         out = super().totals(batch)
         out["groups"] = (1.0 / batch["group_size"].to(torch.float64)).sum()
         return out
-
-    def corrupt(self, batch: TensorDict, step: int) -> TensorDict:
-        batch["noisy_ids"] = one_step_views(batch, self.token_ids.mask, seed=self.seed, step=step,
-                                            p_mask_prompt=self.config.p_mask_prompt)
-        return batch
-
-    def estimate(self, model, batch: TensorDict) -> TensorDict:
-        logp = self.logp(model, batch, batch["noisy_ids"], batch["completion_mask"])
-        return TensorDict({"logp": logp}, batch_size=batch.batch_size)
 
     def loss(self, batch: TensorDict, estimates: TensorDict, totals):
         seq = estimates["logp"].sum(-1)  # zero outside the completion mask

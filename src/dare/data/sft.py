@@ -9,6 +9,7 @@ A micro-batch is a ``tensordict.TensorDict`` with per-token fields ``[R, S]``:
 
 from __future__ import annotations
 
+import array
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -140,6 +141,13 @@ def build_sft_dataset(cfg, tokenizer, eos_id: int, seed: int = 0, progress: bool
     return SFTDataset(examples, dropped)
 
 
+def ids_tensor(ids) -> torch.Tensor:
+    """Python token ids -> 1-D long tensor through a C array (about 3x faster than ``torch.tensor`` on a tuple)."""
+    if not ids:
+        return torch.zeros(0, dtype=torch.long)
+    return torch.frombuffer(array.array("q", ids), dtype=torch.long)
+
+
 def collate_padded(examples: list[Example], width: int, eos_id: int, pad_id: int, eos_padding: bool) -> TensorDict:
     """Right-pad examples to ``width``; EOS fill counts as answer when ``eos_padding`` (LLaDA guideline)."""
     rows = len(examples)
@@ -149,7 +157,7 @@ def collate_padded(examples: list[Example], width: int, eos_id: int, pad_id: int
     attention = torch.zeros(rows, width, dtype=torch.long)
     for r, ex in enumerate(examples):
         n = len(ex) if not eos_padding else width
-        ids[r, :len(ex)] = torch.tensor(ex.ids)
+        ids[r, :len(ex)] = ids_tensor(ex.ids)
         maskable[r, ex.prompt_len:n] = True
         example_index[r, :n] = ex.index
         attention[r, :n] = 1
@@ -160,19 +168,24 @@ def collate_padded(examples: list[Example], width: int, eos_id: int, pad_id: int
 def collate_packed(examples: list[Example], length: int | None = None, pad_id: int = 0) -> TensorDict:
     """Concatenate examples into one ``[1, T]`` row with ``cu_seqlens [1, D + 1]``.
 
-    ``length`` pads the row to exactly ``length`` tokens with a trailing filler document of ``pad_id`` tokens
-    (its own document, so nothing attends to it; ``example_index = -1``, never trained): fixed shapes.
+    ``length`` pads the row to exactly that many tokens with one trailing filler document (``pad_id``, not
+    maskable, ``example_index = -1``): documents never attend to each other, so real tokens never see it and
+    it is never trained. Fixed-length rows give every micro-batch one shape, so compiled kernels (FlexAttention,
+    ``torch.compile``) are not rebuilt for each new row length (``data.fixed_shapes``).
     """
-    used = sum(len(ex) for ex in examples)
-    if length is not None and used > length:
-        raise InputError(f"{used} packed tokens do not fit in a row of {length}")
-    fill = 0 if length is None else length - used
-    ids = torch.tensor([t for ex in examples for t in ex.ids] + [pad_id] * fill, dtype=torch.long)
-    maskable = torch.cat([torch.arange(len(ex)) >= ex.prompt_len for ex in examples]
-                         + [torch.zeros(fill, dtype=torch.bool)])
-    example_index = torch.cat([torch.full((len(ex),), ex.index, dtype=torch.long) for ex in examples]
-                              + [torch.full((fill,), -1, dtype=torch.long)])
-    lengths = torch.tensor([0] + [len(ex) for ex in examples] + ([fill] if fill else []))
+    total = sum(len(ex) for ex in examples)
+    if length is not None and total > length:
+        raise InputError(f"a packed row of {total} tokens does not fit in length={length}")
+    docs = list(examples)
+    if length is not None and length > total:  # all prompt (never maskable), example index -1
+        docs.append(Example((pad_id,) * (length - total), length - total, -1))
+    flat = array.array("q")
+    for ex in docs:
+        flat.extend(ex.ids)
+    ids = torch.frombuffer(flat, dtype=torch.long) if flat else torch.zeros(0, dtype=torch.long)
+    maskable = torch.cat([torch.arange(len(ex)) >= ex.prompt_len for ex in docs])
+    example_index = torch.cat([torch.full((len(ex),), ex.index, dtype=torch.long) for ex in docs])
+    lengths = torch.tensor([0] + [len(ex) for ex in docs])
     cu = torch.cumsum(lengths, 0).to(torch.int32)
     return TensorDict({"input_ids": ids[None], "maskable": maskable[None], "example_index": example_index[None],
                        "cu_seqlens": cu[None]}, batch_size=[1])

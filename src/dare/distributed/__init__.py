@@ -112,6 +112,10 @@ def gathered_parameters(model):
 
     @contextlib.contextmanager
     def gathered():
+        # FSDP2 initialises lazily on the first forward, which marks the root "not resharded after forward".
+        # Do it now: saving and restoring the settings around a first forward (an RL run's first rollout)
+        # would otherwise undo that, and the root's parameters (LM head) would be sharded after every forward.
+        modules[0]._get_fsdp_state()._lazy_init()
         states = [m._get_fsdp_state() for m in modules]
         saved = [[g.post_forward_mesh_info for g in st._fsdp_param_groups] for st in states]
         auto = [st._auto_reshard_after_forward for st in states]
@@ -145,6 +149,8 @@ def mixed_precision_policy(name: str, device: torch.device):
 def apply_fsdp(model, blocks, info: DistInfo, mixed_precision: str = "auto", reshard_after_forward: bool = True):
     """FSDP2: ``fully_shard`` every transformer block, then the root; gradients are **summed** across ranks.
 
+    ``reshard_after_forward`` applies to the blocks; the root is never resharded after forward (see below).
+
     The trainer's losses are already normalised by global-batch counts, so the default division of the
     reduced gradient by the world size is switched off (``set_gradient_divide_factor(1)`` with plain SUM
     collectives, which gloo supports too).
@@ -156,7 +162,10 @@ def apply_fsdp(model, blocks, info: DistInfo, mixed_precision: str = "auto", res
     policy = mixed_precision_policy(mixed_precision, info.device)
     for block in blocks:
         fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)
-    fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)
+    # The root (embedding, final norm, LM head) keeps FSDP2's default: gathered from forward until its
+    # post-backward. Losses apply ``model.head`` to the returned hidden states after forward (chunked
+    # log-probs, dare.algorithms.logprobs); resharding the root after forward would leave them a sharded head.
+    fully_shard(model, mesh=mesh, mp_policy=policy)
     for module in model.modules():
         if isinstance(module, FSDPModule):
             module.set_gradient_divide_factor(1.0)

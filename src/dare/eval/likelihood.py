@@ -14,13 +14,14 @@ depend on batching or order. Identical corruptions (a one-token answer has only 
 
 The prompt is never masked. Full-attention families score the row ``[x ; noisy y]``; block-causal
 families (SDAR, LLaDA2) use the ``[noisy ; clean]`` two-copy forward, so each block of ``y`` is predicted
-from the clean blocks before it (the block-diffusion ELBO). Dream's logit shift comes from the family spec.
+from the clean blocks before it (the block-diffusion ELBO): the training denoiser,
+:func:`dare.algorithms.logprobs.denoiser_outputs`. Dream's logit shift comes from the family spec.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -110,32 +111,6 @@ class LikelihoodStats:
 
 # ------------------------------------------------------------------------------------- forwards
 
-def _output(out, hidden: bool) -> torch.Tensor:
-    return out.last_hidden_state if hidden else out.logits
-
-
-def _full_attention_forward(model, noisy: torch.Tensor, clean: torch.Tensor, attention_mask: torch.Tensor | None,
-                            hidden: bool) -> torch.Tensor:
-    """Bidirectional families: one forward over the noisy row; hidden states (or raw logits) ``[B, T, .]``."""
-    return _output(model(noisy, attention_mask=attention_mask, return_hidden=hidden), hidden)
-
-
-def _block_causal_forward(model, noisy: torch.Tensor, clean: torch.Tensor, attention_mask: torch.Tensor | None,
-                          hidden: bool) -> torch.Tensor:
-    """Block-causal families: the ``[noisy ; clean]`` forward; returns the noisy half (block ``b`` sees the
-    clean blocks before it and its own noisy block)."""
-    from dare.models.block_diffusion import two_copy_inputs
-    from dare.models.loading import unwrap
-
-    inputs = two_copy_inputs(noisy, clean, unwrap(model).block_size, attention_mask=attention_mask)
-    return inputs.noisy_half(_output(model(**inputs.model_kwargs(), return_hidden=hidden), hidden))
-
-
-FORWARD_BY_ATTENTION: dict[str, Callable] = {"full": _full_attention_forward, "block_causal": _block_causal_forward}
-"""How each attention topology (``FamilySpec.attention``) runs a corrupted row: ``fn(model, noisy, clean,
-attention_mask, hidden) -> [B, T, D] hidden states (hidden=True) or [B, T, V] raw logits``."""
-
-
 # ------------------------------------------------------------------------------------- estimator
 
 def _corruptions(length: int, group: int, mask_id: int, config: LikelihoodConfig, seed: int):
@@ -156,6 +131,7 @@ def continuation_elbo(model, requests: Sequence[Request], config: LikelihoodConf
     """Per-sample Monte-Carlo ELBO terms ``[N, n]`` (float64) of every request's continuation given its
     context; ``terms.mean(1)`` is the estimate of ``log p(continuation | context)`` (a lower bound in
     expectation). ``batch_size`` counts corrupted rows per forward; rows are sorted by length."""
+    from dare.algorithms.logprobs import denoiser_outputs
     from dare.models.loading import unwrap
     from dare.models.spec import family_of
     from dare.rollout.samplers import left_pad, model_device
@@ -163,7 +139,6 @@ def continuation_elbo(model, requests: Sequence[Request], config: LikelihoodConf
     config = (config or LikelihoodConfig()).validated()
     spec = family_of(model)
     token_ids = spec.token_ids(model.config)
-    forward = FORWARD_BY_ATTENTION[spec.attention]
     head = None if config.full_logits else unwrap(model).head
     device = model_device(model)
     n = config.mc_samples
@@ -208,7 +183,8 @@ def continuation_elbo(model, requests: Sequence[Request], config: LikelihoodConf
         clean, attention_mask = left_pad(clean_rows, token_ids.pad, device)
         noisy, _ = left_pad(noisy_rows, token_ids.pad, device)
         width = clean.shape[1]
-        output = forward(model, noisy, clean, None if bool(attention_mask.all()) else attention_mask, head is not None)
+        layout = {} if bool(attention_mask.all()) else {"attention_mask": attention_mask}
+        output = denoiser_outputs(model, noisy, clean, hidden=head is not None, **layout)
         # The hidden state predicting every masked continuation token (Dream: the previous position; the
         # first real token reuses its own, as ``FamilySpec.align_logits`` does).
         owner, hidden_pos, target_pos = [], [], []
@@ -246,5 +222,5 @@ def normalise(scores: torch.Tensor, tokens: Sequence[int], chars: Sequence[int],
     return scores / lengths.clamp_min(1)
 
 
-__all__ = ["FORWARD_BY_ATTENTION", "LENGTH_NORMS", "LikelihoodConfig", "LikelihoodStats", "Request",
+__all__ = ["LENGTH_NORMS", "LikelihoodConfig", "LikelihoodStats", "Request",
            "continuation_elbo", "normalise"]

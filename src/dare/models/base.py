@@ -99,6 +99,17 @@ def rotary_attention(
     cos, sin = rope
     q = apply_rope(q, cos, sin, full_precision=rope_full_precision)
     k = apply_rope(k, cos, sin, full_precision=rope_full_precision)
+    return cached_attend(q, k, v, layout, cache, layer_idx, backend)
+
+
+@torch.compiler.disable
+def cached_attend(q, k, v, layout: AttentionLayout, cache: KVCache | None, layer_idx: int, backend: str) -> torch.Tensor:
+    """Store/read the KV cache, then :func:`attend` - never traced by ``torch.compile``.
+
+    Compiled blocks (:func:`dare.models.compile.compile_blocks`) stop here: the attention kernels are
+    already fused (flash / FlexAttention / varlen), while the layout (document ids, ``max_seqlen``, cached
+    masks), the cache and the layer index change between calls and would force recompilations.
+    """
     if cache is not None:
         k, v = cache.update(layer_idx, k, v)
     return attend(q, k, v, layout, backend)

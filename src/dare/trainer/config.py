@@ -23,6 +23,15 @@ class ModelConfig:
     """Attention backend of training forwards: sdpa, eager, flex (CPU forward only) or varlen (CUDA, packed)."""
     gradient_checkpointing: bool = False
     """Recompute each transformer block in the backward pass (saves activation memory)."""
+    logits_chunk_size: int = 2048
+    """Log-probs are computed only at scored (masked) positions: the LM head runs on those rows, this many at a
+    time (recomputed in the backward pass), so the full [batch, length, vocab] logits are never materialised.
+    0 = full logits, then select (the plain reference path)."""
+    compile: bool = False
+    """torch.compile every transformer block (attention kernels stay as they are; dynamic shapes, so one
+    compilation in the first step serves every block and row length)."""
+    compile_backend: str = "inductor"
+    """torch.compile backend: inductor (fast kernels), aot_eager (capture only: cheap correctness check) or eager."""
 
 
 @dataclass
@@ -66,10 +75,11 @@ class DataConfig:
     """Pack examples into ``[1, T]`` rows with ``cu_seqlens`` (no cross-example attention) instead of padding."""
     pack_length: int | None = None
     """Tokens per packed row (default: max_length); each packed row is one micro-batch."""
-    fixed_shapes: bool = False
-    """Pad every micro-batch to a fixed length: padded rows to max_length (EOS answer padding when eos_padding),
-    packed rows to pack_length (a filler document that is never attended or trained). Compiled flex attention
-    (block-diffusion training on GPU) then never recompiles."""
+    fixed_shapes: bool | None = None
+    """Pad every micro-batch to one shape: padded rows to max_length (the fill counts as answer when eos_padding),
+    packed rows to pack_length (a filler document that is never attended or trained). Compiled kernels (flex
+    attention, model.compile) then never recompile for a new length. null = auto: on for model.attn_backend=flex,
+    whose compiled kernel is specialised to the row length."""
     shuffle: bool = True
     """Shuffle examples every epoch (deterministic in trainer.seed and the epoch)."""
     num_examples: int | None = None
@@ -199,6 +209,7 @@ class TrainConfig:
             "distributed.mixed_precision": (self.distributed.mixed_precision, ("auto", "bf16", "fp32")),
             "model.dtype": (self.model.dtype, ("float32", "bfloat16", "float16")),
             "model.attn_backend": (self.model.attn_backend, ("sdpa", "eager", "flex", "varlen")),
+            "model.compile_backend": (self.model.compile_backend, ("inductor", "aot_eager", "eager")),
         }
         for key, (value, allowed) in choices.items():
             if allowed is not None and value not in allowed:
@@ -210,8 +221,19 @@ class TrainConfig:
         for key, value in positive.items():
             if value < 1:
                 raise ConfigError(f"{key} must be positive; got {value}")
+        if self.model.logits_chunk_size < 0:
+            raise ConfigError(f"model.logits_chunk_size must be >= 0 (0 = full logits); got {self.model.logits_chunk_size}")
         if self.optim.lr <= 0:
             raise ConfigError(f"optim.lr must be positive; got {self.optim.lr}")
+
+    def fixed_width(self) -> int | None:
+        """Tokens of every micro-batch row under ``data.fixed_shapes`` (null: on for ``model.attn_backend=flex``):
+        ``data.pack_length`` (default ``max_length``) for packed rows, ``data.max_length`` for padded rows; None
+        when row shapes follow the data."""
+        on = self.data.fixed_shapes if self.data.fixed_shapes is not None else self.model.attn_backend == "flex"
+        if not on:
+            return None
+        return (self.data.pack_length or self.data.max_length) if self.data.packing else self.data.max_length
 
 
 def load_train_config(path: str | Path | None, overrides: list[str] = ()) -> TrainConfig:

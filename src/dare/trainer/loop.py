@@ -29,7 +29,6 @@ import functools
 import os
 import signal
 import time
-from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
 
@@ -48,8 +47,10 @@ from dare.trainer.optim import build_optimizer, build_scheduler
 
 
 def _add(into: dict, values: dict) -> None:
+    """Accumulate scalar metrics where they live (no host sync per micro-batch; one at the end of the step)."""
     for key, value in values.items():
-        into[key] = into[key] + torch.as_tensor(value).detach().to(torch.float64).cpu()
+        value = torch.as_tensor(value).detach().to(torch.float64)
+        into[key] = into[key] + value if key in into else value
 
 
 class Trainer:
@@ -59,7 +60,7 @@ class Trainer:
     ``source(trainer) -> BatchSource`` called once the model, algorithm and reference exist (an RL source with
     its own prompts or reward needs them). ``info`` is a pre-initialised distributed context; ``model`` an
     already built model on ``info.device`` used instead of loading ``config.model.path`` (e.g. a randomly
-    initialised model for benchmarks; without LoRA a frozen reference is a copy of it, single process only).
+    initialised model for benchmarks; without LoRA a frozen reference is a copy of it taken before training).
     """
 
     def __init__(self, config: TrainConfig, *, source=None, info: DistInfo | None = None, model=None):
@@ -78,34 +79,44 @@ class Trainer:
             save_yaml(config_dict(config), self.output_dir / "config.yaml")
         torch.manual_seed(cfg.trainer.seed)
 
-        self.injected_model = model is not None
-        if model is None:
+        given = model is not None
+        if not given:
             model = load_model(cfg.model.path, dtype=resolve_dtype(cfg.model.dtype), device=self.info.device)
         self.token_ids = family_of(model).token_ids(model.config)
         base = unwrap(model)
         base.attn_backend = cfg.model.attn_backend
+        self.algorithm = get_algorithm(cfg.algorithm.name)(
+            cfg.algorithm, token_ids=self.token_ids, seed=cfg.trainer.seed, attn_backend=cfg.model.attn_backend,
+            logits_chunk_size=cfg.model.logits_chunk_size)
+        self.algorithm.bind_model(base)
+        # A given model has no checkpoint to load a frozen reference from: copy it before it is adapted / sharded
+        # (the algorithm is built first so its needs are known).
+        frozen = None
+        if given and self.algorithm.needs.reference and not cfg.lora.enabled:
+            frozen = copy.deepcopy(model)
         if cfg.model.gradient_checkpointing:
             base.gradient_checkpointing_enable()
         if cfg.lora.enabled:
             from dare.models.lora import apply_lora
 
             model = apply_lora(model, cfg.lora.r, cfg.lora.alpha, cfg.lora.dropout, cfg.lora.target_modules)
+        if cfg.model.compile:
+            from dare.models.compile import compile_blocks
+
+            compile_blocks(model, backend=cfg.model.compile_backend)
         self.sharded = self.info.initialized and cfg.distributed.fsdp
         if self.sharded:
             apply_fsdp(model, unwrap(model).blocks, self.info, cfg.distributed.mixed_precision,
                        cfg.distributed.reshard_after_forward)
         self.model = model.train()
 
-        self.algorithm = get_algorithm(cfg.algorithm.name)(
-            cfg.algorithm, token_ids=self.token_ids, seed=cfg.trainer.seed, attn_backend=cfg.model.attn_backend)
-        self.algorithm.bind_model(base)
         self.auxiliary = self.algorithm.auxiliary_models(self._load_backbone)
         for aux in self.auxiliary.values():
             if self.sharded:
                 apply_fsdp(aux.module, aux.blocks or [], self.info, cfg.distributed.mixed_precision,
                            cfg.distributed.reshard_after_forward)
             aux.module.train()
-        self.reference = self._reference() if self.algorithm.needs.reference else None
+        self.reference = self._reference(frozen) if self.algorithm.needs.reference else None
         if source is None:
             source = self._build_source()
         elif callable(source) and not hasattr(source, "batch"):
@@ -142,8 +153,9 @@ class Trainer:
 
         return load_tokenizer(self.config.model.tokenizer or self.config.model.path)
 
-    def _reference(self):
-        """The frozen reference policy: the adapter-disabled policy with LoRA, else a frozen (sharded) copy."""
+    def _reference(self, frozen=None):
+        """The frozen reference policy: the adapter-disabled policy with LoRA, else a frozen (sharded) copy
+        (``frozen``: of a model passed as ``Trainer(model=...)``, else loaded from ``model.path``)."""
         from dare.trainer.workflow import Reference
 
         if self.config.lora.enabled:
@@ -151,12 +163,7 @@ class Trainer:
         from dare.models.loading import load_model, resolve_dtype, unwrap
 
         cfg = self.config
-        if self.injected_model:  # not trained yet: a copy is the initial policy
-            if self.sharded:
-                raise ConfigError("a frozen reference of a model passed as Trainer(model=...) needs lora.enabled "
-                                  "or a single process")
-            frozen = copy.deepcopy(unwrap(self.model))
-        else:
+        if frozen is None:
             frozen = load_model(cfg.model.path, dtype=resolve_dtype(cfg.model.dtype), device=self.info.device)
         frozen.requires_grad_(False)
         unwrap(frozen).attn_backend = cfg.model.attn_backend
@@ -205,7 +212,7 @@ class Trainer:
             data.examples, batch_size=cfg.trainer.batch_size, micro_batch_size=cfg.trainer.micro_batch_size,
             rank=self.info.rank, world_size=self.info.world_size, seed=cfg.trainer.seed, shuffle=cfg.data.shuffle,
             packing=cfg.data.packing, pack_length=pack_length, eos_id=self.token_ids.eos, pad_id=self.token_ids.pad,
-            eos_padding=cfg.data.eos_padding, fixed_width=cfg.data.max_length if cfg.data.fixed_shapes else None,
+            eos_padding=cfg.data.eos_padding, fixed_width=cfg.fixed_width(),
         )
 
     @property
@@ -221,7 +228,7 @@ class Trainer:
         prepared = getattr(self.source, "prepares_views", False)
         if not prepared:
             micro = [self.algorithm.corrupt(mb, step) for mb in micro]
-        local_totals: dict = defaultdict(lambda: torch.zeros((), dtype=torch.float64))
+        local_totals: dict = {}
         for mb in micro:
             _add(local_totals, self.algorithm.totals(mb))
         totals = all_reduce_dict(dict(local_totals), self.info)
@@ -230,14 +237,14 @@ class Trainer:
             raise RuntimeError("the source returned different numbers of micro-batches on different ranks")
         while len(micro) < count:  # same number of forward/backward collectives on every rank
             micro.append(self.algorithm.corrupt(dummy_micro_batch(self.token_ids.pad), step))
-        sums: dict = defaultdict(lambda: torch.zeros((), dtype=torch.float64))
+        sums: dict = {}
         device_totals = {k: v.to(self.info.device) for k, v in totals.items()}
+        micro = [mb.to(self.info.device, non_blocking=True) for mb in micro]  # all copies queued up front
         for mb in micro:
-            mb = mb.to(self.info.device)
             with autocast_context(self.config.distributed.mixed_precision if not self.sharded else "fp32", self.info.device):
                 metrics = self.algorithm.backward(self.model, mb, device_totals)
             _add(sums, metrics)
-        out = all_reduce_dict(dict(sums), self.info)
+        out = all_reduce_dict(sums, self.info)
         out.update({k: v for k, v in totals.items() if v.numel() == 1})
         out.update(getattr(self.source, "step_metrics", None) or {})
         return out

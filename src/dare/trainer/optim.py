@@ -8,8 +8,15 @@ import torch
 
 
 def build_optimizer(params, cfg) -> torch.optim.Optimizer:
-    """AdamW over the trainable parameters (``cfg``: :class:`~dare.trainer.config.OptimConfig`)."""
-    return torch.optim.AdamW(params, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, weight_decay=cfg.weight_decay)
+    """AdamW over the trainable parameters (``cfg``: :class:`~dare.trainer.config.OptimConfig`).
+
+    Plain CUDA parameters use the fused kernel (one pass over parameters, gradients and moments instead of one
+    ``foreach`` kernel per arithmetic op); sharded (DTensor) and CPU parameters keep PyTorch's default.
+    """
+    params = list(params)
+    fused = bool(params) and all(p.device.type == "cuda" and type(p) is torch.nn.Parameter for p in params)
+    return torch.optim.AdamW(params, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, weight_decay=cfg.weight_decay,
+                             fused=fused or None)
 
 
 def lr_factor(step: int, total: int, warmup: int, kind: str, min_ratio: float) -> float:

@@ -35,8 +35,9 @@ class DatasetSource:
     Step ``s`` uses positions ``[p * B, (p + 1) * B)`` of epoch ``s // steps_per_epoch``'s permutation
     (seeded by ``seed`` and the epoch); rank ``r`` of ``W`` takes the ``r``-th contiguous ``B / W`` slice and
     splits it into micro-batches: padded rows (``micro_batch_size`` each; all rows of a step padded to the
-    global batch's longest example) or packed ``[1, T]`` rows. ``fixed_width`` pads every padded row to that
-    width and every packed row to ``pack_length`` (fixed shapes, e.g. for compiled flex attention).
+    global batch's longest example) or packed ``[1, T]`` rows. ``fixed_width`` gives every row exactly that many
+    tokens (fixed shapes, e.g. for compiled flex attention): padded rows are right-padded to it, packed rows filled
+    with a trailing filler document (:func:`~dare.data.sft.collate_packed`; it must be >= ``pack_length``).
     """
 
     def __init__(self, examples: list[Example], *, batch_size: int, micro_batch_size: int, rank: int = 0,
@@ -52,6 +53,10 @@ class DatasetSource:
         self.packing, self.pack_length = packing, pack_length
         self.eos_id, self.pad_id, self.eos_padding = eos_id, pad_id, eos_padding
         self.fixed_width = fixed_width
+        if fixed_width is not None:
+            needed = pack_length if packing else max((len(ex) for ex in examples), default=0)
+            if needed is not None and needed > fixed_width:
+                raise ConfigError(f"fixed_width={fixed_width} is shorter than a row ({needed} tokens)")
         self.steps_per_epoch = len(examples) // batch_size
         if self.steps_per_epoch == 0:
             raise ConfigError(f"trainer.batch_size={batch_size} is larger than the dataset ({len(examples)} examples)")
@@ -80,8 +85,7 @@ class DatasetSource:
         share = self.batch_size // self.world_size
         mine = [self.examples[i] for i in indices[self.rank * share:(self.rank + 1) * share]]
         if self.packing:
-            fill = self.pack_length if self.fixed_width else None
-            return [collate_packed(row, fill, self.pad_id) for row in pack(mine, self.pack_length)]
+            return [collate_packed(row, self.fixed_width, self.pad_id) for row in pack(mine, self.pack_length)]
         width = self.fixed_width or max(len(self.examples[i]) for i in indices)  # global: the split never changes it
         return [collate_padded(mine[i:i + self.micro_batch_size], width, self.eos_id, self.pad_id, self.eos_padding)
                 for i in range(0, len(mine), self.micro_batch_size)]

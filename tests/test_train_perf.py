@@ -1,0 +1,189 @@
+"""Training performance paths: fixed shapes, compiled blocks, injected models, the benchmarks."""
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from dare.data.sft import Example, collate_packed
+from dare.errors import ConfigError, InputError
+from dare.models import family_of
+from dare.models.compile import compile_blocks, is_compiled
+from dare.models.loading import unwrap
+from dare.models.tiny import tiny_model
+from dare.trainer import Trainer, load_train_config
+from dare.trainer.optim import build_optimizer
+
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+
+
+def small_config(tmp_path, *overrides):
+    base = [f"trainer.output_dir={tmp_path}", "trainer.progress=false", "data.num_examples=16", "data.max_length=48",
+            "trainer.batch_size=8", "trainer.micro_batch_size=8", "trainer.max_steps=2", "data.eos_padding=false"]
+    return load_train_config(None, base + list(overrides))
+
+
+def grads_of(trainer, step=0):
+    trainer.optimizer.zero_grad(set_to_none=True)
+    metrics = trainer.forward_backward(step)
+    grads = {n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.grad is not None}
+    trainer.optimizer.zero_grad(set_to_none=True)
+    return float(metrics["loss"]), grads
+
+
+def assert_same(a, b, atol=1e-6):
+    (la, ga), (lb, gb) = a, b
+    assert abs(la - lb) < 1e-6 * max(1.0, abs(la))
+    assert ga.keys() == gb.keys() and ga
+    for name in ga:
+        torch.testing.assert_close(ga[name], gb[name], atol=atol, rtol=1e-5, msg=name)
+
+
+def test_collate_packed_fixed_length_appends_an_untrained_padding_document():
+    exs = [Example((1, 2, 3, 4), 1, 7), Example((5, 6, 7), 2, 9)]
+    row = collate_packed(exs, length=12, pad_id=0)
+    assert row["input_ids"].shape == (1, 12)
+    assert row["cu_seqlens"][0].tolist() == [0, 4, 7, 12]
+    assert row["example_index"][0].tolist() == [7] * 4 + [9] * 3 + [-1] * 5
+    assert row["maskable"][0].tolist() == [False, True, True, True, False, False, True] + [False] * 5
+    assert row["input_ids"][0, 7:].tolist() == [0] * 5
+    assert collate_packed(exs, length=7)["cu_seqlens"][0].tolist() == [0, 4, 7]  # exact fit: no padding document
+    with pytest.raises(InputError, match="does not fit"):
+        collate_packed(exs, length=6)
+
+
+@pytest.mark.parametrize("family", ["llada", "dream"])
+def test_fixed_length_rows_do_not_change_loss_or_gradients(tmp_path, family):
+    common = [f"model.path=tiny:{family}", "data.packing=true", "data.pack_length=64"]
+    plain = Trainer(small_config(tmp_path / "a", *common, "data.fixed_shapes=false"))
+    fixed = Trainer(small_config(tmp_path / "b", *common, "data.fixed_shapes=true"))
+    rows = fixed.source.batch(0)
+    assert len(rows) > 1 and all(r["input_ids"].shape == (1, 64) for r in rows)
+    assert any(int(r["input_ids"].shape[1]) < 64 for r in plain.source.batch(0))
+    assert_same(grads_of(plain), grads_of(fixed))
+
+
+def test_fixed_shapes_default_follows_the_attention_backend(tmp_path):
+    def width(*overrides):
+        return small_config(tmp_path, *overrides).fixed_width()
+
+    assert width() is None and width("model.attn_backend=eager") is None  # null = auto: off unless flex
+    assert width("model.attn_backend=flex") == 48  # padded rows: data.max_length
+    assert width("model.attn_backend=flex", "data.packing=true", "data.pack_length=64") == 64
+    assert width("data.packing=true") is None
+    assert width("data.fixed_shapes=true", "data.packing=true") == 48  # pack_length defaults to max_length
+    assert width("data.fixed_shapes=false", "model.attn_backend=flex") is None
+
+
+def test_fixed_width_shorter_than_a_row_is_a_config_error(tmp_path):
+    from dare.trainer.sources import DatasetSource
+
+    exs = [Example((1, 2, 3, 4), 1, 0), Example((5, 6, 7), 1, 1)]
+    options = dict(batch_size=2, micro_batch_size=2, eos_id=8, pad_id=9)
+    assert DatasetSource(exs, fixed_width=6, **options).batch(0)[0]["input_ids"].shape == (2, 6)
+    with pytest.raises(ConfigError, match="fixed_width=3"):
+        DatasetSource(exs, fixed_width=3, **options)
+    with pytest.raises(ConfigError, match="fixed_width=6"):
+        DatasetSource(exs, fixed_width=6, packing=True, pack_length=8, **options)
+
+
+def test_injected_model_is_trained_as_is(tmp_path):
+    model = tiny_model("dream", seed=3).train()
+    trainer = Trainer(small_config(tmp_path, "model.path=tiny:llada"), model=model)
+    assert trainer.model is model and family_of(trainer.model).name == "dream"
+    before = model.lm_head.weight.detach().clone()
+    trainer.train_step(0)
+    assert not torch.equal(before, model.lm_head.weight)
+
+
+def test_compiled_blocks_give_the_same_loss_and_gradients(tmp_path):
+    common = ["model.path=tiny:llada", "data.packing=true", "data.pack_length=64"]
+    plain = Trainer(small_config(tmp_path / "a", *common))
+    compiled = Trainer(small_config(tmp_path / "b", *common, "model.compile=true", "model.compile_backend=aot_eager"))
+    assert compiled.source.fixed_width is None  # dynamic shapes: rows of any length
+    assert len({int(mb["input_ids"].shape[1]) for mb in compiled.source.batch(0)}) > 1
+    assert all(is_compiled(b) for b in unwrap(compiled.model).blocks)
+    assert not any(is_compiled(b) for b in unwrap(plain.model).blocks)
+    assert_same(grads_of(plain), grads_of(compiled), atol=1e-5)
+    names = {n for n, _ in compiled.model.named_parameters()}
+    assert names == {n for n, _ in plain.model.named_parameters()}  # checkpoints keep their keys
+
+
+def test_all_blocks_and_lengths_share_one_compiled_graph():
+    """Specialised layer indices would compile every block separately (past 8, the rest silently run eagerly)."""
+    from torch._dynamo.utils import counters
+
+    def graphs(layers):
+        torch._dynamo.reset()
+        counters.clear()
+        model = compile_blocks(tiny_model("llada", seed=0, n_layers=layers).train(), backend="eager")
+        for length in (24, 19):
+            ids = torch.randint(0, 250, (1, length))
+            model(ids, cu_seqlens=torch.tensor([0, 10, length])).logits.sum().backward()
+        return counters["stats"]["unique_graphs"]
+
+    try:
+        assert graphs(1) == graphs(4)
+    finally:
+        torch._dynamo.reset()
+
+
+def test_compile_and_chunk_options_are_validated(tmp_path):
+    with pytest.raises(ConfigError, match="compile_backend"):
+        small_config(tmp_path, "model.compile_backend=inductr")
+    with pytest.raises(ConfigError, match="logits_chunk_size"):
+        small_config(tmp_path, "model.logits_chunk_size=-1")
+    with pytest.raises(ConfigError, match="unknown compile backend"):
+        compile_blocks(tiny_model("llada"), backend="nope")
+
+
+def test_cpu_optimizer_is_not_fused():
+    opt = build_optimizer([torch.nn.Parameter(torch.zeros(2))], load_train_config(None, []).optim)
+    assert not opt.param_groups[0]["fused"]
+
+
+def load_benchmark(name):
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCHMARKS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses resolve annotations through sys.modules
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_train_benchmark_tiny_runs_every_cpu_path_on_one_objective(tmp_path):
+    out = tmp_path / "train.json"
+    report = load_benchmark("train").main(["--tiny", "--steps", "1", "--out", str(out)])
+    assert json.loads(out.read_text()) == json.loads(json.dumps(report))
+    rows = {r["name"]: r for r in report["variants"]}
+    assert rows["packed-flex"]["status"] == "skipped" and "CPU" in rows["packed-flex"]["note"]
+    assert rows["packed-varlen"]["status"] == "skipped" and "CUDA" in rows["packed-varlen"]["note"]
+    ok = [r for r in rows.values() if r["status"] == "ok"]
+    assert {r["name"] for r in ok} == {"padded-eager", "padded-sdpa", "packed-sdpa", "packed-sdpa+fullce",
+                                       "packed-sdpa+compile"}
+    losses = [r["losses"][0] for r in ok]  # same weights, examples and corruption: one objective
+    assert max(losses) - min(losses) < 1e-4 * abs(losses[0])
+    assert rows["padded-eager"]["padding_fraction"] > 0 and rows["packed-sdpa"]["padding_fraction"] == 0
+    assert rows["packed-sdpa+compile"]["padding_fraction"] == 0
+    for r in ok:
+        assert r["step_s"] > 0 and r["tokens_per_s"] == pytest.approx(report["workload"]["tokens"] / r["step_s"], rel=1e-3)
+        assert 0 < r["mfu"] and r["speedup"] > 0
+    assert report["step_flops"] > 6 * report["shape"]["matmul_params"] * report["workload"]["tokens"]
+
+
+def test_train_benchmark_flop_formula_by_hand():
+    bench = load_benchmark("train")
+    shape = bench.Shape(d_model=8, n_heads=2, n_layers=3, mlp=16, vocab=10, mask_id=9, eos_id=8, pad_id=7)
+    per_block = 4 * 8 * 8 + 3 * 8 * 16
+    assert shape.matmul_params == 3 * per_block + 8 * 10
+    assert shape.step_flops([2, 3]) == 6 * shape.matmul_params * 5 + 12 * 3 * 8 * (4 + 9)
+
+
+def test_host_overhead_benchmark_tiny(tmp_path):
+    out = tmp_path / "host.json"
+    report = load_benchmark("host_overhead").main(["--tiny", "--repeats", "1", "--out", str(out)])
+    assert json.loads(out.read_text()) == json.loads(json.dumps(report))
+    assert report["rows"] and all(r["ms"] >= 0 for r in report["rows"])
+    assert {r["stage"] for r in report["rows"]} >= {"collate", "corrupt", "totals", "weights"}
