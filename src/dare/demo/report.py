@@ -26,7 +26,8 @@ def build_report(settings: dict, phases, totals: dict) -> dict:
         "settings": settings,
         "accuracy": {"init": initial.accuracy, "sft": sft.accuracy, "rl": rl.accuracy},
         "improvement": rl.accuracy - sft.accuracy,
-        "reward": {"first": _mean(rewards[:REWARD_WINDOW]), "last": _mean(rewards[-REWARD_WINDOW:])} if rewards else None,
+        "reward": ({"first": _mean(rewards[:REWARD_WINDOW]), "last": _mean(rewards[-REWARD_WINDOW:])}
+                   if rewards else None),
         "curves": {
             "sft_loss": curve(sft.records, "loss"),
             "sft_validation_accuracy": curve(sft.records, "eval/validation_accuracy"),

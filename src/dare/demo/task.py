@@ -90,7 +90,8 @@ def write_task(out_dir: str | Path, *, digits: int, train_size: int, validation_
     prompts = [render_prompt(bench, s) for s in train_samples]
     sft = _write_jsonl(out / "sft.jsonl", [{"prompt": p, "response": f" {s.answer}"}
                                            for p, s in zip(prompts, train_samples)])
-    rl = _write_jsonl(out / "prompts.jsonl", [{"prompt": p, "answer": s.answer} for p, s in zip(prompts, train_samples)])
+    rl = _write_jsonl(out / "prompts.jsonl",
+                      [{"prompt": p, "answer": s.answer} for p, s in zip(prompts, train_samples)])
     return TaskData(sft=sft, prompts=rl, validation_path=validation_path, test_path=test_path,
                     validation=bench.load(str(validation_path)), test=bench.load(str(test_path)))
 

@@ -387,7 +387,8 @@ class Trainer:
         return record
 
 
-def run_training(config: TrainConfig, source=None, on_step: Callable[[Trainer, dict], dict | None] | None = None) -> dict:
+def run_training(config: TrainConfig, source=None,
+                 on_step: Callable[[Trainer, dict], dict | None] | None = None) -> dict:
     """Train with ``config`` (under torchrun: one call per process); returns the last metrics record.
     ``on_step(trainer, record)`` is called after every step (see :meth:`Trainer.train`)."""
     from dare.distributed import shutdown
