@@ -16,8 +16,13 @@ COLUMNS = ("algorithm", "seed", "SFT steps", "acc. after SFT", "acc. after RL", 
 
 
 def row(report: dict) -> list[str]:
+    from dare.demo import DemoConfig
+
     acc, phases, reward = report["accuracy"], {p["name"]: p for p in report["phases"]}, report["reward"]
-    return [report["settings"]["algorithm"]["name"], str(report["settings"]["seed"]), str(phases["sft"]["steps"]),
+    name, lr = report["settings"]["algorithm"]["name"], report["settings"]["demo"]["rl_lr"]
+    if lr != DemoConfig.rl_lr:
+        name += f" (lr {lr:g})"
+    return [name, str(report["settings"]["seed"]), str(phases["sft"]["steps"]),
             f"{acc['sft']:.1%}", f"{acc['rl']:.1%}", f"{100 * report['improvement']:+.1f}",
             f"{reward['first']:.2f} -> {reward['last']:.2f}" if reward else "-",
             f"{phases['sft']['seconds']:.0f}", f"{phases['rl']['seconds']:.0f}", f"{phases['rl']['cpu_seconds']:.0f}",
