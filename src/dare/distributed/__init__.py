@@ -98,6 +98,15 @@ def all_reduce_max_int(value: int, info: DistInfo) -> int:
     return int(all_reduce_dict({"v": torch.tensor(float(value))}, info, op="max")["v"])
 
 
+def _param_groups(state) -> list:
+    """The FSDP parameter groups of an FSDP2 state: a list since torch 2.12 (``_fsdp_param_groups``), a single
+    optional group before (``_fsdp_param_group``)."""
+    if hasattr(state, "_fsdp_param_groups"):
+        return list(state._fsdp_param_groups)
+    group = getattr(state, "_fsdp_param_group", None)
+    return [] if group is None else [group]
+
+
 def gathered_parameters(model):
     """Context manager: hold every FSDP2 module of ``model`` unsharded (one all-gather each, on entry) so that
     forwards inside issue no collectives - e.g. rollouts whose number of forwards differs between ranks.
@@ -117,8 +126,8 @@ def gathered_parameters(model):
         # would otherwise undo that, and the root's parameters (LM head) would be sharded after every forward.
         modules[0]._get_fsdp_state()._lazy_init()
         states = [m._get_fsdp_state() for m in modules]
-        saved = [[g.post_forward_mesh_info for g in st._fsdp_param_groups] for st in states]
-        auto = [st._auto_reshard_after_forward for st in states]
+        saved = [[g.post_forward_mesh_info for g in _param_groups(st)] for st in states]
+        auto = [getattr(st, "_auto_reshard_after_forward", None) for st in states]
         modules[0].set_reshard_after_forward(False, recurse=True)
         for module in modules:
             module.unshard()
@@ -126,8 +135,9 @@ def gathered_parameters(model):
             yield model
         finally:
             for st, infos, flag in zip(states, saved, auto):
-                st._auto_reshard_after_forward = flag
-                for group, info in zip(st._fsdp_param_groups, infos):
+                if flag is not None:
+                    st._auto_reshard_after_forward = flag
+                for group, info in zip(_param_groups(st), infos):
                     group.post_forward_mesh_info = info
             for module in modules:
                 module.reshard()
