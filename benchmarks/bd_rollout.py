@@ -43,7 +43,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from rollout import inject_confidence, memory_bandwidth, sync, weight_bytes  # noqa: E402  (benchmarks/rollout.py)
+from common import sync, weights_floor  # noqa: E402
+from rollout import inject_confidence  # noqa: E402  (benchmarks/rollout.py)
 
 DECODERS = {"static": "quota", "dynamic": "dynamic"}
 CACHES = ("none", "block")  # recompute first: the cached run is compared with it
@@ -141,14 +142,8 @@ def main(argv=None) -> int:
     t_start = time.perf_counter()
     model = build_model(args.tiny, device)
     vocab_hi = 256 if args.tiny else 151000  # prompt ids below every special token
-    bandwidth = memory_bandwidth(device, (64 << 20) if device.type == "cpu" else (4 << 30))
-    wbytes = weight_bytes(model)
+    bandwidth, wbytes = weights_floor(model, device, t_start)
     floor_forward = wbytes / bandwidth
-    print(f"model: {sum(p.numel() for p in model.parameters()) / 1e9:.3f}B params, "
-          f"{wbytes / 2**30:.2f} GiB read per forward; device {device}"
-          + (f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else ""), flush=True)
-    print(f"memory bandwidth {bandwidth / 1e9:.0f} GB/s -> weights floor {floor_forward * 1e3:.2f} ms/forward; "
-          f"setup {time.perf_counter() - t_start:.1f}s", flush=True)
 
     results = []
     gen_cpu = torch.Generator().manual_seed(0)

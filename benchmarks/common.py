@@ -3,7 +3,7 @@ synchronisation, and the visible confidence injection that lets threshold decodi
 
 Import from a script in this directory (``benchmarks/`` is put on ``sys.path`` by the scripts)::
 
-    from common import LLADA_8B, build_llada, confidence_injection, sync
+    from common import LLADA_8B, ConfidenceInjection, build_llada, sync, weights_floor
 """
 
 from __future__ import annotations
@@ -58,6 +58,35 @@ def weight_bytes(model) -> int:
     """Bytes of the weights a forward reads in full (the input embedding is only gathered row-wise)."""
     embedding = model.get_input_embeddings().weight
     return sum(p.numel() * p.element_size() for p in model.parameters() if p is not embedding)
+
+
+def memory_bandwidth(device: torch.device, nbytes: int) -> float:
+    """Bytes/s of a large device-to-device copy (read + write)."""
+    src = torch.empty(nbytes // 2, dtype=torch.bfloat16, device=device).normal_()
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    sync(device)
+    reps = 10
+    start = time.perf_counter()
+    for _ in range(reps):
+        dst.copy_(src)
+    sync(device)
+    seconds = time.perf_counter() - start
+    del src, dst
+    return 2 * nbytes * reps / seconds
+
+
+def weights_floor(model, device: torch.device, t_start: float) -> tuple[float, int]:
+    """Measure the memory bandwidth and the weight bytes one forward reads, print them with the resulting
+    weights-only floor per forward and the setup time since ``t_start``; returns ``(bandwidth, weight bytes)``."""
+    bandwidth = memory_bandwidth(device, (64 << 20) if device.type == "cpu" else (4 << 30))
+    wbytes = weight_bytes(model)
+    print(f"model: {sum(p.numel() for p in model.parameters()) / 1e9:.3f}B params, "
+          f"{wbytes / 2**30:.2f} GiB read per forward; device {device}"
+          + (f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else ""), flush=True)
+    print(f"memory bandwidth {bandwidth / 1e9:.0f} GB/s -> weights floor {wbytes / bandwidth * 1e3:.2f} ms/forward; "
+          f"setup {time.perf_counter() - t_start:.1f}s", flush=True)
+    return bandwidth, wbytes
 
 
 class ConfidenceInjection:

@@ -39,7 +39,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import LLADA_8B, ConfidenceInjection, build_llada, sync, weight_bytes  # noqa: E402,F401
+from common import LLADA_8B, ConfidenceInjection, build_llada, sync, weights_floor  # noqa: E402,F401
 
 CONFIGS = {
     "naive": dict(cache="none", decoder="quota"),
@@ -87,22 +87,6 @@ def build_model(tiny: bool, device: torch.device):
     return build_llada(device)
 
 
-def memory_bandwidth(device: torch.device, nbytes: int) -> float:
-    """Bytes/s of a large device-to-device copy (read + write)."""
-    src = torch.empty(nbytes // 2, dtype=torch.bfloat16, device=device).normal_()
-    dst = torch.empty_like(src)
-    dst.copy_(src)
-    sync(device)
-    reps = 10
-    start = time.perf_counter()
-    for _ in range(reps):
-        dst.copy_(src)
-    sync(device)
-    seconds = time.perf_counter() - start
-    del src, dst
-    return 2 * nbytes * reps / seconds
-
-
 def inject_confidence(model, fraction: float, device: torch.device, margin: float = 20.0):
     """Raise the top logit by ``margin`` at a random ``fraction`` of the positions of every forward."""
     return ConfidenceInjection(model, fraction, device, margin).handle
@@ -132,15 +116,9 @@ def main(argv=None) -> int:
     t_start = time.perf_counter()
     model = build_model(args.tiny, device)
     vocab_hi = 256 if args.tiny else 126000  # prompt ids below every special token
-    bandwidth = memory_bandwidth(device, (64 << 20) if device.type == "cpu" else (4 << 30))
-    wbytes = weight_bytes(model)
+    bandwidth, wbytes = weights_floor(model, device, t_start)
     floor_forward = wbytes / bandwidth
     inject_confidence(model, args.confident_fraction, device)
-    print(f"model: {sum(p.numel() for p in model.parameters()) / 1e9:.3f}B params, "
-          f"{wbytes / 2**30:.2f} GiB read per forward; device {device}"
-          + (f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else ""), flush=True)
-    print(f"memory bandwidth {bandwidth / 1e9:.0f} GB/s -> weights floor {floor_forward * 1e3:.2f} ms/forward; "
-          f"setup {time.perf_counter() - t_start:.1f}s", flush=True)
 
     results = []
     gen_cpu = torch.Generator().manual_seed(0)
