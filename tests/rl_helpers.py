@@ -19,13 +19,17 @@ TARGET = "a"
 
 
 class TargetFraction(Reward):
-    """Toy reward: the fraction of characters of the completion equal to ``TARGET``."""
+    """Toy reward: the fraction of characters of the completion equal to ``TARGET``, times ``sign`` (-1 rewards
+    avoiding the target)."""
 
     name = "target_fraction"
 
+    def __init__(self, sign: float = 1.0):
+        self.sign = sign
+
     def score_one(self, completion, sample):
         frac = completion.count(TARGET) / max(len(completion), 1)
-        return RewardResult(reward=frac, correct=frac > 0.5, partial=frac)
+        return RewardResult(reward=self.sign * frac, correct=frac > 0.5, partial=frac)
 
 
 class Varied(Reward):

@@ -368,14 +368,8 @@ def test_one_block_rl_update_moves_towards_higher_expected_reward(name):
         model = sdar(seed=5)
         bias_token(model, TARGET_ID, 4.0)  # the target token shows up in rollouts (a hook: also in training)
 
-        class Signed(TargetFraction):
-            def score_one(self, completion, sample, sign=sign):
-                r = super().score_one(completion, sample)
-                r.reward = sign * r.reward
-                return r
-
         options = {"mc_num": 2} if name == "ebpo" else {"accuracy_filter": None, "truncated_reward": None}
-        src = bd_source(name, model, group=8, reward=Signed(), inner_steps=1, kl_coef=0.0, seed=2, **options)
+        src = bd_source(name, model, group=8, reward=TargetFraction(sign), inner_steps=1, kl_coef=0.0, seed=2, **options)
         before = target_probability(model, src)
         assert src.step_metrics["rollout/advantage_abs"] > 0
         optim = torch.optim.SGD(model.parameters(), lr=0.5)

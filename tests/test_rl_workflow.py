@@ -69,13 +69,7 @@ def test_one_update_moves_towards_higher_expected_reward():
         model = policy(seed=5)
         bias_token(model, TARGET_ID, 4.0)  # the target token shows up in rollouts (a hook: also in training)
 
-        class Signed(TargetFraction):
-            def score_one(self, completion, sample, sign=sign):
-                r = super().score_one(completion, sample)
-                r.reward = sign * r.reward
-                return r
-
-        src = source("d1", model, n_prompts=2, group=8, reward=Signed(), inner_steps=1, kl_coef=0.0, seed=2)
+        src = source("d1", model, n_prompts=2, group=8, reward=TargetFraction(sign), inner_steps=1, kl_coef=0.0, seed=2)
         before = target_probability(model, src)
         assert src.step_metrics["rollout/advantage_abs"] > 0
         train(src, steps=1, lr=0.5, optimizer=torch.optim.SGD)
