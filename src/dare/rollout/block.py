@@ -103,15 +103,18 @@ class BlockLayout:
 
     @classmethod
     def build(cls, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, block: int, gen_length: int,
-              mask_id: int, pad_id: int) -> BlockLayout:
+              mask_id: int, pad_id: int, *, prefix: int | None = None,
+              decode_blocks: int | None = None) -> BlockLayout:
+        """``prefix`` / ``decode_blocks`` fix the layout's width for any prompts that fit (the static engine's
+        shapes); by default they are the tightest for these prompts."""
         device = input_ids.device
         batch = input_ids.shape[0]
         real = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
         lengths = real.sum(-1)
         full_blocks, rem = lengths // block, lengths % block
         num_blocks = (rem + gen_length + block - 1) // block
-        prefix = int(full_blocks.max()) * block
-        width = prefix + int(num_blocks.max()) * block
+        prefix = int(full_blocks.max()) * block if prefix is None else prefix
+        width = prefix + (int(num_blocks.max()) if decode_blocks is None else decode_blocks) * block
         canvas = torch.full((batch, width), mask_id, dtype=input_ids.dtype, device=device)
         key_mask = torch.ones((batch, width), dtype=torch.long, device=device)
         positions = torch.zeros((batch, width), dtype=torch.long, device=device)

@@ -92,6 +92,8 @@ class RolloutOutput:
         trajectory: per-step record when ``record_trajectory`` was set.
         block_step_map: ``[B, G]`` block samplers: step of each token counted from the start of its block
             (-1: never decoded); None for masked-diffusion samplers.
+        confidence_map: ``[B, G]`` float32 selection confidence of each committed token when it was committed
+            (0 where never decoded), when the engine records it.
     """
 
     sequences: torch.Tensor
@@ -105,6 +107,7 @@ class RolloutOutput:
     nfe: int
     trajectory: Trajectory | None = None
     block_step_map: torch.Tensor | None = None
+    confidence_map: torch.Tensor | None = None
 
     def to_tensordict(self):
         """The output as a ``tensordict.TensorDict`` with batch size ``[B]`` (trajectory under ``trajectory``;
