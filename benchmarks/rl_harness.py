@@ -12,7 +12,8 @@ warm-up step (a one-block rollout, one update), then the timed cycle, phase by p
 A workload module defines:
 
 * ``TITLE`` (str), ``VARIANTS`` (name -> ``dict(attn=..., logits_chunk=..., sampler={...})``);
-* ``configure(parser)`` (its own options) and ``defaults(args, pick)`` (fills unset options: ``pick(value, full,
+* ``configure(parser)`` (its own options) and ``defaults(args, pick)`` (fills unset options, ``--block``,
+  ``--max-blocks``, ``--inner-steps``, ``--micro-batch``, ``--confident-fraction`` included: ``pick(value, full,
   tiny)``);
 * ``overrides(args, variant) -> dict`` (``dare train`` overrides besides the shared ones),
   ``build_model(args)``, ``vocab_limit(args)`` (prompt ids stay below it);
@@ -211,8 +212,9 @@ def run_variant(bench, name: str, args, prompts, log) -> dict:
                 "padding_fraction": 1 - real / slots, "blocks_timed": timed_blocks, "blocks": blocks,
                 "reward": first["rollout/reward"], "loss": [r["loss"] for r in records],
                 "kl": [r.get("policy/kl") for r in records], "grad_norm": [r["grad_norm"] for r in records],
-                "health": {k: first[k] for k in ("rollout/tokens_per_forward", "rollout/commit_confidence",
-                                                 "rollout/eos_fraction") if k in first},
+                "row_tokens_per_step": first["rollout/tokens_per_forward"],
+                "commit_confidence": first.get("rollout/commit_confidence"),
+                "eos_fraction": first["rollout/eos_fraction"],
                 "config": train_overrides(bench, args, variant, "OUT"),
             }
             result["projected_rollout_s"] = phases["rollout"] * bench.rollout_scale(args, variant, timed_blocks,
@@ -244,8 +246,9 @@ def parse_args(bench, argv=None) -> argparse.Namespace:
     p.add_argument("--gen", type=int, help="generation length (default 256; tiny 16)")
     p.add_argument("--max-blocks", type=int, help="decode only the first N blocks in both variants (tiny: all)")
     p.add_argument("--threshold", type=float, default=0.9, help="confidence threshold of the optimised sampler")
-    p.add_argument("--confident-fraction", type=float, default=0.25,
-                   help="fraction of positions made confident in every rollout forward (0 = raw random weights)")
+    p.add_argument("--confident-fraction", type=float,
+                   help="fraction of positions made confident in every rollout forward (0 = raw random weights; "
+                        "default: the workload's)")
     p.add_argument("--inner-steps", type=int, help="mu: optimizer steps per rollout")
     p.add_argument("--micro-batch", type=int, help="rows per forward/backward")
     p.add_argument("--no-lora", action="store_true", help="train every weight (frozen reference copy if needed)")
@@ -387,7 +390,8 @@ def print_table(bench, results: dict, summary: dict, args) -> None:
     for label, key, fmt in (("rollout tok/s", "rollout_tokens_per_s", "{:.1f}"),
                             ("RL-step tok/s (generated)", "step_tokens_per_s", "{:.1f}"),
                             ("train tok/s", "train_tokens_per_s", "{:.0f}"),
-                            ("tokens per forward", "tokens_per_forward", "{:.2f}"),
+                            ("tokens per forward (decoded / rows / nfe)", "tokens_per_forward", "{:.2f}"),
+                            ("tokens per row step (rollout/tokens_per_forward)", "row_tokens_per_step", "{:.2f}"),
                             ("padding fraction", "padding_fraction", "{:.2f}"),
                             ("peak memory GiB", "peak_memory_gib", "{:.1f}")):
         if all(key in results[n] for n in done):

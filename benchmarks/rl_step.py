@@ -85,6 +85,7 @@ def defaults(args, pick) -> None:
     args.max_blocks = pick(args.max_blocks, 2, None)
     args.inner_steps = pick(args.inner_steps, 2, 2)
     args.micro_batch = pick(args.micro_batch, 8, 4)
+    args.confident_fraction = pick(args.confident_fraction, 0.25, 0.25)
 
 
 def overrides(args, variant: dict) -> dict:

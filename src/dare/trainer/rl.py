@@ -352,7 +352,8 @@ def health_sums(outputs, stop_ids) -> dict[str, torch.Tensor]:
     ``outputs`` (see the module docstring): ``decoded`` positions, ``row_steps`` (sum of ``num_steps``), rows with
     a decoded stop token (``eos``), and the ``confidence`` sum over ``confident_n`` committed completion tokens
     (0 / 0 when a chunk has no ``confidence_map``); float64 CPU scalars."""
-    sums = {k: torch.zeros((), dtype=torch.float64) for k in ("decoded", "row_steps", "eos", "confidence", "confident_n")}
+    keys = ("decoded", "row_steps", "eos", "confidence", "confident_n")
+    sums = {k: torch.zeros((), dtype=torch.float64) for k in keys}
     for out in outputs:
         decoded = out.step_map >= 0
         stops = torch.as_tensor(list(stop_ids), device=out.completion.device)
