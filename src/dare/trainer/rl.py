@@ -19,9 +19,10 @@ per rollout.
 Rollout health (threshold decoders tend to turn overconfident during online RL and commit tokens too early):
 
 * ``rollout/tokens_per_forward``: decoded completion positions per row-forward, ``sum(decoded) / sum(num_steps)``
-  over all rows (a row's forwards are the batch forwards in which it took a denoising step, so rows that left the
-  batch at EOS do not dilute it; with one generation chunk and no early stop it is ``decoded / nfe``); 1 for
-  one-token-per-step decoding;
+  over all rows. A row's forwards are the batch forwards in which it took a denoising step (LLaDA2.1 edit-only
+  forwards included), so rows that left the batch at EOS or finished a block early do not dilute it; it equals
+  ``decoded / nfe`` only when every row steps in every forward of its batch (one chunk, fixed quota, no early
+  stop); 1 for one-token-per-step decoding;
 * ``rollout/commit_confidence``: mean decoder confidence of the committed completion tokens (``confidence_map``
   inside the completion mask): the token's probability for ``confidence=prob``, the decoder's score (not a
   probability) for ``margin`` / ``neg_entropy`` / ``random``; absent when the sampler does not return it;
