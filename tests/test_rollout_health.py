@@ -150,3 +150,17 @@ def test_dare_train_writes_the_health_metrics_to_metrics_jsonl(tmp_path, monkeyp
     assert 1 <= record["rollout/tokens_per_forward"] <= 4  # threshold decoding: at least one token per forward
     assert 0 < record["rollout/commit_confidence"] < 1
     assert 0 <= record["rollout/eos_fraction"] <= 1
+
+
+@pytest.mark.parametrize("case", ["fastdllm_dual", "sdar"])
+def test_confidence_map_of_a_row_does_not_depend_on_its_batch(case):
+    family, sampler = CASES[case]
+    model = sharp_model(family, seed=3, scale=30.0, dtype=torch.float64)  # float64: no argmax flips across shapes
+    lengths = [5, 3, 7]
+    ids, attn = padded(lengths, seed=4)
+    options = dict(sampler, temperature=0.7, seed=5)
+    batched = generate(model, ids, attn, example_ids=[10, 11, 12], **options)
+    for row, n in enumerate(lengths):
+        alone = generate(model, ids[row:row + 1, -n:], None, example_ids=[10 + row], **options)
+        torch.testing.assert_close(batched.confidence_map[row], alone.confidence_map[0])
+        assert torch.equal(batched.step_map[row], alone.step_map[0])
