@@ -138,10 +138,9 @@ def test_rl_health_metrics_equal_the_values_computed_from_the_rollout_outputs():
     assert metrics["rollout/tokens_per_forward"] == pytest.approx(2.0)  # 8 tokens in 4 steps, early stops or not
 
 
-def test_dare_train_writes_the_health_metrics_to_metrics_jsonl(tmp_path, monkeypatch):
+def test_dare_train_writes_the_health_metrics_to_metrics_jsonl(tmp_path):
     from dare.cli import main
 
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
     assert main(["train", str(ROOT / "configs/llada/d1_tiny.yaml"), f"trainer.output_dir={tmp_path}",
                  "trainer.max_steps=1", "trainer.progress=false", "trainer.export=false", "trainer.batch_size=8",
                  "rollout.sampler.sampler=fastdllm", "rollout.sampler.block_length=4",

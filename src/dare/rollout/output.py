@@ -17,8 +17,8 @@ Conventions (``B`` rows, ``P`` padded prompt width, ``G`` generated positions, `
   positions.
 * ``confidence_map[b, j]`` is the decoder's selection confidence of the committed token at the step it was
   committed, in float32: for ``confidence="prob"`` the token's probability under the confidence distribution
-  (which, unlike the sampling distribution, keeps the mask token: with ``T = 0`` it is ``exp(logprob) x (1 -
-  p(mask))``); for ``margin`` / ``neg_entropy`` / ``random`` their score (not a probability). 0 for undecoded
+  (which, unlike the sampling distribution, keeps the mask token: with ``T = 0``, no top-p/top-k and float32
+  confidences it is ``exp(logprob) x (1 - p(mask))``); for ``margin`` / ``neg_entropy`` / ``random`` their score (not a probability). 0 for undecoded
   positions.
 * ``completion_mask[b, j]`` is 1 up to and including the first stop token (EOS/EOT of the family) and 0
   after it and at undecoded positions.
