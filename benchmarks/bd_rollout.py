@@ -46,6 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (  # noqa: E402
     ForwardShapes,
     Roofline,
+    build_sdar,
     engine_record,
     matmul_rate,
     print_engine_table,
@@ -56,11 +57,6 @@ from rollout import inject_confidence  # noqa: E402  (benchmarks/rollout.py)
 
 DECODERS = {"static": "quota", "dynamic": "dynamic"}
 CACHES = ("none", "block")  # recompute first: the cached run is compared with it
-
-SDAR_8B = dict(vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
-               num_attention_heads=32, num_key_value_heads=8, head_dim=128, max_position_embeddings=32768,
-               max_window_layers=36, tie_word_embeddings=False, mask_token_id=151669, eos_token_id=151643,
-               pad_token_id=151643, bos_token_id=None)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -93,26 +89,11 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def build_model(tiny: bool, device: torch.device):
     """Tiny fp32 SDAR, or an SDAR-8B-shaped model with random N(0, 0.02) bf16 weights initialised on ``device``."""
-    import dare  # noqa: F401
-    from dare.models.sdar import SDARConfig, SDARForCausalLM, tiny_sdar_config
     from dare.models.tiny import tiny_model
 
     if tiny:
         return tiny_model("sdar", seed=0).to(device)
-    raw = tiny_sdar_config(**SDAR_8B)
-    raw.pop("model_type")
-    config = SDARConfig.from_dict(raw)
-    with torch.device("meta"):
-        model = SDARForCausalLM(config)
-    model = model.to(torch.bfloat16).to_empty(device=device)
-    gen = torch.Generator(device=device).manual_seed(0)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if "norm" in name:
-                param.fill_(1.0)
-            else:
-                param.normal_(0.0, 0.02, generator=gen)
-    return model.eval()
+    return build_sdar(device)
 
 
 def run_once(model, prompts, args, decoder: str, cache: str, max_blocks: int | None = None, engine: str = "eager"):

@@ -1,9 +1,9 @@
-"""Helpers shared by the benchmark scripts: LLaDA-8B-shaped random models built on the device, device
-synchronisation, and the visible confidence injection that lets threshold decoding run on random weights.
+"""Helpers shared by the benchmark scripts: LLaDA-8B- and SDAR-8B-shaped random models built on the device,
+device synchronisation, and the visible confidence injection that lets threshold decoding run on random weights.
 
 Import from a script in this directory (``benchmarks/`` is put on ``sys.path`` by the scripts)::
 
-    from common import LLADA_8B, ConfidenceInjection, build_llada, sync, weights_floor
+    from common import LLADA_8B, ConfidenceInjection, build_llada, build_sdar, sync, weights_floor
 """
 
 from __future__ import annotations
@@ -19,27 +19,52 @@ LLADA_8B = dict(d_model=4096, n_heads=32, n_kv_heads=32, n_layers=32, mlp_hidden
 """LLaDA-8B's architecture and special ids (GSAI-ML/LLaDA-8B-Instruct config.json)."""
 
 
+SDAR_8B = dict(vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
+               num_attention_heads=32, num_key_value_heads=8, head_dim=128, max_position_embeddings=32768,
+               max_window_layers=36, tie_word_embeddings=False, mask_token_id=151669, eos_token_id=151643,
+               pad_token_id=151643, bos_token_id=None)
+"""SDAR-8B's architecture and special ids (JetLM/SDAR-8B-Chat config.json)."""
+
+
+def random_on_device(model_class, config, device: torch.device, dtype: torch.dtype, seed: int, is_norm):
+    """``model_class(config)`` with random N(0, 0.02) weights (weights whose name satisfies ``is_norm``: 1)
+    created directly on ``device``: meta init, ``to_empty``, ``normal_`` - seconds on a GPU, no host copy of the
+    weights. Returned in eval mode."""
+    with torch.device("meta"):
+        model = model_class(config)
+    model = model.to(dtype).to_empty(device=device)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if is_norm(name):
+                param.fill_(1.0)
+            else:
+                param.normal_(0.0, 0.02, generator=gen)
+    return model.eval()
+
+
 def build_llada(device: torch.device, *, dtype: torch.dtype = torch.bfloat16, seed: int = 0, **overrides):
     """An LLaDA-8B-shaped model (``overrides`` change fields of :data:`LLADA_8B`, e.g. ``n_layers=16``) with
-    random N(0, 0.02) weights (norm weights 1) created directly on ``device``: meta init, ``to_empty``,
-    ``normal_`` - seconds on a GPU, no host copy of the weights. Returned in eval mode."""
+    random weights created on ``device`` (:func:`random_on_device`)."""
     import dare  # noqa: F401  (registers the families)
     from dare.models.llada import LLaDAConfig, LLaDAModelLM, tiny_llada_config
 
     raw = tiny_llada_config(**{**LLADA_8B, **overrides})
     raw.pop("model_type")
-    config = LLaDAConfig.from_dict(raw)
-    with torch.device("meta"):
-        model = LLaDAModelLM(config)
-    model = model.to(dtype).to_empty(device=device)
-    gen = torch.Generator(device=device).manual_seed(seed)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if name.endswith("norm.weight") or ".ln_f." in name:
-                param.fill_(1.0)
-            else:
-                param.normal_(0.0, 0.02, generator=gen)
-    return model.eval()
+    return random_on_device(LLaDAModelLM, LLaDAConfig.from_dict(raw), device, dtype, seed,
+                            lambda name: name.endswith("norm.weight") or ".ln_f." in name)
+
+
+def build_sdar(device: torch.device, *, dtype: torch.dtype = torch.bfloat16, seed: int = 0, **overrides):
+    """An SDAR-8B-shaped model (``overrides`` change fields of :data:`SDAR_8B`, e.g. ``num_hidden_layers=18``)
+    with random weights created on ``device`` (:func:`random_on_device`)."""
+    import dare  # noqa: F401  (registers the families)
+    from dare.models.sdar import SDARConfig, SDARForCausalLM, tiny_sdar_config
+
+    raw = tiny_sdar_config(**{**SDAR_8B, **overrides})
+    raw.pop("model_type")
+    return random_on_device(SDARForCausalLM, SDARConfig.from_dict(raw), device, dtype, seed,
+                            lambda name: "norm" in name)
 
 
 def sync(device: torch.device) -> None:

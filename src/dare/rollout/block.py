@@ -280,6 +280,7 @@ def denoise_blocks(
     step_at = torch.full((batch, width), -1, dtype=torch.long, device=device)  # decode-region coordinates
     local_at = torch.full((batch, width), -1, dtype=torch.long, device=device)
     logp_at = torch.zeros((batch, width), dtype=torch.float32, device=device)
+    conf_at = torch.zeros((batch, width), dtype=torch.float32, device=device)
     num_steps = torch.zeros(batch, dtype=torch.long, device=device)
     recorder = TrajectoryRecorder() if config.record_trajectory else None
     strategy = BLOCK_CACHES[config.cache](model, lb, config.full_logits, config.attn_backend)
@@ -344,6 +345,7 @@ def denoise_blocks(
             step_at[rows, lo:hi] = torch.where(chosen, num_steps[rows, None], step_at[rows, lo:hi])
             local_at[rows, lo:hi] = torch.where(chosen, block_step[:, None], local_at[rows, lo:hi])
             logp_at[rows, lo:hi] = torch.where(chosen, proposal.logprob, logp_at[rows, lo:hi])
+            conf_at[rows, lo:hi] = torch.where(chosen, proposal.confidence.float(), conf_at[rows, lo:hi])
             num_steps[rows] += alive.long()
             block_step += alive.long()
             if editing:
@@ -377,6 +379,7 @@ def denoise_blocks(
         nfe=nfe,
         trajectory=None if recorder is None else recorder.build(batch, gen, num_steps, tok.mask),
         block_step_map=layout.completion(local_at),
+        confidence_map=layout.completion(conf_at),
     )
 
 

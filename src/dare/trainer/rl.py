@@ -14,7 +14,23 @@ function of the step.
 Phase timings (device-synchronised) go to the step's metrics: ``rollout/generate_s`` (decoding),
 ``rollout/reward_s`` (assembling, decoding text, reward, advantages), ``rollout/logprob_s`` (views and old /
 reference forwards) and ``rollout/time_s`` (all three); ``rollout/decoded`` is the mean number of decoded positions
-per rollout (tokens per forward = ``decoded / nfe``).
+per rollout.
+
+Rollout health (threshold decoders tend to turn overconfident during online RL and commit tokens too early):
+
+* ``rollout/tokens_per_forward``: decoded completion positions per row-forward, ``sum(decoded) / sum(num_steps)``
+  over all rows. A row's forwards are the batch forwards in which it took a denoising step (LLaDA2.1 edit-only
+  forwards included), so rows that left the batch at EOS or finished a block early do not dilute it; it equals
+  ``decoded / nfe`` only when every row steps in every forward of its batch (one chunk, fixed quota, no early
+  stop); 1 for one-token-per-step decoding;
+* ``rollout/commit_confidence``: mean decoder confidence of the committed completion tokens (``confidence_map``
+  inside the completion mask): the token's probability for ``confidence=prob``, the decoder's score (not a
+  probability) for ``margin`` / ``neg_entropy`` / ``random``; absent when the sampler does not return it;
+* ``rollout/eos_fraction``: fraction of rows whose decoded completion contains a stop token (EOS/EOT).
+
+Per-rollout work outside these phases, e.g. copying the updated policy weights into a rollout engine after the
+optimizer step (``rollout/weight_refresh_s``), is timed in ``_generate`` before decoding with
+:meth:`RolloutSource._clock` and reported next to ``rollout/generate_s`` in ``_log_metrics``.
 """
 
 from __future__ import annotations
@@ -302,11 +318,10 @@ class RolloutSource:
             "n": float(rewards.numel()), "reward": rewards.sum(), "reward_sq": (rewards ** 2).sum(),
             "correct": float(sum(r.correct for r in results)), "partial": float(sum(partial)),
             "partial_n": float(len(partial)), "length": lengths.sum(),
-            "eos": float(sum(bool(m.any()) for m in self._stopped(outputs))),
             "flat_groups": (groups.std(1, unbiased=False) == 0).double().sum(), "groups": float(groups.shape[0]),
             "adv_abs": batch["advantages"].double().abs().sum() / max(batch["advantages"][0].numel(), 1),
             "nfe": float(sum(out.nfe for out in outputs)), "generate_s": generated_s, "ranks": 1.0,
-            "decoded": float(sum(int((out.step_map >= 0).sum()) for out in outputs)),
+            **health_sums(outputs, self.token_ids.stop_ids),
         }
         s = {k: float(v) for k, v in all_reduce_dict(sums, self.info).items()}
         n = max(s["n"], 1.0)
@@ -314,18 +329,15 @@ class RolloutSource:
         self.step_metrics = {
             "rollout/reward": mean, "rollout/reward_std": max(s["reward_sq"] / n - mean ** 2, 0.0) ** 0.5,
             "rollout/accuracy": s["correct"] / n, "rollout/length": s["length"] / n,
-            "rollout/stopped": s["eos"] / n, "rollout/flat_groups": s["flat_groups"] / max(s["groups"], 1.0),
+            "rollout/eos_fraction": s["eos"] / n, "rollout/flat_groups": s["flat_groups"] / max(s["groups"], 1.0),
             "rollout/advantage_abs": s["adv_abs"] / n, "rollout/nfe": s["nfe"] / s["ranks"],
             "rollout/generate_s": s["generate_s"] / s["ranks"], "rollout/decoded": s["decoded"] / n,
+            "rollout/tokens_per_forward": s["decoded"] / max(s["row_steps"], 1.0),
         }
+        if s["confident_n"]:
+            self.step_metrics["rollout/commit_confidence"] = s["confidence"] / s["confident_n"]
         if s["partial_n"]:
             self.step_metrics["rollout/partial"] = s["partial"] / s["partial_n"]
-
-    def _stopped(self, outputs):
-        stops = torch.tensor(self.token_ids.stop_ids)
-        for out in outputs:
-            comp = out.completion.cpu()
-            yield from (torch.isin(row, stops) for row in comp)
 
     def _write_samples(self, start: int, items, texts, results) -> None:
         if self.samples_path is None or self.config.samples_per_step <= 0:
@@ -334,6 +346,25 @@ class RolloutSource:
             for item, text, result in list(zip(items, texts, results))[:self.config.samples_per_step]:
                 handle.write(json.dumps({"step": start + 1, "prompt": item.text, "completion": text,
                                          "reward": result.reward, "correct": result.correct}) + "\n")
+
+
+def health_sums(outputs, stop_ids) -> dict[str, torch.Tensor]:
+    """Rank-local sums of the rollout health metrics over the :class:`~dare.rollout.RolloutOutput` chunks
+    ``outputs`` (see the module docstring): ``decoded`` positions, ``row_steps`` (sum of ``num_steps``), rows with
+    a decoded stop token (``eos``), and the ``confidence`` sum over ``confident_n`` committed completion tokens
+    (0 / 0 when a chunk has no ``confidence_map``); float64 CPU scalars."""
+    keys = ("decoded", "row_steps", "eos", "confidence", "confident_n")
+    sums = {k: torch.zeros((), dtype=torch.float64) for k in keys}
+    for out in outputs:
+        decoded = out.step_map >= 0
+        stops = torch.as_tensor(list(stop_ids), device=out.completion.device)
+        sums["decoded"] += decoded.sum().cpu()
+        sums["row_steps"] += out.num_steps.sum().cpu()
+        sums["eos"] += (torch.isin(out.completion, stops) & decoded).any(-1).sum().cpu()
+        if out.confidence_map is not None:
+            sums["confidence"] += out.confidence_map[out.completion_mask].double().sum().cpu()
+            sums["confident_n"] += out.completion_mask.sum().cpu()
+    return sums
 
 
 def build_rollout_source(trainer) -> RolloutSource:
@@ -358,4 +389,4 @@ def build_rollout_source(trainer) -> RolloutSource:
     )
 
 
-__all__ = ["RolloutSource", "build_rollout_source"]
+__all__ = ["RolloutSource", "build_rollout_source", "health_sums"]
