@@ -13,7 +13,8 @@ What is measured, per batch size and generation length (block 32, greedy, no ear
 
 * ``naive``: full forward every step, one token per step (``steps = gen_length``): the LLaDA/Fast-dLLM
   baseline;
-* ``prefix`` / ``dual``: the same schedule with Fast-dLLM's prefix / dual KV cache;
+* ``prefix`` / ``dual``: the same schedule with Fast-dLLM's prefix / dual KV cache; ``dual/4``: the dual
+  cache committing 4 tokens per step (``steps = gen_length / 4``);
 * ``threshold``, ``prefix+threshold``, ``dual+threshold``: Fast-dLLM threshold decoding (tau = 0.9).
 
 tokens/s counts generated tokens of the whole batch; ``x naive`` is the ratio to ``naive`` at the same
@@ -56,6 +57,7 @@ CONFIGS = {
     "naive": dict(cache="none", decoder="quota"),
     "prefix": dict(cache="prefix", decoder="quota"),
     "dual": dict(cache="dual", decoder="quota"),
+    "dual/4": dict(cache="dual", decoder="quota", tokens_per_step=4),
     "threshold": dict(cache="none", decoder="threshold"),
     "prefix+threshold": dict(cache="prefix", decoder="threshold"),
     "dual+threshold": dict(cache="dual", decoder="threshold"),
@@ -110,7 +112,9 @@ def inject_confidence(model, fraction: float, device: torch.device, margin: floa
 def run_once(model, prompts, gen_length, args, overrides, max_blocks, engine="eager"):
     from dare.rollout import SamplerConfig, generate
 
-    config = SamplerConfig(sampler="fastdllm", gen_length=gen_length, block_length=args.block, steps=gen_length,
+    overrides = dict(overrides)
+    steps = gen_length // overrides.pop("tokens_per_step", 1)
+    config = SamplerConfig(sampler="fastdllm", gen_length=gen_length, block_length=args.block, steps=steps,
                            threshold=args.threshold, temperature=0.0, eos_early_stop=False,
                            max_blocks=max_blocks, engine=engine, **overrides)
     device = prompts.device
@@ -169,7 +173,8 @@ def main(argv=None) -> int:
                 results.append(row)
                 common = dict(family="llada", sampler="fastdllm", cache=overrides["cache"],
                               decoder=overrides["decoder"], batch=batch, gen_length=gen_length,
-                              steps=gen_length if overrides["decoder"] == "quota" else None, roofline=roofline,
+                              steps=gen_length // overrides.get("tokens_per_step", 1)
+                              if overrides["decoder"] == "quota" else None, roofline=roofline,
                               forwards=forwards)
                 records.append(engine_record(engine="eager", out=out, seconds=seconds, **common))
                 print(f"run   B={batch:<3d} G={gen_length:<4d} {name:<17s} {row['tokens_per_s']:9.1f} tok/s  "
