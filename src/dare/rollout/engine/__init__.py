@@ -135,7 +135,7 @@ def _fingerprint(model) -> tuple:
 def _state_key(kind: str, config, batch: int, prompt_width: int, padded: bool, graphs: bool, device,
                training: bool) -> tuple:
     settings = asdict(config)
-    for volatile in ("seed", "engine"):
+    for volatile in ("seed", "engine", "max_blocks"):  # the host loop's business, not the recorded steps'
         settings.pop(volatile, None)
     autocast = torch.is_autocast_enabled(device.type) if device.type in ("cuda", "cpu") else False
     dtype = torch.get_autocast_dtype(device.type) if autocast else None
