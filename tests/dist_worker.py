@@ -80,7 +80,7 @@ def rollout_record(micro, info) -> dict:
     return out
 
 
-def run_rl(name: str, out_dir: Path, info) -> dict:
+def run_rl(name: str, out_dir: Path, info, extra: tuple[str, ...] = ()) -> dict:
     from rollout_helpers import sprinkle_token
 
     from dare.models import family_of
@@ -89,7 +89,7 @@ def run_rl(name: str, out_dir: Path, info) -> dict:
 
     recipe, overrides, steps = RL_VARIANTS[name]
     config = load_train_config(ROOT / recipe, [f"trainer.output_dir={out_dir / name}", "trainer.progress=false",
-                                               f"trainer.max_steps={steps}", *RL_COMMON, *overrides])
+                                               f"trainer.max_steps={steps}", *RL_COMMON, *overrides, *extra])
     # EOS sprinkled into the logits: rows stop early at steps that differ between rows (and ranks), completion
     # lengths differ (a non-zero on-policy loss), and the early-stopping sampler runs different numbers of
     # forwards on different ranks

@@ -1,0 +1,85 @@
+"""Worker for tests/test_sequence_parallel.py: SFT and RL steps under ``distributed.sequence_parallel``.
+
+Run as ``torchrun --nproc_per_node N tests/sp_worker.py OUT_DIR DEGREE`` (FSDP2 over gloo, N / DEGREE data-parallel
+groups) or as a plain ``python`` process (no process group, DEGREE 1). Rank 0 writes ``OUT_DIR/result.pt``: per SFT
+variant the step-0 loss, the full gradients, the corrupted tokens of every example (gathered from all ranks, by
+global example index) and the row widths rank 0's first block saw; per RL variant the record of
+:func:`dist_worker.run_rl`.
+
+Row lengths are chosen so that rows do not divide the degrees (45 tokens, two-copy rows of 90): the model pads
+them, so every shard boundary and padding rule is exercised.
+"""
+
+import sys
+from pathlib import Path
+
+import torch
+
+from dist_worker import full, gather, register_test_reward, run_rl
+
+SFT_VARIANTS = {
+    # full-attention MDLM, padded rows of different widths (eos_padding=false: real key padding)
+    "mdlm_padded": ["model.path=tiny:llada:1", "trainer.micro_batch_size=2", "data.eos_padding=false"],
+    # Dream: shifted logits across shard boundaries, packed documents, 4 query / 2 KV heads
+    "dream_packed": ["model.path=tiny:dream:1", "data.packing=true", "data.pack_length=45", "data.max_length=45",
+                     "algorithm.normalize=masked", "model.logits_chunk_size=7"],
+    # block diffusion: [noisy ; clean] with its block mask, packed (filler document) and padded rows
+    "block_packed": ["model.path=tiny:sdar:1", "algorithm.per_block_t=true", "algorithm.normalize=d1",
+                     "data.packing=true", "data.pack_length=45", "data.max_length=45", "data.fixed_shapes=true"],
+    "block_padded": ["model.path=tiny:sdar:1", "trainer.micro_batch_size=2", "data.eos_padding=false",
+                     "model.logits_chunk_size=0"],
+}
+RL_VARIANTS = ("rl_d1", "rl_sdar_bgpo")
+
+
+def noise_record(micro, info) -> dict:
+    """Corrupted tokens of every real example of this step on every rank, by global example index."""
+    local = {}
+    for mb in micro:
+        for row in range(mb.batch_size[0]):
+            index, noisy = mb["example_index"][row], mb["noisy_ids"][row]
+            for ex in index[index >= 0].unique().tolist():
+                local[ex] = noisy[index == ex].clone()
+    merged = {}
+    for part in gather(local, info):
+        merged.update(part)
+    return merged
+
+
+def run_sft(name: str, overrides: list[str], out_dir: Path, info, degree: int) -> dict:
+    from dare.models.loading import unwrap
+    from dare.trainer import Trainer, load_train_config
+
+    config = load_train_config(None, [
+        f"trainer.output_dir={out_dir / name}", "trainer.progress=false", "data.num_examples=16",
+        "data.max_length=45", "trainer.batch_size=8", "trainer.max_steps=1", f"distributed.sequence_parallel={degree}",
+        *overrides,
+    ])
+    trainer = Trainer(config, info=info)
+    widths = []  # positions each forward runs through the first transformer block on this rank
+    hook = unwrap(trainer.model).blocks[0].register_forward_pre_hook(lambda module, args: widths.append(args[0].shape[1]))
+    metrics = trainer.forward_backward(0)
+    hook.remove()
+    grads = {n: full(p.grad).clone() for n, p in trainer.model.named_parameters() if p.grad is not None}
+    micro = [trainer.algorithm.corrupt(mb, 0) for mb in trainer.source.batch(0)]
+    return {"loss": float(metrics["loss"]), "grads": grads, "noise": noise_record(micro, trainer.info),
+            "block_widths": widths}
+
+
+def main(out_dir: Path, degree: int = 1) -> None:
+    from dare.distributed import init_distributed, shutdown
+
+    info = init_distributed("gloo", "cpu")
+    register_test_reward()
+    result = {"world_size": info.world_size, "degree": degree}
+    for name, overrides in SFT_VARIANTS.items():
+        result[name] = run_sft(name, overrides, out_dir, info, degree)
+    for name in RL_VARIANTS:
+        result[name] = run_rl(name, out_dir, info, extra=(f"distributed.sequence_parallel={degree}",))
+    if info.is_main:
+        torch.save(result, out_dir / "result.pt")
+    shutdown(info)
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]), int(sys.argv[2]))
