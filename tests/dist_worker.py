@@ -74,8 +74,11 @@ def rollout_record(micro, info) -> dict:
         local.append({k: v.detach().cpu() for k, v in rows.items()})
     parts = [part for rank in gather(local, info) for part in rank]
     merged = {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
-    order = merged["row"].argsort()
+    order = merged["row"].argsort(stable=True)
     out = {k: v[order] for k, v in merged.items()}
+    first = torch.ones(len(order), dtype=torch.bool)  # sequence-parallel ranks hold the same rollouts: keep one
+    first[1:] = out["row"][1:] != out["row"][:-1]
+    out = {k: v[first] for k, v in out.items()}
     out["width_per_rank"] = gather(micro[0]["input_ids"].shape[1], info)  # prompt + completion, left-padded
     return out
 

@@ -1,7 +1,7 @@
 """Worker for tests/test_sequence_parallel.py: SFT and RL steps under ``distributed.sequence_parallel``.
 
-Run as ``torchrun --nproc_per_node N tests/sp_worker.py OUT_DIR DEGREE`` (FSDP2 over gloo, N / DEGREE data-parallel
-groups) or as a plain ``python`` process (no process group, DEGREE 1). Rank 0 writes ``OUT_DIR/result.pt``: per SFT
+Run as ``torchrun --nproc_per_node N tests/sp_worker.py OUT_DIR DEGREE [VARIANT,...]`` (FSDP2 over gloo, N / DEGREE
+data-parallel groups; default every variant) or as a plain ``python`` process (no process group, DEGREE 1). Rank 0 writes ``OUT_DIR/result.pt``: per SFT
 variant the step-0 loss, the full gradients, the corrupted tokens of every example (gathered from all ranks, by
 global example index) and the row widths rank 0's first block saw; per RL variant the record of
 :func:`dist_worker.run_rl`.
@@ -66,20 +66,21 @@ def run_sft(name: str, overrides: list[str], out_dir: Path, info, degree: int) -
             "block_widths": widths}
 
 
-def main(out_dir: Path, degree: int = 1) -> None:
+def main(out_dir: Path, degree: int = 1, variants: list[str] | None = None) -> None:
     from dare.distributed import init_distributed, shutdown
 
     info = init_distributed("gloo", "cpu")
     register_test_reward()
     result = {"world_size": info.world_size, "degree": degree}
-    for name, overrides in SFT_VARIANTS.items():
-        result[name] = run_sft(name, overrides, out_dir, info, degree)
-    for name in RL_VARIANTS:
-        result[name] = run_rl(name, out_dir, info, extra=(f"distributed.sequence_parallel={degree}",))
+    for name in variants or [*SFT_VARIANTS, *RL_VARIANTS]:
+        if name in SFT_VARIANTS:
+            result[name] = run_sft(name, SFT_VARIANTS[name], out_dir, info, degree)
+        else:
+            result[name] = run_rl(name, out_dir, info, extra=(f"distributed.sequence_parallel={degree}",))
     if info.is_main:
         torch.save(result, out_dir / "result.pt")
     shutdown(info)
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), int(sys.argv[2]))
+    main(Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3].split(",") if len(sys.argv) > 3 else None)
