@@ -21,7 +21,8 @@ one saved block input per block plus a block-independent working set; ``optimize
 counts give intercept and slope per length, and the prediction for ``--target-layers`` (32) is
 ``static(32) + max(activation(32, T), optimizer(32))``. The longest ``T`` whose prediction fits in the device
 memory minus ``--reserve-gib`` (CUDA context, allocator fragmentation: not in ``memory_allocated``) is interpolated
-linearly between the ladder points around it. ``--verify`` then builds the real 32-layer model and measures the
+linearly between the ladder points around it (extrapolated from the last two when the time budget ends the ladder
+first: memory is affine in ``T``). ``--verify`` then builds the real 32-layer model and measures the
 largest ladder length predicted to fit (when the time budget allows), to check the extrapolation.
 
 Sequence parallelism without a second GPU. One rank of an SP=P group runs ``T/P`` positions through every
@@ -67,11 +68,12 @@ SMOKE_SHAPE = dict(d_model=64, n_heads=8, n_kv_heads=8, mlp_hidden_size=128, voc
 
 
 class Loopback(SequenceParallel):
-    """Rank 0 of a sequence-parallel group of ``degree`` on one device: the shapes of the Ulysses exchange without
-    communication (other ranks' shards are stand-in copies of this rank's), for memory and FLOP measurements."""
+    """The last rank of a sequence-parallel group of ``degree`` on one device (it holds response tokens only, so it
+    runs the most LM-head chunks): the shapes of the Ulysses exchange without communication (other ranks' shards are
+    stand-in copies of this rank's), for memory and FLOP measurements."""
 
     def __init__(self, degree: int):
-        super().__init__(group=None, degree=degree, rank=0)
+        super().__init__(group=None, degree=degree, rank=degree - 1)
 
     def to_heads(self, q, k, v):
         self.check_heads(q.shape[1])
@@ -193,30 +195,42 @@ def predict(points: list[dict], target_layers: int, world: int, shape: dict) -> 
             "activation_per_block_gib": fits["activation_gib"][1]}
 
 
-def longest_fitting(rows: list[dict], capacity: float) -> float | None:
-    """Longest length whose predicted peak fits ``capacity``: linear interpolation between the ladder points
-    around the crossing (the last fitting point when the ladder never crosses; None when none fits)."""
+def longest_fitting(rows: list[dict], capacity: float) -> tuple[float | None, str]:
+    """Longest length whose predicted peak fits ``capacity`` and how it was found: ``interpolated`` between the
+    ladder points around the crossing, or ``extrapolated`` linearly from the last two points when the ladder
+    (cut by the time budget) never crosses - memory is affine in the length (flash attention keeps no ``T x T``
+    state). ``(None, "none fits")`` when even the shortest length does not fit."""
+    rows = sorted(rows, key=lambda r: r["length"])
     fitting = [r for r in rows if r["peak_gib"] <= capacity]
     if not fitting:
-        return None
-    best = max(fitting, key=lambda r: r["length"])
-    above = [r for r in rows if r["length"] > best["length"] and r["peak_gib"] > capacity]
-    if not above:
-        return float(best["length"])
-    nxt = min(above, key=lambda r: r["length"])
-    frac = (capacity - best["peak_gib"]) / (nxt["peak_gib"] - best["peak_gib"])
-    return best["length"] + frac * (nxt["length"] - best["length"])
+        return None, "none fits"
+    best = fitting[-1]
+    above = [r for r in rows if r["length"] > best["length"]]
+    if above:
+        lo, hi, how = best, above[0], "interpolated"
+    elif len(rows) >= 2:
+        lo, hi, how = rows[-2], rows[-1], "extrapolated"
+    else:
+        return float(best["length"]), "single point"
+    slope = (hi["peak_gib"] - lo["peak_gib"]) / (hi["length"] - lo["length"])
+    if slope <= 0:
+        return float(best["length"]), "last fitting point"
+    return lo["length"] + (capacity - lo["peak_gib"]) / slope, how
 
 
 def ladder(args, device, degree: int, master_dtype, lengths: list[int], capacity: float, shape: dict,
            deadline: float, report: dict) -> list[dict]:
     """Measure every length at each fit block count until the prediction exceeds the capacity (or time is up)."""
-    rows = []
+    rows, last = [], None
     for length in lengths:
-        if time.perf_counter() > deadline:
-            log(f"  time budget reached before T={length}")
+        # attention dominates long rows: the next length costs ~(ratio)^2 times the last one
+        expected = 0.0 if last is None else last[1] * (length / last[0]) ** 2
+        if time.perf_counter() + expected > deadline:
+            log(f"  time budget: T={length} skipped (~{expected:.0f}s expected)")
             break
+        started = time.perf_counter()
         points = [measure(args, device, n, length, degree, master_dtype) for n in args.fit_layers]
+        last = (length, time.perf_counter() - started)
         report["measurements"].extend(points)
         if any(p.get("oom") for p in points):
             log(f"  T={length:>8}: out of memory already at {args.fit_layers} blocks")
@@ -245,7 +259,7 @@ def parse_args(argv=None):
     parser.add_argument("--lengths", default=None, help="SP=1 ladder (default 4k..256k doubling; smoke 64,128)")
     parser.add_argument("--degree", type=int, default=8, help="sequence-parallel degree to project (1 = skip)")
     parser.add_argument("--sp-lengths", default=None,
-                        help="total row lengths of the SP ladder (default 32k..2M doubling; smoke 64,128)")
+                        help="total row lengths of the SP ladder (default 32k..512k doubling; smoke 64,128)")
     parser.add_argument("--master-dtype", default="float32,bfloat16",
                         help="master weight dtypes to measure, in order (float32 = bf16 autocast over fp32 weights)")
     parser.add_argument("--logits-chunk", type=int, default=2048, help="LM-head rows per chunk")
@@ -265,7 +279,7 @@ def parse_args(argv=None):
         args.target_layers = min(args.target_layers, 4)
     k = 1024
     args.lengths = [int(x) for x in (args.lengths or ",".join(str(k * 2**i) for i in range(2, 9))).split(",")]
-    args.sp_lengths = [int(x) for x in (args.sp_lengths or ",".join(str(k * 2**i) for i in range(5, 12))).split(",")]
+    args.sp_lengths = [int(x) for x in (args.sp_lengths or ",".join(str(k * 2**i) for i in range(5, 10))).split(",")]
     args.time_budget = args.time_budget or (120.0 if args.smoke else 270.0)
     return args
 
@@ -295,10 +309,10 @@ def main(argv=None) -> dict:
             log(f"{label}: {'one GPU' if degree == 1 else f'per rank of SP={degree} over {degree} GPUs (FSDP2)'}")
             lengths = args.lengths if degree == 1 else args.sp_lengths
             rows = ladder(args, device, degree, master, lengths, capacity, shape, deadline, report)
-            best = longest_fitting(rows, capacity) if rows else None
-            report["results"][label] = {"ladder": rows, "max_length": best}
+            best, how = longest_fitting(rows, capacity) if rows else (None, "not measured")
+            report["results"][label] = {"ladder": rows, "max_length": best, "max_length_method": how}
             if best is not None:
-                log(f"{label}: longest trainable row ~{best:,.0f} tokens ({args.target_layers} blocks)")
+                log(f"{label}: longest trainable row ~{best:,.0f} tokens ({args.target_layers} blocks, {how})")
             write(report, args.json)
         if args.verify and device.type == "cuda":
             verify(args, device, master, report["results"][f"{dtype_name}/sp1"], capacity, deadline, report)
