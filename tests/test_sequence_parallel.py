@@ -14,9 +14,9 @@ from dare.errors import ConfigError
 SFT = ["mdlm_padded", "dream_packed", "block_packed", "block_padded"]
 RL = ["rl_d1", "rl_sdar_bgpo"]
 TOPOLOGIES = {  # name: (processes, sequence-parallel degree, variants); 4-process runs share the variants (CI time)
-    "sp2": (2, 2, SFT + RL),
+    "sp2": (2, 2, [*SFT, *RL, "families"]),
     "dp2_sp2": (4, 2, ["mdlm_padded", "block_packed", "rl_d1"]),  # 2 data groups x 2: data sharding + sequence
-    "sp4": (4, 4, ["dream_packed", "block_padded", "rl_sdar_bgpo"]),  # Dream's 2 KV heads repeated for 4 ranks
+    "sp4": (4, 4, ["dream_packed", "block_padded", "rl_sdar_bgpo", "families"]),  # 2 KV heads repeated for 4 ranks
 }
 CASES = [(t, v) for t, (_, _, variants) in TOPOLOGIES.items() for v in variants]
 
@@ -93,6 +93,22 @@ def test_rl_steps_match_single_process(results, topology, variant):
     for ours, theirs in zip(single["losses"], sharded["losses"]):
         assert abs(theirs - ours) <= 1e-6 * max(1.0, abs(ours))
     assert_grads_equal(single["grads"], sharded["grads"])
+
+
+@pytest.mark.parametrize("topology", ["sp2", "sp4"])
+def test_every_family_and_layout_shards_exactly(results, topology):
+    """All registered families (LLaDA, Dream, LLaDA-MoE, SDAR, SDAR-MoE, LLaDA2), padded and packed rows: the sharded
+    log-probs equal the unsharded ones and the group's summed gradients equal the unsharded gradients."""
+    from dare.models.spec import FAMILIES
+
+    record = results[topology]["families"]
+    assert {key.split("/")[0] for key in record} == set(FAMILIES)
+    for key, value in record.items():
+        full, sharded = value["full"], value["sharded"]
+        assert full["logp"].abs().sum() > 0, key
+        torch.testing.assert_close(sharded["logp"], full["logp"], atol=1e-6, rtol=1e-5, msg=key)
+        for name, grad in full["grads"].items():
+            torch.testing.assert_close(sharded["grads"][name], grad, atol=1e-6, rtol=1e-5, msg=f"{key} {name}")
 
 
 def test_degree_must_divide_the_world_size():
