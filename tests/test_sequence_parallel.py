@@ -107,8 +107,9 @@ def test_every_family_and_layout_shards_exactly(results, topology):
         full, sharded = value["full"], value["sharded"]
         assert full["logp"].abs().sum() > 0, key
         torch.testing.assert_close(sharded["logp"], full["logp"], atol=1e-6, rtol=1e-5, msg=key)
-        for name, grad in full["grads"].items():
-            torch.testing.assert_close(sharded["grads"][name], grad, atol=1e-6, rtol=1e-5, msg=f"{key} {name}")
+        for name, grad in full["grads"].items():  # embedding gradients (|g| up to ~10) are sums over every token:
+            # the group adds P partial sums in another order (seen: <= 2.2e-6 at P = 4)
+            torch.testing.assert_close(sharded["grads"][name], grad, atol=1e-5, rtol=1e-5, msg=f"{key} {name}")
 
 
 def test_degree_must_divide_the_world_size():

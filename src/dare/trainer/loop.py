@@ -185,6 +185,9 @@ class Trainer:
             return None, self.info
         from dare.distributed.sequence import attention_heads, build_sequence_parallel
 
+        if not self.config.distributed.fsdp:
+            raise ConfigError("distributed.sequence_parallel > 1 needs distributed.fsdp=true (FSDP2 sums the "
+                              "gradients of the sequence shards)")
         sequence, data_info = build_sequence_parallel(self.info, degree)
         heads = attention_heads(base.config)
         if heads is not None:
