@@ -101,7 +101,8 @@ def sft_batch(length: int, vocab: int, seed: int = 0):
     ids = torch.randint(0, min(vocab, 32000), (1, length), generator=gen)
     maskable = torch.zeros(1, length, dtype=torch.bool)
     maskable[:, length // 8:] = True
-    return TensorDict({"input_ids": ids, "maskable": maskable, "attention_mask": torch.ones(1, length, dtype=torch.long),
+    ones = torch.ones(1, length, dtype=torch.long)
+    return TensorDict({"input_ids": ids, "maskable": maskable, "attention_mask": ones,
                        "example_index": torch.zeros(1, length, dtype=torch.long)}, batch_size=[1])
 
 
@@ -223,27 +224,27 @@ def ladder(args, device, degree: int, master_dtype, lengths: list[int], capacity
     """Measure every length at each fit block count until the prediction exceeds the capacity (or time is up)."""
     rows, last = [], None
     for length in lengths:
-        # attention dominates long rows: the next length costs ~(ratio)^2 times the last one
-        expected = 0.0 if last is None else last[1] * (length / last[0]) ** 2
+        # model builds cost the same at every length; attention makes the steps grow ~(length ratio)^2
+        expected = 0.0 if last is None else last[1] + last[2] * (length / last[0]) ** 2
         if time.perf_counter() + expected > deadline:
             log(f"  time budget: T={length} skipped (~{expected:.0f}s expected)")
             break
         started = time.perf_counter()
         points = [measure(args, device, n, length, degree, master_dtype) for n in args.fit_layers]
-        last = (length, time.perf_counter() - started)
+        steps = sum(p.get("step_s", 0.0) for p in points)
+        last = (length, time.perf_counter() - started - steps, steps)
         report["measurements"].extend(points)
         if any(p.get("oom") for p in points):
             log(f"  T={length:>8}: out of memory already at {args.fit_layers} blocks")
             break
-        seconds = sum(p["step_s"] for p in points)
         pred = predict(points, args.target_layers, degree, shape)
         if pred is None:  # CPU: no memory statistics
-            log(f"  T={length:>8}: steps {seconds:.2f}s (no memory statistics on {device.type})")
+            log(f"  T={length:>8}: steps {steps:.2f}s (no memory statistics on {device.type})")
             continue
         rows.append({"length": length, **pred})
         log(f"  T={length:>8}: activation {pred['activation_gib']:7.2f} GiB "
             f"({pred['activation_per_block_gib'] * 1024:6.1f} MiB/block), static {pred['static_gib']:7.2f} GiB, "
-            f"predicted peak {pred['peak_gib']:7.2f} GiB of {capacity:.1f}  [{seconds:.1f}s]")
+            f"predicted peak {pred['peak_gib']:7.2f} GiB of {capacity:.1f}  [{steps:.1f}s]")
         if pred["peak_gib"] > capacity:
             break
     return rows
@@ -328,8 +329,9 @@ def verify(args, device, master, result: dict, capacity: float, deadline: float,
     if not fitting:
         return
     row = max(fitting, key=lambda r: r["length"])
+    dtype_name = str(master).split(".")[-1]
     spent = sum(m.get("step_s", 0) for m in report["measurements"] if m["length"] == row["length"]
-                and m["degree"] == 1)
+                and m["degree"] == 1 and m["master_dtype"] == dtype_name)
     estimate = 30 + spent * args.target_layers / max(sum(args.fit_layers), 1)
     if time.perf_counter() + estimate > deadline:
         log(f"  verify skipped (needs ~{estimate:.0f}s)")

@@ -1,10 +1,11 @@
 """Worker for tests/test_sequence_parallel.py: SFT and RL steps under ``distributed.sequence_parallel``.
 
 Run as ``torchrun --nproc_per_node N tests/sp_worker.py OUT_DIR DEGREE [VARIANT,...]`` (FSDP2 over gloo, N / DEGREE
-data-parallel groups; default every variant) or as a plain ``python`` process (no process group, DEGREE 1). Rank 0 writes ``OUT_DIR/result.pt``: per SFT
-variant the step-0 loss, the full gradients, the corrupted tokens of every example (gathered from all ranks, by
-global example index) and the row widths rank 0's first block saw; per RL variant the record of
-:func:`dist_worker.run_rl`; ``families``: sharded against unsharded forwards of every family (:func:`run_families`).
+data-parallel groups; default every variant) or as a plain ``python`` process (no process group, DEGREE 1). Rank 0
+writes ``OUT_DIR/result.pt``: per SFT variant the step-0 loss, the full gradients, the corrupted tokens of every
+example (gathered from all ranks, by global example index) and the row widths rank 0's first block saw; per RL
+variant the record of :func:`dist_worker.run_rl`; ``families``: sharded against unsharded forwards of every family
+(:func:`run_families`).
 
 Row lengths are chosen so that rows do not divide the degrees (45 tokens, two-copy rows of 90): the model pads
 them, so every shard boundary and padding rule is exercised.
@@ -57,7 +58,8 @@ def run_sft(name: str, overrides: list[str], out_dir: Path, info, degree: int) -
     ])
     trainer = Trainer(config, info=info)
     widths = []  # positions each forward runs through the first transformer block on this rank
-    hook = unwrap(trainer.model).blocks[0].register_forward_pre_hook(lambda module, args: widths.append(args[0].shape[1]))
+    first_block = unwrap(trainer.model).blocks[0]
+    hook = first_block.register_forward_pre_hook(lambda module, args: widths.append(args[0].shape[1]))
     metrics = trainer.forward_backward(0)
     hook.remove()
     grads = {n: full(p.grad).clone() for n, p in trainer.model.named_parameters() if p.grad is not None}

@@ -107,8 +107,9 @@ def pad_rows(length: int, input_ids, inputs_embeds, attention_mask, position_ids
     if cu_seqlens is not None:
         cu_seqlens = torch.cat([cu_seqlens, cu_seqlens.new_tensor([length])])
     if attention_mask is not None or cu_seqlens is None:
-        mask = attention_mask if attention_mask is not None else torch.ones(batch, real, dtype=torch.long, device=device)
-        attention_mask = torch.cat([mask, mask.new_zeros(batch, extra)], dim=1)
+        if attention_mask is None:
+            attention_mask = torch.ones(batch, real, dtype=torch.long, device=device)
+        attention_mask = torch.cat([attention_mask, attention_mask.new_zeros(batch, extra)], dim=1)
     if position_ids is not None:
         position_ids = position_ids.expand(batch, real)
         position_ids = torch.cat([position_ids, position_ids.new_zeros(batch, extra)], dim=1)

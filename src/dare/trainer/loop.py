@@ -232,7 +232,8 @@ class Trainer:
             raise ConfigError(f"data.pack_length={pack_length} must be at least data.max_length={cfg.data.max_length}")
         return DatasetSource(
             data.examples, batch_size=cfg.trainer.batch_size, micro_batch_size=cfg.trainer.micro_batch_size,
-            rank=self.data_info.rank, world_size=self.data_info.world_size, seed=cfg.trainer.seed, shuffle=cfg.data.shuffle,
+            rank=self.data_info.rank, world_size=self.data_info.world_size, seed=cfg.trainer.seed,
+            shuffle=cfg.data.shuffle,
             packing=cfg.data.packing, pack_length=pack_length, eos_id=self.token_ids.eos, pad_id=self.token_ids.pad,
             eos_padding=cfg.data.eos_padding, fixed_width=cfg.fixed_width(),
         )
