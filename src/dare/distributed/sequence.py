@@ -14,8 +14,8 @@ Attention (exact, over the whole sequence). Around each attention call :meth:`Se
 keys and values), the family's attention runs unchanged on the full sequence with the full layout (padding,
 packed documents, block-causal or ``[noisy ; clean]`` masks), and :meth:`SequenceParallel.to_sequence` turns the
 output back. Key/value heads that the degree does not divide (grouped-query attention with few KV heads) are
-repeated up to the query heads first. The collectives are ``torch.distributed.nn.functional.all_to_all_single``
-(autograd-aware), so backward runs the mirror all-to-alls.
+repeated up to the query heads first. The collective is ``torch.distributed.all_to_all_single`` (NCCL / gloo)
+in a small autograd function whose backward runs the same all-to-all on the gradients.
 
 Losses. Each rank scores the positions whose hidden state it holds (after the family's logit shift, so Dream's
 prediction of the first token of a shard comes from the last position of the previous shard) and
@@ -68,11 +68,9 @@ class SequenceParallel:
     def _exchange(self, tensor: torch.Tensor, split_dim: int, concat_dim: int) -> torch.Tensor:
         """All-to-all: split ``split_dim`` into ``degree`` chunks (chunk ``p`` goes to rank ``p``), concatenate the
         received chunks (rank order) along ``concat_dim``."""
-        from torch.distributed.nn.functional import all_to_all_single
-
         chunks = tensor.chunk(self.degree, dim=split_dim)
-        send = torch.stack(chunks, dim=0).contiguous()  # [P, ...]: chunk p for rank p
-        received = all_to_all_single(torch.empty_like(send), send, group=self.group)
+        send = torch.stack(chunks, dim=0)  # [P, ...]: chunk p for rank p
+        received = _AllToAll.apply(send, self.group)
         return torch.cat(received.unbind(0), dim=concat_dim)
 
     def to_heads(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
@@ -95,6 +93,24 @@ class SequenceParallel:
         reaching each rank's own entries is already the full one (an all-reduce would count it ``degree`` times).
         """
         return _SumShards.apply(tensor, self.group)
+
+
+class _AllToAll(torch.autograd.Function):
+    """``dist.all_to_all_single`` of equal chunks along dim 0 (chunk ``p`` to rank ``p``). The exchange is its own
+    adjoint: the backward sends every gradient chunk back where its value came from, with the same collective."""
+
+    @staticmethod
+    def forward(ctx, send, group):
+        ctx.group = group
+        received = torch.empty_like(send)
+        dist.all_to_all_single(received, send.contiguous(), group=group)
+        return received
+
+    @staticmethod
+    def backward(ctx, grad):
+        out = torch.empty_like(grad)
+        dist.all_to_all_single(out, grad.contiguous(), group=ctx.group)
+        return out, None
 
 
 class _SumShards(torch.autograd.Function):
