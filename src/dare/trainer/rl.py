@@ -404,7 +404,7 @@ def build_rollout_source(trainer) -> RolloutSource:
     return RolloutSource(
         prompts, policy=trainer.model, algorithm=trainer.algorithm, tokenizer=trainer.tokenizer, reward=reward,
         config=cfg.rollout, batch_size=cfg.trainer.batch_size, micro_batch_size=cfg.trainer.micro_batch_size,
-        info=trainer.info, seed=cfg.trainer.seed, shuffle=cfg.data.shuffle, reference=trainer.reference,
+        info=trainer.data_info, seed=cfg.trainer.seed, shuffle=cfg.data.shuffle, reference=trainer.reference,
         output_dir=trainer.output_dir if cfg.rollout.samples_file else None,
     )
 
