@@ -57,7 +57,9 @@ def grads(model):
 def assert_same_grads(got, want):
     assert got.keys() == want.keys() and want
     for name in want:
-        torch.testing.assert_close(got[name], want[name], atol=1e-6, rtol=1e-5, msg=name)
+        # embedding rows of frequent tokens (pad/mask) sum hundreds of terms whose order differs: ~3e-6 on some CPUs
+        atol = 5e-6 if "embed" in name else 1e-6
+        torch.testing.assert_close(got[name], want[name], atol=atol, rtol=1e-5, msg=lambda m: f"{name}: {m}")
 
 
 @pytest.mark.parametrize("family", FAMILIES)
