@@ -12,7 +12,8 @@ under the block-causal rule (:mod:`dare.rollout.engine.forward`), so later colum
 
 * ``cache="block"``: the first step of block ``k`` runs the previous block's final tokens with the block
   (the prompt prefix with the first block), later steps the block alone - the eager engine's forwards;
-* ``cache="none"``: every step runs ``[0, end)``.
+* ``cache="none"``: every step runs the whole canvas (one shape for every block; the columns after the current
+  block cannot influence it under the block-causal rule, so the tokens are the full recompute's).
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ class BlockState:
         self.start = torch.zeros((), **long)
         self.stop_ids = torch.tensor(self.tok.stop_ids, **long)
         self.block_range = torch.arange(self.lb, **long)
+        self.all_columns = torch.arange(self.width, **long)
         self.cache = StaticKVCache(len(model.blocks), self.width)
         self.layout: BlockLayout | None = None
         self.editing = bool(config.editing_threshold)
@@ -124,8 +126,8 @@ class BlockState:
     # ---- one step -----------------------------------------------------------------------------------
     def step(self, first: bool, k: int) -> None:
         layout, lb = self.layout, self.lb
-        if self.config.cache == "none":
-            query = torch.arange(self.prefix + (k + 1) * lb, device=self.device)
+        if self.config.cache == "none":  # the whole canvas: later columns are never attended (block-causal)
+            query = self.all_columns
         elif first and k == 0:
             query = torch.arange(self.prefix + lb, device=self.device)
         elif first:
@@ -210,7 +212,7 @@ class BlockState:
             self.begin_block(k)
             first = True
             while self.flag.read(self.more)[0]:
-                key = ("none", k) if self.config.cache == "none" else ("first", 0 if k == 0 else 1) if first else ("inner",)
+                key = ("none",) if self.config.cache == "none" else ("first", 0 if k == 0 else 1) if first else ("inner",)
                 self.runner.run(key, lambda first=first, k=k: self.step(first, k))
                 first = False
             self.end_block(k)
