@@ -77,6 +77,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--engines", nargs="+", help="rollout engines side by side (default: eager graph on CUDA, eager "
                    "static on CPU)")
     p.add_argument("--records", help="write the engine records ({'records': [...]}) to this file")
+    p.add_argument("--compile-blocks", action="store_true",
+                   help="regional torch.compile of every block (dare.models.compile_blocks) before decoding; engine "
+                        "records are labelled '<engine>+compile'")
     p.add_argument("--json", help="write all results to this file")
     args = p.parse_args(argv)
     args.device = args.device or ("cpu" if args.tiny or not torch.cuda.is_available() else "cuda")
@@ -149,6 +152,10 @@ def main(argv=None) -> int:
     model = build_model(args.tiny, device)
     vocab_hi = 256 if args.tiny else 151000  # prompt ids below every special token
     bandwidth, wbytes = weights_floor(model, device, t_start)
+    if args.compile_blocks:
+        from dare.models.compile import compile_blocks
+
+        compile_blocks(model)
     floor_forward = wbytes / bandwidth
 
     roofline = Roofline(model, bandwidth, matmul_rate(device, next(model.parameters()).dtype,
@@ -194,7 +201,8 @@ def main(argv=None) -> int:
                 for engine in [e for e in args.engines if e != "eager"]:
                     run_once(model, prompts, args, decoder, cache, engine=engine)  # records the graphs
                     fast, fast_s = run_once(model, prompts, args, decoder, cache, engine=engine)
-                    rec = engine_record(engine=engine, out=fast, seconds=fast_s, **common)
+                    rec = engine_record(engine=engine + ("+compile" if args.compile_blocks else ""), out=fast,
+                                        seconds=fast_s, **common)
                     rec["same_tokens_as_eager"] = bool(torch.equal(fast.completion, out.completion)) and fast.nfe == out.nfe
                     records.append(rec)
                     print(f"run   {label} {rec['tokens_per_s']:9.1f} tok/s  nfe={fast.nfe:<4d} engine={engine} "

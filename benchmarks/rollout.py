@@ -81,6 +81,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--engines", nargs="+", help="rollout engines side by side (default: eager graph on CUDA, eager "
                    "static on CPU)")
     p.add_argument("--records", help="write the engine records ({'records': [...]}) to this file")
+    p.add_argument("--compile-blocks", action="store_true",
+                   help="regional torch.compile of every block (dare.models.compile_blocks) before decoding; engine "
+                        "records are labelled '<engine>+compile'")
     p.add_argument("--json", help="write all results to this file")
     args = p.parse_args(argv)
     tiny = args.tiny
@@ -136,6 +139,10 @@ def main(argv=None) -> int:
     model = build_model(args.tiny, device)
     vocab_hi = 256 if args.tiny else 126000  # prompt ids below every special token
     bandwidth, wbytes = weights_floor(model, device, t_start)
+    if args.compile_blocks:
+        from dare.models.compile import compile_blocks
+
+        compile_blocks(model)
     floor_forward = wbytes / bandwidth
     inject_confidence(model, args.confident_fraction, device)
 
@@ -184,7 +191,8 @@ def main(argv=None) -> int:
                     run_once(model, prompts, gen_length, args, overrides, measured_blocks, engine)  # records graphs
                     fast, _, fast_s = run_once(model, prompts, gen_length, args, overrides, measured_blocks, engine)
                     same = bool(torch.equal(fast.completion, out.completion)) and fast.nfe == out.nfe
-                    rec = engine_record(engine=engine, out=fast, seconds=fast_s, **common)
+                    rec = engine_record(engine=engine + ("+compile" if args.compile_blocks else ""), out=fast,
+                                        seconds=fast_s, **common)
                     rec["same_tokens_as_eager"] = same
                     records.append(rec)
                     print(f"run   B={batch:<3d} G={gen_length:<4d} {name:<17s} {rec['tokens_per_s']:9.1f} tok/s  "
