@@ -73,6 +73,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--confident-fraction", type=float, default=0.5,
                    help="fraction of positions made confident at each forward (0 = raw random weights)")
     p.add_argument("--decoders", nargs="+", default=list(DECODERS), choices=list(DECODERS))
+    p.add_argument("--caches", nargs="+", default=list(CACHES), choices=list(CACHES),
+                   help="cache modes (default: none block; ratios need both)")
     p.add_argument("--budget-s", type=float, default=200.0, help="skip runs that would exceed this total time")
     p.add_argument("--engines", nargs="+", help="rollout engines side by side (default: eager graph on CUDA, eager "
                    "static on CPU)")
@@ -167,7 +169,7 @@ def main(argv=None) -> int:
         prompts = torch.randint(0, vocab_hi, (batch, args.prompt_length), generator=gen_cpu).to(device)
         for decoder in args.decoders:
             reference = None
-            for cache in CACHES:
+            for cache in [c for c in CACHES if c in args.caches]:
                 label = f"B={batch:<3d} {decoder:<8s} cache={cache:<6s}"
                 _, warm = run_once(model, prompts, args, decoder, cache, max_blocks=warm_blocks)
                 guess = estimate(warm, warm_blocks, args, cache)
