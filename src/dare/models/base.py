@@ -28,6 +28,7 @@ from dare.models.attention import (
 )
 from dare.models.cache import KVCache
 from dare.models.layers import RMSNorm, apply_rope, default_positions, rope_angles
+from dare.models.moe import ExpertBank
 
 
 class DiffusionConfig(PreTrainedConfig):
@@ -196,6 +197,8 @@ class DiffusionLM(PreTrainedModel):
             nn.init.normal_(module.weight, mean=0.0, std=std)
         elif isinstance(module, RMSNorm):
             nn.init.ones_(module.weight)
+        elif isinstance(module, ExpertBank):
+            module.reset_parameters(std)
         for name, buffer in module.named_buffers(recurse=False):
             if name.endswith("expert_bias"):
                 nn.init.zeros_(buffer)
