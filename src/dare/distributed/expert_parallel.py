@@ -1,0 +1,84 @@
+"""Expert parallelism: each MoE layer's experts spread over the ``expert`` dimension of a device mesh.
+
+``expert_parallel_mesh(info, N)`` builds a 2-D mesh ``(expert_replicas, expert)`` of shape
+``(world // N, N)``; ranks ``N*i .. N*i+N-1`` form one expert group. :func:`shard_experts` keeps on each rank
+the ``E / N`` experts it owns (rank ``r`` of the group: experts ``r*E/N .. (r+1)*E/N - 1``) and points every
+:class:`~dare.models.moe.ExpertBank` at the group. In the forward, :func:`dispatch_and_combine` sends each
+routed row to the rank owning its expert (``all_to_all_single``: row counts first, then the rows), runs the
+local experts as one grouped matmul, and sends the outputs back; autograd runs the same collectives in
+reverse. Routers, attention and shared experts stay replicated. Everything is ``torch.distributed``
+collectives, so it runs on gloo (CPU tests) and NCCL alike.
+
+Gradients: an expert's gradient on its owner sums the contributions of the tokens of every rank in its group,
+which is what data parallelism's all-reduce would give for a replicated expert. Replicated parameters keep
+per-rank gradients (reduced by the usual data-parallel sum).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from dare.errors import ConfigError
+
+
+def expert_parallel_mesh(info, degree: int):
+    """The ``(expert_replicas, expert)`` mesh for ``degree``-way expert parallelism over ``info.world_size`` ranks."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    if degree < 1 or info.world_size % degree:
+        raise ConfigError(f"distributed.expert_parallel={degree} must divide the world size {info.world_size}")
+    return init_device_mesh(info.device.type, (info.world_size // degree, degree),
+                            mesh_dim_names=("expert_replicas", "expert"))
+
+
+def shard_experts(model: nn.Module, group, group_rank: int | None = None, group_size: int | None = None) -> int:
+    """Keep only this rank's experts in every :class:`ExpertBank` of ``model``; returns the number of banks.
+
+    ``group`` is the process group of one expert group (``mesh["expert"].get_group()``). Banks must hold all
+    their experts (call once, after loading).
+    """
+    from dare.models.moe import ExpertBank
+
+    size = group_size if group_size is not None else dist.get_world_size(group)
+    rank = group_rank if group_rank is not None else dist.get_rank(group)
+    banks = [m for m in model.modules() if isinstance(m, ExpertBank)]
+    if not banks:
+        raise ConfigError("distributed.expert_parallel > 1 needs a mixture-of-experts model (no MoE layer found)")
+    for bank in banks:
+        if bank.num_experts % size:
+            raise ConfigError(f"distributed.expert_parallel={size} must divide the number of experts {bank.num_experts}")
+        if bank.num_local_experts != bank.num_experts:
+            raise ConfigError("experts are already sharded (shard_experts called twice)")
+        per_rank = bank.num_experts // size
+        start = rank * per_rank
+        with torch.no_grad():
+            bank.gate_up_proj = nn.Parameter(bank.gate_up_proj[start:start + per_rank].clone())
+            bank.down_proj = nn.Parameter(bank.down_proj[start:start + per_rank].clone())
+        bank.first_expert, bank.expert_group = start, group
+    return len(banks)
+
+
+def _all_to_all(rows: torch.Tensor, send: list[int], receive: list[int], group) -> torch.Tensor:
+    """Differentiable ``all_to_all_single`` of ``rows`` (``send[i]`` rows go to rank ``i``)."""
+    from torch.distributed.nn.functional import all_to_all_single
+
+    out = rows.new_empty(sum(receive), *rows.shape[1:])
+    return all_to_all_single(out, rows.contiguous(), receive, send, group=group)
+
+
+def dispatch_and_combine(bank, rows: torch.Tensor, counts: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Expert outputs of ``rows`` (grouped by global expert, ``counts[e]`` rows each), computed on the owners."""
+    group = bank.expert_group
+    size, local = dist.get_world_size(group), bank.num_local_experts
+    send_counts = counts.view(size, local)  # [destination rank, its local expert]
+    recv_counts = torch.empty_like(send_counts)
+    dist.all_to_all_single(recv_counts, send_counts.contiguous(), group=group)  # [source rank, my local expert]
+    send, receive = send_counts.sum(1).tolist(), recv_counts.sum(1).tolist()
+    received = _all_to_all(rows, send, receive, group)  # ordered by source rank, then local expert
+    local_ids = torch.arange(local, device=rows.device).repeat(size).repeat_interleave(recv_counts.reshape(-1))
+    order = local_ids.argsort(stable=True)
+    outputs = bank._experts(received.index_select(0, order), recv_counts.sum(0), dtype)
+    outputs = torch.empty_like(outputs).index_copy(0, order, outputs)
+    return _all_to_all(outputs, receive, send, group)
