@@ -12,8 +12,8 @@ Storage: the ``E`` SwiGLU experts are stacked, ``gate_up_proj [E, 2I, D]`` (gate
 Computation (``ExpertBank.backend``; ``auto`` picks the first that applies):
 
 * ``grouped_mm`` - rows sorted by expert, one ``grouped_mm`` (``torch.nn.functional.grouped_mm``, else
-  ``torch._grouped_mm``) for gate+up and one for down. CPU: fp32/bf16; CUDA: bf16/fp16 on SM80+. Widths must
-  be 16-byte multiples.
+  ``torch._grouped_mm``) for gate+up and one for down. CPU: fp32/bf16; CUDA: bf16/fp16 on SM80+; under
+  ``torch.compile``: bf16 only. Widths and pointers must be 16-byte aligned.
 * ``padded_bmm`` - the batched fallback for anything else (fp64, odd widths): rows scattered into
   ``[E, max_rows, D]``, two ``bmm`` calls.
 * ``loop`` - the reference loop over experts; tests and ``benchmarks/moe.py`` only.
@@ -52,6 +52,8 @@ def grouped_mm_applies(x: torch.Tensor, *weights: torch.Tensor) -> bool:
         return False
     size = x.element_size()
     widths = [x.shape[-1]] + [d for w in weights for d in w.shape[-2:]]
+    if torch.compiler.is_compiling():  # the traced kernel takes bf16 only; fake tensors have no data pointer
+        return x.dtype == torch.bfloat16 and ok_dtype and all(d * size % 16 == 0 for d in widths)
     pointers = [x.data_ptr()] + [w.data_ptr() for w in weights]
     return ok_dtype and all(d * size % 16 == 0 for d in widths) and all(p % 16 == 0 for p in pointers)
 
