@@ -41,7 +41,7 @@ def main(out: Path) -> None:
     for name, (family, (rows, length)) in CASES.items():
         full = tiny_model(family, seed=7).train()
         sharded = copy.deepcopy(full)
-        shard_experts(sharded, mesh["expert"].get_group())
+        shard_experts(sharded, mesh["expert"])
         generator = torch.Generator().manual_seed(100 + info.rank)
         ids = torch.randint(0, 256, (rows, length + 4 * info.rank), generator=generator)
         ref_logits, ref_grads = step(full, ids)
@@ -54,7 +54,7 @@ def main(out: Path) -> None:
                     key = f"{module_name}.{param}"
                     total = ref_grads.pop(key)
                     dist.all_reduce(total)
-                    expert_grads[key] = (grads.pop(key), total[local].clone())
+                    expert_grads[key] = (grads.pop(key).to_local(), total[local].clone())
         results[name] = {"logits": (logits, ref_logits), "replicated": (grads, ref_grads), "experts": expert_grads,
                          "local_experts": [b.num_local_experts for b in sharded.modules() if isinstance(b, ExpertBank)]}
     torch.save(results, out / f"rank{info.rank}.pt")

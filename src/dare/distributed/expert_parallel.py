@@ -2,8 +2,9 @@
 
 ``expert_parallel_mesh(info, N)`` builds a 2-D mesh ``(expert_replicas, expert)`` of shape
 ``(world // N, N)``; ranks ``N*i .. N*i+N-1`` form one expert group. :func:`shard_experts` keeps on each rank
-the ``E / N`` experts it owns (rank ``r`` of the group: experts ``r*E/N .. (r+1)*E/N - 1``) and points every
-:class:`~dare.models.moe.ExpertBank` at the group. In the forward, :func:`dispatch_and_combine` sends each
+the ``E / N`` experts it owns (rank ``r`` of the group: experts ``r*E/N .. (r+1)*E/N - 1``) as DTensor shards
+and points every :class:`~dare.models.moe.ExpertBank` at the group; :func:`shard_expert_replicas` adds FSDP2
+over the replicas (the trainer does both for ``distributed.expert_parallel: N``). In the forward, :func:`dispatch_and_combine` sends each
 routed row to the rank owning its expert (``all_to_all_single``: row counts first, then the rows), runs the
 local experts as one grouped matmul, and sends the outputs back; autograd runs the same collectives in
 reverse. Routers, attention and shared experts stay replicated. Everything is ``torch.distributed``
@@ -33,16 +34,19 @@ def expert_parallel_mesh(info, degree: int):
                             mesh_dim_names=("expert_replicas", "expert"))
 
 
-def shard_experts(model: nn.Module, group, group_rank: int | None = None, group_size: int | None = None) -> int:
+def shard_experts(model: nn.Module, mesh) -> int:
     """Keep only this rank's experts in every :class:`ExpertBank` of ``model``; returns the number of banks.
 
-    ``group`` is the process group of one expert group (``mesh["expert"].get_group()``). Banks must hold all
-    their experts (call once, after loading).
+    ``mesh`` is the 1-D ``expert`` mesh (``expert_parallel_mesh(...)["expert"]``). The stacked parameters become
+    DTensors sharded on the expert dimension (``Shard(0)``): full state dicts (export) gather every expert, the
+    distributed checkpoint stores each slice once, and FSDP2 can shard them further over ``expert_replicas``.
+    Banks must hold all their experts (call once, after loading).
     """
+    from torch.distributed.tensor import DTensor, Shard
+
     from dare.models.moe import ExpertBank
 
-    size = group_size if group_size is not None else dist.get_world_size(group)
-    rank = group_rank if group_rank is not None else dist.get_rank(group)
+    size, rank = mesh.size(), mesh.get_local_rank()
     banks = [m for m in model.modules() if isinstance(m, ExpertBank)]
     if not banks:
         raise ConfigError("distributed.expert_parallel > 1 needs a mixture-of-experts model (no MoE layer found)")
@@ -51,12 +55,26 @@ def shard_experts(model: nn.Module, group, group_rank: int | None = None, group_
             raise ConfigError(f"distributed.expert_parallel={size} must divide the number of experts {bank.num_experts}")
         if bank.num_local_experts != bank.num_experts:
             raise ConfigError("experts are already sharded (shard_experts called twice)")
+    for bank in banks:
         per_rank = bank.num_experts // size
         start = rank * per_rank
-        with torch.no_grad():
-            bank.gate_up_proj = nn.Parameter(bank.gate_up_proj[start:start + per_rank].clone())
-            bank.down_proj = nn.Parameter(bank.down_proj[start:start + per_rank].clone())
-        bank.first_expert, bank.expert_group = start, group
+        for name in ("gate_up_proj", "down_proj"):
+            local = getattr(bank, name).detach()[start:start + per_rank].clone()
+            setattr(bank, name, nn.Parameter(DTensor.from_local(local, mesh, [Shard(0)], run_check=False)))
+        bank.first_expert, bank.expert_group = start, mesh.get_group()
+    return len(banks)
+
+
+def shard_expert_replicas(model: nn.Module, mesh, mp_policy=None) -> int:
+    """FSDP2 (``fully_shard``) on every expert bank over the ``expert_replicas`` mesh: call before sharding the
+    blocks over the world, so expert gradients are reduced only among the ranks holding the same experts."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    from dare.models.moe import ExpertBank
+
+    banks = [m for m in model.modules() if isinstance(m, ExpertBank)]
+    for bank in banks:
+        fully_shard(bank, mesh=mesh, mp_policy=mp_policy or MixedPrecisionPolicy())
     return len(banks)
 
 

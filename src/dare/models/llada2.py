@@ -266,7 +266,7 @@ class LLaDA2MoeModelLM(DecoderLM):
         return self.lm_head(x).float()
 
 
-register_expert_checkpoint_names(LLaDA2MoeModelLM.__name__)
+register_expert_checkpoint_names(LLaDA2MoeModelLM)
 
 
 def tiny_llada2_config(vocab_size: int = 264, mask_token_id: int = 259, eos_token_id: int = 258,

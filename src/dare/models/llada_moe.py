@@ -149,7 +149,7 @@ class LLaDAMoEModelLM(DecoderLM):
         return layers
 
 
-register_expert_checkpoint_names(LLaDAMoEModelLM.__name__)
+register_expert_checkpoint_names(LLaDAMoEModelLM)
 
 
 def tiny_llada_moe_config(vocab_size: int = 264, mask_token_id: int = 259, eos_token_id: int = 258,

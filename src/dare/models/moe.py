@@ -73,6 +73,11 @@ def _padded_linear(x: torch.Tensor, weight: torch.Tensor, expert: torch.Tensor, 
     return torch.bmm(padded, weight.transpose(-2, -1))[expert, slot]
 
 
+def _local(param: torch.Tensor) -> torch.Tensor:
+    """This rank's experts: the local shard of an expert-parallel DTensor, else the tensor itself."""
+    return param.to_local() if hasattr(param, "to_local") else param
+
+
 class ExpertBank(nn.Module):
     """``E`` SwiGLU experts stacked for grouped matmuls (module path ``...mlp.experts``)."""
 
@@ -93,7 +98,7 @@ class ExpertBank(nn.Module):
 
     @property
     def num_local_experts(self) -> int:
-        return self.gate_up_proj.shape[0]
+        return _local(self.gate_up_proj).shape[0]
 
     def extra_repr(self) -> str:
         return f"experts={self.num_experts}, hidden={self.hidden}, inner={self.inner}, backend={self.backend}"
@@ -124,7 +129,7 @@ class ExpertBank(nn.Module):
 
     def _experts(self, rows: torch.Tensor, counts: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """SwiGLU of the local experts on ``rows`` grouped by local expert (``counts[e]`` rows each)."""
-        gate_up, down = self.gate_up_proj.to(dtype), self.down_proj.to(dtype)
+        gate_up, down = _local(self.gate_up_proj).to(dtype), _local(self.down_proj).to(dtype)
         backend = self.backend
         if backend == "auto":
             backend = "grouped_mm" if grouped_mm_applies(rows, gate_up, down) else "padded_bmm"
@@ -197,13 +202,14 @@ def released_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     return state
 
 
-def register_expert_checkpoint_names(*class_names: str) -> None:
-    """transformers' load/save conversion between per-expert checkpoint tensors and the stacked bank."""
+def register_expert_checkpoint_names(model_class: type) -> None:
+    """transformers' load/save conversion between per-expert checkpoint tensors and the stacked bank, keyed by
+    the class name and by the config's ``model_type`` (FSDP2 renames the class of a sharded model)."""
     from transformers.conversion_mapping import register_checkpoint_conversion_mapping
     from transformers.core_model_loading import Concatenate, MergeModulelist, WeightConverter
 
-    for name in class_names:
-        register_checkpoint_conversion_mapping(name, [
+    for key in (model_class.__name__, model_class.config_class.model_type):
+        register_checkpoint_conversion_mapping(key, [
             WeightConverter(
                 source_patterns=["mlp.experts.*.gate_proj.weight", "mlp.experts.*.up_proj.weight"],
                 target_patterns="mlp.experts.gate_up_proj",

@@ -229,7 +229,7 @@ class SDARMoeForCausalLM(_SDARBase):
         return layers
 
 
-register_expert_checkpoint_names(SDARMoeForCausalLM.__name__)
+register_expert_checkpoint_names(SDARMoeForCausalLM)
 
 
 def tiny_sdar_config(vocab_size: int = 264, mask_token_id: int = 259, eos_token_id: int = 258,

@@ -178,6 +178,9 @@ class DistributedConfig:
     """auto (bf16 compute / fp32 reduce on CUDA, fp32 on CPU), bf16 or fp32."""
     reshard_after_forward: bool = True
     """FSDP2: free gathered block weights after forward (ZeRO-3); false keeps them (ZeRO-2, faster)."""
+    expert_parallel: int = 1
+    """MoE models: spread each MoE layer's experts over this many ranks (all-to-all token dispatch); must divide
+    the world size and the number of experts. 1 = every rank holds all experts (sharded by FSDP2)."""
 
 
 @dataclass
@@ -217,7 +220,8 @@ class TrainConfig:
         positive = {"trainer.batch_size": self.trainer.batch_size, "trainer.micro_batch_size": self.trainer.micro_batch_size,
                     "trainer.log_every": self.trainer.log_every, "data.max_length": self.data.max_length,
                     "lora.r": self.lora.r, "rollout.group_size": self.rollout.group_size,
-                    "rollout.max_prompt_length": self.rollout.max_prompt_length}
+                    "rollout.max_prompt_length": self.rollout.max_prompt_length,
+                    "distributed.expert_parallel": self.distributed.expert_parallel}
         for key, value in positive.items():
             if value < 1:
                 raise ConfigError(f"{key} must be positive; got {value}")

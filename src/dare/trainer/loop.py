@@ -39,6 +39,7 @@ from dare.config import save_yaml
 from dare.distributed import (
     DistInfo, all_reduce_dict, all_reduce_max_int, apply_fsdp, autocast_context, barrier, init_distributed,
 )
+from dare.distributed.grad_norm import clip_grad_norm_
 from dare.errors import ConfigError
 from dare.trainer.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
 from dare.trainer.config import TrainConfig, config_dict
@@ -105,7 +106,14 @@ class Trainer:
 
             compile_blocks(model, backend=cfg.model.compile_backend)
         self.sharded = self.info.initialized and cfg.distributed.fsdp
+        expert_mesh = self._expert_parallel(model)
         if self.sharded:
+            if expert_mesh is not None:
+                from dare.distributed import mixed_precision_policy
+                from dare.distributed.expert_parallel import shard_expert_replicas
+
+                policy = mixed_precision_policy(cfg.distributed.mixed_precision, self.info.device)
+                shard_expert_replicas(unwrap(model), expert_mesh["expert_replicas"], policy)
             apply_fsdp(model, unwrap(model).blocks, self.info, cfg.distributed.mixed_precision,
                        cfg.distributed.reshard_after_forward)
         self.model = model.train()
@@ -171,6 +179,24 @@ class Trainer:
             apply_fsdp(frozen, unwrap(frozen).blocks, self.info, cfg.distributed.mixed_precision,
                        cfg.distributed.reshard_after_forward)
         return Reference(self.model, frozen.eval())
+
+    def _expert_parallel(self, model):
+        """``distributed.expert_parallel: N``: shard the experts of every MoE layer over N ranks; the 2-D
+        ``(expert_replicas, expert)`` mesh, or None when N is 1."""
+        from dare.distributed.expert_parallel import expert_parallel_mesh, shard_experts
+        from dare.models.loading import unwrap
+
+        degree = self.config.distributed.expert_parallel
+        if degree == 1:
+            return None
+        if not self.sharded:
+            raise ConfigError(f"distributed.expert_parallel={degree} needs a torchrun launch with distributed.fsdp=true")
+        if self.algorithm.needs.rollout:
+            raise ConfigError("distributed.expert_parallel > 1 does not support RL rollouts yet (ranks decode "
+                              "different numbers of forwards; the expert all-to-all needs every rank in step)")
+        mesh = expert_parallel_mesh(self.info, degree)
+        shard_experts(unwrap(model), mesh["expert"])
+        return mesh
 
     def _load_backbone(self):
         """A fresh copy of the initial policy weights (no adapter) for an algorithm's auxiliary model."""
@@ -252,7 +278,7 @@ class Trainer:
     def optimizer_step(self) -> dict[str, float]:
         params = [p for p in self.model.parameters() if p.requires_grad]
         max_norm = self.config.optim.grad_clip if self.config.optim.grad_clip is not None else float("inf")
-        norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        norm = clip_grad_norm_(params, max_norm)  # expert-parallel banks live on their own mesh
         if hasattr(norm, "full_tensor"):
             norm = norm.full_tensor()
         lr = self.scheduler.get_last_lr()[0]
