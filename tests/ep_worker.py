@@ -13,6 +13,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+ROOT = Path(__file__).resolve().parents[1]
+
 CASES = {  # name: family, token counts per rank (rank 1's 1-token batch leaves most experts of a rank idle)
     "llada_moe": ("llada_moe", (2, 9)),
     "sdar_moe": ("sdar_moe", (2, 9)),
@@ -57,8 +59,32 @@ def main(out: Path) -> None:
                     expert_grads[key] = (grads.pop(key).to_local(), total[local].clone())
         results[name] = {"logits": (logits, ref_logits), "replicated": (grads, ref_grads), "experts": expert_grads,
                          "local_experts": [b.num_local_experts for b in sharded.modules() if isinstance(b, ExpertBank)]}
+    results["trainer"] = {degree: train(out / f"ep{degree}", degree, info) for degree in (1, 2)}
     torch.save(results, out / f"rank{info.rank}.pt")
     dist.destroy_process_group()
+
+
+def train(out: Path, degree: int, info) -> dict:
+    """Two SFT steps of the tiny LLaDA2 recipe under FSDP2 with ``distributed.expert_parallel=degree``, then
+    export: losses, gradient norms and the exported tensors (rank 0)."""
+    from safetensors.torch import load_file
+
+    from dare.trainer import Trainer, load_train_config
+
+    config = load_train_config(ROOT / "configs/llada2/sft_tiny.yaml", [
+        f"trainer.output_dir={out}", "trainer.progress=false", "trainer.max_steps=2", "trainer.batch_size=4",
+        "trainer.micro_batch_size=2", f"distributed.expert_parallel={degree}",
+    ])
+    trainer = Trainer(config, info=info)
+    record = {"loss": [], "grad_norm": []}
+    for step in range(2):
+        trainer.step = step
+        record["loss"].append(float(trainer.forward_backward(step)["loss"]))
+        record["grad_norm"].append(trainer.optimizer_step()["grad_norm"])
+    trainer.export(out / "final")
+    if info.is_main:
+        record["exported"] = load_file(out / "final" / "model.safetensors")
+    return record
 
 
 if __name__ == "__main__":

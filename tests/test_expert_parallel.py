@@ -44,6 +44,18 @@ def test_expert_parallel_equals_unsharded(ranks, case, rank):
         assert grad.abs().sum() > 0
 
 
+def test_trainer_with_expert_parallel_equals_plain_fsdp(ranks):
+    plain, sharded = ranks[0]["trainer"][1], ranks[0]["trainer"][2]
+    torch.testing.assert_close(sharded["loss"], plain["loss"], atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(sharded["grad_norm"], plain["grad_norm"], atol=1e-5, rtol=1e-5)
+    assert plain["loss"][1] != plain["loss"][0]  # the first step changed the weights
+    exported = sharded["exported"]
+    assert set(exported) == set(plain["exported"])
+    assert "model.layers.1.mlp.experts.7.down_proj.weight" in exported  # all experts, released names
+    for key, value in plain["exported"].items():
+        torch.testing.assert_close(exported[key], value, atol=1e-6, rtol=1e-5, msg=key)
+
+
 def test_degree_must_divide_world_size():
     with pytest.raises(ConfigError, match="expert_parallel=3 must divide the world size 4"):
         expert_parallel_mesh(DistInfo(world_size=4), 3)
@@ -55,3 +67,14 @@ def test_degree_must_divide_experts_and_model_must_be_moe():
         shard_experts(tiny_model("llada2"), three_ranks)
     with pytest.raises(ConfigError, match="needs a mixture-of-experts model"):
         shard_experts(tiny_model("sdar"), three_ranks)
+
+
+def test_config_errors(tmp_path):
+    from dare.trainer import Trainer, load_train_config
+
+    with pytest.raises(ConfigError, match="distributed.expert_parallel must be positive; got 0"):
+        load_train_config(ROOT / "configs/llada2/sft_tiny.yaml", ["distributed.expert_parallel=0"])
+    config = load_train_config(ROOT / "configs/llada2/sft_tiny.yaml", [
+        f"trainer.output_dir={tmp_path}", "distributed.expert_parallel=2"])
+    with pytest.raises(ConfigError, match="expert_parallel=2 needs a torchrun launch with distributed.fsdp=true"):
+        Trainer(config)
