@@ -112,3 +112,26 @@ def test_stacked_parameters_keep_released_names():
     bank = model.model.layers[1].mlp.experts
     assert torch.equal(names["model.layers.1.mlp.experts.7.up_proj.weight"], bank.gate_up_proj[7, 32:])
     assert torch.equal(names["model.layers.1.mlp.experts.2.down_proj.weight"], bank.down_proj[2])
+
+
+def test_lora_on_moe_model_merges_into_a_released_checkpoint(tmp_path):
+    from safetensors.torch import load_file
+    from transformers import AutoModel
+
+    from dare.models.lora import apply_lora
+
+    targets = r".*\.layers\.\d+\.(attention\.(query_key_value|dense)|mlp\.shared_experts\.(gate_proj|up_proj))"
+    lora = apply_lora(tiny_model("llada2", seed=2), r=4, target_modules=targets)
+    with torch.no_grad():
+        for name, param in lora.named_parameters():
+            if "lora_B" in name:
+                param.normal_(0, 0.1)
+    ids = torch.randint(0, 256, (2, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        expected = lora(ids).logits
+        assert not torch.allclose(expected, tiny_model("llada2", seed=2)(ids).logits)  # the adapter matters
+    lora.merge_and_unload().save_pretrained(tmp_path)
+    saved = load_file(tmp_path / "model.safetensors")
+    assert "model.layers.1.mlp.experts.7.gate_proj.weight" in saved and not any("lora" in k for k in saved)
+    with torch.no_grad():
+        torch.testing.assert_close(AutoModel.from_pretrained(tmp_path)(ids).logits, expected)
