@@ -151,11 +151,13 @@ class ExpertBank(nn.Module):
         if self.expert_group is not None:
             raise ConfigError("the 'loop' expert backend does not support expert parallelism")
         out = x.new_zeros(*chosen.shape, x.shape[-1])
+        # unbind once: its backward stacks the per-expert gradients in one buffer, like separate parameters
+        gate_ups, downs = self.gate_up_proj.to(x.dtype).unbind(0), self.down_proj.to(x.dtype).unbind(0)
         for e in range(self.num_experts):
             rows, slot = torch.where(chosen == e)
             if rows.numel():
-                gate, up = F.linear(x[rows], self.gate_up_proj[e].to(x.dtype)).chunk(2, dim=-1)
-                out[rows, slot] = F.linear(F.silu(gate) * up, self.down_proj[e].to(x.dtype))
+                gate, up = F.linear(x[rows], gate_ups[e]).chunk(2, dim=-1)
+                out[rows, slot] = F.linear(F.silu(gate) * up, downs[e])
         return out
 
 
