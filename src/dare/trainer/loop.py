@@ -106,14 +106,8 @@ class Trainer:
 
             compile_blocks(model, backend=cfg.model.compile_backend)
         self.sharded = self.info.initialized and cfg.distributed.fsdp
-        expert_mesh = self._expert_parallel(model)
+        self._expert_parallel(model)  # before the blocks are sharded: the experts get their own FSDP2 mesh
         if self.sharded:
-            if expert_mesh is not None:
-                from dare.distributed import mixed_precision_policy
-                from dare.distributed.expert_parallel import shard_expert_replicas
-
-                policy = mixed_precision_policy(cfg.distributed.mixed_precision, self.info.device)
-                shard_expert_replicas(unwrap(model), expert_mesh["expert_replicas"], policy)
             apply_fsdp(model, unwrap(model).blocks, self.info, cfg.distributed.mixed_precision,
                        cfg.distributed.reshard_after_forward)
         self.model = model.train()
@@ -180,15 +174,16 @@ class Trainer:
                        cfg.distributed.reshard_after_forward)
         return Reference(self.model, frozen.eval())
 
-    def _expert_parallel(self, model):
-        """``distributed.expert_parallel: N``: shard the experts of every MoE layer over N ranks; the 2-D
-        ``(expert_replicas, expert)`` mesh, or None when N is 1."""
-        from dare.distributed.expert_parallel import expert_parallel_mesh, shard_experts
+    def _expert_parallel(self, model) -> None:
+        """``distributed.expert_parallel: N > 1``: shard the experts of every MoE layer over N ranks (the ``expert``
+        dimension of a 2-D mesh) and FSDP2-shard them over the ``expert_replicas`` dimension."""
+        from dare.distributed import mixed_precision_policy
+        from dare.distributed.expert_parallel import expert_parallel_mesh, shard_expert_replicas, shard_experts
         from dare.models.loading import unwrap
 
         degree = self.config.distributed.expert_parallel
         if degree == 1:
-            return None
+            return
         if not self.sharded:
             raise ConfigError(f"distributed.expert_parallel={degree} needs a torchrun launch with distributed.fsdp=true")
         if self.algorithm.needs.rollout:
@@ -196,7 +191,8 @@ class Trainer:
                               "different numbers of forwards; the expert all-to-all needs every rank in step)")
         mesh = expert_parallel_mesh(self.info, degree)
         shard_experts(unwrap(model), mesh["expert"])
-        return mesh
+        policy = mixed_precision_policy(self.config.distributed.mixed_precision, self.info.device)
+        shard_expert_replicas(unwrap(model), mesh["expert_replicas"], policy)
 
     def _load_backbone(self):
         """A fresh copy of the initial policy weights (no adapter) for an algorithm's auxiliary model."""
