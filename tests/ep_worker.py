@@ -59,6 +59,9 @@ def main(out: Path) -> None:
                     expert_grads[key] = (grads.pop(key).to_local(), total[local].clone())
         results[name] = {"logits": (logits, ref_logits), "replicated": (grads, ref_grads), "experts": expert_grads,
                          "local_experts": [b.num_local_experts for b in sharded.modules() if isinstance(b, ExpertBank)]}
+    frozen = tiny_model("llada2", seed=0).requires_grad_(False)  # e.g. the base weights under LoRA
+    shard_experts(frozen, mesh["expert"])
+    results["frozen_experts_stay_frozen"] = not any(p.requires_grad for p in frozen.parameters())
     results["trainer"] = {degree: train(out / f"ep{degree}", degree, info) for degree in (1, 2)}
     torch.save(results, out / f"rank{info.rank}.pt")
     dist.destroy_process_group()

@@ -44,6 +44,10 @@ def test_expert_parallel_equals_unsharded(ranks, case, rank):
         assert grad.abs().sum() > 0
 
 
+def test_sharding_keeps_frozen_experts_frozen(ranks):
+    assert ranks[0]["frozen_experts_stay_frozen"] and ranks[1]["frozen_experts_stay_frozen"]
+
+
 def test_trainer_with_expert_parallel_equals_plain_fsdp(ranks):
     plain, sharded = ranks[0]["trainer"][1], ranks[0]["trainer"][2]
     torch.testing.assert_close(sharded["loss"], plain["loss"], atol=1e-6, rtol=1e-6)

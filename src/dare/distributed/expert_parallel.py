@@ -59,8 +59,10 @@ def shard_experts(model: nn.Module, mesh) -> int:
         per_rank = bank.num_experts // size
         start = rank * per_rank
         for name in ("gate_up_proj", "down_proj"):
-            local = getattr(bank, name).detach()[start:start + per_rank].clone()
-            setattr(bank, name, nn.Parameter(DTensor.from_local(local, mesh, [Shard(0)], run_check=False)))
+            full = getattr(bank, name)
+            local = full.detach()[start:start + per_rank].clone()
+            shard = DTensor.from_local(local, mesh, [Shard(0)], run_check=False)
+            setattr(bank, name, nn.Parameter(shard, requires_grad=full.requires_grad))  # frozen under LoRA
         bank.first_expert, bank.expert_group = start, mesh.get_group()
     return len(banks)
 
