@@ -135,3 +135,17 @@ def test_lora_on_moe_model_merges_into_a_released_checkpoint(tmp_path):
     assert "model.layers.1.mlp.experts.7.gate_proj.weight" in saved and not any("lora" in k for k in saved)
     with torch.no_grad():
         torch.testing.assert_close(AutoModel.from_pretrained(tmp_path)(ids).logits, expected)
+
+
+def test_checkpoint_missing_one_expert_tensor_is_a_one_line_error(tmp_path):
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoModel
+
+    from dare.models.tiny import write_tiny_checkpoint
+
+    path = write_tiny_checkpoint("llada2", tmp_path, seed=0)
+    tensors = load_file(path / "model.safetensors")
+    del tensors["model.layers.1.mlp.experts.5.up_proj.weight"]
+    save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ConfigError, match="per-expert tensors \\(experts.N.\\*\\) are incomplete or mis-shaped"):
+        AutoModel.from_pretrained(path)

@@ -226,7 +226,14 @@ class DiffusionLM(PreTrainedModel):
         the tied copy (``lm_head.weight``) or contain it with the same values; different values are an error.
         """
         wants_info = kwargs.pop("output_loading_info", False)
-        model, info = super().from_pretrained(pretrained_model_name_or_path, *args, output_loading_info=True, **kwargs)
+        try:
+            model, info = super().from_pretrained(pretrained_model_name_or_path, *args, output_loading_info=True,
+                                                  **kwargs)
+        except RuntimeError as err:  # transformers' weight conversion: per-expert tensors that cannot be stacked
+            if "conversion of the weights" not in str(err):
+                raise
+            raise ConfigError(f"checkpoint {pretrained_model_name_or_path} does not match {cls.__name__}: the "
+                              "per-expert tensors (experts.N.*) are incomplete or mis-shaped") from None
         problems = []
         for label in ("missing_keys", "unexpected_keys", "mismatched_keys"):
             keys = sorted(str(k) for k in (info.get(label) or []))
