@@ -4,11 +4,11 @@
 ``(world // N, N)``; ranks ``N*i .. N*i+N-1`` form one expert group. :func:`shard_experts` keeps on each rank
 the ``E / N`` experts it owns (rank ``r`` of the group: experts ``r*E/N .. (r+1)*E/N - 1``) as DTensor shards
 and points every :class:`~dare.models.moe.ExpertBank` at the group; :func:`shard_expert_replicas` adds FSDP2
-over the replicas (the trainer does both for ``distributed.expert_parallel: N``). In the forward, :func:`dispatch_and_combine` sends each
-routed row to the rank owning its expert (``all_to_all_single``: row counts first, then the rows), runs the
-local experts as one grouped matmul, and sends the outputs back; autograd runs the same collectives in
-reverse. Routers, attention and shared experts stay replicated. Everything is ``torch.distributed``
-collectives, so it runs on gloo (CPU tests) and NCCL alike.
+over the replicas (the trainer does both for ``distributed.expert_parallel: N``). In the forward, each bank
+sends each routed row to the rank owning its expert (``all_to_all_single``: row counts first, then the rows),
+runs its local experts as one grouped matmul, and sends the outputs back; autograd runs the same collectives
+in reverse (:func:`dare.models.moe.dispatch_and_combine`). Routers, attention and shared experts stay
+replicated. Everything is ``torch.distributed`` collectives, so it runs on gloo (CPU tests) and NCCL alike.
 
 Gradients: an expert's gradient on its owner sums the contributions of the tokens of every rank in its group,
 which is what data parallelism's all-reduce would give for a replicated expert. Replicated parameters keep
@@ -17,8 +17,6 @@ per-rank gradients (reduced by the usual data-parallel sum).
 
 from __future__ import annotations
 
-import torch
-import torch.distributed as dist
 import torch.nn as nn
 
 from dare.errors import ConfigError
@@ -52,7 +50,8 @@ def shard_experts(model: nn.Module, mesh) -> int:
         raise ConfigError("distributed.expert_parallel > 1 needs a mixture-of-experts model (no MoE layer found)")
     for bank in banks:
         if bank.num_experts % size:
-            raise ConfigError(f"distributed.expert_parallel={size} must divide the number of experts {bank.num_experts}")
+            raise ConfigError(
+                f"distributed.expert_parallel={size} must divide the number of experts {bank.num_experts}")
         if bank.num_local_experts != bank.num_experts:
             raise ConfigError("experts are already sharded (shard_experts called twice)")
     for bank in banks:
@@ -78,27 +77,3 @@ def shard_expert_replicas(model: nn.Module, mesh, mp_policy=None) -> int:
     for bank in banks:
         fully_shard(bank, mesh=mesh, mp_policy=mp_policy or MixedPrecisionPolicy())
     return len(banks)
-
-
-def _all_to_all(rows: torch.Tensor, send: list[int], receive: list[int], group) -> torch.Tensor:
-    """Differentiable ``all_to_all_single`` of ``rows`` (``send[i]`` rows go to rank ``i``)."""
-    from torch.distributed.nn.functional import all_to_all_single
-
-    out = rows.new_empty(sum(receive), *rows.shape[1:])
-    return all_to_all_single(out, rows.contiguous(), receive, send, group=group)
-
-
-def dispatch_and_combine(bank, rows: torch.Tensor, counts: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Expert outputs of ``rows`` (grouped by global expert, ``counts[e]`` rows each), computed on the owners."""
-    group = bank.expert_group
-    size, local = dist.get_world_size(group), bank.num_local_experts
-    send_counts = counts.view(size, local)  # [destination rank, its local expert]
-    recv_counts = torch.empty_like(send_counts)
-    dist.all_to_all_single(recv_counts, send_counts.contiguous(), group=group)  # [source rank, my local expert]
-    send, receive = send_counts.sum(1).tolist(), recv_counts.sum(1).tolist()
-    received = _all_to_all(rows, send, receive, group)  # ordered by source rank, then local expert
-    local_ids = torch.arange(local, device=rows.device).repeat(size).repeat_interleave(recv_counts.reshape(-1))
-    order = local_ids.argsort(stable=True)
-    outputs = bank._experts(received.index_select(0, order), recv_counts.sum(0), dtype)
-    outputs = torch.empty_like(outputs).index_copy(0, order, outputs)
-    return _all_to_all(outputs, receive, send, group)

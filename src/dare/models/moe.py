@@ -19,7 +19,8 @@ Computation (``ExpertBank.backend``; ``auto`` picks the first that applies):
 * ``loop`` - the reference loop over experts; tests and ``benchmarks/moe.py`` only.
 
 Expert parallelism (:mod:`dare.distributed.expert_parallel`) gives a bank the slice of experts its rank owns
-and an ``expert_group``; rows then travel to the owning rank and back with ``all_to_all_single``.
+and an ``expert_group``; rows then travel to the owning rank and back with ``all_to_all_single``
+(:func:`dispatch_and_combine`).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from __future__ import annotations
 import re
 
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
@@ -121,8 +123,6 @@ class ExpertBank(nn.Module):
         if self.expert_group is None:
             out_sorted = self._experts(rows, counts, dtype)
         else:
-            from dare.distributed.expert_parallel import dispatch_and_combine
-
             out_sorted = dispatch_and_combine(self, rows, counts, dtype)
         out = torch.empty_like(out_sorted).index_copy(0, order, out_sorted)
         return out.view(tokens, k, -1)
@@ -235,3 +235,27 @@ def set_expert_backend(model: nn.Module, backend: str) -> int:
     for bank in banks:
         bank.backend = backend
     return len(banks)
+
+
+def _all_to_all(rows: torch.Tensor, send: list[int], receive: list[int], group) -> torch.Tensor:
+    """Differentiable ``all_to_all_single`` of ``rows`` (``send[i]`` rows go to rank ``i``)."""
+    from torch.distributed.nn.functional import all_to_all_single
+
+    out = rows.new_empty(sum(receive), *rows.shape[1:])
+    return all_to_all_single(out, rows.contiguous(), receive, send, group=group)
+
+
+def dispatch_and_combine(bank, rows: torch.Tensor, counts: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Expert outputs of ``rows`` (grouped by global expert, ``counts[e]`` rows each), computed on the owners."""
+    group = bank.expert_group
+    size, local = dist.get_world_size(group), bank.num_local_experts
+    send_counts = counts.view(size, local)  # [destination rank, its local expert]
+    recv_counts = torch.empty_like(send_counts)
+    dist.all_to_all_single(recv_counts, send_counts.contiguous(), group=group)  # [source rank, my local expert]
+    send, receive = send_counts.sum(1).tolist(), recv_counts.sum(1).tolist()
+    received = _all_to_all(rows, send, receive, group)  # ordered by source rank, then local expert
+    local_ids = torch.arange(local, device=rows.device).repeat(size).repeat_interleave(recv_counts.reshape(-1))
+    order = local_ids.argsort(stable=True)
+    outputs = bank._experts(received.index_select(0, order), recv_counts.sum(0), dtype)
+    outputs = torch.empty_like(outputs).index_copy(0, order, outputs)
+    return _all_to_all(outputs, receive, send, group)

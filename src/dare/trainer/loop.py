@@ -185,7 +185,8 @@ class Trainer:
         if degree == 1:
             return
         if not self.sharded:
-            raise ConfigError(f"distributed.expert_parallel={degree} needs a torchrun launch with distributed.fsdp=true")
+            raise ConfigError(
+                f"distributed.expert_parallel={degree} needs a torchrun launch with distributed.fsdp=true")
         if self.algorithm.needs.rollout:
             raise ConfigError("distributed.expert_parallel > 1 does not support RL rollouts yet (ranks decode "
                               "different numbers of forwards; the expert all-to-all needs every rank in step)")
