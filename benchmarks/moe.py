@@ -234,7 +234,8 @@ def main(argv=None) -> int:
         torch.set_num_threads(1)
     t_start = time.perf_counter()
     config = build_config(args)
-    results = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({platform.machine()})",
+    label = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({platform.machine()})"
+    results = {"device": label,
                "torch": torch.__version__, "dtype": str(dtype), "args": vars(args)}
     results["layer"] = bench_layer(args, config, device, dtype)
     model = build_model(config, device, dtype)
