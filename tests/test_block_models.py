@@ -11,6 +11,7 @@ from transformers import AutoModel
 from dare.errors import ConfigError, InputError
 from dare.models import KVCache, family_of
 from dare.models.block_diffusion import block_diffusion_mask_mod, block_ids, two_copy_inputs
+from dare.models.moe import released_state_dict
 from dare.models.tiny import tiny_config, tiny_model, write_tiny_checkpoint
 
 TOL = dict(atol=2e-5, rtol=1e-4)
@@ -108,7 +109,7 @@ def test_block_size_override_spans_full_and_causal(family):
 def test_logits_match_independent_reference(family, overrides, block_size):
     model = bdlm(family, seed=5, **overrides)
     raw = model.config.to_dict()
-    state = {k: v.detach() for k, v in model.state_dict().items()}
+    state = {k: v.detach() for k, v in released_state_dict(model).items()}
     lengths = [9, 4, 14] if block_size or family != "llada2" else [37, 20]
     seqs = [randint((n,), seed=10 + n) for n in lengths]
     seqs = [torch.where(torch.rand(len(s), generator=torch.Generator().manual_seed(3)) < 0.3, MASK, s) for s in seqs]

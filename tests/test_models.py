@@ -15,6 +15,7 @@ from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 import dare
 from dare.errors import ConfigError, InputError
 from dare.models import KVCache, family_of
+from dare.models.moe import released_state_dict
 from dare.models.tiny import tiny_config, tiny_model
 
 TOL = dict(atol=2e-5, rtol=1e-4)
@@ -46,7 +47,7 @@ def test_strict_round_trip(family, tiny_dirs):
     again = AutoModelForCausalLM.from_pretrained(path)
     assert type(model) is family_of(model).model_class
     saved = load_file(path / "model.safetensors")
-    state = model.state_dict()
+    state = released_state_dict(model)  # stacked experts under their per-expert checkpoint names
     assert set(saved) == set(state)
     for key, value in saved.items():
         assert torch.equal(value, state[key]), key
@@ -125,7 +126,7 @@ def test_logits_match_independent_reference(family):
             if getattr(module, "expert_bias", None) is not None:
                 module.expert_bias.copy_(torch.randn_like(module.expert_bias) * 0.05)
     raw = model.config.to_dict()
-    state = {k: v.detach() for k, v in model.state_dict().items()}
+    state = {k: v.detach() for k, v in released_state_dict(model).items()}
     seqs = random_seqs([9, 4, 14], seed=3)
     ids, mask = pad(seqs, "left")
     with torch.no_grad():

@@ -28,6 +28,7 @@ from dare.models.attention import (
 )
 from dare.models.cache import KVCache
 from dare.models.layers import RMSNorm, apply_rope, default_positions, rope_angles
+from dare.models.moe import ExpertBank
 
 
 class DiffusionConfig(PreTrainedConfig):
@@ -235,6 +236,8 @@ class DiffusionLM(PreTrainedModel):
             nn.init.normal_(module.weight, mean=0.0, std=std)
         elif isinstance(module, RMSNorm):
             nn.init.ones_(module.weight)
+        elif isinstance(module, ExpertBank):
+            module.reset_parameters(std)
         for name, buffer in module.named_buffers(recurse=False):
             if name.endswith("expert_bias"):
                 nn.init.zeros_(buffer)
@@ -262,7 +265,14 @@ class DiffusionLM(PreTrainedModel):
         the tied copy (``lm_head.weight``) or contain it with the same values; different values are an error.
         """
         wants_info = kwargs.pop("output_loading_info", False)
-        model, info = super().from_pretrained(pretrained_model_name_or_path, *args, output_loading_info=True, **kwargs)
+        try:
+            model, info = super().from_pretrained(pretrained_model_name_or_path, *args, output_loading_info=True,
+                                                  **kwargs)
+        except RuntimeError as err:  # transformers' weight conversion: per-expert tensors that cannot be stacked
+            if "conversion of the weights" not in str(err):
+                raise
+            raise ConfigError(f"checkpoint {pretrained_model_name_or_path} does not match {cls.__name__}: the "
+                              "per-expert tensors (experts.N.*) are incomplete or mis-shaped") from None
         problems = []
         for label in ("missing_keys", "unexpected_keys", "mismatched_keys"):
             keys = sorted(str(k) for k in (info.get(label) or []))

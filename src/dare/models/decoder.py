@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 from dare.models.base import DiffusionConfig, DiffusionLM, rotary_attention
 from dare.models.layers import RMSNorm, SwiGLU
+from dare.models.moe import ExpertBank
 
 
 class SelfAttention(nn.Module):
@@ -57,36 +58,38 @@ class SoftmaxTopKMoE(nn.Module):
     """Token-choice MoE: ``softmax(gate x)`` in fp32 (+ optional ``expert_bias``), top-k, optional renormalisation.
 
     LLaDA-MoE: no renormalisation, bias added to the probabilities before top-k and kept in the weights.
-    Qwen3-MoE/SDAR-MoE: renormalised top-k, no bias. Experts are summed in the activation dtype with
-    ``index_add_`` in expert order, like the references.
+    Qwen3-MoE/SDAR-MoE: renormalised top-k, no bias. The experts run as grouped matmuls
+    (:class:`~dare.models.moe.ExpertBank`); weights are cast to the activation dtype and the ``k`` weighted
+    outputs summed in it, like the references.
     """
 
     def __init__(self, hidden: int, inner: int, n_experts: int, top_k: int, *, normalize: bool, expert_bias: bool):
         super().__init__()
         self.top_k, self.normalize = top_k, normalize
         self.gate = nn.Linear(hidden, n_experts, bias=False)
-        self.experts = nn.ModuleList(SwiGLU(hidden, inner) for _ in range(n_experts))
+        self.experts = ExpertBank(n_experts, hidden, inner)
         if expert_bias:
             self.register_buffer("expert_bias", torch.zeros(n_experts))
         else:
             self.expert_bias = None
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        shape = x.shape
-        flat = x.reshape(-1, shape[-1])
+    def route(self, flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``flat [T, D]`` -> chosen experts ``[T, k]`` and their weights ``[T, k]`` (fp32)."""
         probs = F.softmax(self.gate(flat), dim=-1, dtype=torch.float32)
         if self.expert_bias is not None:
             probs = probs + self.expert_bias
         weights, chosen = torch.topk(probs, self.top_k, dim=-1)
         if self.normalize:
             weights = weights / weights.sum(dim=-1, keepdim=True)
-        weights = weights.to(flat.dtype)
-        out = torch.zeros_like(flat)
-        for e, expert in enumerate(self.experts):
-            rows, slot = torch.where(chosen == e)
-            if rows.numel():
-                out.index_add_(0, rows, (expert(flat[rows]) * weights[rows, slot, None]).to(flat.dtype))
-        return out.reshape(shape)
+        return chosen, weights
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        flat = x.reshape(-1, shape[-1])
+        chosen, weights = self.route(flat)
+        outputs = self.experts(flat, chosen)
+        out = (outputs * weights.to(outputs.dtype)[..., None]).sum(dim=1)
+        return out.to(x.dtype).reshape(shape)
 
 
 class DecoderLayer(nn.Module):

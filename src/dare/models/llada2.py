@@ -26,6 +26,7 @@ from dare.errors import ConfigError
 from dare.models.base import DiffusionConfig, reject_rope_scaling, rotary_attention
 from dare.models.decoder import DecoderLayer, DecoderLM
 from dare.models.layers import RMSNorm, SwiGLU
+from dare.models.moe import ExpertBank, register_expert_checkpoint_names
 from dare.models.spec import FamilySpec, register_family
 
 
@@ -214,14 +215,13 @@ class GroupLimitedRouter(nn.Linear):
 
 
 class GroupLimitedMoE(nn.Module):
-    """``gate`` (:class:`GroupLimitedRouter`), ``experts.N`` and optional ``shared_experts`` (SwiGLU)."""
+    """``gate`` (:class:`GroupLimitedRouter`), ``experts`` (stacked :class:`~dare.models.moe.ExpertBank`, released
+    as ``experts.N``) and optional ``shared_experts`` (SwiGLU). Routed outputs are weighted and summed in fp32."""
 
     def __init__(self, config: LLaDA2MoeConfig):
         super().__init__()
         self.gate = GroupLimitedRouter(config)
-        self.experts = nn.ModuleList(
-            SwiGLU(config.hidden_size, config.moe_intermediate_size) for _ in range(config.num_experts)
-        )
+        self.experts = ExpertBank(config.num_experts, config.hidden_size, config.moe_intermediate_size)
         if config.num_shared_experts:
             self.shared_experts = SwiGLU(config.hidden_size, config.moe_intermediate_size * config.num_shared_experts)
 
@@ -229,11 +229,7 @@ class GroupLimitedMoE(nn.Module):
         shape = x.shape
         flat = x.reshape(-1, shape[-1])
         chosen, weights = self.gate(flat)
-        out = torch.zeros(flat.shape, dtype=torch.float32, device=flat.device)
-        for e, expert in enumerate(self.experts):
-            rows, slot = torch.where(chosen == e)
-            if rows.numel():
-                out.index_add_(0, rows, expert(flat[rows]).float() * weights[rows, slot, None])
+        out = (self.experts(flat, chosen).float() * weights[..., None]).sum(dim=1)
         out = out.to(x.dtype).reshape(shape)
         if hasattr(self, "shared_experts"):
             out = out + self.shared_experts(x)
@@ -268,6 +264,9 @@ class LLaDA2MoeModelLM(DecoderLM):
 
     def head(self, x):
         return self.lm_head(x).float()
+
+
+register_expert_checkpoint_names(LLaDA2MoeModelLM)
 
 
 def tiny_llada2_config(vocab_size: int = 264, mask_token_id: int = 259, eos_token_id: int = 258,

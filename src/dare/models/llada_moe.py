@@ -12,6 +12,7 @@ from dare.errors import ConfigError
 from dare.models.base import DiffusionConfig, reject_rope_scaling
 from dare.models.decoder import DecoderLayer, DecoderLM, SelfAttention, SoftmaxTopKMoE
 from dare.models.layers import SwiGLU
+from dare.models.moe import register_expert_checkpoint_names
 from dare.models.spec import FamilySpec, register_family
 
 
@@ -146,6 +147,9 @@ class LLaDAMoEModelLM(DecoderLM):
             )
             layers.append(DecoderLayer(hidden, config.rms_norm_eps, attn, mlp, shared))
         return layers
+
+
+register_expert_checkpoint_names(LLaDAMoEModelLM)
 
 
 def tiny_llada_moe_config(vocab_size: int = 264, mask_token_id: int = 259, eos_token_id: int = 258,

@@ -26,6 +26,7 @@ from dare.errors import ConfigError
 from dare.models.base import DiffusionConfig, reject_rope_scaling
 from dare.models.decoder import DecoderLayer, DecoderLM, SelfAttention, SoftmaxTopKMoE
 from dare.models.layers import SwiGLU
+from dare.models.moe import register_expert_checkpoint_names
 from dare.models.spec import FamilySpec, register_family
 
 
@@ -226,6 +227,9 @@ class SDARMoeForCausalLM(_SDARBase):
                 mlp = SwiGLU(config.hidden_size, config.intermediate_size)
             layers.append(DecoderLayer(config.hidden_size, config.rms_norm_eps, _attention(config, i), mlp))
         return layers
+
+
+register_expert_checkpoint_names(SDARMoeForCausalLM)
 
 
 def tiny_sdar_config(vocab_size: int = 264, mask_token_id: int = 259, eos_token_id: int = 258,

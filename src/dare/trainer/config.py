@@ -183,6 +183,9 @@ class DistributedConfig:
     ranks trains the same micro-batches with every row split into P slices (activation memory / P); attention
     exchanges heads (all-to-all) and stays exact. Must divide the number of processes and the attention heads.
     FSDP2 still shards the weights over all ranks. 1 = off."""
+    expert_parallel: int = 1
+    """MoE models: spread each MoE layer's experts over this many ranks (all-to-all token dispatch); must divide
+    the world size and the number of experts. 1 = every rank holds all experts (sharded by FSDP2)."""
 
 
 @dataclass
@@ -222,7 +225,8 @@ class TrainConfig:
         positive = {"trainer.batch_size": self.trainer.batch_size, "trainer.micro_batch_size": self.trainer.micro_batch_size,
                     "trainer.log_every": self.trainer.log_every, "data.max_length": self.data.max_length,
                     "lora.r": self.lora.r, "rollout.group_size": self.rollout.group_size,
-                    "rollout.max_prompt_length": self.rollout.max_prompt_length}
+                    "rollout.max_prompt_length": self.rollout.max_prompt_length,
+                    "distributed.expert_parallel": self.distributed.expert_parallel}
         for key, value in positive.items():
             if value < 1:
                 raise ConfigError(f"{key} must be positive; got {value}")

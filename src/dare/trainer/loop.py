@@ -39,6 +39,7 @@ from dare.config import save_yaml
 from dare.distributed import (
     DistInfo, all_reduce_dict, all_reduce_max_int, apply_fsdp, autocast_context, barrier, init_distributed,
 )
+from dare.distributed.grad_norm import clip_grad_norm_
 from dare.errors import ConfigError
 from dare.trainer.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
 from dare.trainer.config import TrainConfig, config_dict
@@ -107,6 +108,7 @@ class Trainer:
         self.sequence, self.data_info = self._sequence_parallel(base)
         self.algorithm.sequence_parallel = self.sequence
         self.sharded = self.info.initialized and cfg.distributed.fsdp
+        self._expert_parallel(model)  # before the blocks are sharded: the experts get their own FSDP2 mesh
         if self.sharded:
             apply_fsdp(model, unwrap(model).blocks, self.info, cfg.distributed.mixed_precision,
                        cfg.distributed.reshard_after_forward)
@@ -194,6 +196,27 @@ class Trainer:
             sequence.check_heads(heads)
         return sequence, data_info
 
+    def _expert_parallel(self, model) -> None:
+        """``distributed.expert_parallel: N > 1``: shard the experts of every MoE layer over N ranks (the ``expert``
+        dimension of a 2-D mesh) and FSDP2-shard them over the ``expert_replicas`` dimension."""
+        from dare.distributed import mixed_precision_policy
+        from dare.distributed.expert_parallel import expert_parallel_mesh, shard_expert_replicas, shard_experts
+        from dare.models.loading import unwrap
+
+        degree = self.config.distributed.expert_parallel
+        if degree == 1:
+            return
+        if not self.sharded:
+            raise ConfigError(
+                f"distributed.expert_parallel={degree} needs a torchrun launch with distributed.fsdp=true")
+        if self.algorithm.needs.rollout:
+            raise ConfigError("distributed.expert_parallel > 1 does not support RL rollouts yet (ranks decode "
+                              "different numbers of forwards; the expert all-to-all needs every rank in step)")
+        mesh = expert_parallel_mesh(self.info, degree)
+        shard_experts(unwrap(model), mesh["expert"])
+        policy = mixed_precision_policy(self.config.distributed.mixed_precision, self.info.device)
+        shard_expert_replicas(unwrap(model), mesh["expert_replicas"], policy)
+
     def _load_backbone(self):
         """A fresh copy of the initial policy weights (no adapter) for an algorithm's auxiliary model."""
         from dare.models.loading import load_model, resolve_dtype, unwrap
@@ -275,7 +298,7 @@ class Trainer:
     def optimizer_step(self) -> dict[str, float]:
         params = [p for p in self.model.parameters() if p.requires_grad]
         max_norm = self.config.optim.grad_clip if self.config.optim.grad_clip is not None else float("inf")
-        norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        norm = clip_grad_norm_(params, max_norm)  # expert-parallel banks live on their own mesh
         if hasattr(norm, "full_tensor"):
             norm = norm.full_tensor()
         lr = self.scheduler.get_last_lr()[0]
