@@ -47,7 +47,7 @@ def _gauss_legendre(n: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
 
 QUADRATURES: dict[str, tuple[tuple[float, ...], tuple[float, ...]]] = {
     **{f"gauss-{n}": _gauss_legendre(n) for n in range(1, 6)},
-    "simpson": ((0.1, 0.5, 1.0), (1 / 6, 4 / 6, 1 / 6)),  # the references' Simpson rule, pulled off t = 0
+    "simpson": ((0.1, 0.5, 1.0), (1 / 6, 4 / 6, 1 / 6)),  # the references' Simpson weights, first node moved off t = 0
 }
 """Integration rules over the masking ratio: ``name -> (nodes t_i, weights w_i)`` on ``[0, 1]``."""
 
