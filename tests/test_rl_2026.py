@@ -28,12 +28,14 @@ def perturbed(model, seed: int = 0, scale: float = 0.05):
 
 
 # --------------------------------------------------------------------------------------------- JustGRPO
-def test_justgrpo_logprob_is_the_sum_of_the_samplers_per_step_logprobs():
+@pytest.mark.parametrize("family", ["llada", "dream"])
+def test_justgrpo_logprob_is_the_sum_of_the_samplers_per_step_logprobs(family):
     from rollout_helpers import sprinkle_token
 
     from dare.data.tokenizer import EOS_ID
+    from dare.models.tiny import tiny_model
 
-    model = policy(seed=1)
+    model = tiny_model(family, seed=1).train()  # Dream: position i - 1 predicts token i (the family's shift)
     sprinkle_token(model, EOS_ID, rate=0.15)  # EOS at varying places (a head hook: rollout and training alike)
     src = source("justgrpo", model, block_length=1, steps=8, temperature=0.7, positions_per_forward=3)
     mb = src.batch(0)[0]
@@ -213,6 +215,21 @@ def test_gdpo_two_pass_gradient_is_the_sequence_policy_gradient():
 
 
 # --------------------------------------------------------------------------------------------- all
+@pytest.mark.parametrize("name", ["espo", "gdpo"])
+def test_views_do_not_depend_on_the_left_padding(name):
+    """A rollout's masks are drawn over its own scope positions: a wider micro-batch (another rank's or another
+    micro-batch's prompt width) leaves them unchanged."""
+    from dare.trainer.dynamic_sampling import left_pad_columns
+
+    src = source(name, inner_steps=1, **SMALL[name])
+    mb, algo = src.batch(0)[0], src.algorithm
+    rollout = mb.select(*[k for k in mb.keys() if k not in ("noisy_ids", "elbo_weight", "ref_elbo", "old_elbo")])
+    wide = algo.corrupt(left_pad_columns(rollout.clone(), mb["input_ids"].shape[1] + 3, src.token_ids.pad), 0)
+    torch.testing.assert_close(wide["elbo_weight"][..., 3:], mb["elbo_weight"], atol=0, rtol=0)
+    assert torch.equal(wide["noisy_ids"][..., 3:], mb["noisy_ids"])
+    assert float(mb["elbo_weight"].abs().sum()) > 0
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_loss_and_gradient_do_not_depend_on_micro_batching(name):
     model = policy()
@@ -241,3 +258,16 @@ def test_rl_steps_increase_a_toy_reward(name):
     rewards = train(src, steps=12, lr=1e-2)
     early, late = sum(rewards[:3]) / 3, sum(rewards[-3:]) / 3
     assert late > early + 0.3, rewards
+
+
+def test_demo_runs_justgrpo_left_to_right_and_offers_the_new_algorithms(tmp_path):
+    from dare.demo import DemoConfig, demo_algorithms
+    from dare.demo.pipeline import rl_recipe
+    from dare.demo.task import write_task
+
+    assert {"justgrpo", "espo", "gdpo"} <= set(demo_algorithms())
+    data = write_task(tmp_path, digits=3, train_size=4, validation_size=2, test_size=2, seed=0)
+    sampler = rl_recipe(DemoConfig(algorithm="justgrpo", digits=3), "m", data, tmp_path)["rollout"]["sampler"]
+    assert sampler["block_length"] == 1 and sampler["steps"] == sampler["gen_length"]
+    other = rl_recipe(DemoConfig(algorithm="gdpo", digits=3), "m", data, tmp_path)["rollout"]["sampler"]
+    assert other["block_length"] == other["gen_length"]

@@ -36,8 +36,8 @@ import torch
 from tensordict import TensorDict
 
 from dare.algorithms.base import register_algorithm
-from dare.algorithms.sequence_elbo import SequenceELBO, SequenceELBOConfig
-from dare.diffusion.forward import STREAM_MASK, STREAM_STRATIFY, exact_mask
+from dare.algorithms.sequence_elbo import SequenceELBO, SequenceELBOConfig, mask_positions
+from dare.diffusion.forward import STREAM_MASK, STREAM_STRATIFY
 from dare.diffusion.noise import example_generator
 from dare.errors import ConfigError
 
@@ -83,12 +83,13 @@ def espo_views(batch: TensorDict, scope: torch.Tensor, mask_id: int, *, n: int, 
     weight = torch.zeros(rows, n * per_sample, width, dtype=torch.float32)
     share = 1.0 / (n * per_sample)
     for row, index in enumerate(batch["rollout_index"].tolist()):
-        total = int(scope[row].sum())
+        positions = scope[row].nonzero().squeeze(-1)
+        total = positions.numel()
         if total == 0:
             continue
         k = int(torch.randint(0, total + 1, (), generator=example_generator(seed, index, step, 0, STREAM_STRATIFY)))
         for m, count in enumerate(espo_counts(total, n, k)):
-            chosen = exact_mask(scope[row], count, example_generator(seed, index, step, m, STREAM_MASK))
+            chosen = mask_positions(positions, count, example_generator(seed, index, step, m, STREAM_MASK), width)
             first = m * per_sample
             masked[row, first] = chosen
             weight[row, first][chosen] = share * (total + 1) / count if count else 0.0

@@ -31,8 +31,8 @@ import torch
 from tensordict import TensorDict
 
 from dare.algorithms.base import register_algorithm
-from dare.algorithms.sequence_elbo import SequenceELBO, SequenceELBOConfig
-from dare.diffusion.forward import STREAM_MASK, exact_mask
+from dare.algorithms.sequence_elbo import SequenceELBO, SequenceELBOConfig, mask_positions
+from dare.diffusion.forward import STREAM_MASK
 from dare.diffusion.noise import example_generator
 from dare.errors import ConfigError, unknown_choice
 
@@ -88,14 +88,16 @@ def quadrature_views(batch: TensorDict, scope: torch.Tensor, mask_id: int, *, ru
     masked = torch.zeros(rows, len(nodes) * draws, width, dtype=torch.bool)
     weight = torch.zeros(rows, len(nodes) * draws, width, dtype=torch.float32)
     for row, index in enumerate(batch["rollout_index"].tolist()):
-        total = int(scope[row].sum())
+        positions = scope[row].nonzero().squeeze(-1)
+        total = positions.numel()
         if total == 0:
             continue
         for i, (t, w) in enumerate(zip(nodes, weights)):
             count = min(max(math.floor(t * total), 1), total)
             for d in range(draws):
                 view = i * draws + d
-                chosen = exact_mask(scope[row], count, example_generator(seed, index, step, view, STREAM_MASK))
+                chosen = mask_positions(positions, count, example_generator(seed, index, step, view, STREAM_MASK),
+                                        width)
                 masked[row, view] = chosen
                 weight[row, view][chosen] = w / (t * draws)
     noisy = torch.where(masked, torch.full_like(ids, mask_id)[:, None], ids[:, None])

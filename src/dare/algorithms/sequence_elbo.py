@@ -27,6 +27,7 @@ from tensordict import TensorDict
 
 from dare.algorithms.functional import ebpo_sequence_losses, kl_estimate
 from dare.algorithms.rl import PPOConfig, RLAlgorithm
+from dare.diffusion.forward import exact_mask
 from dare.errors import ConfigError, unknown_choice
 
 SCOPES = ("generation", "completion")
@@ -46,6 +47,14 @@ class SequenceELBOConfig(PPOConfig):
             raise unknown_choice("value for algorithm.scope", self.scope, SCOPES)
         if self.dual_clip is not None:
             raise ConfigError(f"algorithm.dual_clip does not apply to {self.name}'s sequence-level ratio; leave it null")
+
+
+def mask_positions(positions: torch.Tensor, count: int, gen: torch.Generator, width: int) -> torch.Tensor:
+    """``[width]`` bool: ``count`` of the columns ``positions`` masked uniformly at random. The draws run over the
+    positions only, so a rollout's masks do not depend on the left padding of its micro-batch."""
+    chosen = torch.zeros(width, dtype=torch.bool)
+    chosen[positions[exact_mask(torch.ones(positions.numel(), dtype=torch.bool), count, gen)]] = True
+    return chosen
 
 
 class SequenceELBO(RLAlgorithm):
@@ -120,4 +129,4 @@ class SequenceELBO(RLAlgorithm):
         return metrics
 
 
-__all__ = ["SCOPES", "SequenceELBO", "SequenceELBOConfig"]
+__all__ = ["SCOPES", "SequenceELBO", "SequenceELBOConfig", "mask_positions"]

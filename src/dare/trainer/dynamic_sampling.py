@@ -55,7 +55,7 @@ def admit(flat: list[torch.Tensor], need: int) -> tuple[list[tuple[int, int]], i
     return sorted(chosen + filler, key=order.__getitem__), len(filler)
 
 
-def _left_pad(batch: TensorDict, width: int, pad_id: int) -> TensorDict:
+def left_pad_columns(batch: TensorDict, width: int, pad_id: int) -> TensorDict:
     """``batch`` widened to ``width`` columns by padding on the left (prompt side): pad ids, no attention, no
     prompt / completion / generated flags, example index -1."""
     extra = width - batch["input_ids"].shape[1]
@@ -89,7 +89,7 @@ def concat_rows(parts: list[TensorDict], pad_id: int, mask_id: int) -> TensorDic
     """Row-concatenate rollout batches of different prompt widths (and trajectory lengths)."""
     width = max(p["input_ids"].shape[1] for p in parts)
     steps = max((p["traj_step_mask"].shape[1] for p in parts if "traj_step_mask" in p.keys()), default=0)
-    parts = [_pad_steps(_left_pad(p, width, pad_id), steps, mask_id) for p in parts]
+    parts = [_pad_steps(left_pad_columns(p, width, pad_id), steps, mask_id) for p in parts]
     return torch.cat(parts, 0)
 
 
@@ -101,4 +101,4 @@ def renumber(batch: TensorDict, first: int) -> TensorDict:
     return batch
 
 
-__all__ = ["admit", "concat_rows", "extra_prompts", "flat_groups", "renumber"]
+__all__ = ["admit", "concat_rows", "extra_prompts", "flat_groups", "left_pad_columns", "renumber"]
