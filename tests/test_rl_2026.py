@@ -13,8 +13,8 @@ from rollout_helpers import single_thread  # noqa: F401  (autouse fixture)
 from dare.errors import ConfigError
 
 NAMES = ["justgrpo", "espo", "gdpo"]
-SMALL = {"justgrpo": {"block_length": 1, "steps": 8, "positions_per_forward": 3}, "espo": {"mc_num": 2, "kl_coef": 0.0},
-         "gdpo": {"quadrature": "gauss-2"}}
+SMALL = {"justgrpo": {"sampler_block": 1, "steps": 8, "positions_per_forward": 3},
+         "espo": {"mc_num": 2, "kl_coef": 0.0}, "gdpo": {"quadrature": "gauss-2"}}
 
 
 def perturbed(model, seed: int = 0, scale: float = 0.05):
@@ -37,7 +37,7 @@ def test_justgrpo_logprob_is_the_sum_of_the_samplers_per_step_logprobs(family):
 
     model = tiny_model(family, seed=1).train()  # Dream: position i - 1 predicts token i (the family's shift)
     sprinkle_token(model, EOS_ID, rate=0.15)  # EOS at varying places (a head hook: rollout and training alike)
-    src = source("justgrpo", model, block_length=1, steps=8, temperature=0.7, positions_per_forward=3)
+    src = source("justgrpo", model, sampler_block=1, steps=8, temperature=0.7, positions_per_forward=3)
     mb = src.batch(0)[0]
     gen = mb["generated"]
     rows = gen.shape[0]
@@ -59,8 +59,8 @@ def test_justgrpo_views_mask_the_future_and_chunking_does_not_change_the_gradien
     from dare.algorithms.justgrpo import left_to_right_views
 
     model = policy(seed=1)
-    one = source("justgrpo", model, block_length=1, steps=8, positions_per_forward=1)
-    three = source("justgrpo", model, block_length=1, steps=8, positions_per_forward=3)
+    one = source("justgrpo", model, sampler_block=1, steps=8, positions_per_forward=1)
+    three = source("justgrpo", model, sampler_block=1, steps=8, positions_per_forward=3)
     mb = one.batch(0)[0]
     columns = mb["generated"][0].nonzero().squeeze(-1)
     noisy, select = left_to_right_views(mb, columns, one.token_ids.mask)
@@ -85,9 +85,9 @@ def test_justgrpo_rejects_parallel_decoding_and_block_causal_families():
     from dare.models.tiny import tiny_model
 
     with pytest.raises(ConfigError, match="block_length=1"):
-        source("justgrpo", block_length=4)
+        source("justgrpo", sampler_block=4)
     with pytest.raises(ConfigError, match="justgrpo' needs a full model family"):
-        source("justgrpo", tiny_model("sdar", seed=0), block_length=1, steps=8)
+        source("justgrpo", tiny_model("sdar", seed=0), sampler_block=1, steps=8)
     for name in ("espo", "gdpo"):
         with pytest.raises(ConfigError, match=f"{name}' needs a full model family"):
             source(name, tiny_model("sdar", seed=0), gen_length=8)
@@ -251,7 +251,7 @@ def test_rl_steps_increase_a_toy_reward(name):
 
     model = policy(seed=3)
     bias_token(model, TARGET_ID, 2.0)  # the target shows up in some rollouts: the reward varies from the start
-    options = {"justgrpo": {"block_length": 1, "positions_per_forward": 8}, "espo": {"kl_coef": 0.0},
+    options = {"justgrpo": {"sampler_block": 1, "positions_per_forward": 8}, "espo": {"kl_coef": 0.0},
                "gdpo": {}}[name]
     src = source(name, model, n_prompts=2, group=8, gen_length=8, steps=8, reward=TargetFraction(),
                  inner_steps=1, seed=1, **options)
