@@ -15,6 +15,9 @@ Phase timings (device-synchronised) go to the step's metrics: ``rollout/generate
 ``rollout/reward_s`` (assembling, decoding text, reward, advantages), ``rollout/logprob_s`` (views and old /
 reference forwards) and ``rollout/time_s`` (all three); ``rollout/decoded`` is the mean number of decoded positions
 per rollout (tokens per forward = ``decoded / nfe``).
+
+With ``rollout.dynamic_sampling`` the step's groups whose rewards are all equal are replaced by groups of extra
+rounds of prompts (:mod:`dare.trainer.dynamic_sampling`; ``rollout/dynamic/*`` metrics).
 """
 
 from __future__ import annotations
