@@ -43,16 +43,20 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import sync, weights_floor  # noqa: E402
+from common import (  # noqa: E402
+    ForwardShapes,
+    Roofline,
+    build_sdar,
+    engine_record,
+    matmul_rate,
+    print_engine_table,
+    sync,
+    weights_floor,
+)
 from rollout import inject_confidence  # noqa: E402  (benchmarks/rollout.py)
 
 DECODERS = {"static": "quota", "dynamic": "dynamic"}
 CACHES = ("none", "block")  # recompute first: the cached run is compared with it
-
-SDAR_8B = dict(vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
-               num_attention_heads=32, num_key_value_heads=8, head_dim=128, max_position_embeddings=32768,
-               max_window_layers=36, tie_word_embeddings=False, mask_token_id=151669, eos_token_id=151643,
-               pad_token_id=151643, bos_token_id=None)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -70,9 +74,13 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="fraction of positions made confident at each forward (0 = raw random weights)")
     p.add_argument("--decoders", nargs="+", default=list(DECODERS), choices=list(DECODERS))
     p.add_argument("--budget-s", type=float, default=200.0, help="skip runs that would exceed this total time")
+    p.add_argument("--engines", nargs="+", help="rollout engines side by side (default: eager graph on CUDA, eager "
+                   "static on CPU)")
+    p.add_argument("--records", help="write the engine records ({'records': [...]}) to this file")
     p.add_argument("--json", help="write all results to this file")
     args = p.parse_args(argv)
     args.device = args.device or ("cpu" if args.tiny or not torch.cuda.is_available() else "cuda")
+    args.engines = args.engines or (["eager", "graph"] if args.device.startswith("cuda") else ["eager", "static"])
     args.batch = args.batch or ([1, 4] if args.tiny else [1, 16])
     args.gen = args.gen or (16 if args.tiny else 256)
     args.prompt_length = args.prompt_length or (6 if args.tiny else 130)
@@ -81,29 +89,14 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def build_model(tiny: bool, device: torch.device):
     """Tiny fp32 SDAR, or an SDAR-8B-shaped model with random N(0, 0.02) bf16 weights initialised on ``device``."""
-    import dare  # noqa: F401
-    from dare.models.sdar import SDARConfig, SDARForCausalLM, tiny_sdar_config
     from dare.models.tiny import tiny_model
 
     if tiny:
         return tiny_model("sdar", seed=0).to(device)
-    raw = tiny_sdar_config(**SDAR_8B)
-    raw.pop("model_type")
-    config = SDARConfig.from_dict(raw)
-    with torch.device("meta"):
-        model = SDARForCausalLM(config)
-    model = model.to(torch.bfloat16).to_empty(device=device)
-    gen = torch.Generator(device=device).manual_seed(0)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if "norm" in name:
-                param.fill_(1.0)
-            else:
-                param.normal_(0.0, 0.02, generator=gen)
-    return model.eval()
+    return build_sdar(device)
 
 
-def run_once(model, prompts, args, decoder: str, cache: str, max_blocks: int | None = None):
+def run_once(model, prompts, args, decoder: str, cache: str, max_blocks: int | None = None, engine: str = "eager"):
     """One timed rollout; the confidence injection restarts its random stream, so both cache modes see the same
     injected logits."""
     from dare.rollout import SamplerConfig, generate
@@ -112,7 +105,7 @@ def run_once(model, prompts, args, decoder: str, cache: str, max_blocks: int | N
 
     config = SamplerConfig(sampler="sdar", gen_length=args.gen, block_length=args.block, block_steps=args.steps,
                            decoder=DECODERS[decoder], threshold=args.threshold, cache=cache, temperature=0.0,
-                           eos_early_stop=False, max_blocks=max_blocks)
+                           eos_early_stop=False, max_blocks=max_blocks, engine=engine)
     device = prompts.device
     sync(device)
     start = time.perf_counter()
@@ -122,6 +115,19 @@ def run_once(model, prompts, args, decoder: str, cache: str, max_blocks: int | N
     if hook is not None:
         hook.remove()
     return out, seconds
+
+
+def _forwards(shapes, args, cache: str) -> list[tuple[int, int, int]]:
+    """(batch, query tokens, cached keys attended) of each forward: with the block cache a query of ``w`` tokens
+    ending at column ``e`` attends ``e - w`` cached keys (the query's end is tracked from the block grid)."""
+    if cache == "none":
+        return [(b, w, 0) for b, w in shapes]
+    forwards, end = [], 0
+    for b, w in shapes:
+        if w > args.block:  # a block's first forward: prompt prefix (first block) or previous + current block
+            end = w if end == 0 else end + args.block
+        forwards.append((b, w, max(end - w, 0)))
+    return forwards
 
 
 def estimate(warm_s: float, warm_blocks: int, args, cache: str) -> float:
@@ -145,7 +151,9 @@ def main(argv=None) -> int:
     bandwidth, wbytes = weights_floor(model, device, t_start)
     floor_forward = wbytes / bandwidth
 
-    results = []
+    roofline = Roofline(model, bandwidth, matmul_rate(device, next(model.parameters()).dtype,
+                                                       256 if args.tiny else 8192, 20))
+    results, records = [], []
     gen_cpu = torch.Generator().manual_seed(0)
     warm_blocks = 2
     for batch in args.batch:
@@ -161,7 +169,10 @@ def main(argv=None) -> int:
                     print(f"skip  {label} (estimated {guess:.0f}s, {elapsed:.0f}s used of the {args.budget_s:.0f}s "
                           "budget)", flush=True)
                     continue
+                shapes = ForwardShapes(model)
                 out, seconds = run_once(model, prompts, args, decoder, cache)
+                shapes.remove()
+                forwards = _forwards(shapes.shapes, args, cache)
                 decoded = int((out.step_map >= 0).sum())
                 same = None
                 if reference is not None:
@@ -177,8 +188,25 @@ def main(argv=None) -> int:
                 print(f"run   {label} {row['tokens_per_s']:9.1f} tok/s  nfe={out.nfe:<4d} "
                       f"TPF={row['tokens_per_forward']:5.2f}  {seconds:7.2f}s  {row['gap_to_floor']:5.2f}x floor"
                       + ("" if same is None else f"  same tokens: {same}"), flush=True)
+                common = dict(family="sdar", sampler="sdar", cache=cache, decoder=DECODERS[decoder], batch=batch,
+                              gen_length=args.gen, steps=args.steps, roofline=roofline, forwards=forwards)
+                records.append(engine_record(engine="eager", out=out, seconds=seconds, **common))
+                for engine in [e for e in args.engines if e != "eager"]:
+                    run_once(model, prompts, args, decoder, cache, engine=engine)  # records the graphs
+                    fast, fast_s = run_once(model, prompts, args, decoder, cache, engine=engine)
+                    rec = engine_record(engine=engine, out=fast, seconds=fast_s, **common)
+                    rec["same_tokens_as_eager"] = bool(torch.equal(fast.completion, out.completion)) and fast.nfe == out.nfe
+                    records.append(rec)
+                    print(f"run   {label} {rec['tokens_per_s']:9.1f} tok/s  nfe={fast.nfe:<4d} engine={engine} "
+                          f"{fast_s:7.2f}s  floor {100 * rec['floor_fraction']:.0f}%  roofline "
+                          f"{100 * rec['roofline_fraction']:.0f}%  same tokens: {rec['same_tokens_as_eager']}", flush=True)
 
     print_table(results, args)
+    print_engine_table(records, f"engines (SDAR, block {args.block}, {args.steps} steps, prompt {args.prompt_length}, "
+                                f"greedy): tokens/s (ms per forward) [weights floor, roofline]")
+    if args.records:
+        Path(args.records).write_text(json.dumps(dict(args=vars(args), bandwidth=bandwidth, weight_bytes=wbytes,
+                                                      peak_flops=roofline.peak, records=records), indent=2) + "\n")
     if args.json:
         Path(args.json).write_text(json.dumps(dict(args=vars(args), bandwidth=bandwidth, weight_bytes=wbytes,
                                                    results=results), indent=2) + "\n")

@@ -1,9 +1,9 @@
-"""Helpers shared by the benchmark scripts: LLaDA-8B-shaped random models built on the device, device
-synchronisation, and the visible confidence injection that lets threshold decoding run on random weights.
+"""Helpers shared by the benchmark scripts: LLaDA-8B- and SDAR-8B-shaped random models built on the device,
+device synchronisation, and the visible confidence injection that lets threshold decoding run on random weights.
 
 Import from a script in this directory (``benchmarks/`` is put on ``sys.path`` by the scripts)::
 
-    from common import LLADA_8B, ConfidenceInjection, build_llada, sync, weights_floor
+    from common import LLADA_8B, ConfidenceInjection, build_llada, build_sdar, sync, weights_floor
 """
 
 from __future__ import annotations
@@ -19,27 +19,52 @@ LLADA_8B = dict(d_model=4096, n_heads=32, n_kv_heads=32, n_layers=32, mlp_hidden
 """LLaDA-8B's architecture and special ids (GSAI-ML/LLaDA-8B-Instruct config.json)."""
 
 
+SDAR_8B = dict(vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
+               num_attention_heads=32, num_key_value_heads=8, head_dim=128, max_position_embeddings=32768,
+               max_window_layers=36, tie_word_embeddings=False, mask_token_id=151669, eos_token_id=151643,
+               pad_token_id=151643, bos_token_id=None)
+"""SDAR-8B's architecture and special ids (JetLM/SDAR-8B-Chat config.json)."""
+
+
+def random_on_device(model_class, config, device: torch.device, dtype: torch.dtype, seed: int, is_norm):
+    """``model_class(config)`` with random N(0, 0.02) weights (weights whose name satisfies ``is_norm``: 1)
+    created directly on ``device``: meta init, ``to_empty``, ``normal_`` - seconds on a GPU, no host copy of the
+    weights. Returned in eval mode."""
+    with torch.device("meta"):
+        model = model_class(config)
+    model = model.to(dtype).to_empty(device=device)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if is_norm(name):
+                param.fill_(1.0)
+            else:
+                param.normal_(0.0, 0.02, generator=gen)
+    return model.eval()
+
+
 def build_llada(device: torch.device, *, dtype: torch.dtype = torch.bfloat16, seed: int = 0, **overrides):
     """An LLaDA-8B-shaped model (``overrides`` change fields of :data:`LLADA_8B`, e.g. ``n_layers=16``) with
-    random N(0, 0.02) weights (norm weights 1) created directly on ``device``: meta init, ``to_empty``,
-    ``normal_`` - seconds on a GPU, no host copy of the weights. Returned in eval mode."""
+    random weights created on ``device`` (:func:`random_on_device`)."""
     import dare  # noqa: F401  (registers the families)
     from dare.models.llada import LLaDAConfig, LLaDAModelLM, tiny_llada_config
 
     raw = tiny_llada_config(**{**LLADA_8B, **overrides})
     raw.pop("model_type")
-    config = LLaDAConfig.from_dict(raw)
-    with torch.device("meta"):
-        model = LLaDAModelLM(config)
-    model = model.to(dtype).to_empty(device=device)
-    gen = torch.Generator(device=device).manual_seed(seed)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if name.endswith("norm.weight") or ".ln_f." in name:
-                param.fill_(1.0)
-            else:
-                param.normal_(0.0, 0.02, generator=gen)
-    return model.eval()
+    return random_on_device(LLaDAModelLM, LLaDAConfig.from_dict(raw), device, dtype, seed,
+                            lambda name: name.endswith("norm.weight") or ".ln_f." in name)
+
+
+def build_sdar(device: torch.device, *, dtype: torch.dtype = torch.bfloat16, seed: int = 0, **overrides):
+    """An SDAR-8B-shaped model (``overrides`` change fields of :data:`SDAR_8B`, e.g. ``num_hidden_layers=18``)
+    with random weights created on ``device`` (:func:`random_on_device`)."""
+    import dare  # noqa: F401  (registers the families)
+    from dare.models.sdar import SDARConfig, SDARForCausalLM, tiny_sdar_config
+
+    raw = tiny_sdar_config(**{**SDAR_8B, **overrides})
+    raw.pop("model_type")
+    return random_on_device(SDARForCausalLM, SDARConfig.from_dict(raw), device, dtype, seed,
+                            lambda name: "norm" in name)
 
 
 def sync(device: torch.device) -> None:
@@ -91,7 +116,8 @@ def weights_floor(model, device: torch.device, t_start: float) -> tuple[float, i
 
 class ConfidenceInjection:
     """Raise the top logit by ``margin`` at a random ``fraction`` of the positions of every forward of the
-    model's LM head while :attr:`active` (a forward hook; ``fraction <= 0`` installs nothing).
+    model's LM head while :attr:`active` (a forward hook; ``fraction <= 0`` installs nothing). The pick is a
+    pseudo-random function of the position's top logit, so eager and CUDA-graph rollouts see the same logits.
 
     Random weights give near-uniform predictions (top probability ~1e-5 over LLaDA's vocabulary), so a
     confidence-threshold decoder would commit one token per forward; a boosted position gets probability ~1
@@ -100,8 +126,7 @@ class ConfidenceInjection:
 
     def __init__(self, model, fraction: float, device: torch.device, margin: float = 20.0, seed: int = 1234,
                  active: bool = True):
-        self.fraction, self.margin, self.active = fraction, margin, active
-        self.generator = torch.Generator(device=device).manual_seed(seed)
+        self.fraction, self.margin, self.active, self.seed = fraction, margin, active, float(seed)
         self.handle = None
         if fraction > 0:
             self.handle = model.get_output_embeddings().register_forward_hook(self._hook)
@@ -109,7 +134,10 @@ class ConfidenceInjection:
     def _hook(self, module, inputs, output):
         if not self.active:
             return None
-        pick = torch.rand(output.shape[:-1], device=output.device, generator=self.generator) < self.fraction
+        # a deterministic function of each position's own top logit (no random generator): the same logits get
+        # the same boost in every engine, and the hook can be recorded into a CUDA graph
+        top = output.max(-1).values.float()
+        pick = (torch.sin(top * 12345.678 + self.seed) + 1) / 2 < self.fraction
         boost = pick[..., None].to(output.dtype) * self.margin
         return output.scatter_add_(-1, output.argmax(-1, keepdim=True), boost)
 
@@ -126,3 +154,125 @@ class ConfidenceInjection:
         if self.handle is not None:
             self.handle.remove()
             self.handle = None
+
+
+# ---------------------------------------------------------------------------------------------------
+# engine records: eager vs graph rollouts, with their floor and roofline fractions
+# ---------------------------------------------------------------------------------------------------
+
+
+def matmul_rate(device: torch.device, dtype: torch.dtype, n: int, iters: int) -> float:
+    """Measured dense matmul rate (FLOP/s) of ``[n, n] @ [n, n]`` in ``dtype`` (CUDA events on GPU)."""
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    for _ in range(3):
+        a @ b
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(iters):
+            a @ b
+        end.record()
+        torch.cuda.synchronize()
+        seconds = start.elapsed_time(end) / 1e3
+    else:
+        begin = time.perf_counter()
+        for _ in range(iters):
+            a @ b
+        seconds = time.perf_counter() - begin
+    return 2.0 * n ** 3 * iters / seconds
+
+
+# ---- one variant --------------------------------------------------------------------------------------
+
+
+class ForwardShapes:
+    """Records the ``(batch, query length)`` of every model forward (a hook on the input embedding)."""
+
+    def __init__(self, model):
+        self.shapes: list[tuple[int, int]] = []
+        self.handle = model.get_input_embeddings().register_forward_hook(self._hook)
+
+    def _hook(self, module, inputs, output):
+        self.shapes.append(tuple(inputs[0].shape))
+
+    def remove(self) -> None:
+        self.handle.remove()
+
+
+class Roofline:
+    """Lower bounds of a rollout's forwards on one device.
+
+    * weights floor: every forward reads the weights once (``weight_bytes / bandwidth``);
+    * roofline: per forward ``max((weights + KV read) / bandwidth, 2 x matmul params x query tokens / peak)``,
+      with the KV read of an ideal cache: ``batch x attended keys x kv_bytes_per_token`` (0 without a cache).
+    """
+
+    def __init__(self, model, bandwidth: float, peak_flops: float):
+        self.bandwidth, self.peak = bandwidth, peak_flops
+        self.weight_bytes = weight_bytes(model)
+        embedding = model.get_input_embeddings().weight
+        self.matmul_params = sum(p.numel() for p in model.parameters() if p.ndim == 2 and p is not embedding)
+        config = model.config
+        layers = len(model.blocks)
+        kv_heads = getattr(config, "num_key_value_heads", None) or getattr(config, "n_kv_heads", None) \
+            or getattr(config, "num_attention_heads", None) or config.n_heads
+        heads = getattr(config, "num_attention_heads", None) or config.n_heads
+        hidden = getattr(config, "hidden_size", None) or config.d_model
+        head_dim = getattr(config, "head_dim", None) or hidden // heads
+        self.kv_bytes_per_token = 2 * layers * kv_heads * head_dim * embedding.element_size()
+
+    def weights_floor_s(self, nfe: int) -> float:
+        return nfe * self.weight_bytes / self.bandwidth
+
+    def roofline_s(self, forwards: list[tuple[int, int, int]]) -> float:
+        """``forwards``: ``(batch, query tokens, attended cached keys)`` of each forward."""
+        total = 0.0
+        for batch, query, cached in forwards:
+            memory = (self.weight_bytes + batch * cached * self.kv_bytes_per_token) / self.bandwidth
+            compute = 2 * self.matmul_params * batch * query / self.peak
+            total += max(memory, compute)
+        return total
+
+
+def engine_record(*, family: str, engine: str, sampler: str, cache: str, decoder: str, batch: int, gen_length: int,
+                  steps, out, seconds: float, roofline: Roofline, forwards) -> dict:
+    """One record of ``benchmarks/results/*rollout_h200.json`` (fields named by the rollout-engine issue)."""
+    decoded = int((out.step_map >= 0).sum())
+    floor = roofline.weights_floor_s(out.nfe)
+    bound = roofline.roofline_s(forwards) if forwards else None
+    return dict(family=family, engine=engine, sampler=sampler, cache=cache, decoder=decoder, batch=batch,
+                gen_length=gen_length, steps=steps, tokens=decoded, seconds=seconds, tokens_per_s=decoded / seconds,
+                nfe=out.nfe, tokens_per_forward=decoded / batch / max(out.nfe, 1), ms_per_forward=seconds / out.nfe * 1e3,
+                floor_fraction=floor / seconds, roofline_fraction=None if bound is None else bound / seconds)
+
+
+def print_engine_table(records: list[dict], title: str) -> None:
+    """Eager vs graph side by side: tokens/s, graph/eager ratio, weights-floor and roofline fractions."""
+    if not records:
+        return
+    key = lambda r: (r["batch"], r["gen_length"], r["sampler"], r["cache"], r["decoder"])  # noqa: E731
+    shapes = sorted({key(r) for r in records}, key=str)
+    engines = sorted({r["engine"] for r in records})
+    by = {(key(r), r["engine"]): r for r in records}
+    print(f"\n{title}")
+    print("| B | G | sampler | cache | decoder | TPF | " + " | ".join(
+        f"{e} tok/s (ms/fwd) [floor, roofline]" for e in engines) + " | graph / eager |")
+    print("|---|---|---|---|---|---|" + "---|" * len(engines) + "---|")
+    for shape in shapes:
+        cells, first = [], None
+        for engine in engines:
+            r = by.get((shape, engine))
+            if r is None:
+                cells.append("-")
+                continue
+            first = first or r
+            roof = "-" if r["roofline_fraction"] is None else f"{100 * r['roofline_fraction']:.0f}%"
+            cells.append(f"{r['tokens_per_s']:.0f} ({r['ms_per_forward']:.2f}) "
+                         f"[{100 * r['floor_fraction']:.0f}%, {roof}]")
+        eager, graph = by.get((shape, "eager")), by.get((shape, "graph"))
+        ratio = f"{graph['tokens_per_s'] / eager['tokens_per_s']:.2f}x" if eager and graph else "-"
+        b, g, sampler, cache, decoder = shape
+        print(f"| {b} | {g} | {sampler} | {cache} | {decoder} | {first['tokens_per_forward']:.2f} | "
+              + " | ".join(cells) + f" | {ratio} |")

@@ -13,7 +13,8 @@ What is measured, per batch size and generation length (block 32, greedy, no ear
 
 * ``naive``: full forward every step, one token per step (``steps = gen_length``): the LLaDA/Fast-dLLM
   baseline;
-* ``prefix`` / ``dual``: the same schedule with Fast-dLLM's prefix / dual KV cache;
+* ``prefix`` / ``dual``: the same schedule with Fast-dLLM's prefix / dual KV cache; ``dual/4``: the dual
+  cache committing 4 tokens per step (``steps = gen_length / 4``);
 * ``threshold``, ``prefix+threshold``, ``dual+threshold``: Fast-dLLM threshold decoding (tau = 0.9).
 
 tokens/s counts generated tokens of the whole batch; ``x naive`` is the ratio to ``naive`` at the same
@@ -39,12 +40,24 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import LLADA_8B, ConfidenceInjection, build_llada, sync, weights_floor  # noqa: E402,F401
+from common import (  # noqa: E402,F401
+    LLADA_8B,
+    ConfidenceInjection,
+    ForwardShapes,
+    Roofline,
+    build_llada,
+    engine_record,
+    matmul_rate,
+    print_engine_table,
+    sync,
+    weights_floor,
+)
 
 CONFIGS = {
     "naive": dict(cache="none", decoder="quota"),
     "prefix": dict(cache="prefix", decoder="quota"),
     "dual": dict(cache="dual", decoder="quota"),
+    "dual/4": dict(cache="dual", decoder="quota", tokens_per_step=4),
     "threshold": dict(cache="none", decoder="threshold"),
     "prefix+threshold": dict(cache="prefix", decoder="threshold"),
     "dual+threshold": dict(cache="dual", decoder="threshold"),
@@ -65,10 +78,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--max-blocks", type=int, help="decode only the first N blocks (default 4; tiny: all)")
     p.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
     p.add_argument("--budget-s", type=float, default=450.0, help="skip runs that would exceed this total time")
+    p.add_argument("--engines", nargs="+", help="rollout engines side by side (default: eager graph on CUDA, eager "
+                   "static on CPU)")
+    p.add_argument("--records", help="write the engine records ({'records': [...]}) to this file")
     p.add_argument("--json", help="write all results to this file")
     args = p.parse_args(argv)
     tiny = args.tiny
     args.device = args.device or ("cpu" if tiny or not torch.cuda.is_available() else "cuda")
+    args.engines = args.engines or (["eager", "graph"] if args.device.startswith("cuda") else ["eager", "static"])
     args.batch = args.batch or ([1, 4] if tiny else [1, 16])
     args.gen = args.gen or ([32, 64] if tiny else [256, 512])
     args.block = args.block or (8 if tiny else 32)
@@ -92,12 +109,14 @@ def inject_confidence(model, fraction: float, device: torch.device, margin: floa
     return ConfidenceInjection(model, fraction, device, margin).handle
 
 
-def run_once(model, prompts, gen_length, args, overrides, max_blocks):
+def run_once(model, prompts, gen_length, args, overrides, max_blocks, engine="eager"):
     from dare.rollout import SamplerConfig, generate
 
-    config = SamplerConfig(sampler="fastdllm", gen_length=gen_length, block_length=args.block, steps=gen_length,
+    overrides = dict(overrides)
+    steps = gen_length // overrides.pop("tokens_per_step", 1)
+    config = SamplerConfig(sampler="fastdllm", gen_length=gen_length, block_length=args.block, steps=steps,
                            threshold=args.threshold, temperature=0.0, eos_early_stop=False,
-                           max_blocks=max_blocks, **overrides)
+                           max_blocks=max_blocks, engine=engine, **overrides)
     device = prompts.device
     sync(device)
     start = time.perf_counter()
@@ -120,13 +139,16 @@ def main(argv=None) -> int:
     floor_forward = wbytes / bandwidth
     inject_confidence(model, args.confident_fraction, device)
 
-    results = []
+    roofline = Roofline(model, bandwidth, matmul_rate(device, next(model.parameters()).dtype,
+                                                       256 if args.tiny else 8192, 20))
+    results, records = [], []
     gen_cpu = torch.Generator().manual_seed(0)
     for batch in args.batch:
         for gen_length in args.gen:
             prompts = torch.randint(0, vocab_hi, (batch, args.prompt_length), generator=gen_cpu).to(device)
             blocks = gen_length // args.block
             measured_blocks = min(blocks, args.max_blocks) if args.max_blocks else blocks
+            width = args.prompt_length + gen_length
             for name in args.configs:
                 overrides = CONFIGS[name]
                 if time.perf_counter() - t_start > args.budget_s:
@@ -139,17 +161,42 @@ def main(argv=None) -> int:
                     print(f"skip  B={batch:<3d} G={gen_length:<4d} {name:<17s} (estimated {estimate:.0f}s, "
                           f"{elapsed:.0f}s used of the {args.budget_s:.0f}s budget)", flush=True)
                     continue
+                shapes = ForwardShapes(model)
                 out, decoded, seconds = run_once(model, prompts, gen_length, args, overrides, measured_blocks)
+                shapes.remove()
+                cached = overrides["cache"] != "none"
+                forwards = [(b, w, width - w if cached else 0) for b, w in shapes.shapes]
                 floor = out.nfe * floor_forward
                 row = dict(batch=batch, gen_length=gen_length, config=name, blocks=measured_blocks, nfe=out.nfe,
                            tokens=decoded, seconds=seconds, tokens_per_s=decoded / seconds,
                            tokens_per_forward=decoded / batch / out.nfe, floor_s=floor, gap_to_floor=seconds / floor)
                 results.append(row)
+                common = dict(family="llada", sampler="fastdllm", cache=overrides["cache"],
+                              decoder=overrides["decoder"], batch=batch, gen_length=gen_length,
+                              steps=gen_length // overrides.get("tokens_per_step", 1)
+                              if overrides["decoder"] == "quota" else None, roofline=roofline,
+                              forwards=forwards)
+                records.append(engine_record(engine="eager", out=out, seconds=seconds, **common))
                 print(f"run   B={batch:<3d} G={gen_length:<4d} {name:<17s} {row['tokens_per_s']:9.1f} tok/s  "
                       f"nfe={out.nfe:<4d} TPF={row['tokens_per_forward']:5.2f}  {seconds:7.2f}s  "
                       f"{row['gap_to_floor']:5.2f}x floor", flush=True)
+                for engine in [e for e in args.engines if e != "eager"]:
+                    run_once(model, prompts, gen_length, args, overrides, measured_blocks, engine)  # records graphs
+                    fast, _, fast_s = run_once(model, prompts, gen_length, args, overrides, measured_blocks, engine)
+                    same = bool(torch.equal(fast.completion, out.completion)) and fast.nfe == out.nfe
+                    rec = engine_record(engine=engine, out=fast, seconds=fast_s, **common)
+                    rec["same_tokens_as_eager"] = same
+                    records.append(rec)
+                    print(f"run   B={batch:<3d} G={gen_length:<4d} {name:<17s} {rec['tokens_per_s']:9.1f} tok/s  "
+                          f"nfe={fast.nfe:<4d} engine={engine} {fast_s:7.2f}s  floor {100 * rec['floor_fraction']:.0f}%"
+                          f"  roofline {100 * rec['roofline_fraction']:.0f}%  same tokens: {same}", flush=True)
 
     print_table(results, args)
+    print_engine_table(records, f"engines (prompt {args.prompt_length}, block {args.block}, greedy, confident fraction "
+                                f"{args.confident_fraction}): tokens/s (ms per forward) [weights floor, roofline]")
+    if args.records:
+        Path(args.records).write_text(json.dumps(dict(args=vars(args), bandwidth=bandwidth, weight_bytes=wbytes,
+                                                      peak_flops=roofline.peak, records=records), indent=2) + "\n")
     if args.json:
         Path(args.json).write_text(json.dumps(dict(args=vars(args), bandwidth=bandwidth, weight_bytes=wbytes,
                                                    results=results), indent=2) + "\n")

@@ -57,7 +57,7 @@ import torch  # noqa: E402
 import torch._dynamo  # noqa: E402
 
 from common import LLADA_8B as LLADA_8B_CONFIG  # noqa: E402
-from common import build_llada, sync  # noqa: E402
+from common import build_llada, matmul_rate, sync  # noqa: E402
 from workload import Workload, make_workload  # noqa: E402
 
 DEFAULT_VARIANTS = ("padded-eager", "padded-sdpa", "packed-sdpa", "packed-varlen", "packed-varlen+fullce",
@@ -149,30 +149,6 @@ def build_model(shape: Shape, dtype: torch.dtype, device: torch.device, seed: in
                        eos_token_id=shape.eos_id, pad_token_id=shape.pad_id).train()
 
 
-def matmul_rate(device: torch.device, dtype: torch.dtype, n: int, iters: int) -> float:
-    """Measured dense matmul rate (FLOP/s) of ``[n, n] @ [n, n]`` in ``dtype`` (CUDA events on GPU)."""
-    a = torch.randn(n, n, device=device, dtype=dtype)
-    b = torch.randn(n, n, device=device, dtype=dtype)
-    for _ in range(3):
-        a @ b
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(iters):
-            a @ b
-        end.record()
-        torch.cuda.synchronize()
-        seconds = start.elapsed_time(end) / 1e3
-    else:
-        begin = time.perf_counter()
-        for _ in range(iters):
-            a @ b
-        seconds = time.perf_counter() - begin
-    return 2.0 * n ** 3 * iters / seconds
-
-
-# ---- one variant --------------------------------------------------------------------------------------
 def trainer_for(variant: Variant, args, shape: Shape, workload: Workload, device: torch.device, out_dir: Path):
     from dare.trainer import Trainer, load_train_config
     from dare.trainer.sources import DatasetSource

@@ -1,8 +1,11 @@
-"""benchmarks/rl_step.py end to end on CPU (tiny LLaDA): both variants run through the real workflow, every
-phase is timed, the ratios and projections are consistent, and a failing variant is reported, not fatal."""
+"""benchmarks/rl_step.py (tiny LLaDA, d1) and benchmarks/bd_rl_step.py (tiny SDAR, BGPO) end to end on CPU: both
+variants run through the real workflow, every phase is timed, the ratios and projections are consistent, and a
+failing variant is reported, not fatal."""
 
+import dataclasses
 import importlib.util
 import json
+import types
 from pathlib import Path
 
 import pytest
@@ -12,12 +15,16 @@ from rollout_helpers import single_thread  # noqa: F401  (autouse fixture)
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture
-def bench():
-    spec = importlib.util.spec_from_file_location("rl_step_benchmark", ROOT / "benchmarks" / "rl_step.py")
+def load(script: str):
+    spec = importlib.util.spec_from_file_location(f"{script}_benchmark", ROOT / "benchmarks" / f"{script}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+@pytest.fixture
+def bench():
+    return load("rl_step")
 
 
 def test_rl_step_benchmark_tiny(bench, tmp_path, capsys):
@@ -54,3 +61,57 @@ def test_rl_step_benchmark_reports_a_failing_variant_and_runs_full_fine_tuning(b
     assert fast["phases_s"]["logprobs"] > 0 and len(fast["updates_s"]) == 1  # reference (frozen copy) forwards
     assert "lora.enabled=false" in fast["config"]
     assert "FAILED naive" in capsys.readouterr().out
+
+
+def test_bd_rl_step_benchmark_tiny(tmp_path, capsys):
+    bench = load("bd_rl_step")
+    out = tmp_path / "bd.json"
+    assert bench.main(["--tiny", "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    data = json.loads(out.read_text())
+    naive, fast = data["results"]["naive"], data["results"]["optimised"]
+    for r in (naive, fast):
+        assert set(r["phases_s"]) == set(bench.PHASES) and all(t > 0 for t in r["phases_s"].values())
+        assert len(r["updates_s"]) == 1  # BGPO: on-policy, one update per rollout
+        assert abs(sum(r["phases_s"].values()) - r["cycle_s"]) < 5e-3
+        assert r["rows"] == 8 and 0 < r["decoded_tokens"] <= 8 * 16
+        assert r["blocks_timed"] == r["blocks"] == 4 and r["projected_full_cycle_s"] == pytest.approx(r["cycle_s"])
+        scale = 16 / 2  # 2 MC terms timed, the recipe's 16 projected
+        ph = r["phases_s"]
+        assert r["projected_bgpo_mc16_s"] == pytest.approx(
+            r["projected_rollout_s"] + ph["reward"] + (ph["logprobs"] + ph["update"]) * scale)
+        assert 0 <= r["eos_fraction"] <= 1 and 0 < r["commit_confidence"] < 1
+        assert "algorithm.name=bgpo" in r["config"] and "algorithm.mc_num=2" in r["config"]
+    assert naive["row_tokens_per_step"] <= 1.0 <= fast["row_tokens_per_step"]  # one token per step vs dynamic
+    for flag in ("rollout.sampler.cache=none", "rollout.sampler.decoder=quota", "rollout.sampler.full_logits=true",
+                 "rollout.sampler.attn_backend=eager", "model.attn_backend=eager", "model.logits_chunk_size=0"):
+        assert flag in naive["config"], flag
+    for flag in ("rollout.sampler.cache=block", "rollout.sampler.decoder=dynamic", "model.attn_backend=sdpa",
+                 "rollout.sampler.attn_backend=sdpa"):
+        assert flag in fast["config"], flag
+    assert data["summary"]["update_x"] == pytest.approx(naive["phases_s"]["update"] / fast["phases_s"]["update"])
+    assert "| rollout |" in printed and "BGPO step, 16 MC terms (projected)" in printed
+
+
+def test_bd_rl_step_projects_full_recompute_by_its_forward_lengths():
+    bench = load("bd_rl_step")
+    args = types.SimpleNamespace(prompt_length=100, prompt_spread=0, block=4)
+    cached, recompute = bench.VARIANTS["optimised"], bench.VARIANTS["naive"]
+    assert bench.rollout_scale(args, cached, 2, 8) == 4.0
+    # block k's forwards process 100 + 4 (k + 1) tokens: 2 blocks = 212, 8 blocks = 944
+    assert bench.rollout_scale(args, recompute, 2, 8) == pytest.approx(944 / 212)
+
+
+def test_engine_option_is_passed_only_to_a_sampler_config_with_an_engine_field(monkeypatch):
+    harness = load("bd_rl_step").rl_harness  # the script puts benchmarks/ on sys.path for the harness
+    from dare.rollout import SamplerConfig
+
+    has_engine = "engine" in {f.name for f in dataclasses.fields(SamplerConfig)}
+    assert harness.engine_overrides("graph") == ({"rollout.sampler.engine": "graph"} if has_engine else {})
+
+    @dataclasses.dataclass
+    class WithEngine:
+        engine: str = "auto"
+
+    monkeypatch.setattr("dare.rollout.SamplerConfig", WithEngine)
+    assert harness.engine_overrides("eager") == {"rollout.sampler.engine": "eager"}

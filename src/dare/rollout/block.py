@@ -103,15 +103,18 @@ class BlockLayout:
 
     @classmethod
     def build(cls, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, block: int, gen_length: int,
-              mask_id: int, pad_id: int) -> BlockLayout:
+              mask_id: int, pad_id: int, *, prefix: int | None = None,
+              decode_blocks: int | None = None) -> BlockLayout:
+        """``prefix`` / ``decode_blocks`` fix the layout's width for any prompts that fit (the static engine's
+        shapes); by default they are the tightest for these prompts."""
         device = input_ids.device
         batch = input_ids.shape[0]
         real = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
         lengths = real.sum(-1)
         full_blocks, rem = lengths // block, lengths % block
         num_blocks = (rem + gen_length + block - 1) // block
-        prefix = int(full_blocks.max()) * block
-        width = prefix + int(num_blocks.max()) * block
+        prefix = int(full_blocks.max()) * block if prefix is None else prefix
+        width = prefix + (int(num_blocks.max()) if decode_blocks is None else decode_blocks) * block
         canvas = torch.full((batch, width), mask_id, dtype=input_ids.dtype, device=device)
         key_mask = torch.ones((batch, width), dtype=torch.long, device=device)
         positions = torch.zeros((batch, width), dtype=torch.long, device=device)
@@ -277,6 +280,7 @@ def denoise_blocks(
     step_at = torch.full((batch, width), -1, dtype=torch.long, device=device)  # decode-region coordinates
     local_at = torch.full((batch, width), -1, dtype=torch.long, device=device)
     logp_at = torch.zeros((batch, width), dtype=torch.float32, device=device)
+    conf_at = torch.zeros((batch, width), dtype=torch.float32, device=device)
     num_steps = torch.zeros(batch, dtype=torch.long, device=device)
     recorder = TrajectoryRecorder() if config.record_trajectory else None
     strategy = BLOCK_CACHES[config.cache](model, lb, config.full_logits, config.attn_backend)
@@ -341,6 +345,7 @@ def denoise_blocks(
             step_at[rows, lo:hi] = torch.where(chosen, num_steps[rows, None], step_at[rows, lo:hi])
             local_at[rows, lo:hi] = torch.where(chosen, block_step[:, None], local_at[rows, lo:hi])
             logp_at[rows, lo:hi] = torch.where(chosen, proposal.logprob, logp_at[rows, lo:hi])
+            conf_at[rows, lo:hi] = torch.where(chosen, proposal.confidence.float(), conf_at[rows, lo:hi])
             num_steps[rows] += alive.long()
             block_step += alive.long()
             if editing:
@@ -374,6 +379,7 @@ def denoise_blocks(
         nfe=nfe,
         trajectory=None if recorder is None else recorder.build(batch, gen, num_steps, tok.mask),
         block_step_map=layout.completion(local_at),
+        confidence_map=layout.completion(conf_at),
     )
 
 

@@ -17,6 +17,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from dare.errors import ConfigError, closest
+from dare.rollout.engine import ENGINES
 from dare.rollout.kernels import (
     CONFIDENCE_ALIASES,
     CONFIDENCE_DTYPES,
@@ -165,6 +166,13 @@ class SamplerConfig:
     attn_backend: str | None = None
     """Attention backend passed to the model (``sdpa`` by default)."""
 
+    engine: str = "auto"
+    """How the steps run (:mod:`dare.rollout.engine`): ``eager`` (the reference loops), ``static`` (fixed-shape
+    steps over preallocated buffers, run eagerly), ``graph`` (static steps recorded once per shape into CUDA
+    graphs and replayed; CUDA only), ``auto`` = ``graph`` on CUDA, ``eager`` elsewhere. With ``T > 0`` the
+    static engines draw from counter-based per-row streams: batch-invariant, but other samples than ``eager``'s
+    for the same seed."""
+
     # ---------------------------------------------------------------------------------------------
 
     @classmethod
@@ -219,6 +227,7 @@ class SamplerConfig:
         self.choice("confidence_dtype", CONFIDENCE_DTYPES)
         self.choice("schedule", SCHEDULES)
         self.choice("decoder", DECODERS)
+        self.choice("engine", ENGINES)
         if self.gen_length < 1:
             raise ConfigError(f"gen_length must be >= 1; got {self.gen_length}")
         if self.block_length < 1:

@@ -108,6 +108,7 @@ def denoise_mdlm(
 
     step_map = torch.full((batch, gen), -1, dtype=torch.long, device=device)
     logprobs = torch.zeros((batch, gen), dtype=torch.float32, device=device)
+    confidence_map = torch.zeros((batch, gen), dtype=torch.float32, device=device)
     num_steps = torch.zeros(batch, dtype=torch.long, device=device)
     recorder = TrajectoryRecorder() if config.record_trajectory else None
     schedule = SCHEDULES[config.schedule]
@@ -155,6 +156,7 @@ def denoise_mdlm(
             canvas[rows, start:end] = torch.where(chosen, proposal.tokens, blk)
             step_map[rows, lo:hi] = torch.where(chosen, step_index[:, None], step_map[rows, lo:hi])
             logprobs[rows, lo:hi] = torch.where(chosen, proposal.logprob, logprobs[rows, lo:hi])
+            confidence_map[rows, lo:hi] = torch.where(chosen, proposal.confidence.float(), confidence_map[rows, lo:hi])
             if recorder is not None:
                 _record(recorder, rows, step_index, current[:, prompt_len:], lo, hi, eligible, chosen, proposal,
                         taking)
@@ -189,6 +191,7 @@ def denoise_mdlm(
         num_steps=num_steps,
         nfe=nfe,
         trajectory=trajectory,
+        confidence_map=confidence_map,
     )
 
 

@@ -15,12 +15,17 @@ Conventions (``B`` rows, ``P`` padded prompt width, ``G`` generated positions, `
   reference sampler that proposes it leaves the position masked). With ``T = 0`` (argmax) the log-prob is
   taken under the same distribution at temperature 1 (the point mass would always give 0). 0 for undecoded
   positions.
+* ``confidence_map[b, j]`` is the decoder's selection confidence of the committed token at the step it was
+  committed, in float32: for ``confidence="prob"`` the token's probability under the confidence distribution
+  (which, unlike the sampling distribution, keeps the mask token: with ``T = 0``, no top-p/top-k and float32
+  confidences it is ``exp(logprob) x (1 - p(mask))``); for ``margin`` / ``neg_entropy`` / ``random`` their score (not a probability). 0 for undecoded
+  positions.
 * ``completion_mask[b, j]`` is 1 up to and including the first stop token (EOS/EOT of the family) and 0
   after it and at undecoded positions.
 * ``nfe`` counts model forward passes of the batch (each forward serves one step of every row still in it).
 * Block samplers (:mod:`dare.rollout.block`) also return ``block_step_map``: the step counted from the start of
   the token's block. With LLaDA2.1 token editing a position can be written more than once; the step map,
-  block step map and log-prob then describe its last write.
+  block step map, log-prob and confidence then describe its last write.
 """
 
 from __future__ import annotations
@@ -92,6 +97,8 @@ class RolloutOutput:
         trajectory: per-step record when ``record_trajectory`` was set.
         block_step_map: ``[B, G]`` block samplers: step of each token counted from the start of its block
             (-1: never decoded); None for masked-diffusion samplers.
+        confidence_map: ``[B, G]`` float32 selection confidence of each committed token at its commit step (0:
+            never decoded); None when a sampler does not record it.
     """
 
     sequences: torch.Tensor
@@ -105,6 +112,7 @@ class RolloutOutput:
     nfe: int
     trajectory: Trajectory | None = None
     block_step_map: torch.Tensor | None = None
+    confidence_map: torch.Tensor | None = None
 
     def to_tensordict(self):
         """The output as a ``tensordict.TensorDict`` with batch size ``[B]`` (trajectory under ``trajectory``;
@@ -126,6 +134,8 @@ class RolloutOutput:
         }
         if self.block_step_map is not None:
             data["block_step_map"] = self.block_step_map
+        if self.confidence_map is not None:
+            data["confidence_map"] = self.confidence_map
         if self.trajectory is not None:
             data["trajectory"] = TensorDict(self.trajectory.to_dict(), batch_size=[batch])
         return TensorDict(data, batch_size=[batch])

@@ -16,6 +16,9 @@ import torch
 from dare.errors import ConfigError, InputError, unknown_choice
 from dare.rollout import block, mdlm
 from dare.rollout.config import SamplerConfig
+from dare.rollout.engine import resolve_engine, run_static
+from dare.rollout.engine.block import BlockState
+from dare.rollout.engine.mdlm import MdlmState
 from dare.rollout.output import RolloutOutput
 
 
@@ -31,6 +34,8 @@ class Sampler:
         finalize: ``finalize(values, given)`` completes the field dict of :meth:`SamplerConfig.resolved` after the
             preset defaults (loop-specific defaults).
         check: ``check(config)`` loop-specific validation of a resolved config (one-line ``ConfigError``).
+        static_state: the fixed-shape twin of ``run`` for the ``static``/``graph`` engines
+            (:mod:`dare.rollout.engine`).
         attention: the model attention the loop decodes (``full`` or ``block_causal``, ``FamilySpec.attention``).
         families: model families this sampler is the default for (:func:`default_sampler`).
     """
@@ -41,6 +46,7 @@ class Sampler:
     run: Callable[..., RolloutOutput] = mdlm.denoise_mdlm
     finalize: Callable[[dict, SamplerConfig], None] = mdlm.finalize_config
     check: Callable[[SamplerConfig], None] = mdlm.check_config
+    static_state: type = MdlmState
     attention: str = "full"
     families: tuple[str, ...] = ()
 
@@ -98,7 +104,7 @@ register_sampler(Sampler(
 _BLOCK = dict(confidence="prob", confidence_source="sampling", confidence_dtype="model", schedule="linear",
               top_k_first=True, cache="block")
 _BLOCK_HOOKS = dict(run=block.denoise_blocks, finalize=block.finalize_config, check=block.check_config,
-                    attention="block_causal")
+                    static_state=BlockState, attention="block_causal")
 
 register_sampler(Sampler(
     "sdar",
@@ -200,4 +206,11 @@ def generate(
         fits = [s.name for s in SAMPLERS.values() if s.attention == family.attention]
         raise ConfigError(f"sampler '{sampler.name}' decodes {sampler.attention.replace('_', '-')} models; "
                           f"{family.name} is {family.attention.replace('_', '-')}: use {', '.join(fits)}")
+    engine = resolve_engine(config.engine, device)
+    if engine != "eager":
+        mdlm.check_prompts(prompts, attention_mask, family.token_ids(model.config).mask)
+        out = run_static(sampler, model, prompts, attention_mask, config, example_ids=example_ids, engine=engine,
+                         progress=progress)
+        if out is not None:
+            return out
     return sampler.run(model, prompts, attention_mask, config, example_ids=example_ids, progress=progress)

@@ -14,10 +14,28 @@ function of the step.
 Phase timings (device-synchronised) go to the step's metrics: ``rollout/generate_s`` (decoding),
 ``rollout/reward_s`` (assembling, decoding text, reward, advantages), ``rollout/logprob_s`` (views and old /
 reference forwards) and ``rollout/time_s`` (all three); ``rollout/decoded`` is the mean number of decoded positions
-per rollout (tokens per forward = ``decoded / nfe``).
+per rollout.
+
+Rollout health (threshold decoders tend to turn overconfident during online RL and commit tokens too early):
+
+* ``rollout/tokens_per_forward``: decoded completion positions per row-forward, ``sum(decoded) / sum(num_steps)``
+  over all rows. A row's forwards are the batch forwards in which it took a denoising step (LLaDA2.1 edit-only
+  forwards included), so rows that left the batch at EOS or finished a block early do not dilute it; it equals
+  ``decoded / nfe`` only when every row steps in every forward of its batch (one chunk, fixed quota, no early
+  stop); 1 for one-token-per-step decoding;
+* ``rollout/commit_confidence``: mean decoder confidence of the committed completion tokens (``confidence_map``
+  inside the completion mask): the token's probability for ``confidence=prob``, the decoder's score (not a
+  probability) for ``margin`` / ``neg_entropy`` / ``random``; absent when the sampler does not return it;
+* ``rollout/eos_fraction``: fraction of rows whose decoded completion contains a stop token (EOS/EOT).
+
+Per-rollout work outside these phases, e.g. copying the updated policy weights into a rollout engine after the
+optimizer step (``rollout/weight_refresh_s``), is timed in ``_generate`` before decoding with
+:meth:`RolloutSource._clock` and reported next to ``rollout/generate_s`` in ``_log_metrics``.
 
 With ``rollout.dynamic_sampling`` the step's groups whose rewards are all equal are replaced by groups of extra
-rounds of prompts (:mod:`dare.trainer.dynamic_sampling`; ``rollout/dynamic/*`` metrics).
+rounds of prompts (:mod:`dare.trainer.dynamic_sampling`; ``rollout/dynamic/*`` metrics); the health metrics then
+describe the step's own prompts (round 0), ``nfe`` and ``generate_s`` every round, the other metrics the admitted
+batch.
 """
 
 from __future__ import annotations
@@ -272,7 +290,7 @@ class RolloutSource:
 
     def _roll(self, rollout: int, items: list[PromptItem], rows: list[int]):
         """Generate, assemble and score this rank's ``items`` (row ids ``rows``): ``(batch with rewards, texts,
-        results, nfe)``; the decoding time is added to ``self._generate_s``."""
+        results, outputs)``; the decoding time is added to ``self._generate_s``."""
         began = self._clock()
         outputs = self._generate(items, rows, rollout)
         self._generate_s += self._clock() - began
@@ -282,19 +300,20 @@ class RolloutSource:
         texts, results = self._score(items, completion, comp_mask)
         batch["rewards"] = torch.tensor([r.reward for r in results], dtype=torch.float32)
         batch["correct"] = torch.tensor([bool(r.correct) for r in results])
-        return batch, texts, results, sum(out.nfe for out in outputs)
+        return batch, texts, results, outputs
 
     def _collect(self, start: int) -> list[list[TensorDict]]:
         began = self._clock()
         rollout = start // self.mu
         items, rows = self._rows(start)
         self._generate_s = 0.0
-        batch, texts, results, nfe = self._roll(rollout, items, rows)
+        batch, texts, results, outputs = self._roll(rollout, items, rows)
+        nfe = sum(out.nfe for out in outputs)
         if self.config.dynamic_sampling:
             batch, items, texts, results, nfe = self._dynamic(rollout, batch, items, texts, results, nfe)
         generated_s = self._generate_s
         self.algorithm.assign_advantages(batch, self._context(items))
-        self._log_metrics(batch, results, nfe, generated_s)
+        self._log_metrics(batch, results, outputs, nfe, generated_s)
         self._write_samples(start, items, texts, results)
         device = next(self.policy.parameters()).device
         scored = self._clock()
@@ -340,8 +359,8 @@ class RolloutSource:
             mine = indices[first:first + share]
             items = [self.prompts[i] for i in mine for _ in range(group)]
             rows = [extra * self.batch_size + (first + p) * group + g for p in range(share) for g in range(group)]
-            batch, texts, results, more = self._roll(rollout, items, rows)
-            nfe += more
+            batch, texts, results, outputs = self._roll(rollout, items, rows)
+            nfe += sum(out.nfe for out in outputs)
             record(extra, batch, items, texts, results)
         keys, filled = admit(flat, prompts)
         if self.info.world_size > 1:  # groups generated on other ranks
@@ -357,21 +376,20 @@ class RolloutSource:
                 [x for p in parts for x in p[3]], nfe)
 
     # ---- logging ---------------------------------------------------------------------------------------
-    def _log_metrics(self, batch: TensorDict, results, nfe: int, generated_s: float) -> None:
+    def _log_metrics(self, batch: TensorDict, results, outputs, nfe: int, generated_s: float) -> None:
+        """Step metrics: rewards etc. of ``batch``, health of the ``outputs`` chunks, ``nfe`` forwards."""
         rewards = batch["rewards"].double()
         partial = [r.partial for r in results if r.partial is not None]
         groups = rewards.reshape(-1, self.group_size)
         lengths = batch["completion_mask"].sum(-1).double()
-        decoded = batch["step_map"] >= 0
-        generated = batch["input_ids"][batch["generated"]].reshape(decoded.shape)
-        stopped = (torch.isin(generated, torch.tensor(self.token_ids.stop_ids)) & decoded).any(-1)
         sums = {
             "n": float(rewards.numel()), "reward": rewards.sum(), "reward_sq": (rewards ** 2).sum(),
             "correct": float(sum(r.correct for r in results)), "partial": float(sum(partial)),
-            "partial_n": float(len(partial)), "length": lengths.sum(), "eos": float(stopped.sum()),
+            "partial_n": float(len(partial)), "length": lengths.sum(),
             "flat_groups": (groups.std(1, unbiased=False) == 0).double().sum(), "groups": float(groups.shape[0]),
             "adv_abs": batch["advantages"].double().abs().sum() / max(batch["advantages"][0].numel(), 1),
-            "nfe": float(nfe), "generate_s": generated_s, "ranks": 1.0, "decoded": float(decoded.sum()),
+            "nfe": float(nfe), "generate_s": generated_s, "ranks": 1.0,
+            **health_sums(outputs, self.token_ids.stop_ids),
         }
         s = {k: float(v) for k, v in all_reduce_dict(sums, self.info).items()}
         n = max(s["n"], 1.0)
@@ -379,10 +397,13 @@ class RolloutSource:
         self.step_metrics = {
             "rollout/reward": mean, "rollout/reward_std": max(s["reward_sq"] / n - mean ** 2, 0.0) ** 0.5,
             "rollout/accuracy": s["correct"] / n, "rollout/length": s["length"] / n,
-            "rollout/stopped": s["eos"] / n, "rollout/flat_groups": s["flat_groups"] / max(s["groups"], 1.0),
+            "rollout/eos_fraction": s["eos"] / n, "rollout/flat_groups": s["flat_groups"] / max(s["groups"], 1.0),
             "rollout/advantage_abs": s["adv_abs"] / n, "rollout/nfe": s["nfe"] / s["ranks"],
             "rollout/generate_s": s["generate_s"] / s["ranks"], "rollout/decoded": s["decoded"] / n,
+            "rollout/tokens_per_forward": s["decoded"] / max(s["row_steps"], 1.0),
         }
+        if s["confident_n"]:
+            self.step_metrics["rollout/commit_confidence"] = s["confidence"] / s["confident_n"]
         if s["partial_n"]:
             self.step_metrics["rollout/partial"] = s["partial"] / s["partial_n"]
         if self.config.dynamic_sampling:
@@ -395,6 +416,25 @@ class RolloutSource:
             for item, text, result in list(zip(items, texts, results))[:self.config.samples_per_step]:
                 handle.write(json.dumps({"step": start + 1, "prompt": item.text, "completion": text,
                                          "reward": result.reward, "correct": result.correct}) + "\n")
+
+
+def health_sums(outputs, stop_ids) -> dict[str, torch.Tensor]:
+    """Rank-local sums of the rollout health metrics over the :class:`~dare.rollout.RolloutOutput` chunks
+    ``outputs`` (see the module docstring): ``decoded`` positions, ``row_steps`` (sum of ``num_steps``), rows with
+    a decoded stop token (``eos``), and the ``confidence`` sum over ``confident_n`` committed completion tokens
+    (0 / 0 when a chunk has no ``confidence_map``); float64 CPU scalars."""
+    keys = ("decoded", "row_steps", "eos", "confidence", "confident_n")
+    sums = {k: torch.zeros((), dtype=torch.float64) for k in keys}
+    for out in outputs:
+        decoded = out.step_map >= 0
+        stops = torch.as_tensor(list(stop_ids), device=out.completion.device)
+        sums["decoded"] += decoded.sum().cpu()
+        sums["row_steps"] += out.num_steps.sum().cpu()
+        sums["eos"] += (torch.isin(out.completion, stops) & decoded).any(-1).sum().cpu()
+        if out.confidence_map is not None:
+            sums["confidence"] += out.confidence_map[out.completion_mask].double().sum().cpu()
+            sums["confident_n"] += out.completion_mask.sum().cpu()
+    return sums
 
 
 def build_rollout_source(trainer) -> RolloutSource:
@@ -419,4 +459,4 @@ def build_rollout_source(trainer) -> RolloutSource:
     )
 
 
-__all__ = ["RolloutSource", "build_rollout_source"]
+__all__ = ["RolloutSource", "build_rollout_source", "health_sums"]

@@ -1,0 +1,407 @@
+"""The harness of the RL-step benchmarks (``rl_step.py``: d1 on LLaDA, ``bd_rl_step.py``: BGPO on SDAR).
+
+A benchmark module describes its workload; this module runs it the same way for both: one RL step is one rollout
+cycle of DARE's real workflow (``dare.trainer.Trainer`` with a ``dare.trainer.rl.RolloutSource`` and the registered
+algorithm plug-in; nothing is re-implemented), for each variant (naive / optimised): build model + trainer, a
+warm-up step (a one-block rollout, one update), then the timed cycle, phase by phase:
+
+* **rollout**, **reward**, **logprobs**: timed inside ``RolloutSource`` (``rollout/generate_s``, ``reward_s``,
+  ``logprob_s``, each after a CUDA synchronisation);
+* **update**: the synchronised wall time of the ``Trainer.train_step`` calls minus those.
+
+A workload module defines:
+
+* ``TITLE`` (str), ``VARIANTS`` (name -> ``dict(attn=..., logits_chunk=..., sampler={...})``);
+* ``configure(parser)`` (its own options) and ``defaults(args, pick)`` (fills unset options, ``--block``,
+  ``--max-blocks``, ``--inner-steps``, ``--micro-batch``, ``--confident-fraction`` included: ``pick(value, full,
+  tiny)``);
+* ``overrides(args, variant) -> dict`` (``dare train`` overrides besides the shared ones),
+  ``build_model(args)``, ``vocab_limit(args)`` (prompt ids stay below it);
+* ``rollout_scale(args, variant, measured_blocks, blocks)``: factor from a rollout of ``measured_blocks`` blocks
+  to one of ``blocks`` (per-block cost constant: their ratio);
+* ``PROJECTIONS`` (result key -> table label) and ``projections(result, args) -> {key: seconds}`` (extra projected
+  cycle times, e.g. at the recipe's mu or number of MC terms), and optionally ``verdict(summary) -> str``.
+
+Import from a script in this directory (``benchmarks/`` is put on ``sys.path`` by the scripts).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import gc
+import json
+import random
+import signal
+import tempfile
+import time
+import traceback
+import types
+from pathlib import Path
+
+import torch
+
+from common import ConfidenceInjection, clock
+
+PHASES = ("rollout", "reward", "logprobs", "update")
+ENGINES = ("eager", "graph", "auto")
+
+
+class BudgetExceeded(Exception):
+    """The hard time limit fired (SIGALRM)."""
+
+
+# ----------------------------------------------------------------------------------- workload pieces
+class IdTokenizer:
+    """Decodes ids as space-separated numbers (random models have no tokenizer; the reward reads the ids)."""
+
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        return " ".join(str(i) for i in ids)
+
+
+def parity_reward():
+    """Synthetic reward: the fraction of even token ids in the completion (cheap; varies within a group)."""
+    from dare.rewards import Reward, RewardResult
+
+    class EvenFraction(Reward):
+        name = "even_fraction"
+
+        def score_one(self, completion, sample):
+            ids = completion.split()
+            frac = sum(int(i) % 2 == 0 for i in ids) / max(len(ids), 1)
+            return RewardResult(reward=frac, correct=frac > 0.5)
+
+    return EvenFraction()
+
+
+def make_prompts(n: int, length: int, spread: int, vocab_limit: int, seed: int = 0):
+    """``n`` prompts of ``length +- spread`` random ids below ``vocab_limit`` (no special token)."""
+    from dare.data.prompts import PromptItem
+
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        size = max(1, length + rng.randint(-spread, spread))
+        out.append(PromptItem(tuple(rng.randrange(vocab_limit) for _ in range(size)), {}, i))
+    return out
+
+
+def source_factory(prompts, injection: ConfidenceInjection):
+    """``Trainer(source=...)`` callable: DARE's RolloutSource, with the confidence injection active only while
+    rollouts are generated."""
+    from dare.trainer.rl import RolloutSource
+
+    class InjectingSource(RolloutSource):
+        def _generate(self, *args, **kwargs):
+            with injection.enabled():
+                return super()._generate(*args, **kwargs)
+
+    def build(trainer):
+        cfg = trainer.config
+        return InjectingSource(
+            prompts, policy=trainer.model, algorithm=trainer.algorithm, tokenizer=IdTokenizer(),
+            reward=parity_reward(), config=cfg.rollout, batch_size=cfg.trainer.batch_size,
+            micro_batch_size=cfg.trainer.micro_batch_size, info=trainer.info, seed=cfg.trainer.seed, shuffle=False,
+            reference=trainer.reference, output_dir=None)
+
+    return build
+
+
+def engine_overrides(engine: str | None) -> dict:
+    """``rollout.sampler.engine=<engine>`` when ``SamplerConfig`` has an ``engine`` field (else nothing: this
+    DARE has one decode path)."""
+    from dare.rollout import SamplerConfig
+
+    if engine is None or "engine" not in {f.name for f in dataclasses.fields(SamplerConfig)}:
+        return {}
+    return {"rollout.sampler.engine": engine}
+
+
+def train_overrides(bench, args, variant: dict, out_dir: str) -> list[str]:
+    """The ``dare train`` overrides of one variant: the workload's plus the shared ones (the model is injected)."""
+    sampler = {"gen_length": args.gen, "block_length": args.block, "temperature": args.temperature,
+               "threshold": args.threshold, "attn_backend": "sdpa", **variant["sampler"]}
+    if args.max_blocks:
+        sampler["max_blocks"] = args.max_blocks
+    values = {
+        "model.dtype": "float32" if args.tiny else "bfloat16",
+        "model.attn_backend": variant["attn"], "model.logits_chunk_size": variant["logits_chunk"],
+        "model.gradient_checkpointing": args.grad_ckpt,
+        "lora.enabled": not args.no_lora, "lora.r": args.lora_r, "lora.alpha": args.lora_alpha,
+        "lora.dropout": args.lora_dropout,
+        "rollout.group_size": args.group, "rollout.samples_file": False,
+        "algorithm.inner_steps": args.inner_steps,
+        "trainer.output_dir": out_dir, "trainer.batch_size": args.prompts * args.group,
+        "trainer.micro_batch_size": args.micro_batch, "trainer.max_steps": 2 * args.inner_steps,
+        "trainer.progress": False, "trainer.export": False, "distributed.device": args.device.type,
+        **bench.overrides(args, variant),
+    }
+    values.update({f"rollout.sampler.{k}": v for k, v in sampler.items()})
+    values.update(engine_overrides(args.engine))
+    return [f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in values.items()]
+
+
+# ----------------------------------------------------------------------------------- one variant
+def timed_step(trainer, step: int, device) -> tuple[dict, float]:
+    start = clock(device)
+    record = trainer.train_step(step)
+    return record, clock(device) - start
+
+
+def release(device: torch.device) -> None:
+    """Return the finished variant's memory (call once its frames and tracebacks are gone)."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def run_variant(bench, name: str, args, prompts, log) -> dict:
+    """Build the model and trainer of variant ``name``, run the warm-up step, then time one rollout cycle."""
+    from dare.trainer import Trainer, load_train_config
+
+    device = args.device
+    variant = bench.VARIANTS[name]
+    began = time.perf_counter()
+    model = bench.build_model(args)
+    injection = ConfidenceInjection(model, args.confident_fraction, device, active=False)
+    try:
+        with tempfile.TemporaryDirectory() as out_dir:
+            config = load_train_config(None, train_overrides(bench, args, variant, out_dir))
+            trainer = Trainer(config, model=model, source=source_factory(prompts, injection))
+            source, mu = trainer.source, args.inner_steps
+            setup_s = time.perf_counter() - began
+            trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
+            log(f"  [{name}] model + trainer built in {setup_s:.1f}s ({trainable / 1e6:.2f}M trainable parameters)")
+
+            measured = source.sampler
+            source.sampler = measured.replace(max_blocks=1)  # warm-up: a one-block rollout and one update
+            warm, warm_s = timed_step(trainer, 0, device)
+            source.sampler = measured
+            log(f"  [{name}] warm-up step {warm_s:.1f}s (one-block rollout {warm['rollout/generate_s']:.1f}s)")
+            blocks = -(-args.gen // args.block)
+            timed_blocks = min(blocks, args.max_blocks or blocks)
+            estimate = (warm["rollout/generate_s"] * bench.rollout_scale(args, variant, 1, timed_blocks)
+                        + (warm_s - warm["rollout/generate_s"]) * mu)
+            left = args.deadline - time.perf_counter()
+            if estimate > left:
+                return {"skipped": f"estimated {estimate:.0f}s > {left:.0f}s left of the time budget"}
+
+            records, walls = [], []
+            for k in range(mu):
+                record, wall = timed_step(trainer, mu + k, device)
+                records.append(record)
+                walls.append(wall)
+            first = records[0]
+            phases = {"rollout": first["rollout/generate_s"], "reward": first["rollout/reward_s"],
+                      "logprobs": first["rollout/logprob_s"]}
+            updates = [walls[0] - first["rollout/time_s"], *walls[1:]]
+            phases["update"] = sum(updates)
+            micro = source.batch(mu)  # the cached micro-batches of the measured cycle
+            rows = sum(mb.batch_size[0] for mb in micro)
+            slots = sum(mb["input_ids"].numel() for mb in micro)
+            real = int(sum(mb["attention_mask"].sum() for mb in micro))
+            decoded = first["rollout/decoded"] * rows
+            cycle = sum(walls)
+            result = {
+                "phases_s": phases, "updates_s": updates, "cycle_s": cycle, "setup_s": setup_s, "warmup_s": warm_s,
+                "rows": rows, "nfe": first["rollout/nfe"], "decoded_tokens": decoded,
+                "tokens_per_forward": decoded / rows / max(first["rollout/nfe"], 1),
+                "rollout_tokens_per_s": decoded / phases["rollout"], "step_tokens_per_s": decoded / cycle,
+                "train_tokens_per_s": real * mu / phases["update"], "train_tokens": real, "train_slots": slots,
+                "padding_fraction": 1 - real / slots, "blocks_timed": timed_blocks, "blocks": blocks,
+                "reward": first["rollout/reward"], "loss": [r["loss"] for r in records],
+                "kl": [r.get("policy/kl") for r in records], "grad_norm": [r["grad_norm"] for r in records],
+                "row_tokens_per_step": first["rollout/tokens_per_forward"],
+                "commit_confidence": first.get("rollout/commit_confidence"),
+                "eos_fraction": first["rollout/eos_fraction"],
+                "config": train_overrides(bench, args, variant, "OUT"),
+            }
+            result["projected_rollout_s"] = phases["rollout"] * bench.rollout_scale(args, variant, timed_blocks,
+                                                                                    blocks)
+            result["projected_full_cycle_s"] = cycle - phases["rollout"] + result["projected_rollout_s"]
+            result.update(bench.projections(result, args))
+            if device.type == "cuda":
+                result["peak_memory_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
+            return result
+    finally:
+        injection.remove()
+
+
+# ----------------------------------------------------------------------------------- driver
+def parse_args(bench, argv=None) -> argparse.Namespace:
+    """The shared options, then the workload's (``bench.configure``) and its defaults (``bench.defaults``)."""
+    p = argparse.ArgumentParser(description=bench.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--tiny", action="store_true", help="tiny model on CPU (smoke test)")
+    p.add_argument("--device", help="default: cuda if available (cpu with --tiny)")
+    p.add_argument("--variants", nargs="+", default=["optimised", "naive"], choices=list(bench.VARIANTS),
+                   help="run order (default: optimised first, the naive one uses the rest of the budget)")
+    p.add_argument("--engine", choices=ENGINES, default="auto",
+                   help="rollout.sampler.engine of both variants (eager|graph|auto; applied only if this DARE's "
+                        "SamplerConfig has an engine field)")
+    p.add_argument("--prompts", type=int, help="prompts per step (default 4; tiny 2)")
+    p.add_argument("--group", type=int, help="samples per prompt G (default 8; tiny 4)")
+    p.add_argument("--prompt-length", type=int, help="mean prompt tokens (default 128; tiny 12)")
+    p.add_argument("--prompt-spread", type=int, help="prompt lengths are mean +- spread, uniform (default 32; tiny 4)")
+    p.add_argument("--gen", type=int, help="generation length (default 256; tiny 16)")
+    p.add_argument("--max-blocks", type=int, help="decode only the first N blocks in both variants (tiny: all)")
+    p.add_argument("--threshold", type=float, default=0.9, help="confidence threshold of the optimised sampler")
+    p.add_argument("--confident-fraction", type=float,
+                   help="fraction of positions made confident in every rollout forward (0 = raw random weights; "
+                        "default: the workload's)")
+    p.add_argument("--inner-steps", type=int, help="mu: optimizer steps per rollout")
+    p.add_argument("--micro-batch", type=int, help="rows per forward/backward")
+    p.add_argument("--no-lora", action="store_true", help="train every weight (frozen reference copy if needed)")
+    p.add_argument("--lora-r", type=int, help="LoRA rank (default 128; tiny 8)")
+    p.add_argument("--lora-alpha", type=int, help="LoRA alpha (default 64; tiny 16)")
+    p.add_argument("--lora-dropout", type=float, default=0.05, help="LoRA dropout (0.05)")
+    p.add_argument("--grad-ckpt", action="store_true", help="gradient checkpointing in the update")
+    p.add_argument("--budget-s", type=float, default=240.0,
+                   help="skip a variant whose measured cycle would end past this many seconds (from the start)")
+    p.add_argument("--hard-limit-s", type=int, default=285, help="abort whatever runs after this many seconds")
+    p.add_argument("--json", help="write the results to this file")
+    bench.configure(p)
+    args = p.parse_args(argv)
+    tiny = args.tiny
+    pick = lambda value, default, small: value if value is not None else (small if tiny else default)  # noqa: E731
+    args.device = torch.device(args.device or ("cuda" if torch.cuda.is_available() and not tiny else "cpu"))
+    args.prompts = pick(args.prompts, 4, 2)
+    args.group = pick(args.group, 8, 4)
+    args.prompt_length = pick(args.prompt_length, 128, 12)
+    args.prompt_spread = pick(args.prompt_spread, 32, 4)
+    args.gen = pick(args.gen, 256, 16)
+    args.lora_r = pick(args.lora_r, 128, 8)
+    args.lora_alpha = pick(args.lora_alpha, 64, 16)
+    bench.defaults(args, pick)
+    if args.gen % args.block:
+        p.error(f"--block {args.block} must divide --gen {args.gen}")
+    return args
+
+
+def main(workload, argv=None) -> int:
+    """Run the benchmark of ``workload``: a workload module, or its ``globals()`` (a script loaded without a
+    ``sys.modules`` entry)."""
+    bench = types.SimpleNamespace(**workload) if isinstance(workload, dict) else workload
+    args = parse_args(bench, argv)
+    start = time.perf_counter()
+    args.deadline = start + args.budget_s
+
+    def log(message: str) -> None:
+        print(f"[{time.perf_counter() - start:6.1f}s] {message}", flush=True)
+
+    def on_alarm(signum, frame):
+        raise BudgetExceeded(f"hard limit of {args.hard_limit_s}s reached")
+
+    if args.device.type == "cpu":
+        torch.set_num_threads(1)  # tiny models: extra OpenMP threads only add contention
+    previous = signal.signal(signal.SIGALRM, on_alarm)
+    signal.alarm(args.hard_limit_s)
+    results: dict = {}
+    try:
+        import dare  # noqa: F401
+
+        name = torch.cuda.get_device_name(args.device) if args.device.type == "cuda" else "cpu"
+        log(f"device {args.device} ({name}), torch {torch.__version__}; {bench.TITLE}: {args.prompts} prompts x "
+            f"{args.group} samples, prompt {args.prompt_length}+-{args.prompt_spread}, gen {args.gen} (first "
+            f"{args.max_blocks or 'all'} blocks of {args.block} timed), mu {args.inner_steps}, micro-batch "
+            f"{args.micro_batch}, {'full fine-tuning' if args.no_lora else f'LoRA r {args.lora_r}'}")
+        engine = engine_overrides(args.engine)
+        log(f"rollout engine: {args.engine}" if engine else
+            f"rollout engine: --engine {args.engine} not applied (SamplerConfig has no engine field)")
+        prompts = make_prompts(2 * args.prompts, args.prompt_length, args.prompt_spread, bench.vocab_limit(args))
+        release(args.device)
+        for name in args.variants:
+            if time.perf_counter() > args.deadline:
+                results[name] = {"skipped": "time budget spent"}
+                log(f"skip {name}: time budget spent")
+                continue
+            log(f"run {name}")
+            try:
+                results[name] = run_variant(bench, name, args, prompts, log)
+            except (Exception, BudgetExceeded) as err:  # a failing variant is reported, not fatal
+                results[name] = {"error": f"{type(err).__name__}: {err}",
+                                 "traceback": traceback.format_exc(limit=6)[-3000:]}
+                log(f"FAILED {name}: {type(err).__name__}: {str(err)[:300]}")
+                if isinstance(err, BudgetExceeded):
+                    break
+            else:
+                report_variant(name, results[name], log)
+            release(args.device)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+    summary = summarise(bench, results)
+    print_table(bench, results, summary, args)
+    if args.json:
+        Path(args.json).write_text(json.dumps(
+            {"benchmark": bench.TITLE,
+             "args": {k: str(v) if isinstance(v, torch.device) else v for k, v in vars(args).items()},
+             "device": str(args.device), "torch": torch.__version__, "results": results, "summary": summary},
+            indent=2) + "\n")
+    log("done")
+    return 0
+
+
+def report_variant(name: str, r: dict, log) -> None:
+    if "skipped" in r:
+        log(f"skip {name}: {r['skipped']}")
+        return
+    ph = r["phases_s"]
+    log(f"  [{name}] cycle {r['cycle_s']:.2f}s = rollout {ph['rollout']:.2f} + reward {ph['reward']:.2f} + "
+        f"log-probs {ph['logprobs']:.2f} + update {ph['update']:.2f}; nfe {r['nfe']:.0f}, "
+        f"TPF {r['tokens_per_forward']:.2f}, rollout {r['rollout_tokens_per_s']:.1f} tok/s"
+        + (f", peak {r['peak_memory_gib']:.1f} GiB" if "peak_memory_gib" in r else ""))
+
+
+def projection_rows(bench) -> list[tuple[str, str]]:
+    """``(label, result key)`` of the projected cycle times: full-length rollout, then the workload's."""
+    return [("RL step, full-length rollout (projected)", "projected_full_cycle_s"),
+            *((label, key) for key, label in bench.PROJECTIONS.items())]
+
+
+def summarise(bench, results: dict) -> dict:
+    naive, fast = results.get("naive", {}), results.get("optimised", {})
+    if "cycle_s" not in naive or "cycle_s" not in fast:
+        return {}
+    out = {f"{p}_x": naive["phases_s"][p] / max(fast["phases_s"][p], 1e-9) for p in PHASES}
+    out["cycle_x"] = naive["cycle_s"] / fast["cycle_s"]
+    out["projected_rollout_x"] = naive["projected_rollout_s"] / fast["projected_rollout_s"]
+    for _, key in projection_rows(bench):
+        out[key.removesuffix("_s") + "_x"] = naive[key] / fast[key]
+    return out
+
+
+def print_table(bench, results: dict, summary: dict, args) -> None:
+    done = [n for n in args.variants if "cycle_s" in results.get(n, {})]
+    print(f"\n{bench.TITLE}: {args.prompts}x{args.group} rollouts, gen {args.gen} (first {args.max_blocks or 'all'} "
+          f"blocks timed), mu {args.inner_steps}; seconds (x naive / optimised)")
+    print("| phase | " + " | ".join(done) + " | speed-up |")
+    print("|---|" + "---|" * (len(done) + 1))
+    for phase in PHASES:
+        cells = [f"{results[n]['phases_s'][phase]:.2f}" for n in done]
+        ratio = f"{summary[phase + '_x']:.2f}x" if summary else ""
+        print(f"| {phase} | " + " | ".join(cells) + f" | {ratio} |")
+    rows = [("RL step (measured)", "cycle_s"), ("rollout, full length (projected)", "projected_rollout_s"),
+            *projection_rows(bench)]
+    for label, key in rows:
+        cells = [f"{results[n][key]:.2f}" for n in done]
+        ratio = f"{summary[key.removesuffix('_s') + '_x']:.2f}x" if summary else ""
+        print(f"| {label} | " + " | ".join(cells) + f" | {ratio} |")
+    for label, key, fmt in (("rollout tok/s", "rollout_tokens_per_s", "{:.1f}"),
+                            ("RL-step tok/s (generated)", "step_tokens_per_s", "{:.1f}"),
+                            ("train tok/s", "train_tokens_per_s", "{:.0f}"),
+                            ("tokens per forward (decoded / rows / nfe)", "tokens_per_forward", "{:.2f}"),
+                            ("tokens per row step (rollout/tokens_per_forward)", "row_tokens_per_step", "{:.2f}"),
+                            ("padding fraction", "padding_fraction", "{:.2f}"),
+                            ("peak memory GiB", "peak_memory_gib", "{:.1f}")):
+        if all(key in results[n] for n in done):
+            print(f"| {label} | " + " | ".join(fmt.format(results[n][key]) for n in done) + " | |")
+    for name in args.variants:
+        r = results.get(name, {})
+        if "cycle_s" not in r:
+            print(f"{name}: {r.get('skipped') or r.get('error') or 'not run'}")
+    if summary:
+        line = (f"end to end: {summary['cycle_x']:.2f}x measured, {summary['projected_full_cycle_x']:.2f}x with the "
+                f"full-length rollout projected")
+        verdict = getattr(bench, "verdict", None)
+        print(line + (f" ({verdict(summary)})" if verdict else ""))

@@ -1,0 +1,178 @@
+"""The rollout engine: how :func:`dare.rollout.generate` executes a sampler.
+
+``SamplerConfig.engine``:
+
+``eager``
+    the reference loops (:mod:`dare.rollout.mdlm`, :mod:`dare.rollout.block`): rows leave the batch as they
+    stop, any device, any model wrapper.
+``static``
+    the same samplers as fixed-shape steps over preallocated buffers (:mod:`dare.rollout.engine.mdlm`,
+    :mod:`dare.rollout.engine.block`), run eagerly: what the CUDA graphs record, testable on CPU.
+``graph``
+    ``static`` steps recorded once per shape into CUDA graphs and replayed (CUDA only).
+``auto`` (default)
+    ``graph`` on CUDA, ``eager`` elsewhere.
+
+Shapes are bucketed so that graphs are reused across calls: the batch is padded with inactive filler rows to the
+next of :data:`BATCH_BUCKETS`, and the prompt width to a multiple of :data:`PROMPT_WIDTH_MULTIPLE` (left
+padding, never attended). A batch above the largest bucket, a model sharded by FSDP, or a model whose step
+cannot be recorded (e.g. one that reads device values on the host) falls back to ``eager`` with a logged note.
+
+Recorded graphs and their buffers are kept per model (the last :data:`KEEP_STATES` shapes) and read the
+model's parameters at their addresses: optimizer steps update them in place, so graphs stay valid; if a
+parameter is re-allocated (``load_state_dict(assign=True)``, ``.to()``), the engine notices and records again.
+:func:`engine_stats` reports captures, replays and graph memory; :func:`release` frees a model's graphs.
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+import torch
+
+from dare.errors import ConfigError
+
+log = logging.getLogger("dare.rollout")
+
+ENGINES = ("auto", "eager", "static", "graph")
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
+PROMPT_WIDTH_MULTIPLE = 64
+KEEP_STATES = 4
+
+
+@dataclass
+class EngineStats:
+    """Counters of one model's static engine (cumulative)."""
+
+    captures: int = 0
+    replays: int = 0
+    graph_bytes: int = 0
+    fallbacks: int = 0
+    recaptures: int = 0
+
+
+_STATES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_STATS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_FINGERPRINTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_UNCAPTURABLE: weakref.WeakSet = weakref.WeakSet()
+
+
+def check_engine(name: str) -> None:
+    if name not in ENGINES:
+        from dare.errors import unknown_choice
+
+        raise unknown_choice("rollout engine", name, ENGINES)
+
+
+def resolve_engine(name: str, device: torch.device) -> str:
+    """``auto`` -> ``graph`` on CUDA, ``eager`` elsewhere; ``graph`` off CUDA is a one-line error."""
+    check_engine(name)
+    if name == "auto":
+        return "graph" if device.type == "cuda" else "eager"
+    if name == "graph" and device.type != "cuda":
+        raise ConfigError(f"rollout engine 'graph' needs CUDA (the model is on {device.type}); use 'static' or 'eager'")
+    return name
+
+
+def bucket(batch: int) -> int | None:
+    """The smallest batch bucket holding ``batch`` rows (None above the largest)."""
+    return next((b for b in BATCH_BUCKETS if b >= batch), None)
+
+
+def engine_stats(model) -> EngineStats:
+    return _STATS.setdefault(_base(model), EngineStats())
+
+
+def release(model) -> None:
+    """Free the buffers and graphs the engine keeps for ``model``."""
+    base = _base(model)
+    _STATES.pop(base, None)
+    _FINGERPRINTS.pop(base, None)
+
+
+def _base(model):
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+def _fallback_reason(model, batch: int) -> str | None:
+    if bucket(batch) is None:
+        return f"batch {batch} exceeds the largest graph bucket ({BATCH_BUCKETS[-1]})"
+    if any(type(m).__name__.startswith("FSDP") for m in model.modules()):
+        return "FSDP-wrapped models decode eagerly (their parameters move between gathers)"
+    if _base(model) in _UNCAPTURABLE:
+        return "this model's decoding step could not be recorded earlier"
+    return None
+
+
+def _fingerprint(model) -> tuple:
+    return tuple(p.data_ptr() for p in model.parameters())
+
+
+def _state_key(kind: str, config, batch: int, prompt_width: int, padded: bool, graphs: bool, device) -> tuple:
+    settings = asdict(config)
+    for volatile in ("seed", "engine"):
+        settings.pop(volatile, None)
+    autocast = torch.is_autocast_enabled(device.type) if device.type in ("cuda", "cpu") else False
+    dtype = torch.get_autocast_dtype(device.type) if autocast else None
+    return (kind, batch, prompt_width, padded, graphs, autocast, dtype, tuple(sorted(settings.items())))
+
+
+def run_static(sampler, model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, config, *,
+               example_ids: Sequence[int], engine: str, progress: bool = False):
+    """Decode with the static engine (``engine`` = ``static`` or ``graph``); returns a ``RolloutOutput``, or
+    None when the batch must fall back to the eager loop (a note is logged)."""
+    from dare.rollout.rng import derive_seed
+
+    base = _base(model)
+    stats = engine_stats(model)
+    rows = input_ids.shape[0]
+    reason = _fallback_reason(model, rows)
+    if reason is not None:
+        log.warning("rollout engine '%s' falls back to eager: %s", engine, reason)
+        stats.fallbacks += 1
+        return None
+    graphs = engine == "graph"
+    device = input_ids.device
+    if graphs:
+        fingerprint = _fingerprint(base)
+        if _FINGERPRINTS.get(base, fingerprint) != fingerprint:
+            stats.recaptures += 1
+            _STATES.pop(base, None)
+        _FINGERPRINTS[base] = fingerprint
+    padded_rows = bucket(rows) if graphs else rows
+    multiple = PROMPT_WIDTH_MULTIPLE if graphs else 1
+    prompt_width = -(-input_ids.shape[1] // multiple) * multiple
+    has_padding = sampler.static_state.needs_padding(input_ids, attention_mask, prompt_width, config)
+    states = _STATES.setdefault(base, OrderedDict())
+    key = _state_key(sampler.attention, config, padded_rows, prompt_width, has_padding, graphs, device)
+    state = states.get(key)
+    if state is None:
+        state = sampler.static_state(base, config, batch=padded_rows, prompt_width=prompt_width, padded=has_padding,
+                                     device=device, use_graphs=graphs, backend=config.attn_backend or "sdpa")
+        states[key] = state
+        while len(states) > KEEP_STATES:
+            states.popitem(last=False)
+    states.move_to_end(key)
+    seeds = [derive_seed(config.seed, i) for i in example_ids]
+    captures, replays, graph_bytes = state.runner.captures, state.runner.replays, state.runner.graph_bytes
+    try:
+        state.load(input_ids, attention_mask, seeds)
+        state.decode()
+    except RuntimeError as error:
+        if not graphs:
+            raise
+        log.warning("rollout engine 'graph' falls back to eager: the step could not be recorded (%s)",
+                    str(error).splitlines()[0][:200])
+        _UNCAPTURABLE.add(base)
+        states.pop(key, None)
+        stats.fallbacks += 1
+        return None
+    finally:
+        stats.captures += state.runner.captures - captures
+        stats.replays += state.runner.replays - replays
+        stats.graph_bytes += state.runner.graph_bytes - graph_bytes
+    return state.output(input_ids, attention_mask)

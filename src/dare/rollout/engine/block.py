@@ -1,0 +1,253 @@
+"""Static decoding of block-diffusion LMs (SDAR, TraDo, LLaDA2.0, LLaDA2.1): ``sdar``, ``llada2``, ``llada21*``.
+
+The loop of :func:`dare.rollout.block.denoise_blocks` as fixed-shape steps (:class:`BlockState`). The layout
+(:class:`~dare.rollout.block.BlockLayout`) gets a fixed width for every batch of a shape: ``prefix`` = the
+rounded prompt width (full prompt blocks right-aligned before it) and enough decode blocks for any prompt
+remainder. Rows stay in place when they stop; per-block ``alive``/``post`` flags, the schedule, token editing
+and the block's stop rule run on the device, and the host reads one flag per step (whether any row still
+steps in this block; the step is already queued when it waits) and one per block (whether any row goes on).
+
+Forwards write this call's keys/values into their columns of a preallocated cache and attend to every column
+under the block-causal rule (:mod:`dare.rollout.engine.forward`), so later columns are never seen:
+
+* ``cache="block"``: the first step of block ``k`` runs the previous block's final tokens with the block
+  (the prompt prefix with the first block), later steps the block alone - the eager engine's forwards;
+* ``cache="none"``: every step runs ``[0, end)``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dare.models.spec import family_of
+from dare.rollout.block import BlockLayout
+from dare.rollout.engine.forward import StaticKVCache, static_hidden
+from dare.rollout.engine.graphs import HostFlag, StepRunner
+from dare.rollout.engine.noise import row_keys
+from dare.rollout.engine.sampling import propose_static
+from dare.rollout.engine.trajectory import StaticTrajectory
+from dare.rollout.kernels import NEG_INF, linear_quota, select, select_edits
+from dare.rollout.output import RolloutOutput, completion_mask, finished_rows
+
+
+class BlockState:
+    """Buffers and step functions of one (batch bucket, prompt width, config) shape."""
+
+    def __init__(self, model, config, *, batch: int, prompt_width: int, padded: bool, device, use_graphs: bool,
+                 backend: str):
+        spec = family_of(model)
+        self.model, self.config, self.device, self.backend = model, config, device, backend
+        self.tok = spec.token_ids(model.config)
+        self.batch, self.gen, self.lb = batch, config.gen_length, config.block_length
+        self.prefix = -(-prompt_width // self.lb) * self.lb
+        self.decode_blocks = -(-(self.lb - 1 + self.gen) // self.lb)
+        self.width = self.prefix + self.decode_blocks * self.lb
+        self.padded = padded
+        long = dict(dtype=torch.long, device=device)
+        region = self.width - self.prefix
+        self.step_at = torch.full((batch, region), -1, **long)
+        self.local_at = torch.full((batch, region), -1, **long)
+        self.logp_at = torch.zeros((batch, region), dtype=torch.float32, device=device)
+        self.conf_at = torch.zeros((batch, region), dtype=torch.float32, device=device)
+        self.num_steps = torch.zeros(batch, **long)
+        self.block_step = torch.zeros(batch, **long)
+        self.post = torch.zeros(batch, **long)
+        self.active = torch.zeros(batch, dtype=torch.bool, device=device)
+        self.alive = torch.zeros(batch, dtype=torch.bool, device=device)
+        self.has_mask = torch.zeros(batch, dtype=torch.bool, device=device)
+        self.keys = torch.zeros((batch, 2), **long)
+        self.nfe = torch.zeros((), **long)
+        self.more = torch.zeros((), **long)
+        self.start = torch.zeros((), **long)
+        self.stop_ids = torch.tensor(self.tok.stop_ids, **long)
+        self.block_range = torch.arange(self.lb, **long)
+        self.cache = StaticKVCache(len(model.blocks), self.width)
+        self.layout: BlockLayout | None = None
+        self.editing = bool(config.editing_threshold)
+        self.max_post = config.max_post_steps if self.editing else 0
+        self.trajectory = None
+        if config.record_trajectory:
+            most = self.decode_blocks * (self.lb + self.max_post + 1)
+            self.trajectory = StaticTrajectory(batch, self.gen, most, self.tok.mask, device)
+        self.runner = StepRunner(model, device, use_graphs)
+        self.flag = HostFlag(device)
+        self.blocks_needed = 0
+
+    # ---- per call ----------------------------------------------------------------------------------
+    def load(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, seeds: list[int]) -> None:
+        n = input_ids.shape[0]
+        index = torch.tensor(list(range(n)) + [0] * (self.batch - n), device=self.device)
+        ids = input_ids.index_select(0, index)
+        mask = None if attention_mask is None else attention_mask.index_select(0, index)
+        layout = BlockLayout.build(ids, mask, self.lb, self.gen, self.tok.mask, self.tok.pad, prefix=self.prefix,
+                                   decode_blocks=self.decode_blocks)
+        if self.padded:
+            layout.key_mask = torch.ones_like(layout.canvas, dtype=torch.bool) if layout.key_mask is None \
+                else layout.key_mask.bool()
+        else:
+            layout.key_mask = None
+        if self.layout is None:
+            self.layout = layout
+        else:  # same shapes: copy into the buffers the recorded steps read
+            for name in ("canvas", "positions", "prompt_tail", "num_blocks", "completion_index", "returned"):
+                getattr(self.layout, name).copy_(getattr(layout, name))
+            if self.layout.key_mask is not None:
+                self.layout.key_mask.copy_(layout.key_mask)
+        self.step_at.fill_(-1)
+        self.local_at.fill_(-1)
+        self.logp_at.zero_()
+        self.conf_at.zero_()
+        self.num_steps.zero_()
+        self.active.copy_(torch.arange(self.batch, device=self.device) < n)
+        self.keys.copy_(row_keys(seeds + [0] * (self.batch - n), self.device))
+        self.nfe.zero_()
+        self.blocks_needed = int(layout.num_blocks[:n].max())
+        if self.trajectory is not None:
+            self.trajectory.reset()
+
+    def begin_block(self, k: int) -> None:
+        self.start.fill_(self.prefix + k * self.lb)
+        self.block_step.zero_()
+        self.post.zero_()
+        self.alive.copy_(self.active)
+        self.prepare_next()
+
+    def prepare_next(self) -> None:
+        """The top of the eager loop: rows with a full block count an edit-only forward and leave past
+        ``max_post``; ``more`` = some row still steps."""
+        block = self.layout.canvas.index_select(1, self.start + self.block_range)
+        self.has_mask.copy_((block == self.tok.mask).any(-1))
+        self.post.add_((self.alive & ~self.has_mask).long())
+        self.alive &= self.post <= self.max_post
+        self.more.copy_(self.alive.any().long())
+
+    # ---- one step -----------------------------------------------------------------------------------
+    def step(self, first: bool, k: int) -> None:
+        layout, lb = self.layout, self.lb
+        if self.config.cache == "none":
+            query = torch.arange(self.prefix + (k + 1) * lb, device=self.device)
+        elif first and k == 0:
+            query = torch.arange(self.prefix + lb, device=self.device)
+        elif first:
+            query = self.start - lb + torch.arange(2 * lb, device=self.device)
+        else:
+            query = self.start + self.block_range
+        hidden = static_hidden(self.model, layout.canvas.index_select(1, query), layout.positions.index_select(1, query),
+                               key_mask=layout.key_mask, cache=self.cache, slots=query, key_positions=layout.positions,
+                               block_size=lb, backend=self.backend)
+        rows = self.start - query[0] + self.block_range
+        self.commit(self.model.head(hidden.index_select(1, rows)))
+
+    def commit(self, logits: torch.Tensor) -> None:
+        config, tok, layout = self.config, self.tok, self.layout
+        cols = self.start + self.block_range
+        rcols = cols - self.prefix
+        block = layout.canvas.index_select(1, cols)
+        if config.suppress_eos:
+            logits = logits.index_fill(-1, torch.tensor([tok.eos], device=logits.device), NEG_INF)
+        alive = self.alive
+        masked = (block == tok.mask) & alive[:, None]
+        fixed = layout.prompt_tail.index_select(1, rcols)
+        editable = ~masked & ~fixed & alive[:, None] if self.editing else torch.zeros_like(masked)
+        candidates = masked | editable
+        proposal = propose_static(logits, candidates, config=config, banned=tok.mask, keys=self.keys,
+                                  counters=self.num_steps, positions=rcols[None, :].expand_as(masked))
+        remaining = masked.sum(-1)
+        if config.num_to_transfer is not None:
+            quota = torch.clamp(remaining, max=config.num_to_transfer)
+        else:
+            quota = linear_quota(self.block_step, torch.full_like(remaining, self.lb), remaining, config.block_steps)
+        chosen = select(config.decoder, proposal.confidence.masked_fill(~masked, NEG_INF), masked, quota,
+                        threshold=config.threshold, factor=config.factor,
+                        last_rank_quirk=config.factor_last_rank_quirk, entropy_bound=config.entropy_bound)
+        if self.editing:
+            chosen |= select_edits(proposal.confidence, editable, proposal.tokens, block, config.editing_threshold)
+        if self.trajectory is not None:
+            self.record(rcols, block, candidates, chosen, proposal)
+        layout.canvas.index_copy_(1, cols, torch.where(chosen, proposal.tokens, block))
+        for target, value in ((self.step_at, self.num_steps[:, None]), (self.local_at, self.block_step[:, None]),
+                              (self.logp_at, proposal.logprob), (self.conf_at, proposal.confidence.float())):
+            target.index_copy_(1, rcols, torch.where(chosen, value, target.index_select(1, rcols)))
+        self.num_steps.add_(alive.long())
+        self.block_step.add_(alive.long())
+        self.nfe.add_(alive.any().long())
+        if self.editing:
+            self.alive &= self.has_mask | chosen.any(-1)
+        self.prepare_next()
+
+    def record(self, rcols, block, candidates, chosen, proposal) -> None:
+        layout = self.layout
+        region = layout.canvas[:, self.prefix:]
+        index = layout.completion_index
+        zeros = torch.zeros(region.shape, dtype=torch.float32, device=self.device)
+        no = torch.zeros(region.shape, dtype=torch.bool, device=self.device)
+
+        def spread(window, base):
+            return base.index_copy(1, rcols, window).gather(1, index)
+
+        self.trajectory.record(
+            self.alive, self.num_steps, states=region.gather(1, index),
+            predictions=spread(torch.where(candidates, proposal.tokens, block), region),
+            confidences=spread(torch.where(candidates, proposal.confidence.float(), 0.0), zeros),
+            logprobs=spread(proposal.logprob, zeros), candidates=spread(candidates, no), transfers=spread(chosen, no),
+        )
+
+    def end_block(self, k: int) -> None:
+        layout = self.layout
+        done = layout.num_blocks <= k + 1
+        if self.config.eos_early_stop:
+            region = layout.canvas[:, self.prefix:]
+            done |= finished_rows(region.gather(1, layout.completion_index), self.tok.mask, self.stop_ids)
+        self.active &= ~done
+
+    # ---- the host loop ------------------------------------------------------------------------------
+    def decode(self) -> None:
+        blocks = self.blocks_needed
+        if self.config.max_blocks is not None:
+            blocks = min(blocks, self.config.max_blocks)
+        for k in range(blocks):
+            self.begin_block(k)
+            first = True
+            while self.flag.read(self.more)[0]:
+                key = ("none", k) if self.config.cache == "none" else ("first", 0 if k == 0 else 1) if first else ("inner",)
+                self.runner.run(key, lambda first=first, k=k: self.step(first, k))
+                first = False
+            self.end_block(k)
+            if not self.flag.read(self.active.any().long())[0]:
+                break
+
+    @staticmethod
+    def needs_padding(input_ids, attention_mask, prompt_width: int, config) -> bool:
+        """Whether some row's prompt blocks end before the layout's fixed prefix (its columns are padding)."""
+        lb = config.block_length
+        prefix = -(-prompt_width // lb) * lb
+        lengths = torch.full((input_ids.shape[0],), input_ids.shape[1]) if attention_mask is None else attention_mask.sum(-1)
+        return bool(((lengths // lb) * lb < prefix).any())
+
+    def output(self, prompt_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> RolloutOutput:
+        tok, layout = self.tok, self.layout
+        rows = prompt_ids.shape[0]
+        index = layout.completion_index[:rows]
+
+        def completion(values):
+            return values[:rows].gather(1, index).clone()
+
+        step_map = completion(self.step_at)
+        decoded = step_map >= 0
+        comp = completion(layout.canvas[:, self.prefix:]).masked_fill(~decoded, tok.pad)
+        prompt_mask = torch.ones_like(prompt_ids) if attention_mask is None else attention_mask.to(prompt_ids.dtype)
+        num_steps = self.num_steps[:rows].clone()
+        return RolloutOutput(
+            sequences=torch.cat([prompt_ids, comp], dim=1),
+            attention_mask=torch.cat([prompt_mask, torch.ones_like(comp)], dim=1),
+            prompt_length=prompt_ids.shape[1],
+            completion=comp,
+            completion_mask=completion_mask(comp, tok.stop_ids, decoded),
+            logprobs=completion(self.logp_at),
+            step_map=step_map,
+            num_steps=num_steps,
+            nfe=int(self.nfe),
+            trajectory=None if self.trajectory is None else self.trajectory.build(rows, num_steps),
+            block_step_map=completion(self.local_at),
+            confidence_map=completion(self.conf_at),
+        )

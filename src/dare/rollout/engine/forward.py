@@ -1,0 +1,76 @@
+"""The model forward of a static decoding step: fixed shapes, a preallocated KV cache, no host syncs.
+
+:func:`static_hidden` runs the family's own modules (``embed``, ``blocks``, ``final_norm``; the LM head is applied
+by the caller on the rows it needs) like :meth:`dare.models.base.DiffusionLM.forward`, without that method's input
+checks (they read device values) and with a :class:`StaticKVCache`: this call's keys/values are written into
+their canvas columns (``slots``, a device tensor) and attention runs over the whole preallocated cache, in which
+columns not yet written hold zeros and are excluded by the key mask or the block-causal rule.
+
+For a full-attention model this equals each Fast-dLLM cache mode: ``prefix`` (write ``[start, L)``; columns
+before ``start`` hold the block-start keys) and ``dual`` (write the block; the rest is frozen). For a
+block-causal model it equals the exact block cache (earlier blocks hold the keys of their final tokens; later
+columns are never attended).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dare.models.attention import AttentionLayout
+from dare.models.layers import rope_angles
+
+
+class StaticKVCache:
+    """Keys/values ``[B, Hkv, width, d]`` per layer, allocated on the first write (zeros) and reused."""
+
+    mode = "static"
+
+    def __init__(self, num_layers: int, width: int):
+        self.width = width
+        self.keys: list[torch.Tensor | None] = [None] * num_layers
+        self.values: list[torch.Tensor | None] = [None] * num_layers
+        self.slots: torch.Tensor | None = None
+
+    def update(self, layer: int, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.keys[layer] is None:
+            b, h, _, d = key.shape
+            self.keys[layer] = key.new_zeros((b, h, self.width, d))
+            self.values[layer] = value.new_zeros((b, value.shape[1], self.width, value.shape[-1]))
+        self.keys[layer].index_copy_(2, self.slots, key)
+        self.values[layer].index_copy_(2, self.slots, value)
+        return self.keys[layer], self.values[layer]
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.keys + self.values if t is not None)
+
+
+def static_hidden(
+    model,
+    ids: torch.Tensor,
+    positions: torch.Tensor,
+    *,
+    key_mask: torch.Tensor | None,
+    cache: StaticKVCache | None = None,
+    slots: torch.Tensor | None = None,
+    key_positions: torch.Tensor | None = None,
+    block_size: int | None = None,
+    backend: str = "sdpa",
+) -> torch.Tensor:
+    """Final hidden states ``[B, W, D]`` of the query ``ids [B, W]`` at RoPE ``positions [B, W]``.
+
+    Without a cache the query attends to itself (``key_mask [B, W]``); with one it is written at ``slots [W]``
+    and attends to every cache column (``key_mask``/``key_positions`` ``[B, width]``). ``block_size`` applies the
+    family's block-causal rule (block-causal families only).
+    """
+    batch, width = ids.shape
+    x = model.embed(ids)
+    keys_at = positions if cache is None else key_positions
+    kv_len = width if cache is None else cache.width
+    rules = model.layout_rules(positions, keys_at, block_size) if block_size is not None else {}
+    layout = AttentionLayout(batch, width, kv_len, ids.device, key_mask=key_mask, **rules)
+    rope = rope_angles(positions, model.rope_dim, model.rope_theta)
+    if cache is not None:
+        cache.slots = slots
+    for block in model.blocks:
+        x = block(x, rope, layout, cache, backend)
+    return model.final_norm(x)

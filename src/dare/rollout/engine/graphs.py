@@ -1,0 +1,79 @@
+"""Capture-once, replay-many execution of static decoding steps (CUDA graphs), with an eager twin.
+
+A :class:`StepRunner` runs a step function ``fn()`` that only reads and writes preallocated device buffers.
+With graphs enabled, the first call of each key executes ``fn`` eagerly (it is the real step and warms up
+lazily initialised kernels), then records it into a ``torch.cuda.CUDAGraph`` without executing it; later calls
+replay the graph. Every graph of a model shares one memory pool (:func:`shared_pool`): steps replay one at a
+time on one stream and keep nothing in pool memory between replays (their results live in the static buffers),
+so temporaries of one graph may reuse another's.
+
+``captures`` counts recordings (a second call with the same shapes records nothing); ``graph_bytes`` the
+device memory reserved while recording.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import torch
+
+_POOLS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def shared_pool(model):
+    """One CUDA graph memory pool per model, shared by every batch bucket and step kind."""
+    if model not in _POOLS:
+        _POOLS[model] = torch.cuda.graph_pool_handle()
+    return _POOLS[model]
+
+
+class StepRunner:
+    """Runs step functions by key: eagerly, or recorded once and replayed (``use_graphs``)."""
+
+    def __init__(self, model, device: torch.device, use_graphs: bool):
+        self.use_graphs = use_graphs and device.type == "cuda"
+        self.device = device
+        self.model = model
+        self.graphs: dict = {}
+        self.captures = 0
+        self.replays = 0
+        self.graph_bytes = 0
+
+    def run(self, key, fn) -> None:
+        if not self.use_graphs:
+            fn()
+            return
+        graph = self.graphs.get(key)
+        if graph is not None:
+            graph.replay()
+            self.replays += 1
+            return
+        fn()  # the real step, eagerly (also the warm-up the capture needs)
+        torch.cuda.synchronize(self.device)
+        before = torch.cuda.memory_reserved(self.device)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=shared_pool(self.model)):
+            fn()
+        torch.cuda.synchronize(self.device)
+        self.graph_bytes += max(torch.cuda.memory_reserved(self.device) - before, 0)
+        self.graphs[key] = graph
+        self.captures += 1
+
+
+class HostFlag:
+    """Reads a small device tensor on the host after the queued work: a pinned, non-blocking copy and one event
+    (on CPU, a plain read)."""
+
+    def __init__(self, device: torch.device, size: int = 1):
+        self.cuda = device.type == "cuda"
+        if self.cuda:
+            self.host = torch.zeros(size, dtype=torch.long, pin_memory=True)
+            self.event = torch.cuda.Event()
+
+    def read(self, value: torch.Tensor) -> list[int]:
+        if not self.cuda:
+            return value.reshape(-1).tolist()
+        self.host.copy_(value.reshape(-1), non_blocking=True)
+        self.event.record()
+        self.event.synchronize()
+        return self.host.tolist()

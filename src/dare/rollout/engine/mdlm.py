@@ -1,0 +1,223 @@
+"""Static decoding of masked diffusion LMs (LLaDA, Dream, LLaDA-MoE): ``llada``, ``dream``, ``fastdllm*``.
+
+The loop of :func:`dare.rollout.mdlm.denoise_mdlm` rewritten so that one denoising step is a fixed-shape
+computation over preallocated buffers (:class:`MdlmState`):
+
+* the canvas ``[B, Pw + G]`` holds every row for the whole run: rows that stop at EOS, and the filler rows of a
+  batch bucket, stay in place with ``alive = False`` (they commit nothing and do not advance their step);
+* the current block's start is a device scalar; windows, cache slots and commits are ``index_select`` /
+  ``index_copy_`` with device indices; the schedule, proposals, selection, step map, log-probs, EOS stop and the
+  forward count (``nfe``) are updated on the device;
+* the host reads one flag: once per block for the fixed-count decoders (``quota``, ``sequential``), after each
+  step for the data-dependent ones (``threshold``, ``factor``, ``dynamic``, ``entropy_bounded``); the step it
+  waits for is already queued, so the device idles only for one graph launch.
+
+Step kinds: ``full`` (the whole canvas: every step without a cache, the block-start and refresh forwards with
+one) and ``window`` (Fast-dLLM cached steps: the block for ``dual``, ``[start, L)`` for ``prefix``). With greedy
+decoding the tokens, log-probs and step maps equal the eager loop's (same ops, float32 confidences instead of
+the eager ``model``/``float64`` softmax); with ``T > 0`` samples come from the engine's counter-based streams
+(:mod:`dare.rollout.engine.noise`), batch-invariant like the eager ones but not the same numbers.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dare.models.spec import family_of
+from dare.rollout.engine.forward import StaticKVCache, static_hidden
+from dare.rollout.engine.graphs import HostFlag, StepRunner
+from dare.rollout.engine.noise import row_keys
+from dare.rollout.engine.sampling import propose_static
+from dare.rollout.engine.trajectory import StaticTrajectory
+from dare.rollout.kernels import SCHEDULES, select
+from dare.rollout.output import RolloutOutput, completion_mask, finished_rows
+
+FIXED_COUNT_DECODERS = ("quota", "sequential")
+"""Decoders whose steps per block are known in advance (the host reads no flag inside a block)."""
+
+
+class MdlmState:
+    """Buffers and step functions of one (batch bucket, prompt width, config) shape."""
+
+    def __init__(self, model, config, *, batch: int, prompt_width: int, padded: bool, device, use_graphs: bool,
+                 backend: str):
+        spec = family_of(model)
+        self.model, self.config, self.device, self.backend = model, config, device, backend
+        self.tok = spec.token_ids(model.config)
+        self.shift = spec.logit_shift
+        self.batch, self.pw, self.gen, self.lb = batch, prompt_width, config.gen_length, config.block_length
+        self.width = prompt_width + config.gen_length
+        long = dict(dtype=torch.long, device=device)
+        self.canvas = torch.full((batch, self.width), self.tok.mask, **long)
+        self.key_mask = torch.ones((batch, self.width), dtype=torch.bool, device=device) if padded else None
+        self.positions = torch.zeros((batch, self.width), **long)
+        self.step_map = torch.full((batch, self.gen), -1, **long)
+        self.logprobs = torch.zeros((batch, self.gen), dtype=torch.float32, device=device)
+        self.confidences = torch.zeros((batch, self.gen), dtype=torch.float32, device=device)
+        self.num_steps = torch.zeros(batch, **long)
+        self.block_steps = torch.zeros(batch, **long)
+        self.initial = torch.zeros(batch, **long)
+        self.alive = torch.zeros(batch, dtype=torch.bool, device=device)
+        self.keys = torch.zeros((batch, 2), **long)
+        self.nfe = torch.zeros((), **long)
+        self.more = torch.zeros((), **long)
+        self.start = torch.zeros((), **long)
+        self.stop_ids = torch.tensor(self.tok.stop_ids, **long)
+        self.block_range = torch.arange(self.lb, **long)
+        self.all_slots = torch.arange(self.width, **long)
+        self.cache = None if config.cache == "none" else StaticKVCache(len(model.blocks), self.width)
+        self.trajectory = None
+        if config.record_trajectory:
+            most = max(config.gen_length, config.steps)  # a step may commit nothing (Dream's schedule)
+            self.trajectory = StaticTrajectory(batch, config.gen_length, most, self.tok.mask, device)
+        self.schedule = SCHEDULES[config.schedule]
+        self.steps_per_block = max(config.steps // config.num_blocks, 1)
+        self.runner = StepRunner(model, device, use_graphs)
+        self.flag = HostFlag(device)
+
+    # ---- per call ----------------------------------------------------------------------------------
+    def load(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, seeds: list[int]) -> None:
+        """Reset every buffer in place for a new batch (rows past ``len(seeds)`` are inactive fillers)."""
+        n, p = input_ids.shape
+        real = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
+        fill = list(range(n)) + [0] * (self.batch - n)
+        index = torch.tensor(fill, device=self.device)
+        prompt = torch.full((self.batch, self.pw), self.tok.pad, dtype=torch.long, device=self.device)
+        prompt[:, self.pw - p:] = input_ids.index_select(0, index)
+        mask = torch.zeros((self.batch, self.width), dtype=torch.bool, device=self.device)
+        mask[:, self.pw - p:self.pw] = real.index_select(0, index)
+        mask[:, self.pw:] = True
+        self.canvas[:, :self.pw] = prompt
+        self.canvas[:, self.pw:] = self.tok.mask
+        if self.key_mask is not None:
+            self.key_mask.copy_(mask)
+        self.positions.copy_((mask.long().cumsum(-1) - 1).clamp(min=0))
+        self.step_map.fill_(-1)
+        self.logprobs.zero_()
+        self.confidences.zero_()
+        self.num_steps.zero_()
+        self.alive.copy_(torch.arange(self.batch, device=self.device) < n)
+        self.keys.copy_(row_keys(seeds + [0] * (self.batch - n), self.device))
+        self.nfe.zero_()
+        if self.trajectory is not None:
+            self.trajectory.reset()
+
+    def begin_block(self, start: int) -> None:
+        self.start.fill_(start)
+        cols = self.start + self.block_range
+        self.initial.copy_((self.canvas.index_select(1, cols) == self.tok.mask).sum(-1))
+        self.block_steps.zero_()
+
+    # ---- one step -----------------------------------------------------------------------------------
+    def step_full(self) -> None:
+        hidden = static_hidden(self.model, self.canvas, self.positions, key_mask=self.key_mask, cache=self.cache,
+                               slots=self.all_slots, key_positions=self.positions, backend=self.backend)
+        rows = self.start - self.shift + self.block_range
+        self.commit(self.model.head(hidden.index_select(1, rows)))
+
+    def step_window(self, length: int) -> None:
+        query = self.start - self.shift + torch.arange(length, device=self.device)
+        hidden = static_hidden(self.model, self.canvas.index_select(1, query), self.positions.index_select(1, query),
+                               key_mask=self.key_mask, cache=self.cache, slots=query, key_positions=self.positions,
+                               backend=self.backend)
+        self.commit(self.model.head(hidden[:, :self.lb]))
+
+    def commit(self, logits: torch.Tensor) -> None:
+        config, tok = self.config, self.tok
+        cols = self.start + self.block_range
+        gcols = cols - self.pw
+        block = self.canvas.index_select(1, cols)
+        eligible = (block == tok.mask) & self.alive[:, None]
+        taking = eligible.any(-1)
+        if config.suppress_eos:
+            logits = logits.index_fill(-1, torch.tensor([tok.eos], device=logits.device), float("-inf"))
+        quota = self.schedule(self.block_steps, self.initial, eligible.sum(-1), self.steps_per_block, config.eps)
+        proposal = propose_static(logits, eligible, config=config, banned=tok.mask, keys=self.keys,
+                                  counters=self.num_steps, positions=gcols[None, :].expand_as(eligible))
+        chosen = select(config.decoder, proposal.confidence, eligible, quota, threshold=config.threshold,
+                        factor=config.factor, last_rank_quirk=config.factor_last_rank_quirk,
+                        entropy_bound=config.entropy_bound)
+        if self.trajectory is not None:
+            self.record(gcols, block, taking, eligible, chosen, proposal)
+        self.canvas.index_copy_(1, cols, torch.where(chosen, proposal.tokens, block))
+        for target, value in ((self.step_map, self.num_steps[:, None]), (self.logprobs, proposal.logprob),
+                              (self.confidences, proposal.confidence.float())):
+            target.index_copy_(1, gcols, torch.where(chosen, value, target.index_select(1, gcols)))
+        self.num_steps.add_(taking.long())
+        self.block_steps.add_(taking.long())
+        self.nfe.add_(taking.any().long())
+        if config.eos_early_stop:
+            self.alive &= ~finished_rows(self.canvas[:, self.pw:], tok.mask, self.stop_ids)
+        left = (self.canvas.index_select(1, cols) == tok.mask) & self.alive[:, None]
+        self.more.copy_(left.any().long())
+
+    def record(self, gcols, block, taking, eligible, chosen, proposal) -> None:
+        state = self.canvas[:, self.pw:]
+        zeros = torch.zeros(state.shape, dtype=torch.float32, device=self.device)
+        no = torch.zeros(state.shape, dtype=torch.bool, device=self.device)
+
+        def spread(window, base):
+            return base.index_copy(1, gcols, window)
+
+        self.trajectory.record(
+            taking, self.num_steps, states=state.clone(),
+            predictions=spread(torch.where(eligible, proposal.tokens, block), state),
+            confidences=spread(torch.where(eligible, proposal.confidence.float(), 0.0), zeros),
+            logprobs=spread(proposal.logprob, zeros), candidates=spread(eligible, no), transfers=spread(chosen, no),
+        )
+
+    # ---- the host loop ------------------------------------------------------------------------------
+    def decode(self) -> None:
+        config = self.config
+        cache, refresh = config.cache, config.refresh_every
+        fixed = config.decoder in FIXED_COUNT_DECODERS
+        num_blocks = config.num_blocks if config.max_blocks is None else min(config.num_blocks, config.max_blocks)
+        for b in range(num_blocks):
+            start = self.pw + b * self.lb
+            self.begin_block(start)
+            forward = 0
+            planned = min(self.steps_per_block, self.lb) if fixed else 1
+            while True:
+                full = cache == "none" or forward == 0 or (refresh > 0 and forward % refresh == 0)
+                if full:
+                    self.runner.run(("full",), self.step_full)
+                else:
+                    length = self.lb + self.shift if cache == "dual" else self.width - start + self.shift
+                    self.runner.run(("window", length), lambda: self.step_window(length))
+                forward += 1
+                if forward >= planned and not self.flag.read(self.more)[0]:
+                    break
+            if config.eos_early_stop and not bool(self.flag.read(self.alive.any().long())[0]):
+                break
+
+    @staticmethod
+    def needs_padding(input_ids, attention_mask, prompt_width: int, config) -> bool:
+        """Whether some canvas column is padding (a rounded prompt width or a padded prompt)."""
+        return prompt_width > input_ids.shape[1] or (attention_mask is not None and not bool(attention_mask.all()))
+
+    def output(self, prompt_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> RolloutOutput:
+        tok = self.tok
+        rows, prompt_length = prompt_ids.shape
+        crop = self.pw - prompt_length
+        canvas = self.canvas[:rows, crop:].clone()
+        step_map = self.step_map[:rows].clone()
+        decoded = step_map >= 0
+        completion = canvas[:, prompt_length:]
+        completion.masked_fill_(~decoded, tok.pad)
+        full_mask = torch.ones_like(canvas)
+        if self.key_mask is not None:
+            full_mask.copy_(self.key_mask[:rows, crop:].long())
+        num_steps = self.num_steps[:rows].clone()
+        return RolloutOutput(
+            sequences=canvas,
+            attention_mask=full_mask,
+            prompt_length=prompt_length,
+            completion=completion,
+            completion_mask=completion_mask(completion, tok.stop_ids, decoded),
+            logprobs=self.logprobs[:rows].clone(),
+            step_map=step_map,
+            num_steps=num_steps,
+            nfe=int(self.nfe),
+            trajectory=None if self.trajectory is None else self.trajectory.build(rows, num_steps),
+            confidence_map=self.confidences[:rows].clone(),
+        )

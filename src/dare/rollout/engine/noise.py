@@ -1,0 +1,58 @@
+"""Counter-based random numbers for static decoding steps: one stream per row, no generator objects.
+
+A CUDA graph replays the same kernels every step, so randomness must come from device tensors: every number
+is a hash of ``(row key, row step, completion position, stream[, vocabulary index])``. A row's key comes from
+``derive_seed(seed, example_id)`` and its step counter only advances when the row takes a step, so the numbers
+a row sees never depend on the other rows of its batch, on the batch bucket or on how many steps the batch ran.
+
+The hash is a 32-bit integer mixer (multiply / xor-shift rounds) evaluated in int64 lanes holding values in
+``[0, 2^32)``; uniforms take its top 24 bits, ``u = (h + 0.5) / 2^24`` in ``(0, 1)``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+MASK32 = 0xFFFFFFFF
+_GOLDEN = 0x9E3779B9
+STREAM_SAMPLE = 1
+"""Stream of the Gumbel noise tokens are drawn with."""
+STREAM_CONFIDENCE = 2
+"""Stream of the ``random`` confidence."""
+
+
+def mix32(x: torch.Tensor) -> torch.Tensor:
+    """A bijective 32-bit mixer on int64 tensors holding values in ``[0, 2^32)``."""
+    x = ((x ^ (x >> 16)) * 0x21F0AAAD) & MASK32
+    x = ((x ^ (x >> 15)) * 0x735A2D97) & MASK32
+    return x ^ (x >> 15)
+
+
+def row_keys(seeds: list[int], device) -> torch.Tensor:
+    """``[B, 2]`` int64 (low, high 32 bits) of each row's 63-bit seed."""
+    keys = torch.tensor([[s & MASK32, (s >> 32) & MASK32] for s in seeds], dtype=torch.long)
+    return keys.to(device)
+
+
+def position_hash(keys: torch.Tensor, counters: torch.Tensor, positions: torch.Tensor, stream: int) -> torch.Tensor:
+    """``[B, W]`` hashes of (row key ``[B, 2]``, row step ``[B]``, completion position ``[W]`` or ``[B, W]``, stream)."""
+    pos = positions if positions.ndim == 2 else positions[None, :]
+    h = mix32((pos.long() + stream * _GOLDEN) & MASK32)
+    h = mix32(h ^ keys[:, 0:1])
+    h = mix32(h ^ keys[:, 1:2])
+    return mix32(h ^ (counters[:, None].long() & MASK32))
+
+
+def uniform(hashes: torch.Tensor) -> torch.Tensor:
+    """float32 uniforms in ``(0, 1)`` from 32-bit hashes."""
+    return ((hashes >> 8).to(torch.float32) + 0.5) * (1.0 / 16777216.0)
+
+
+def gumbel_argmax(scores: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
+    """``argmax(scores + Gumbel)`` over the last axis of float32 ``scores [B, W, V]``: a sample from
+    ``softmax(scores)``. The Gumbel noise of entry ``v`` is a hash of ``base [B, W]`` (:func:`position_hash`)
+    and ``v``; ``-inf`` scores are never drawn."""
+    vocab = torch.arange(scores.shape[-1], device=scores.device, dtype=torch.long)
+    h = mix32(base[..., None] ^ ((vocab * _GOLDEN) & MASK32))
+    u = uniform(h)
+    return (scores - torch.log(-torch.log(u))).argmax(-1)

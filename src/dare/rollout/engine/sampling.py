@@ -1,0 +1,73 @@
+"""Token proposals of a static decoding step: fp32, no float64 softmax, counter-based randomness.
+
+Same contract as :func:`dare.rollout.kernels.propose` (tokens, confidence, log-probability of the proposed token
+under the distribution it is drawn from), computed the way a captured step can afford:
+
+* everything in float32 (the logits are cast once); the probability of a token is
+  ``exp(logit - logsumexp(logits))``, never a softmax over the vocabulary in float64;
+* ``T = 0`` is an explicit argmax (the same ops as the eager kernels, so greedy decoding gives the same tokens);
+* ``T > 0`` is Gumbel-max with the noise of :mod:`dare.rollout.engine.noise` (a per-row counter-based stream);
+* the ``random`` confidence is a uniform of the same stream family.
+
+Confidences are float32 for every ``confidence_dtype`` (the eager samplers honour ``model``/``float64``; the
+values differ only by rounding).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dare.rollout.engine.noise import STREAM_CONFIDENCE, STREAM_SAMPLE, gumbel_argmax, position_hash, uniform
+from dare.rollout.kernels import NEG_INF, Proposal, filter_logits
+
+
+def _gathered_prob(scores: torch.Tensor, tokens: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
+    return torch.exp(scores.gather(-1, tokens[..., None]).squeeze(-1) - lse)
+
+
+def propose_static(
+    logits: torch.Tensor,
+    eligible: torch.Tensor,
+    *,
+    config,
+    banned: int,
+    keys: torch.Tensor,
+    counters: torch.Tensor,
+    positions: torch.Tensor,
+) -> Proposal:
+    """Proposals for ``logits [B, W, V]`` at the ``eligible [B, W]`` positions.
+
+    ``config`` is a resolved :class:`~dare.rollout.SamplerConfig`; ``banned`` the mask id (never proposed);
+    ``keys [B, 2]``, ``counters [B]`` (each row's step) and ``positions [B, W]`` (completion coordinates) index
+    the random streams.
+    """
+    temperature = config.temperature
+    x = logits.float()
+    choice = x.index_fill(-1, torch.tensor([banned], device=x.device), NEG_INF)
+    filtered = filter_logits(choice, temperature, config.top_p, config.top_k, config.top_k_first)
+    if config.confidence_source == "logits":
+        source = x
+    else:
+        source = filter_logits(x, temperature, config.top_p, config.top_k, config.top_k_first)
+
+    if temperature == 0:
+        tokens = (choice if config.confidence_source == "logits" else filtered).argmax(-1)
+    else:
+        tokens = gumbel_argmax(filtered, position_hash(keys, counters, positions, STREAM_SAMPLE))
+
+    if config.confidence == "random":
+        score = uniform(position_hash(keys, counters, positions, STREAM_CONFIDENCE))
+    else:
+        lse = torch.logsumexp(source, dim=-1)
+        if config.confidence == "prob":
+            score = _gathered_prob(source, tokens, lse)
+        elif config.confidence == "margin":
+            top2 = torch.topk(source, 2, dim=-1).values
+            score = torch.exp(top2[..., 0] - lse) - torch.exp(top2[..., 1] - lse)
+        else:  # neg_entropy
+            probs = torch.exp(source - lse[..., None])
+            score = (probs * torch.log(probs + 1e-10)).sum(-1)
+    score = score.masked_fill(~eligible, NEG_INF)
+    logprob = filtered.gather(-1, tokens[..., None]).squeeze(-1) - torch.logsumexp(filtered, dim=-1)
+    logprob = logprob.masked_fill(~eligible, 0.0)
+    return Proposal(tokens=tokens, confidence=score, logprob=logprob)
