@@ -46,7 +46,8 @@ class SequenceELBOConfig(PPOConfig):
         if self.scope not in SCOPES:
             raise unknown_choice("value for algorithm.scope", self.scope, SCOPES)
         if self.dual_clip is not None:
-            raise ConfigError(f"algorithm.dual_clip does not apply to {self.name}'s sequence-level ratio; leave it null")
+            raise ConfigError(f"algorithm.dual_clip does not apply to {self.name}'s sequence-level ratio; "
+                              "leave it null")
 
 
 def mask_positions(positions: torch.Tensor, count: int, gen: torch.Generator, width: int) -> torch.Tensor:

@@ -370,8 +370,9 @@ class RolloutSource:
         parts = [store[key] for key in keys[first:first + share]]
         batch = renumber(concat_rows([p[0] for p in parts], self.token_ids.pad, self.token_ids.mask), first * group)
         dropped = sum(int(f.sum()) for f in flat) - filled
-        self._dynamic_metrics = {"rollout/dynamic/dropped": float(dropped), "rollout/dynamic/extra_rounds": float(extra),
-                                 "rollout/dynamic/filled": float(filled), "rollout/dynamic/round0_reward": round0_reward}
+        self._dynamic_metrics = {
+            "rollout/dynamic/dropped": float(dropped), "rollout/dynamic/extra_rounds": float(extra),
+            "rollout/dynamic/filled": float(filled), "rollout/dynamic/round0_reward": round0_reward}
         return (batch, [x for p in parts for x in p[1]], [x for p in parts for x in p[2]],
                 [x for p in parts for x in p[3]], nfe)
 
