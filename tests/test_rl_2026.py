@@ -81,6 +81,24 @@ def test_justgrpo_views_mask_the_future_and_chunking_does_not_change_the_gradien
         torch.testing.assert_close(grads_one[name], grads_three[name], atol=1e-7, rtol=1e-5)
 
 
+def test_justgrpo_old_logprobs_are_the_samplers_and_cost_no_forward():
+    model = policy(seed=1)
+    src = source("justgrpo", model, sampler_block=1, steps=8, inner_steps=2, positions_per_forward=8)
+    algo = src.algorithm
+    assert not algo.needs.old_logprobs and algo.inner_steps == 2
+    micro = src.batch(0)
+    mb = micro[0]
+    assert "old_logp" not in mb.keys()
+    with torch.no_grad():
+        logp = algo.estimate(model, mb)["logp"]
+        old = algo.old_logp(mb, logp)
+        loss, metrics = algo.loss(mb, {"logp": logp}, totals_of(algo, micro))
+    torch.testing.assert_close(old, torch.where(mb["completion_mask"], logp, old), atol=1e-5, rtol=1e-5)
+    adv, n = mb["advantages"], mb["completion_mask"].sum(-1).float()
+    assert abs(float(loss) + float((adv * n).sum()) / (8 * int((adv != 0).sum()))) < 1e-5  # ratio 1 at step 0
+    assert float(metrics["policy/clip_frac"]) == 0.0
+
+
 def test_justgrpo_rejects_parallel_decoding_and_block_causal_families():
     from dare.models.tiny import tiny_model
 

@@ -23,12 +23,15 @@ Deviations from the reference (``LeapLabTHU/JustGRPO`` ``grpo.py``; DARE ``llada
   the first EOS is scored (the rollout engine stops a row there, so later positions were never sampled).
 * The mask token is removed from the training softmax, as from the sampler's; the reference keeps it (its Gumbel
   sampler can in principle propose it). With a trained model the difference is negligible.
-* Old / reference log-probs (``mu > 1`` / ``kl_coef > 0``) are supported; the reference is on-policy without KL.
+* ``mu > 1`` and ``kl_coef > 0`` are supported (the reference is on-policy without KL). The old policy's
+  log-probs are the sampler's returned ``rollout_logprobs`` (the same conditionals, computed while decoding), so
+  ``mu > 1`` costs no extra forwards; reference log-probs are one left-to-right pass of the reference model.
 * Full-attention families only: a block-causal model decodes its own block grid, not single positions.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -36,7 +39,7 @@ import torch
 from tensordict import TensorDict
 
 from dare.algorithms.base import register_algorithm
-from dare.algorithms.rl import PPOConfig, RLAlgorithm
+from dare.algorithms.rl import PPOConfig, RLAlgorithm, response_field
 from dare.errors import ConfigError, unknown_choice
 
 NORMALIZE = ("generation", "tokens")
@@ -90,6 +93,11 @@ class JustGRPO(RLAlgorithm):
     config_class = JustGRPOConfig
     attentions = ("full",)
 
+    def __init__(self, config, **kwargs):
+        super().__init__(config, **kwargs)
+        # the old policy's log-probs are the sampler's own (rollout_logprobs): no extra forwards when mu > 1
+        self.needs = dataclasses.replace(self.needs, old_logprobs=False)
+
     def check_rollout(self, model, sampler) -> None:
         super().check_rollout(model, sampler)
         if sampler.block_length != 1:
@@ -131,10 +139,17 @@ class JustGRPO(RLAlgorithm):
         length = int(batch["generated"][0].sum())
         return (totals["informative"].float() * length).clamp(min=1)
 
+    def old_logp(self, batch: TensorDict, logp: torch.Tensor) -> torch.Tensor:
+        """``[R, S]`` log-probs of the rollout policy: the sampler's returned per-step log-probs (exactly the
+        conditionals scored here, see the module docstring) when ``mu > 1``, else the detached current ones."""
+        if self.inner_steps == 1:
+            return logp.detach()
+        return response_field(batch, batch["rollout_logprobs"].to(logp.device), 0).to(logp.dtype)
+
     def token_loss(self, batch: TensorDict, logp: torch.Tensor, totals, scored: torch.Tensor):
         """The clipped token loss over the ``scored [R, S]`` positions (all completion tokens, or one chunk's)."""
         weights = (batch["completion_mask"] & scored).float() / self.normalizer(batch, totals)
-        old = self.old_or_detached(batch, "logp", logp)
+        old = self.old_logp(batch, logp)
         ref = batch.get("ref_logp") if self.config.kl_coef > 0 else None
         return self.ppo_token_loss(logp, old, batch["advantages"][:, None].float(), weights, ref)
 
