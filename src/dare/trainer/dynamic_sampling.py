@@ -16,6 +16,12 @@ every candidate row samples from its own stream (its global row id in the round,
 round), the decision uses the rewards of all ranks, and the admitted groups are redistributed so that rank ``i``
 holds the ``i``-th share of the global order. Admitted rows are renumbered ``0 .. N-1`` in that order (the example
 ids of the corruption noise).
+
+Deviations from DAPO (verl ``recipe/dapo``: generation batches are drawn from the data loader until the train batch
+is full, an error after ``max_num_gen_batches``): extra prompts come from the seeded per-round permutation above
+instead of the next loader batches (so a step never shifts the prompts of later steps and resume stays exact),
+and when the round budget is spent the batch is topped up with flat groups instead of failing. Informative groups
+beyond the batch are discarded, as in DAPO.
 """
 
 from __future__ import annotations
