@@ -87,13 +87,16 @@ def rollout_record(micro, info) -> dict:
         local.append({k: v.detach().cpu() for k, v in rows.items()})
     parts = [part for rank in gather(local, info) for part in rank]
     merged = {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
-    order = merged["row"].argsort()
+    order = merged["row"].argsort(stable=True)
     out = {k: v[order] for k, v in merged.items()}
+    first = torch.ones(len(order), dtype=torch.bool)  # sequence-parallel ranks hold the same rollouts: keep one
+    first[1:] = out["row"][1:] != out["row"][:-1]
+    out = {k: v[first] for k, v in out.items()}
     out["width_per_rank"] = gather(micro[0]["input_ids"].shape[1], info)  # prompt + completion, left-padded
     return out
 
 
-def run_rl(name: str, out_dir: Path, info) -> dict:
+def run_rl(name: str, out_dir: Path, info, extra: tuple[str, ...] = ()) -> dict:
     from rollout_helpers import sprinkle_token
 
     from dare.models import family_of
@@ -102,7 +105,7 @@ def run_rl(name: str, out_dir: Path, info) -> dict:
 
     recipe, overrides, steps = RL_VARIANTS[name]
     config = load_train_config(ROOT / recipe, [f"trainer.output_dir={out_dir / name}", "trainer.progress=false",
-                                               f"trainer.max_steps={steps}", *RL_COMMON, *overrides])
+                                               f"trainer.max_steps={steps}", *RL_COMMON, *overrides, *extra])
     # EOS sprinkled into the logits: rows stop early at steps that differ between rows (and ranks), completion
     # lengths differ (a non-zero on-policy loss), and the early-stopping sampler runs different numbers of
     # forwards on different ranks

@@ -185,3 +185,18 @@ def test_engine_errors_and_fallback(caplog):
     assert "falls back to eager" in caplog.text
     assert engine_stats(model).fallbacks == before + 1
     assert out.completion.shape == (BATCH_BUCKETS[-1] + 1, 8)
+
+
+def test_refresh_weights_keeps_graphs_for_in_place_updates_only():
+    from dare.rollout.engine import refresh_weights
+
+    model = sharp_model("llada")
+    refresh_weights(model)  # first sight records the addresses
+    with torch.no_grad():
+        next(model.parameters()).add_(1.0)  # an optimizer step: in place
+    assert not refresh_weights(model)
+    head = model.get_output_embeddings()
+    head.weight = torch.nn.Parameter(head.weight.detach().clone())  # a moved parameter
+    before = engine_stats(model).recaptures
+    assert refresh_weights(model)
+    assert engine_stats(model).recaptures == before + 1

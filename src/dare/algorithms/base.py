@@ -100,6 +100,9 @@ class Algorithm:
     blocks: BlockLayout | None = None
     """Block layout of the ``[noisy ; clean]`` forward on block-causal families (None: the model's block length,
     anchored at position 0; ignored by full-attention families). ``bind_model`` may resolve it."""
+    sequence_parallel = None
+    """The trainer's :class:`dare.distributed.sequence.SequenceParallel` under ``distributed.sequence_parallel``
+    (every log-prob forward is then sharded over the sequence group); None otherwise."""
 
     def __init__(self, config, *, token_ids, seed: int = 0, attn_backend: str | None = None,
                  logits_chunk_size: int = DEFAULT_LOGITS_CHUNK):
@@ -115,8 +118,10 @@ class Algorithm:
     @property
     def forward_options(self) -> dict:
         """Keyword options of every model forward of this algorithm (``masked_logprobs``, ``mc_elbo``,
-        ``dare.algorithms.rl.forward_logp``): attention backend, logits chunk size and block layout."""
-        return {"attn_backend": self.attn_backend, "chunk_size": self.logits_chunk_size, "blocks": self.blocks}
+        ``dare.algorithms.rl.forward_logp``): attention backend, logits chunk size, block layout and sequence
+        parallelism."""
+        return {"attn_backend": self.attn_backend, "chunk_size": self.logits_chunk_size, "blocks": self.blocks,
+                "sequence": self.sequence_parallel}
 
     def bind_model(self, model) -> None:
         """Resolve model-dependent options against ``model`` (a ``DiffusionLM``); default: nothing."""

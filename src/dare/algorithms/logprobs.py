@@ -87,12 +87,14 @@ def prompt_lengths_of(maskable: torch.Tensor, cu_seqlens: torch.Tensor | None = 
 
 
 # ------------------------------------------------------------------------------------------- denoiser
-def _one_copy(model, noisy_ids, clean_ids, *, blocks, prompt_lengths, attn_backend, hidden, **layout):
+def _one_copy(model, noisy_ids, clean_ids, *, blocks, prompt_lengths, attn_backend, hidden, sequence=None, **layout):
+    if sequence is not None:
+        return model(noisy_ids, attn_backend=attn_backend, return_hidden=True, sequence_parallel=sequence, **layout)
     out = model(noisy_ids, attn_backend=attn_backend, return_hidden=hidden, **layout)
     return out.last_hidden_state if hidden else out.logits
 
 
-def _two_copy(model, noisy_ids, clean_ids, *, blocks, prompt_lengths, attn_backend, hidden, **layout):
+def _two_copy(model, noisy_ids, clean_ids, *, blocks, prompt_lengths, attn_backend, hidden, sequence=None, **layout):
     from dare.models.block_diffusion import two_copy_inputs
     from dare.models.loading import unwrap
 
@@ -103,6 +105,8 @@ def _two_copy(model, noisy_ids, clean_ids, *, blocks, prompt_lengths, attn_backe
         cu_seqlens=layout.get("cu_seqlens"), block_origin=blocks.origin,
         prompt_lengths=prompt_lengths if blocks.origin == "response" else None,
     )
+    if sequence is not None:  # this rank's slice of [noisy ; clean]; the noisy half is positions [0, n)
+        return model(**inputs.model_kwargs(), attn_backend=attn_backend, return_hidden=True, sequence_parallel=sequence)
     noisy = slice(0, inputs.noisy_length)  # nothing reads the clean half: no logits for it
     out = model(**inputs.model_kwargs(), attn_backend=attn_backend, return_hidden=hidden, logits_positions=noisy)
     return inputs.noisy_half(out.last_hidden_state) if hidden else out.logits
@@ -110,7 +114,9 @@ def _two_copy(model, noisy_ids, clean_ids, *, blocks, prompt_lengths, attn_backe
 
 DENOISERS: dict[str, Callable[..., torch.Tensor]] = {"full": _one_copy, "block_causal": _two_copy}
 """Training-time denoiser per attention topology (``FamilySpec.attention``): ``fn(model, noisy_ids, clean_ids, *,
-blocks, prompt_lengths, attn_backend, hidden, **layout)`` -> the raw outputs at the ``[R, S]`` noisy positions."""
+blocks, prompt_lengths, attn_backend, hidden, **layout)`` -> the raw outputs at the ``[R, S]`` noisy positions.
+With ``sequence=`` (sequence parallelism) -> the model output of this rank's shard of the (padded) row
+(``last_hidden_state`` and ``sequence_slice``), whose noisy positions are ``[0, S)``."""
 
 
 def denoiser_outputs(model, noisy_ids: torch.Tensor, clean_ids: torch.Tensor, *, hidden: bool = False,
@@ -190,8 +196,17 @@ def hidden_logprobs(model, hidden: torch.Tensor, targets: torch.Tensor, select: 
     """
     if chunk_size < 1:
         raise ConfigError(f"the logits chunk size must be positive (0 = full logits); got {chunk_size}")
-    rows, wanted = hidden[select], targets[select]  # [N, D], [N]
     temps = _temperatures(temperature, targets.shape, hidden.device)
+    return _scatter_logprobs(model, hidden, hidden[select], targets, select, temps, chunk_size, banned)
+
+
+def _scatter_logprobs(model, hidden: torch.Tensor, rows: torch.Tensor, targets: torch.Tensor, select: torch.Tensor,
+                      temps: torch.Tensor | None, chunk_size: int, banned: tuple[int, ...] = ()) -> torch.Tensor:
+    """The chunked head on ``rows`` (the hidden states scoring ``targets[select]``, in row-major order of
+    ``select``), scattered into ``[R, S]`` zeros, ``banned`` token ids removed from the distribution. Without rows
+    the result still depends on the head and ``hidden`` (times 0), so every rank runs the same backward
+    collectives."""
+    wanted = targets[select]
     temps = None if temps is None else temps[select]
     out = torch.zeros(targets.shape, dtype=torch.float32, device=hidden.device)
     count = rows.shape[0]
@@ -208,6 +223,41 @@ def hidden_logprobs(model, hidden: torch.Tensor, targets: torch.Tensor, select: 
         else:
             pieces.append(_head_logprobs(model.head, *part))
     return out.masked_scatter(select, torch.cat(pieces) if len(pieces) > 1 else pieces[0])
+
+
+def aligned_sources(model, rows: int, length: int, cu_seqlens: torch.Tensor | None, device) -> torch.Tensor:
+    """``[R, S]`` raw position whose output predicts each token after the family's logit shift (identity for
+    unshifted families; Dream: the previous position, a document's first token its own), from
+    ``FamilySpec.align_logits`` applied to the position indices."""
+    index = torch.arange(length, device=device)[None, :, None]
+    return family_of(model).align_logits(index, cu_seqlens)[..., 0].expand(rows, length)
+
+
+def sharded_logprobs(model, noisy_ids: torch.Tensor, clean_ids: torch.Tensor, select: torch.Tensor, *, sequence,
+                     targets: torch.Tensor, blocks: BlockLayout | None = None,
+                     prompt_lengths: torch.Tensor | None = None, attn_backend: str | None = None,
+                     chunk_size: int = DEFAULT_LOGITS_CHUNK, temperature: torch.Tensor | float | None = None,
+                     banned: tuple[int, ...] = (), **layout) -> torch.Tensor:
+    """:func:`masked_logprobs` under sequence parallelism (``sequence``: a
+    :class:`dare.distributed.sequence.SequenceParallel`; every rank of its group calls it with the same batch).
+
+    One sharded denoiser forward; this rank scores the selected tokens whose (shift-aligned) hidden state lies in
+    its slice of the row - so a Dream token at the start of a shard is scored by the rank holding the previous
+    position - and the group sums the per-token results. Every rank returns the full ``[R, S]`` log-probs; the
+    gradient of each entry flows back through the rank that computed it only. ``chunk_size=0`` scores all owned
+    rows in one chunk (the same values).
+    """
+    out = DENOISERS[family_of(model).attention](model, noisy_ids, clean_ids, blocks=blocks,
+                                                prompt_lengths=prompt_lengths, attn_backend=attn_backend,
+                                                hidden=True, sequence=sequence, **layout)
+    hidden, window = out.last_hidden_state, out.sequence_slice
+    source = aligned_sources(model, *targets.shape, layout.get("cu_seqlens"), hidden.device)
+    owned = select & (source >= window.start) & (source < window.stop)
+    row, _ = owned.nonzero(as_tuple=True)
+    local = hidden[row, source[owned] - window.start]  # [N, D] in row-major order of ``owned``
+    temps = _temperatures(temperature, targets.shape, hidden.device)
+    chunk = chunk_size or max(1, local.shape[0])
+    return sequence.sum_shards(_scatter_logprobs(model, hidden, local, targets, owned, temps, chunk, banned))
 
 
 def selected_logprobs(logits: torch.Tensor, targets: torch.Tensor, select: torch.Tensor) -> torch.Tensor:
@@ -227,17 +277,21 @@ def masked_logprobs(model, noisy_ids: torch.Tensor, clean_ids: torch.Tensor, sel
                     targets: torch.Tensor | None = None, blocks: BlockLayout | None = None,
                     prompt_lengths: torch.Tensor | None = None, attn_backend: str | None = None,
                     chunk_size: int = DEFAULT_LOGITS_CHUNK, temperature: torch.Tensor | float | None = None,
-                    banned: tuple[int, ...] = (), **layout) -> torch.Tensor:
+                    banned: tuple[int, ...] = (), sequence=None, **layout) -> torch.Tensor:
     """``log p(targets)`` (fp32) at ``select`` positions of one denoiser forward on ``noisy_ids``; 0 elsewhere.
 
     ``targets`` defaults to ``clean_ids`` (the clean copy of block-causal families, :func:`denoiser_outputs` for
     ``blocks`` / ``prompt_lengths`` / ``layout``). ``temperature`` (a float or one per row ``[R]``) divides the
     logits; ``banned`` token ids are removed from the distribution. ``chunk_size > 0``: the chunked head of
-    :func:`hidden_logprobs` (never materialises ``[R, S, V]``);
-    ``0``: full logits, then select (the reference path). Both give the same values and gradients.
+    :func:`hidden_logprobs` (never materialises ``[R, S, V]``); ``0``: full logits, then select (the reference
+    path). Both give the same values and gradients. ``sequence``: sequence parallelism (:func:`sharded_logprobs`;
+    same result).
     """
     targets = clean_ids if targets is None else targets
     options = dict(blocks=blocks, prompt_lengths=prompt_lengths, attn_backend=attn_backend, **layout)
+    if sequence is not None:
+        return sharded_logprobs(model, noisy_ids, clean_ids, select, sequence=sequence, targets=targets,
+                                chunk_size=chunk_size, temperature=temperature, banned=banned, **options)
     if chunk_size == 0:
         logits = denoising_logits(model, noisy_ids, clean_ids, **options)
         temps = _temperatures(temperature, targets.shape, logits.device)
@@ -251,7 +305,7 @@ def masked_logprobs(model, noisy_ids: torch.Tensor, clean_ids: torch.Tensor, sel
 
 def mc_elbo(model, input_ids: torch.Tensor, views, example_index: torch.Tensor, *, inverse_t: bool = True,
             attn_backend: str | None = None, blocks: BlockLayout | None = None,
-            prompt_lengths: torch.Tensor | None = None, chunk_size: int = DEFAULT_LOGITS_CHUNK,
+            prompt_lengths: torch.Tensor | None = None, chunk_size: int = DEFAULT_LOGITS_CHUNK, sequence=None,
             **layout) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-example Monte-Carlo ELBO terms of ``model`` on stored corruptions ``views`` (``[R, n, S]``).
 
@@ -269,5 +323,5 @@ def mc_elbo(model, input_ids: torch.Tensor, views, example_index: torch.Tensor, 
     for m in range(n):
         logps.append(masked_logprobs(model, views.noisy_ids[:, m], input_ids, views.mask[:, m], blocks=blocks,
                                      prompt_lengths=prompt_lengths, attn_backend=attn_backend, chunk_size=chunk_size,
-                                     **layout))
+                                     sequence=sequence, **layout))
     return sequence_elbo(torch.stack(logps, 1), views.mask, views.p_mask, example_index, inverse_t=inverse_t)

@@ -125,7 +125,7 @@ class RolloutContext:
 def forward_logp(model, batch: TensorDict, noisy_ids: torch.Tensor, select: torch.Tensor,
                  targets: torch.Tensor | None = None, *, attn_backend: str | None = None,
                  temperature: torch.Tensor | float | None = None, chunk_size: int = DEFAULT_LOGITS_CHUNK,
-                 blocks: BlockLayout | None = None, banned: tuple[int, ...] = ()) -> torch.Tensor:
+                 blocks: BlockLayout | None = None, sequence=None, banned: tuple[int, ...] = ()) -> torch.Tensor:
     """``log p(target_j | noisy_ids)`` (fp32) at ``select`` positions, 0 elsewhere.
 
     ``noisy_ids`` is ``[R, S]`` or ``[R, n, S]`` (``n`` views per row, evaluated in one forward of ``R*n`` rows
@@ -138,7 +138,8 @@ def forward_logp(model, batch: TensorDict, noisy_ids: torch.Tensor, select: torc
     block ``b`` of the view is predicted from itself and the clean blocks before it. The clean copy is the
     clean response (``generated`` / ``maskable``) after the view's prompt, so prompt masking (d1, SPG) hits the
     context every block sees. The LM head runs on the selected positions only, ``chunk_size`` rows at a time
-    (0 = full logits, the plain path). Algorithms call it through :meth:`RLAlgorithm.logp` (or pass
+    (0 = full logits, the plain path); ``sequence`` shards the forward over a sequence-parallel group (the
+    result is the same). Algorithms call it through :meth:`RLAlgorithm.logp` (or pass
     ``**self.forward_options``).
     """
     input_ids = batch["input_ids"]
@@ -163,7 +164,7 @@ def forward_logp(model, batch: TensorDict, noisy_ids: torch.Tensor, select: torc
             temperature = temperature.repeat_interleave(n, 0)
     out = masked_logprobs(model, noisy, clean, flat(select),
                           targets=flat(targets), blocks=blocks, attn_backend=attn_backend, chunk_size=chunk_size,
-                          temperature=temperature, banned=banned, **layout)
+                          temperature=temperature, sequence=sequence, banned=banned, **layout)
     return out.reshape(shape)
 
 

@@ -1,6 +1,7 @@
 """torch.distributed helpers: process group from torchrun, FSDP2 wrapping, collectives on metric dicts.
 
-Run multi-process training with ``torchrun --nproc_per_node N -m dare.cli train CONFIG``. Without torchrun
+Run multi-process training with ``torchrun --nproc_per_node N -m dare.cli train CONFIG``; sequence parallelism
+(``distributed.sequence_parallel``) lives in :mod:`dare.distributed.sequence`. Without torchrun
 everything degrades to a single process (no process group, no sharding).
 
 Randomness is rank-independent by construction: corruption noise comes from per-example generators
@@ -21,13 +22,23 @@ from dare.errors import ConfigError
 
 @dataclass(frozen=True)
 class DistInfo:
-    """Where this process stands: rank, world size, device, whether a process group exists."""
+    """Where this process stands: rank, world size, device, whether a process group exists.
+
+    With sequence parallelism the trainer also holds a *data-parallel view* of it
+    (:func:`dare.distributed.sequence.build_sequence_parallel`): ``rank`` / ``world_size`` count data-parallel
+    groups, ``group`` is the data dimension's process group (collectives of :func:`all_reduce_dict` run there) and
+    ``sequence_rank`` the rank inside the sequence group.
+    """
 
     rank: int = 0
     world_size: int = 1
     local_rank: int = 0
     device: torch.device = torch.device("cpu")
     backend: str | None = None
+    group: object = None
+    """Process group of the collectives in this module (None: the whole world)."""
+    sequence_rank: int = 0
+    """Rank inside the sequence-parallel group (0 without sequence parallelism)."""
 
     @property
     def initialized(self) -> bool:
@@ -35,7 +46,7 @@ class DistInfo:
 
     @property
     def is_main(self) -> bool:
-        return self.rank == 0
+        return self.rank == 0 and self.sequence_rank == 0
 
 
 def launched_by_torchrun() -> bool:
@@ -85,7 +96,7 @@ def all_reduce_dict(values: dict[str, torch.Tensor], info: DistInfo, op: str = "
     flat = torch.cat([t.reshape(-1) for t in tensors])
     if info.initialized:
         flat = flat.to(info.device) if info.backend == "nccl" else flat
-        dist.all_reduce(flat, op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX)
+        dist.all_reduce(flat, op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX, group=info.group)
         flat = flat.cpu()
     out, offset = {}, 0
     for key, t in zip(keys, tensors):

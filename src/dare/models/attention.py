@@ -59,6 +59,11 @@ class AttentionLayout:
     All index tensors are ``[B, Q]`` or ``[B, K]`` long tensors; rules left as ``None`` impose nothing.
     ``cu_seqlens`` (with ``max_seqlen``) describes the packed documents of a batch-1 row for the
     ``varlen`` backend.
+
+    ``sequence`` (sequence parallelism) is the exchange of a sharded forward: queries, keys and values arrive as
+    this rank's slice of the positions with all heads; :func:`attend` moves them to a slice of the heads over all
+    positions (``sequence.to_heads``), attends with this layout (which describes the whole row) and moves the
+    output back (``sequence.to_sequence``); see :class:`dare.distributed.sequence.SequenceParallel`.
     """
 
     batch_size: int
@@ -73,6 +78,7 @@ class AttentionLayout:
     extra: MaskMod | None = None
     cu_seqlens: torch.Tensor | None = None
     max_seqlen: int | None = None
+    sequence: object | None = None
     _cache: dict = field(default_factory=dict, repr=False)
 
     @property
@@ -301,13 +307,18 @@ def attend(
     """Scaled dot-product attention ``[B, H, Q, d] x [B, Hkv, K, d] -> [B, Q, H * d]``.
 
     Scale is ``1/sqrt(d)`` for every family; grouped-query attention repeats each KV head ``H/Hkv``
-    times consecutively.
+    times consecutively. With ``layout.sequence`` the inputs are this rank's sequence shard (see
+    :class:`AttentionLayout`) and so is the output.
     """
     fn = _BACKEND_FNS.get(backend)
     if fn is None:
         raise unknown_choice("attention backend", backend, ATTENTION_BACKENDS)
     if q.shape[1] % k.shape[1] != 0:
         raise ConfigError(f"{q.shape[1]} query heads are not a multiple of {k.shape[1]} key/value heads")
+    if layout.sequence is not None:
+        q, k, v = layout.sequence.to_heads(q, k, v)
     out = fn(q, k, v, layout, q.shape[-1] ** -0.5)
+    if layout.sequence is not None:
+        out = layout.sequence.to_sequence(out)
     b, h, L, d = out.shape
     return out.transpose(1, 2).reshape(b, L, h * d)

@@ -75,12 +75,51 @@ class DiffusionLMOutput(ModelOutput):
         last_hidden_state: ``[B, L, D]`` final normalised hidden states (always returned).
         hidden_states: per-layer inputs plus the final state, when ``output_hidden_states``.
         cache: the :class:`KVCache` passed in, updated.
+        sequence_slice: under sequence parallelism, the positions of the (padded) row that ``last_hidden_state`` and
+            ``logits`` hold on this rank; None otherwise (they hold every position).
     """
 
     logits: torch.Tensor | None = None
     last_hidden_state: torch.Tensor | None = None
     hidden_states: tuple[torch.Tensor, ...] | None = None
     cache: KVCache | None = None
+    sequence_slice: slice | None = None
+
+
+def pad_rows(length: int, input_ids, inputs_embeds, attention_mask, position_ids, cu_seqlens, attention_rule):
+    """Pad the inputs of a forward to ``length`` tokens per row with tokens that nothing attends.
+
+    Packed rows (``cu_seqlens``) get a filler document; padded rows extend (or gain) the ``attention_mask`` with
+    zeros. Explicit positions are padded with 0; an ``attention_rule`` sees pad positions as the last real one
+    (its index tensors cover the real tokens only; the padding / document rules already exclude pad keys).
+    Returns the six inputs in the same order.
+    """
+    rows = input_ids if input_ids is not None else inputs_embeds
+    batch, real = rows.shape[:2]
+    extra = length - real
+    if extra == 0:
+        return input_ids, inputs_embeds, attention_mask, position_ids, cu_seqlens, attention_rule
+    device = rows.device
+    if input_ids is not None:
+        input_ids = torch.cat([input_ids, input_ids.new_zeros(batch, extra)], dim=1)
+    else:
+        inputs_embeds = torch.cat([inputs_embeds, inputs_embeds.new_zeros(batch, extra, inputs_embeds.shape[-1])], 1)
+    if cu_seqlens is not None:
+        cu_seqlens = torch.cat([cu_seqlens, cu_seqlens.new_tensor([length])])
+    if attention_mask is not None or cu_seqlens is None:
+        if attention_mask is None:
+            attention_mask = torch.ones(batch, real, dtype=torch.long, device=device)
+        attention_mask = torch.cat([attention_mask, attention_mask.new_zeros(batch, extra)], dim=1)
+    if position_ids is not None:
+        position_ids = position_ids.expand(batch, real)
+        position_ids = torch.cat([position_ids, position_ids.new_zeros(batch, extra)], dim=1)
+    if attention_rule is not None:
+        rule, last = attention_rule, real - 1
+
+        def attention_rule(b, h, q, k):
+            return rule(b, h, q.clamp(max=last), k.clamp(max=last))
+
+    return input_ids, inputs_embeds, attention_mask, position_ids, cu_seqlens, attention_rule
 
 
 def rotary_attention(
@@ -253,6 +292,7 @@ class DiffusionLM(PreTrainedModel):
         attention_rule: MaskMod | None = None,
         return_hidden: bool = False,
         logits_positions: slice | None = None,
+        sequence_parallel=None,
         output_hidden_states: bool = False,
         return_dict: bool = True,
         use_cache: bool | None = None,
@@ -280,6 +320,12 @@ class DiffusionLM(PreTrainedModel):
             logits_positions: apply the LM head only to ``[:, logits_positions]`` (e.g. ``slice(0, n)``, the noisy
                 half of the ``[noisy ; clean]`` layout, which halves the logits memory); ``last_hidden_state`` keeps
                 every position.
+            sequence_parallel: a :class:`dare.distributed.sequence.SequenceParallel` (training forwards under
+                ``distributed.sequence_parallel``): rows are padded to a multiple of the degree (padding is never
+                attended), this rank runs its own slice of the positions (``sequence_slice`` of the output) through
+                the token-wise layers and exchanges heads around attention, which stays exact over the whole row.
+                ``last_hidden_state`` / ``logits`` hold that slice only; every rank of the group must make the same
+                call. No KV cache, no ``logits_positions``.
         """
         if labels is not None:
             raise InputError("DARE models do not compute a loss in forward(); use dare.diffusion objectives")
@@ -296,11 +342,23 @@ class DiffusionLM(PreTrainedModel):
                     f"input_ids must lie in [0, {self.vocab_size}); got values in "
                     f"[{int(input_ids.min())}, {int(input_ids.max())}]"
                 )
-            x = self.embed(input_ids)
-        else:
-            x = inputs_embeds
-        batch, length = x.shape[:2]
-        device = x.device
+        window = slice(None)  # this rank's positions (all of them without sequence parallelism)
+        if sequence_parallel is not None:
+            if cache is not None or unused.get("past_key_values") is not None:
+                raise InputError("sequence parallelism shards training forwards; it cannot be combined with a KV cache")
+            if logits_positions is not None:
+                raise InputError("logits_positions cannot be combined with sequence parallelism "
+                                 "(each rank returns the outputs of its own positions)")
+            real = (input_ids if input_ids is not None else inputs_embeds).shape[1]
+            input_ids, inputs_embeds, attention_mask, position_ids, cu_seqlens, attention_rule = pad_rows(
+                sequence_parallel.padded_length(real), input_ids, inputs_embeds, attention_mask, position_ids,
+                cu_seqlens, attention_rule)
+        rows = input_ids if input_ids is not None else inputs_embeds
+        batch, length = rows.shape[:2]
+        device = rows.device
+        if sequence_parallel is not None:
+            window = sequence_parallel.shard(length)
+        x = self.embed(input_ids[:, window]) if input_ids is not None else inputs_embeds[:, window]
 
         if cache is None:
             cache = unused.pop("past_key_values", None)
@@ -330,7 +388,8 @@ class DiffusionLM(PreTrainedModel):
         )
         if cache is not None:
             cache.store_positions(key_positions)
-        rope = rope_angles(position_ids, self.rope_dim, self.rope_theta)
+        rope = rope_angles(position_ids[:, window], self.rope_dim, self.rope_theta)
+        layout.sequence = sequence_parallel
 
         all_hidden = [] if output_hidden_states else None
         checkpointing = self.gradient_checkpointing and self.training and torch.is_grad_enabled()
@@ -350,6 +409,7 @@ class DiffusionLM(PreTrainedModel):
             last_hidden_state=x,
             hidden_states=tuple(all_hidden) if all_hidden is not None else None,
             cache=cache,
+            sequence_slice=None if sequence_parallel is None else window,
         )
 
     def _resolve_block_size(self, block_size: int | None) -> int | None:

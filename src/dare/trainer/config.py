@@ -184,6 +184,11 @@ class DistributedConfig:
     """auto (bf16 compute / fp32 reduce on CUDA, fp32 on CPU), bf16 or fp32."""
     reshard_after_forward: bool = True
     """FSDP2: free gathered block weights after forward (ZeRO-3); false keeps them (ZeRO-2, faster)."""
+    sequence_parallel: int = 1
+    """Sequence-parallel degree P (Ulysses): the ranks form a (data x sequence) mesh, each group of P consecutive
+    ranks trains the same micro-batches with every row split into P slices (activation memory / P); attention
+    exchanges heads (all-to-all) and stays exact. Must divide the number of processes and the attention heads.
+    FSDP2 still shards the weights over all ranks. 1 = off."""
 
 
 @dataclass
@@ -227,6 +232,8 @@ class TrainConfig:
         for key, value in positive.items():
             if value < 1:
                 raise ConfigError(f"{key} must be positive; got {value}")
+        if self.distributed.sequence_parallel < 1:
+            raise ConfigError(f"distributed.sequence_parallel must be >= 1; got {self.distributed.sequence_parallel}")
         if self.model.logits_chunk_size < 0:
             raise ConfigError(f"model.logits_chunk_size must be >= 0 (0 = full logits); got {self.model.logits_chunk_size}")
         if self.optim.lr <= 0:

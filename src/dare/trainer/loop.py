@@ -104,6 +104,8 @@ class Trainer:
             from dare.models.compile import compile_blocks
 
             compile_blocks(model, backend=cfg.model.compile_backend)
+        self.sequence, self.data_info = self._sequence_parallel(base)
+        self.algorithm.sequence_parallel = self.sequence
         self.sharded = self.info.initialized and cfg.distributed.fsdp
         if self.sharded:
             apply_fsdp(model, unwrap(model).blocks, self.info, cfg.distributed.mixed_precision,
@@ -111,6 +113,9 @@ class Trainer:
         self.model = model.train()
 
         self.auxiliary = self.algorithm.auxiliary_models(self._load_backbone)
+        if self.auxiliary and self.sequence is not None:
+            raise ConfigError(f"algorithm {cfg.algorithm.name} trains auxiliary models ({', '.join(self.auxiliary)}), "
+                              "which do not support distributed.sequence_parallel > 1")
         for aux in self.auxiliary.values():
             if self.sharded:
                 apply_fsdp(aux.module, aux.blocks or [], self.info, cfg.distributed.mixed_precision,
@@ -172,6 +177,23 @@ class Trainer:
                        cfg.distributed.reshard_after_forward)
         return Reference(self.model, frozen.eval())
 
+    def _sequence_parallel(self, base):
+        """``(SequenceParallel | None, data-parallel DistInfo)`` for ``distributed.sequence_parallel``: the
+        (data x sequence) mesh and the view of this rank that data sources and global-batch sums use."""
+        degree = self.config.distributed.sequence_parallel
+        if degree == 1:
+            return None, self.info
+        from dare.distributed.sequence import attention_heads, build_sequence_parallel
+
+        if not self.config.distributed.fsdp:
+            raise ConfigError("distributed.sequence_parallel > 1 needs distributed.fsdp=true (FSDP2 sums the "
+                              "gradients of the sequence shards)")
+        sequence, data_info = build_sequence_parallel(self.info, degree)
+        heads = attention_heads(base.config)
+        if heads is not None:
+            sequence.check_heads(heads)
+        return sequence, data_info
+
     def _load_backbone(self):
         """A fresh copy of the initial policy weights (no adapter) for an algorithm's auxiliary model."""
         from dare.models.loading import load_model, resolve_dtype, unwrap
@@ -210,7 +232,8 @@ class Trainer:
             raise ConfigError(f"data.pack_length={pack_length} must be at least data.max_length={cfg.data.max_length}")
         return DatasetSource(
             data.examples, batch_size=cfg.trainer.batch_size, micro_batch_size=cfg.trainer.micro_batch_size,
-            rank=self.info.rank, world_size=self.info.world_size, seed=cfg.trainer.seed, shuffle=cfg.data.shuffle,
+            rank=self.data_info.rank, world_size=self.data_info.world_size, seed=cfg.trainer.seed,
+            shuffle=cfg.data.shuffle,
             packing=cfg.data.packing, pack_length=pack_length, eos_id=self.token_ids.eos, pad_id=self.token_ids.pad,
             eos_padding=cfg.data.eos_padding, fixed_width=cfg.fixed_width(),
         )
@@ -231,8 +254,8 @@ class Trainer:
         local_totals: dict = {}
         for mb in micro:
             _add(local_totals, self.algorithm.totals(mb))
-        totals = all_reduce_dict(dict(local_totals), self.info)
-        count = all_reduce_max_int(len(micro), self.info)
+        totals = all_reduce_dict(dict(local_totals), self.data_info)  # over data-parallel groups: sequence-parallel
+        count = all_reduce_max_int(len(micro), self.data_info)       # ranks hold the same micro-batches
         if prepared and len(micro) < count:
             raise RuntimeError("the source returned different numbers of micro-batches on different ranks")
         while len(micro) < count:  # same number of forward/backward collectives on every rank
@@ -244,7 +267,7 @@ class Trainer:
             with autocast_context(self.config.distributed.mixed_precision if not self.sharded else "fp32", self.info.device):
                 metrics = self.algorithm.backward(self.model, mb, device_totals)
             _add(sums, metrics)
-        out = all_reduce_dict(sums, self.info)
+        out = all_reduce_dict(sums, self.data_info)
         out.update({k: v for k, v in totals.items() if v.numel() == 1})
         out.update(getattr(self.source, "step_metrics", None) or {})
         return out

@@ -79,7 +79,7 @@ def build_pair_source(trainer) -> PairSource:
         print(f"warning: dropped {dropped} of {dropped + len(pairs)} pairs longer than data.max_length={cfg.data.max_length}")
     return PairSource(pairs, algorithm=trainer.algorithm, policy=trainer.model, reference=trainer.reference,
                       batch_size=cfg.trainer.batch_size, micro_batch_size=cfg.trainer.micro_batch_size,
-                      eos_id=trainer.token_ids.eos, pad_id=trainer.token_ids.pad, info=trainer.info,
+                      eos_id=trainer.token_ids.eos, pad_id=trainer.token_ids.pad, info=trainer.data_info,
                       seed=cfg.trainer.seed, shuffle=cfg.data.shuffle)
 
 

@@ -28,9 +28,10 @@ Rollout health (threshold decoders tend to turn overconfident during online RL a
   probability) for ``margin`` / ``neg_entropy`` / ``random``; absent when the sampler does not return it;
 * ``rollout/eos_fraction``: fraction of rows whose decoded completion contains a stop token (EOS/EOT).
 
-Per-rollout work outside these phases, e.g. copying the updated policy weights into a rollout engine after the
-optimizer step (``rollout/weight_refresh_s``), is timed in ``_generate`` before decoding with
-:meth:`RolloutSource._clock` and reported next to ``rollout/generate_s`` in ``_log_metrics``.
+Rollout engine (:mod:`dare.rollout.engine`; CUDA graphs by default on CUDA): ``rollout/weight_refresh_s`` (making
+the recorded graphs read the weights of the last optimizer step: they are updated in place, so this is an address
+check; a moved parameter drops the graphs), ``rollout/graph_captures`` and ``rollout/graph_capture_s`` (graphs
+recorded in this rollout: the first rollouts of each new batch/prompt-width shape).
 
 With ``rollout.dynamic_sampling`` the step's groups whose rewards are all equal are replaced by groups of extra
 rounds of prompts (:mod:`dare.trainer.dynamic_sampling`; ``rollout/dynamic/*`` metrics); the health metrics then
@@ -189,10 +190,28 @@ class RolloutSource:
         chunk = self.config.chunk_size or len(items)
         outputs = []
         with torch.no_grad(), evaluating(self.policy), gathered_parameters(self.policy), self.precision():
+            self._engine_metrics(before=True)
             for lo in range(0, len(items), chunk):
                 outputs.append(generate(self.policy, ids[lo:lo + chunk].to(device), attn[lo:lo + chunk].to(device),
                                         sampler, example_ids=rows[lo:lo + chunk], progress=self.progress))
+            self._engine_metrics(before=False)
         return outputs
+
+    def _engine_metrics(self, before: bool) -> None:
+        """Rollout-engine costs of this rollout: ``rollout/weight_refresh_s`` (making recorded CUDA graphs read the
+        updated weights: an address check, a re-recording only if a parameter moved), ``rollout/graph_captures`` and
+        ``rollout/graph_capture_s`` (graphs recorded during this rollout; 0 once every shape has been seen)."""
+        from dare.rollout.engine import engine_stats, refresh_weights
+
+        stats = engine_stats(self.policy)
+        if before:
+            began = self._clock()
+            refresh_weights(self.policy)
+            self._engine = {"rollout/weight_refresh_s": self._clock() - began, "captures": stats.captures,
+                            "capture_s": stats.capture_s}
+            return
+        self._engine["rollout/graph_captures"] = float(stats.captures - self._engine.pop("captures"))
+        self._engine["rollout/graph_capture_s"] = stats.capture_s - self._engine.pop("capture_s")
 
     def _decode(self, completion: torch.Tensor, mask: torch.Tensor) -> list[str]:
         lengths = mask.sum(-1).tolist()
@@ -403,6 +422,7 @@ class RolloutSource:
             "rollout/generate_s": s["generate_s"] / s["ranks"], "rollout/decoded": s["decoded"] / n,
             "rollout/tokens_per_forward": s["decoded"] / max(s["row_steps"], 1.0),
         }
+        self.step_metrics.update({k: round(float(v), 6) for k, v in getattr(self, "_engine", {}).items()})
         if s["confident_n"]:
             self.step_metrics["rollout/commit_confidence"] = s["confidence"] / s["confident_n"]
         if s["partial_n"]:
@@ -455,7 +475,7 @@ def build_rollout_source(trainer) -> RolloutSource:
     return RolloutSource(
         prompts, policy=trainer.model, algorithm=trainer.algorithm, tokenizer=trainer.tokenizer, reward=reward,
         config=cfg.rollout, batch_size=cfg.trainer.batch_size, micro_batch_size=cfg.trainer.micro_batch_size,
-        info=trainer.info, seed=cfg.trainer.seed, shuffle=cfg.data.shuffle, reference=trainer.reference,
+        info=trainer.data_info, seed=cfg.trainer.seed, shuffle=cfg.data.shuffle, reference=trainer.reference,
         output_dir=trainer.output_dir if cfg.rollout.samples_file else None,
     )
 

@@ -53,6 +53,7 @@ class EngineStats:
     graph_bytes: int = 0
     fallbacks: int = 0
     recaptures: int = 0
+    capture_s: float = 0.0
 
 
 _STATES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -94,6 +95,25 @@ def release(model) -> None:
     _FINGERPRINTS.pop(base, None)
 
 
+def refresh_weights(model) -> bool:
+    """Make recorded graphs read ``model``'s current weights; returns True when they had to be dropped.
+
+    Optimizer steps (full fine-tuning, LoRA adapters) update parameters in place, so recorded graphs already read
+    the new values and nothing is copied; a re-allocated parameter (new address) drops the model's graphs, which
+    are recorded again at the next rollout (``EngineStats.recaptures``). Cost: one pass over the parameters'
+    addresses. FSDP-sharded models decode eagerly and are not affected.
+    """
+    base = _base(model)
+    fingerprint = _fingerprint(base)
+    previous = _FINGERPRINTS.get(base)
+    _FINGERPRINTS[base] = fingerprint
+    if previous is not None and previous != fingerprint:
+        engine_stats(model).recaptures += 1
+        _STATES.pop(base, None)
+        return True
+    return False
+
+
 def _base(model):
     return model.get_base_model() if hasattr(model, "get_base_model") else model
 
@@ -112,13 +132,14 @@ def _fingerprint(model) -> tuple:
     return tuple(p.data_ptr() for p in model.parameters())
 
 
-def _state_key(kind: str, config, batch: int, prompt_width: int, padded: bool, graphs: bool, device) -> tuple:
+def _state_key(kind: str, config, batch: int, prompt_width: int, padded: bool, graphs: bool, device,
+               training: bool) -> tuple:
     settings = asdict(config)
-    for volatile in ("seed", "engine"):
+    for volatile in ("seed", "engine", "max_blocks"):  # the host loop's business, not the recorded steps'
         settings.pop(volatile, None)
     autocast = torch.is_autocast_enabled(device.type) if device.type in ("cuda", "cpu") else False
     dtype = torch.get_autocast_dtype(device.type) if autocast else None
-    return (kind, batch, prompt_width, padded, graphs, autocast, dtype, tuple(sorted(settings.items())))
+    return (kind, batch, prompt_width, padded, graphs, training, autocast, dtype, tuple(sorted(settings.items())))
 
 
 def run_static(sampler, model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, config, *,
@@ -138,17 +159,13 @@ def run_static(sampler, model, input_ids: torch.Tensor, attention_mask: torch.Te
     graphs = engine == "graph"
     device = input_ids.device
     if graphs:
-        fingerprint = _fingerprint(base)
-        if _FINGERPRINTS.get(base, fingerprint) != fingerprint:
-            stats.recaptures += 1
-            _STATES.pop(base, None)
-        _FINGERPRINTS[base] = fingerprint
+        refresh_weights(model)
     padded_rows = bucket(rows) if graphs else rows
     multiple = PROMPT_WIDTH_MULTIPLE if graphs else 1
     prompt_width = -(-input_ids.shape[1] // multiple) * multiple
     has_padding = sampler.static_state.needs_padding(input_ids, attention_mask, prompt_width, config)
     states = _STATES.setdefault(base, OrderedDict())
-    key = _state_key(sampler.attention, config, padded_rows, prompt_width, has_padding, graphs, device)
+    key = _state_key(sampler.attention, config, padded_rows, prompt_width, has_padding, graphs, device, base.training)
     state = states.get(key)
     if state is None:
         state = sampler.static_state(base, config, batch=padded_rows, prompt_width=prompt_width, padded=has_padding,
@@ -158,7 +175,8 @@ def run_static(sampler, model, input_ids: torch.Tensor, attention_mask: torch.Te
             states.popitem(last=False)
     states.move_to_end(key)
     seeds = [derive_seed(config.seed, i) for i in example_ids]
-    captures, replays, graph_bytes = state.runner.captures, state.runner.replays, state.runner.graph_bytes
+    runner = state.runner
+    captures, replays, graph_bytes, capture_s = runner.captures, runner.replays, runner.graph_bytes, runner.capture_s
     try:
         state.load(input_ids, attention_mask, seeds)
         state.decode()
@@ -175,4 +193,5 @@ def run_static(sampler, model, input_ids: torch.Tensor, attention_mask: torch.Te
         stats.captures += state.runner.captures - captures
         stats.replays += state.runner.replays - replays
         stats.graph_bytes += state.runner.graph_bytes - graph_bytes
+        stats.capture_s += state.runner.capture_s - capture_s
     return state.output(input_ids, attention_mask)

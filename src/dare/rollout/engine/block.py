@@ -144,7 +144,8 @@ class BlockState:
         rcols = cols - self.prefix
         block = layout.canvas.index_select(1, cols)
         if config.suppress_eos:
-            logits = logits.index_fill(-1, torch.tensor([tok.eos], device=logits.device), NEG_INF)
+            logits = logits.clone()
+            logits[..., tok.eos] = NEG_INF
         alive = self.alive
         masked = (block == tok.mask) & alive[:, None]
         fixed = layout.prompt_tail.index_select(1, rcols)

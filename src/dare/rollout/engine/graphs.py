@@ -13,6 +13,7 @@ device memory reserved while recording.
 
 from __future__ import annotations
 
+import time
 import weakref
 
 import torch
@@ -38,6 +39,7 @@ class StepRunner:
         self.captures = 0
         self.replays = 0
         self.graph_bytes = 0
+        self.capture_s = 0.0
 
     def run(self, key, fn) -> None:
         if not self.use_graphs:
@@ -48,6 +50,7 @@ class StepRunner:
             graph.replay()
             self.replays += 1
             return
+        began = time.perf_counter()
         fn()  # the real step, eagerly (also the warm-up the capture needs)
         torch.cuda.synchronize(self.device)
         before = torch.cuda.memory_reserved(self.device)
@@ -58,6 +61,7 @@ class StepRunner:
         self.graph_bytes += max(torch.cuda.memory_reserved(self.device) - before, 0)
         self.graphs[key] = graph
         self.captures += 1
+        self.capture_s += time.perf_counter() - began
 
 
 class HostFlag:

@@ -130,7 +130,8 @@ class MdlmState:
         eligible = (block == tok.mask) & self.alive[:, None]
         taking = eligible.any(-1)
         if config.suppress_eos:
-            logits = logits.index_fill(-1, torch.tensor([tok.eos], device=logits.device), float("-inf"))
+            logits = logits.clone()
+            logits[..., tok.eos] = float("-inf")
         quota = self.schedule(self.block_steps, self.initial, eligible.sum(-1), self.steps_per_block, config.eps)
         proposal = propose_static(logits, eligible, config=config, banned=tok.mask, keys=self.keys,
                                   counters=self.num_steps, positions=gcols[None, :].expand_as(eligible))

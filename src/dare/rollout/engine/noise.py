@@ -11,6 +11,8 @@ The hash is a 32-bit integer mixer (multiply / xor-shift rounds) evaluated in in
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 MASK32 = 0xFFFFFFFF
@@ -51,8 +53,42 @@ def uniform(hashes: torch.Tensor) -> torch.Tensor:
 def gumbel_argmax(scores: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
     """``argmax(scores + Gumbel)`` over the last axis of float32 ``scores [B, W, V]``: a sample from
     ``softmax(scores)``. The Gumbel noise of entry ``v`` is a hash of ``base [B, W]`` (:func:`position_hash`)
-    and ``v``; ``-inf`` scores are never drawn."""
+    and ``v``; ``-inf`` scores are never drawn.
+
+    On CUDA the hash, the noise and the argmax run as one compiled kernel (``torch.compile``; the eager ops
+    stream ``B x W x V`` int64 temporaries through memory ten times); ``DARE_COMPILE_SAMPLING=0`` or a failed
+    compilation uses the eager ops (same numbers)."""
+    if scores.is_cuda and _compile_enabled():
+        try:
+            return _compiled()(scores, base)
+        except Exception as error:  # noqa: BLE001 - any compiler failure: fall back to the same eager ops
+            _disable_compile(error)
+    return _gumbel_argmax(scores, base)
+
+
+def _gumbel_argmax(scores: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
     vocab = torch.arange(scores.shape[-1], device=scores.device, dtype=torch.long)
     h = mix32(base[..., None] ^ ((vocab * _GOLDEN) & MASK32))
     u = uniform(h)
     return (scores - torch.log(-torch.log(u))).argmax(-1)
+
+
+_COMPILE = {"enabled": os.environ.get("DARE_COMPILE_SAMPLING", "1") != "0", "fn": None}
+
+
+def _compile_enabled() -> bool:
+    return _COMPILE["enabled"]
+
+
+def _compiled():
+    if _COMPILE["fn"] is None:
+        _COMPILE["fn"] = torch.compile(_gumbel_argmax, dynamic=False)
+    return _COMPILE["fn"]
+
+
+def _disable_compile(error: Exception) -> None:
+    import logging
+
+    logging.getLogger("dare.rollout").warning("compiled sampling unavailable, using eager ops: %s",
+                                              str(error).splitlines()[0][:200])
+    _COMPILE["enabled"] = False

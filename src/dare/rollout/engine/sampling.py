@@ -43,7 +43,8 @@ def propose_static(
     """
     temperature = config.temperature
     x = logits.float()
-    choice = x.index_fill(-1, torch.tensor([banned], device=x.device), NEG_INF)
+    choice = x.clone()
+    choice[..., banned] = NEG_INF  # a fill kernel: no host-to-device copy inside a recorded step
     filtered = filter_logits(choice, temperature, config.top_p, config.top_k, config.top_k_first)
     if config.confidence_source == "logits":
         source = x
