@@ -29,8 +29,13 @@ RL_VARIANTS = {  # recipe, overrides, optimizer steps (a second rollout after mu
     "rl_coupled_lora": ("configs/llada/coupled_grpo_tiny.yaml",  # reference = the adapter-disabled FSDP policy
                         ["algorithm.inner_steps=1", "lora.enabled=true", "lora.r=4"], 2),
     "rl_sdar_bgpo": ("configs/sdar/bgpo_tiny.yaml", ["algorithm.mc_num=2"], 2),  # block cache sampler, MC terms
+    "rl_justgrpo": ("configs/llada/justgrpo_tiny.yaml",  # left-to-right rollouts, old + frozen-copy reference
+                    ["algorithm.inner_steps=2", "algorithm.kl_coef=0.04", "algorithm.positions_per_forward=3"], 3),
+    "rl_espo": ("configs/llada/espo_tiny.yaml", ["algorithm.inner_steps=1"], 2),  # two-pass sequence gradient
+    "rl_gdpo_dynamic": ("configs/llada/gdpo_tiny.yaml",  # dynamic sampling: extra rounds, groups moved across ranks
+                        ["rollout.dynamic_sampling=true", "rollout.reward=dist_half_flat"], 2),
 }
-ROLLOUT_FIELDS = ("rewards", "advantages", "old_logp", "ref_logp")
+ROLLOUT_FIELDS = ("rewards", "advantages", "old_logp", "ref_logp", "old_elbo", "ref_elbo")
 
 
 def register_test_reward() -> None:
@@ -47,6 +52,14 @@ def register_test_reward() -> None:
             return RewardResult(reward=(sum(map(ord, completion)) % 11) / 10, correct=False)
 
     register_reward("dist_varied")(DistVaried)
+
+    class DistHalfFlat(Reward):  # constant on answers of even length: those groups are flat
+        def score_one(self, completion, sample):
+            if len(sample["answer"]) % 2 == 0:
+                return RewardResult(reward=1.0, correct=True)
+            return RewardResult(reward=(sum(map(ord, completion)) % 11) / 10, correct=False)
+
+    register_reward("dist_half_flat")(DistHalfFlat)
 
 
 def gather(value, info) -> list:
@@ -115,6 +128,7 @@ def run_rl(name: str, out_dir: Path, info, extra: tuple[str, ...] = ()) -> dict:
         record["losses"].append(float(metrics["loss"]))
         if step % trainer.source.mu == 0:  # a fresh rollout of the current policy
             record["rollouts"].append(rollout_record(trainer.source._cache[1][0], info))
+            record.setdefault("step_metrics", []).append(dict(trainer.source.step_metrics))
         if step == 0:
             record["grads"] = {n: full(p.grad).clone() for n, p in trainer.model.named_parameters()
                                if p.grad is not None}

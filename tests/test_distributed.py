@@ -109,6 +109,36 @@ def test_rl_steps_under_torchrun_match_single_process(results, nproc, variant):
         assert all("lora_" in name for name in single["params"])
 
 
+RL_2026_VARIANTS = ["rl_justgrpo", "rl_espo", "rl_gdpo_dynamic"]
+
+
+@pytest.mark.parametrize("nproc", [1, 2])
+@pytest.mark.parametrize("variant", RL_2026_VARIANTS)
+def test_2026_rl_steps_under_torchrun_match_single_process(results, nproc, variant):
+    """JustGRPO (chunked left-to-right forwards, old + reference), ESPO (two-pass sequence gradient, reference) and
+    GDPO with dynamic sampling (extra rounds; groups generated on one rank are admitted on another): rollouts,
+    losses, gradients and parameters equal the single-process run."""
+    single, dist = results[None][variant], results[nproc][variant]
+    for ours, theirs in zip(single["rollouts"], dist["rollouts"]):
+        assert ours["row"].tolist() == list(range(8))
+        for key in ("row", "completion", "rewards", "advantages"):
+            assert torch.equal(theirs[key], ours[key]), key
+        for key in ("old_logp", "ref_logp", "old_elbo", "ref_elbo"):
+            if key in ours:
+                torch.testing.assert_close(theirs[key], ours[key], atol=1e-6, rtol=1e-5, msg=key)
+    if variant == "rl_gdpo_dynamic":
+        for key in ("extra_rounds", "dropped", "filled"):
+            key = f"rollout/dynamic/{key}"
+            assert [m[key] for m in dist["step_metrics"]] == [m[key] for m in single["step_metrics"]], key
+        assert any(m["rollout/dynamic/extra_rounds"] > 0 for m in single["step_metrics"])
+    for ours, theirs in zip(single["losses"], dist["losses"]):
+        assert abs(theirs - ours) <= 1e-6 * max(1.0, abs(ours))
+    for name, grad in single["grads"].items():
+        torch.testing.assert_close(dist["grads"][name], grad, atol=1e-6, rtol=1e-5, msg=name)
+    for name, value in single["params"].items():
+        torch.testing.assert_close(dist["params"][name], value, atol=5e-6, rtol=1e-5, msg=name)
+
+
 def test_rl_ranks_ran_different_rollouts_without_deadlock(results):
     """The comparisons above cover ranks whose early-stopping samplers ran different numbers of forwards (no
     collective inside generation: parameters are gathered once) and rank-local left padding of other widths."""

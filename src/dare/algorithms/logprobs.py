@@ -167,35 +167,45 @@ def _temperatures(temperature, shape: torch.Size, device) -> torch.Tensor | None
     return (temp[:, None] if temp.ndim == 1 else temp).expand(shape)
 
 
-def _head_logprobs(head, rows: torch.Tensor, targets: torch.Tensor, temperature: torch.Tensor | None) -> torch.Tensor:
+def _without(logits: torch.Tensor, banned: tuple[int, ...]) -> torch.Tensor:
+    """``logits`` with the ``banned`` token ids removed from the distribution (logit -inf)."""
+    if not banned:
+        return logits
+    return logits.index_fill(-1, torch.as_tensor(banned, device=logits.device), float("-inf"))
+
+
+def _head_logprobs(head, rows: torch.Tensor, targets: torch.Tensor, temperature: torch.Tensor | None,
+                   banned: tuple[int, ...] = ()) -> torch.Tensor:
     logits = head(rows)
     if temperature is not None:
         logits = logits / temperature[:, None].to(logits.dtype)
-    return token_logprobs(logits, targets)
+    return token_logprobs(_without(logits, banned), targets)
 
 
 def hidden_logprobs(model, hidden: torch.Tensor, targets: torch.Tensor, select: torch.Tensor, *,
                     chunk_size: int = DEFAULT_LOGITS_CHUNK,
-                    temperature: torch.Tensor | float | None = None) -> torch.Tensor:
+                    temperature: torch.Tensor | float | None = None, banned: tuple[int, ...] = ()) -> torch.Tensor:
     """``log p(target)`` in fp32 at ``select`` positions (0 elsewhere) from aligned final hidden states ``[R, S, D]``.
 
     ``hidden`` is :func:`denoising_hidden` (position ``i`` holds the state that predicts token ``i``: the head is
     position-wise, so aligning hidden states equals aligning logits). ``model.head`` runs on the selected rows
     only, ``chunk_size`` rows at a time, each chunk recomputed in the backward pass. ``temperature`` (a float or one
-    per row ``[R]``) divides the logits. When nothing is selected the result still depends on the head and
-    ``hidden`` (times 0) so every rank runs the same backward collectives.
+    per row ``[R]``) divides the logits; ``banned`` token ids are removed from the distribution (renormalised
+    without them, as the samplers never propose the mask token). When nothing is selected the result still
+    depends on the head and ``hidden`` (times 0) so every rank runs the same backward collectives.
     """
     if chunk_size < 1:
         raise ConfigError(f"the logits chunk size must be positive (0 = full logits); got {chunk_size}")
     temps = _temperatures(temperature, targets.shape, hidden.device)
-    return _scatter_logprobs(model, hidden, hidden[select], targets, select, temps, chunk_size)
+    return _scatter_logprobs(model, hidden, hidden[select], targets, select, temps, chunk_size, banned)
 
 
 def _scatter_logprobs(model, hidden: torch.Tensor, rows: torch.Tensor, targets: torch.Tensor, select: torch.Tensor,
-                      temps: torch.Tensor | None, chunk_size: int) -> torch.Tensor:
+                      temps: torch.Tensor | None, chunk_size: int, banned: tuple[int, ...] = ()) -> torch.Tensor:
     """The chunked head on ``rows`` (the hidden states scoring ``targets[select]``, in row-major order of
-    ``select``), scattered into ``[R, S]`` zeros. Without rows the result still depends on the head and ``hidden``
-    (times 0), so every rank runs the same backward collectives."""
+    ``select``), scattered into ``[R, S]`` zeros, ``banned`` token ids removed from the distribution. Without rows
+    the result still depends on the head and ``hidden`` (times 0), so every rank runs the same backward
+    collectives."""
     wanted = targets[select]
     temps = None if temps is None else temps[select]
     out = torch.zeros(targets.shape, dtype=torch.float32, device=hidden.device)
@@ -206,7 +216,7 @@ def _scatter_logprobs(model, hidden: torch.Tensor, rows: torch.Tensor, targets: 
     pieces = []
     for start in range(0, count, chunk_size):
         part = (rows[start:start + chunk_size], wanted[start:start + chunk_size],
-                None if temps is None else temps[start:start + chunk_size])
+                None if temps is None else temps[start:start + chunk_size], tuple(banned))
         if recompute:
             pieces.append(torch.utils.checkpoint.checkpoint(_head_logprobs, model.head, *part, use_reentrant=False,
                                                             preserve_rng_state=False))
@@ -227,7 +237,7 @@ def sharded_logprobs(model, noisy_ids: torch.Tensor, clean_ids: torch.Tensor, se
                      targets: torch.Tensor, blocks: BlockLayout | None = None,
                      prompt_lengths: torch.Tensor | None = None, attn_backend: str | None = None,
                      chunk_size: int = DEFAULT_LOGITS_CHUNK, temperature: torch.Tensor | float | None = None,
-                     **layout) -> torch.Tensor:
+                     banned: tuple[int, ...] = (), **layout) -> torch.Tensor:
     """:func:`masked_logprobs` under sequence parallelism (``sequence``: a
     :class:`dare.distributed.sequence.SequenceParallel`; every rank of its group calls it with the same batch).
 
@@ -247,7 +257,7 @@ def sharded_logprobs(model, noisy_ids: torch.Tensor, clean_ids: torch.Tensor, se
     local = hidden[row, source[owned] - window.start]  # [N, D] in row-major order of ``owned``
     temps = _temperatures(temperature, targets.shape, hidden.device)
     chunk = chunk_size or max(1, local.shape[0])
-    return sequence.sum_shards(_scatter_logprobs(model, hidden, local, targets, owned, temps, chunk))
+    return sequence.sum_shards(_scatter_logprobs(model, hidden, local, targets, owned, temps, chunk, banned))
 
 
 def selected_logprobs(logits: torch.Tensor, targets: torch.Tensor, select: torch.Tensor) -> torch.Tensor:
@@ -267,28 +277,30 @@ def masked_logprobs(model, noisy_ids: torch.Tensor, clean_ids: torch.Tensor, sel
                     targets: torch.Tensor | None = None, blocks: BlockLayout | None = None,
                     prompt_lengths: torch.Tensor | None = None, attn_backend: str | None = None,
                     chunk_size: int = DEFAULT_LOGITS_CHUNK, temperature: torch.Tensor | float | None = None,
-                    sequence=None, **layout) -> torch.Tensor:
+                    banned: tuple[int, ...] = (), sequence=None, **layout) -> torch.Tensor:
     """``log p(targets)`` (fp32) at ``select`` positions of one denoiser forward on ``noisy_ids``; 0 elsewhere.
 
     ``targets`` defaults to ``clean_ids`` (the clean copy of block-causal families, :func:`denoiser_outputs` for
     ``blocks`` / ``prompt_lengths`` / ``layout``). ``temperature`` (a float or one per row ``[R]``) divides the
-    logits. ``chunk_size > 0``: the chunked head of :func:`hidden_logprobs` (never materialises ``[R, S, V]``);
-    ``0``: full logits, then select (the reference path). Both give the same values and gradients. ``sequence``:
-    sequence parallelism (:func:`sharded_logprobs`; same result).
+    logits; ``banned`` token ids are removed from the distribution. ``chunk_size > 0``: the chunked head of
+    :func:`hidden_logprobs` (never materialises ``[R, S, V]``); ``0``: full logits, then select (the reference
+    path). Both give the same values and gradients. ``sequence``: sequence parallelism (:func:`sharded_logprobs`;
+    same result).
     """
     targets = clean_ids if targets is None else targets
     options = dict(blocks=blocks, prompt_lengths=prompt_lengths, attn_backend=attn_backend, **layout)
     if sequence is not None:
         return sharded_logprobs(model, noisy_ids, clean_ids, select, sequence=sequence, targets=targets,
-                                chunk_size=chunk_size, temperature=temperature, **options)
+                                chunk_size=chunk_size, temperature=temperature, banned=banned, **options)
     if chunk_size == 0:
         logits = denoising_logits(model, noisy_ids, clean_ids, **options)
         temps = _temperatures(temperature, targets.shape, logits.device)
         if temps is not None:
             logits = logits / temps[..., None].to(logits.dtype)
-        return selected_logprobs(logits, targets, select)
+        return selected_logprobs(_without(logits, tuple(banned)), targets, select)
     hidden = denoising_hidden(model, noisy_ids, clean_ids, **options)
-    return hidden_logprobs(model, hidden, targets, select, chunk_size=chunk_size, temperature=temperature)
+    return hidden_logprobs(model, hidden, targets, select, chunk_size=chunk_size, temperature=temperature,
+                           banned=banned)
 
 
 def mc_elbo(model, input_ids: torch.Tensor, views, example_index: torch.Tensor, *, inverse_t: bool = True,

@@ -125,12 +125,13 @@ class RolloutContext:
 def forward_logp(model, batch: TensorDict, noisy_ids: torch.Tensor, select: torch.Tensor,
                  targets: torch.Tensor | None = None, *, attn_backend: str | None = None,
                  temperature: torch.Tensor | float | None = None, chunk_size: int = DEFAULT_LOGITS_CHUNK,
-                 blocks: BlockLayout | None = None, sequence=None) -> torch.Tensor:
+                 blocks: BlockLayout | None = None, sequence=None, banned: tuple[int, ...] = ()) -> torch.Tensor:
     """``log p(target_j | noisy_ids)`` (fp32) at ``select`` positions, 0 elsewhere.
 
     ``noisy_ids`` is ``[R, S]`` or ``[R, n, S]`` (``n`` views per row, evaluated in one forward of ``R*n`` rows
     sharing the row's attention mask); ``select`` and ``targets`` (default ``input_ids``) broadcast to it.
-    ``temperature`` divides the logits (per row ``[R]`` or a float), as MDPO does with the rollout temperature.
+    ``temperature`` divides the logits (per row ``[R]`` or a float), as MDPO does with the rollout temperature;
+    ``banned`` token ids are removed from the distribution (the samplers' proposals never include the mask token).
 
     The denoiser is the family's (:func:`~dare.algorithms.logprobs.masked_logprobs`): full-attention families
     read ``noisy_ids`` alone; block-causal families run the ``[noisy ; clean]`` layout with ``blocks``, where
@@ -163,7 +164,7 @@ def forward_logp(model, batch: TensorDict, noisy_ids: torch.Tensor, select: torc
             temperature = temperature.repeat_interleave(n, 0)
     out = masked_logprobs(model, noisy, clean, flat(select),
                           targets=flat(targets), blocks=blocks, attn_backend=attn_backend, chunk_size=chunk_size,
-                          temperature=temperature, sequence=sequence, **layout)
+                          temperature=temperature, sequence=sequence, banned=banned, **layout)
     return out.reshape(shape)
 
 
@@ -243,10 +244,11 @@ class RLAlgorithm(Algorithm):
         return (mask.cumsum(-1) - 1).clamp(min=0) // self.blocks.size
 
     def logp(self, model, batch: TensorDict, noisy_ids: torch.Tensor, select: torch.Tensor,
-             targets: torch.Tensor | None = None, temperature=None) -> torch.Tensor:
+             targets: torch.Tensor | None = None, temperature=None, banned: tuple[int, ...] = ()) -> torch.Tensor:
         """:func:`forward_logp` with this algorithm's attention backend, logits chunk size and block layout."""
         self.ensure_bound(model)
-        return forward_logp(model, batch, noisy_ids, select, targets, temperature=temperature, **self.forward_options)
+        return forward_logp(model, batch, noisy_ids, select, targets, temperature=temperature, banned=banned,
+                            **self.forward_options)
 
     # ---- hooks of the rollout source -----------------------------------------------------------------
     def assign_advantages(self, batch: TensorDict, context: RolloutContext) -> TensorDict:

@@ -98,7 +98,14 @@ ALGORITHM_DEFAULTS: dict[str, dict] = {
     "mdpo": {"inner_steps": 2, "train_steps": 2},
     "bgpo": {"inner_steps": 2, "mc_num": 4},
     "tracerl": {"inner_steps": 2},
+    "justgrpo": {"inner_steps": 2, "positions_per_forward": 8},
+    "espo": {"inner_steps": 2},
+    "gdpo": {"inner_steps": 2},
 }
+ROLLOUT_SAMPLER: dict[str, dict] = {
+    "justgrpo": {"block_length": 1},  # left to right, one token per step (the method's rollout)
+}
+"""Rollout-sampler settings an algorithm requires (on top of the demo's sampler)."""
 BASELINE = "sft"
 DEVICES = ("cpu", "cuda", "auto")
 
@@ -188,7 +195,7 @@ def rl_recipe(config: DemoConfig, model: str, data, output_dir: Path) -> dict:
         "rollout": {"group_size": config.group_size, "reward": "gsm8k", "max_prompt_length": 64,
                     "sampler": {"sampler": sampler.sampler, "gen_length": sampler.gen_length,
                                 "block_length": sampler.block_length, "steps": sampler.steps,
-                                "temperature": config.temperature}},
+                                "temperature": config.temperature, **ROLLOUT_SAMPLER.get(config.algorithm, {})}},
         "optim": {"lr": config.rl_lr},
         "distributed": {"device": config.device},
         "trainer": {"output_dir": str(output_dir), "seed": config.seed, "batch_size": rollouts,

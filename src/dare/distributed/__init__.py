@@ -109,6 +109,16 @@ def all_reduce_max_int(value: int, info: DistInfo) -> int:
     return int(all_reduce_dict({"v": torch.tensor(float(value))}, info, op="max")["v"])
 
 
+def all_gather_objects(value, info: DistInfo) -> list:
+    """``value`` (any picklable object, e.g. CPU tensors) of every rank, in rank order (``[value]`` without a
+    process group)."""
+    if not info.initialized:
+        return [value]
+    out = [None] * info.world_size
+    dist.all_gather_object(out, value)
+    return out
+
+
 def _param_groups(state) -> list:
     """The FSDP parameter groups of an FSDP2 state: a list since torch 2.12 (``_fsdp_param_groups``), a single
     optional group before (``_fsdp_param_group``)."""

@@ -108,6 +108,12 @@ class RolloutConfig:
     """Append every rollout step's first completions with their rewards to output_dir/rollouts.jsonl."""
     samples_per_step: int = 2
     """How many completions per step go to rollouts.jsonl (rank 0)."""
+    dynamic_sampling: bool = False
+    """DAPO-style dynamic sampling: drop groups whose rewards are all equal and roll out more prompts until the step
+    has trainer.batch_size / group_size informative groups (dare.trainer.dynamic_sampling)."""
+    dynamic_extra_rounds: int = 4
+    """Dynamic sampling: at most this many extra rounds of prompts per step; slots still open after them take the
+    earliest flat groups (rollout/dynamic/filled)."""
 
 
 @dataclass

@@ -32,6 +32,11 @@ Rollout engine (:mod:`dare.rollout.engine`; CUDA graphs by default on CUDA): ``r
 the recorded graphs read the weights of the last optimizer step: they are updated in place, so this is an address
 check; a moved parameter drops the graphs), ``rollout/graph_captures`` and ``rollout/graph_capture_s`` (graphs
 recorded in this rollout: the first rollouts of each new batch/prompt-width shape).
+
+With ``rollout.dynamic_sampling`` the step's groups whose rewards are all equal are replaced by groups of extra
+rounds of prompts (:mod:`dare.trainer.dynamic_sampling`; ``rollout/dynamic/*`` metrics); the health metrics then
+describe the step's own prompts (round 0), ``nfe`` and ``generate_s`` every round, the other metrics the admitted
+batch.
 """
 
 from __future__ import annotations
@@ -95,6 +100,8 @@ class RolloutSource:
             raise ConfigError(f"{self.prompts_per_step} prompts per step but the dataset has only {len(prompts)}")
         if config.sampler.temperature <= 0:
             raise ConfigError("RL rollouts need rollout.sampler.temperature > 0 (a group of greedy rollouts is identical)")
+        if config.dynamic_extra_rounds < 0:
+            raise ConfigError(f"rollout.dynamic_extra_rounds must be >= 0; got {config.dynamic_extra_rounds}")
         if getattr(algorithm.config, "advantage", None) == "loo" and group < 2:
             raise ConfigError("leave-one-out advantages need rollout.group_size >= 2")
         self.prompts, self.policy, self.algorithm = prompts, policy, algorithm
@@ -117,6 +124,8 @@ class RolloutSource:
         self._cache: tuple[int, list[list[TensorDict]]] | None = None
         self._last_step = -1
         self._order_cache: tuple[int, list[int]] | None = None
+        self._dynamic_metrics: dict[str, float] = {}
+        self._generate_s = 0.0
 
     # ---- prompt order (pure function of the rollout index) -------------------------------------------
     def _order(self, epoch: int) -> list[int]:
@@ -298,20 +307,32 @@ class RolloutSource:
             torch.cuda.synchronize(device)
         return time.perf_counter()
 
-    def _collect(self, start: int) -> list[list[TensorDict]]:
+    def _roll(self, rollout: int, items: list[PromptItem], rows: list[int]):
+        """Generate, assemble and score this rank's ``items`` (row ids ``rows``): ``(batch with rewards, texts,
+        results, outputs)``; the decoding time is added to ``self._generate_s``."""
         began = self._clock()
-        rollout = start // self.mu
-        items, rows = self._rows(start)
         outputs = self._generate(items, rows, rollout)
-        generated_s = self._clock() - began
+        self._generate_s += self._clock() - began
         batch = self._assemble(outputs, rows)
         completion = torch.cat([out.completion.cpu() for out in outputs])
         comp_mask = torch.cat([out.completion_mask.cpu() for out in outputs])
         texts, results = self._score(items, completion, comp_mask)
         batch["rewards"] = torch.tensor([r.reward for r in results], dtype=torch.float32)
         batch["correct"] = torch.tensor([bool(r.correct) for r in results])
+        return batch, texts, results, outputs
+
+    def _collect(self, start: int) -> list[list[TensorDict]]:
+        began = self._clock()
+        rollout = start // self.mu
+        items, rows = self._rows(start)
+        self._generate_s = 0.0
+        batch, texts, results, outputs = self._roll(rollout, items, rows)
+        nfe = sum(out.nfe for out in outputs)
+        if self.config.dynamic_sampling:
+            batch, items, texts, results, nfe = self._dynamic(rollout, batch, items, texts, results, nfe)
+        generated_s = self._generate_s
         self.algorithm.assign_advantages(batch, self._context(items))
-        self._log_metrics(batch, results, outputs, generated_s, began)
+        self._log_metrics(batch, results, outputs, nfe, generated_s)
         self._write_samples(start, items, texts, results)
         device = next(self.policy.parameters()).device
         scored = self._clock()
@@ -327,8 +348,56 @@ class RolloutSource:
         self.step_metrics["rollout/time_s"] = round(done - began, 4)
         return micro
 
+    def _dynamic(self, rollout: int, batch: TensorDict, items, texts, results, nfe: int):
+        """Dynamic sampling (:mod:`dare.trainer.dynamic_sampling`): extra rounds until the step has ``P`` informative
+        groups (or the round budget is spent), then this rank's share of the admitted groups in global order."""
+        from dare.distributed import all_gather_objects
+        from dare.trainer.dynamic_sampling import admit, concat_rows, extra_prompts, flat_groups, renumber
+
+        group, prompts = self.group_size, self.prompts_per_step
+        share = prompts // self.info.world_size
+        first = self.info.rank * share
+        round0_reward = float(all_reduce_dict({"r": batch["rewards"].double().sum()}, self.info)["r"]) / self.batch_size
+        used = set(self.prompt_indices(rollout))
+        flat, store = [], {}
+
+        def record(round_: int, batch: TensorDict, items, texts, results) -> None:
+            local = torch.zeros(prompts)
+            local[first:first + share] = flat_groups(batch["rewards"], group).double()
+            flat.append(all_reduce_dict({"f": local}, self.info)["f"].bool())
+            for p in range(share):
+                rows = slice(p * group, (p + 1) * group)
+                store[(round_, first + p)] = (batch[rows].clone(), items[rows], texts[rows], results[rows])
+
+        record(0, batch, items, texts, results)
+        extra = 0
+        while int((~torch.stack(flat)).sum()) < prompts and extra < self.config.dynamic_extra_rounds:
+            extra += 1
+            indices = extra_prompts(len(self.prompts), used, prompts, seed=self.seed, rollout=rollout, round_=extra)
+            used.update(indices)
+            mine = indices[first:first + share]
+            items = [self.prompts[i] for i in mine for _ in range(group)]
+            rows = [extra * self.batch_size + (first + p) * group + g for p in range(share) for g in range(group)]
+            batch, texts, results, outputs = self._roll(rollout, items, rows)
+            nfe += sum(out.nfe for out in outputs)
+            record(extra, batch, items, texts, results)
+        keys, filled = admit(flat, prompts)
+        if self.info.world_size > 1:  # groups generated on other ranks
+            wanted = set(keys)
+            for part in all_gather_objects({k: v for k, v in store.items() if k in wanted}, self.info):
+                store.update(part)
+        parts = [store[key] for key in keys[first:first + share]]
+        batch = renumber(concat_rows([p[0] for p in parts], self.token_ids.pad, self.token_ids.mask), first * group)
+        dropped = sum(int(f.sum()) for f in flat) - filled
+        self._dynamic_metrics = {
+            "rollout/dynamic/dropped": float(dropped), "rollout/dynamic/extra_rounds": float(extra),
+            "rollout/dynamic/filled": float(filled), "rollout/dynamic/round0_reward": round0_reward}
+        return (batch, [x for p in parts for x in p[1]], [x for p in parts for x in p[2]],
+                [x for p in parts for x in p[3]], nfe)
+
     # ---- logging ---------------------------------------------------------------------------------------
-    def _log_metrics(self, batch: TensorDict, results, outputs, generated_s: float, began: float) -> None:
+    def _log_metrics(self, batch: TensorDict, results, outputs, nfe: int, generated_s: float) -> None:
+        """Step metrics: rewards etc. of ``batch``, health of the ``outputs`` chunks, ``nfe`` forwards."""
         rewards = batch["rewards"].double()
         partial = [r.partial for r in results if r.partial is not None]
         groups = rewards.reshape(-1, self.group_size)
@@ -339,7 +408,7 @@ class RolloutSource:
             "partial_n": float(len(partial)), "length": lengths.sum(),
             "flat_groups": (groups.std(1, unbiased=False) == 0).double().sum(), "groups": float(groups.shape[0]),
             "adv_abs": batch["advantages"].double().abs().sum() / max(batch["advantages"][0].numel(), 1),
-            "nfe": float(sum(out.nfe for out in outputs)), "generate_s": generated_s, "ranks": 1.0,
+            "nfe": float(nfe), "generate_s": generated_s, "ranks": 1.0,
             **health_sums(outputs, self.token_ids.stop_ids),
         }
         s = {k: float(v) for k, v in all_reduce_dict(sums, self.info).items()}
@@ -358,6 +427,8 @@ class RolloutSource:
             self.step_metrics["rollout/commit_confidence"] = s["confidence"] / s["confident_n"]
         if s["partial_n"]:
             self.step_metrics["rollout/partial"] = s["partial"] / s["partial_n"]
+        if self.config.dynamic_sampling:
+            self.step_metrics.update(self._dynamic_metrics)
 
     def _write_samples(self, start: int, items, texts, results) -> None:
         if self.samples_path is None or self.config.samples_per_step <= 0:

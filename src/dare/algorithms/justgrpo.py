@@ -1,0 +1,172 @@
+"""JustGRPO (Ni et al. 2026, arXiv 2601.15165, "The Flexibility Trap"): plain GRPO with exact autoregressive
+likelihoods of a masked diffusion model.
+
+Rollouts decode left to right, one token per step (``rollout.sampler.block_length = 1``: every block is a single
+position, so any decoder commits exactly that position), which makes the sampler an autoregressive policy:
+``pi(y | x) = prod_j p_T(y_j | x, y_<j, M ... M)`` with ``p_T`` the sampler's distribution at position ``j`` given the
+prompt, the tokens before ``j`` and masks from ``j`` on, i.e. ``softmax(logits / T)`` without the mask token (the
+samplers never propose it). Training scores exactly these conditionals: position ``j`` is read from the view
+``[x ; y_<j ; M ... M]`` at the rollout temperature, so ``sum_j log p`` over the completion equals the sum of the
+sampler's returned per-step log-probs (``rollout_logprobs``). Parallel decoding stays an evaluation option.
+
+Loss: token-level clipped GRPO (algorithms.md §0.3) with the rollout's advantages,
+``sum_{i,j} m_ij [-min(rho A_i, clip(rho) A_i) + beta KL_ij] / N`` with ``N = G * #{i: A_i != 0}`` (``normalize =
+generation``, grpo.py: ``gain / gen_length / valid_samples``) or ``N = sum m`` (``normalize = tokens``, DARE's
+token-mean). Every generated position needs its own view, i.e. one forward per position; ``positions_per_forward``
+views are batched into one forward and every chunk is its own backward (the loss is a sum over tokens), so memory is
+one chunk's graph. Every rank runs the same ``ceil(G / positions_per_forward)`` forwards (FSDP collectives stay
+aligned); positions after the first EOS are scored by no one.
+
+Deviations from the reference (``LeapLabTHU/JustGRPO`` ``grpo.py``; DARE ``llada_dp_actor_justgrpo.py``):
+
+* The reference scores all ``gen_length`` positions (it decodes past EOS); here the completion up to and including
+  the first EOS is scored (the rollout engine stops a row there, so later positions were never sampled).
+* The mask token is removed from the training softmax, as from the sampler's; the reference keeps it (its Gumbel
+  sampler can in principle propose it). With a trained model the difference is negligible.
+* ``mu > 1`` and ``kl_coef > 0`` are supported (the reference is on-policy without KL). The old policy's
+  log-probs are the sampler's returned ``rollout_logprobs`` (the same conditionals, computed while decoding), so
+  ``mu > 1`` costs no extra forwards; reference log-probs are one left-to-right pass of the reference model.
+* Full-attention families only: a block-causal model decodes its own block grid, not single positions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+import torch
+from tensordict import TensorDict
+
+from dare.algorithms.base import register_algorithm
+from dare.algorithms.rl import PPOConfig, RLAlgorithm, response_field
+from dare.errors import ConfigError, unknown_choice
+
+NORMALIZE = ("generation", "tokens")
+
+
+@dataclass
+class JustGRPOConfig(PPOConfig):
+    name: str = "justgrpo"
+    """Algorithm name."""
+    advantage: str = "zscore"
+    """Group advantage (JustGRPO: (r - mean) / (std + 1e-4), unbiased std)."""
+    inner_steps: int = 1
+    """mu (JustGRPO: 1, on-policy)."""
+    clip_low: float = 0.2
+    """Ratio clip epsilon (JustGRPO: 0.2; inactive on-policy)."""
+    kl_coef: float = 0.0
+    """beta of the KL to the reference (JustGRPO: none)."""
+    normalize: str = "generation"
+    """Loss normaliser: generation (generation length x rollouts with a non-zero advantage; JustGRPO) or tokens
+    (completion tokens of the batch; DARE's token-mean)."""
+    positions_per_forward: int = 1
+    """Left-to-right views scored per forward (JustGRPO: 1; DARE's justgrpo_position_chunk_size); a memory knob
+    that does not change the result."""
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.normalize not in NORMALIZE:
+            raise unknown_choice("value for algorithm.normalize", self.normalize, NORMALIZE)
+        if self.positions_per_forward < 1:
+            raise ConfigError(f"algorithm.positions_per_forward must be >= 1; got {self.positions_per_forward}")
+
+
+def left_to_right_views(batch: TensorDict, positions: torch.Tensor, mask_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The sampler's states before committing generated columns ``positions [C]``: ``(noisy_ids [R, C, S], select
+    [R, C, S])``; view ``c`` masks every generated column ``>= positions[c]`` and selects ``positions[c]`` (where it
+    is in the completion)."""
+    ids, generated = batch["input_ids"], batch["generated"]
+    column = torch.arange(ids.shape[1], device=ids.device)
+    target = positions.to(ids.device)[None, :, None]
+    masked = generated[:, None, :] & (column[None, None, :] >= target)
+    noisy = torch.where(masked, torch.full_like(ids, mask_id)[:, None], ids[:, None])
+    select = (column[None, None, :] == target) & batch["completion_mask"][:, None, :]
+    return noisy, select
+
+
+@register_algorithm
+class JustGRPO(RLAlgorithm):
+    """GRPO on the exact left-to-right likelihood (see the module docstring)."""
+
+    name = "justgrpo"
+    config_class = JustGRPOConfig
+    attentions = ("full",)
+
+    def __init__(self, config, **kwargs):
+        super().__init__(config, **kwargs)
+        # the old policy's log-probs are the sampler's own (rollout_logprobs): no extra forwards when mu > 1
+        self.needs = dataclasses.replace(self.needs, old_logprobs=False)
+
+    def check_rollout(self, model, sampler) -> None:
+        super().check_rollout(model, sampler)
+        if sampler.block_length != 1:
+            raise ConfigError(f"justgrpo decodes left to right, one token per step: set rollout.sampler.block_length=1 "
+                              f"(got {sampler.block_length})")
+        if (sampler.top_p or 1.0) < 1.0 or (sampler.top_k or 0) > 0:
+            raise ConfigError("justgrpo scores the sampler's full softmax: unset rollout.sampler.top_p / top_k")
+        if sampler.cache not in (None, "none"):
+            raise ConfigError(f"justgrpo's likelihood is the uncached sampler's: set rollout.sampler.cache=none "
+                              f"(got {sampler.cache})")
+
+    # ---- views: built on the fly (no randomness; a pure function of the rollout) ----------------------
+    def chunks(self, batch: TensorDict) -> list[torch.Tensor]:
+        """The generated columns in chunks of ``positions_per_forward`` (the same count on every rank)."""
+        columns = batch["generated"][0].nonzero().squeeze(-1)
+        size = self.config.positions_per_forward
+        return [columns[k * size:(k + 1) * size] for k in range(math.ceil(columns.numel() / size))]
+
+    def chunk_logp(self, model, batch: TensorDict, positions: torch.Tensor) -> torch.Tensor:
+        """``[R, S]``: ``log p_T(y_j | x, y_<j, M...M)`` at the chunk's completion positions, 0 elsewhere."""
+        noisy, select = left_to_right_views(batch, positions, self.token_ids.mask)
+        logp = self.logp(model, batch, noisy, select, temperature=batch["temperature"], banned=(self.token_ids.mask,))
+        return logp.sum(1)
+
+    def estimate(self, model, batch: TensorDict) -> TensorDict:
+        self.ensure_bound(model)
+        logp = sum(self.chunk_logp(model, batch, positions) for positions in self.chunks(batch))
+        return TensorDict({"logp": logp}, batch_size=batch.batch_size)
+
+    # ---- loss -------------------------------------------------------------------------------------------
+    def totals(self, batch: TensorDict) -> dict[str, torch.Tensor]:
+        out = super().totals(batch)
+        out["informative"] = (batch["advantages"] != 0).sum().to(torch.float64)
+        return out
+
+    def normalizer(self, batch: TensorDict, totals) -> torch.Tensor:
+        if self.config.normalize == "tokens":
+            return totals["tokens"].clamp(min=1).float()
+        length = int(batch["generated"][0].sum())
+        return (totals["informative"].float() * length).clamp(min=1)
+
+    def old_logp(self, batch: TensorDict, logp: torch.Tensor) -> torch.Tensor:
+        """``[R, S]`` log-probs of the rollout policy: the sampler's returned per-step log-probs (exactly the
+        conditionals scored here, see the module docstring) when ``mu > 1``, else the detached current ones."""
+        if self.inner_steps == 1:
+            return logp.detach()
+        return response_field(batch, batch["rollout_logprobs"].to(logp.device), 0).to(logp.dtype)
+
+    def token_loss(self, batch: TensorDict, logp: torch.Tensor, totals, scored: torch.Tensor):
+        """The clipped token loss over the ``scored [R, S]`` positions (all completion tokens, or one chunk's)."""
+        weights = (batch["completion_mask"] & scored).float() / self.normalizer(batch, totals)
+        old = self.old_logp(batch, logp)
+        ref = batch.get("ref_logp") if self.config.kl_coef > 0 else None
+        return self.ppo_token_loss(logp, old, batch["advantages"][:, None].float(), weights, ref)
+
+    def loss(self, batch: TensorDict, estimates: TensorDict, totals):
+        loss, metrics = self.token_loss(batch, estimates["logp"], totals, batch["completion_mask"])
+        metrics["loss"] = loss.detach()
+        return loss, metrics
+
+    def backward(self, model, batch: TensorDict, totals) -> dict:
+        """One forward + backward per chunk of positions (the loss is a sum over tokens)."""
+        self.ensure_bound(model)
+        metrics: dict = {}
+        column = torch.arange(batch["input_ids"].shape[1], device=batch["input_ids"].device)
+        for positions in self.chunks(batch):
+            scored = torch.isin(column, positions.to(column.device))[None, :].expand_as(batch["completion_mask"])
+            loss, m = self.token_loss(batch, self.chunk_logp(model, batch, positions), totals, scored)
+            loss.backward()
+            for key, value in {**m, "loss": loss.detach()}.items():
+                metrics[key] = metrics.get(key, 0.0) + value
+        return metrics

@@ -1,0 +1,291 @@
+"""JustGRPO, ESPO and GDPO through the real code on a tiny LLaDA: the sanity properties of each objective, stored
+views shared by old / reference / current, invariance to micro-batching, learning on a toy reward."""
+
+import copy
+import math
+
+import pytest
+import torch
+
+from rl_helpers import TargetFraction, backward_all, policy, source, totals_of
+from rollout_helpers import single_thread  # noqa: F401  (autouse fixture)
+
+from dare.errors import ConfigError
+
+NAMES = ["justgrpo", "espo", "gdpo"]
+SMALL = {"justgrpo": {"sampler_block": 1, "steps": 8, "positions_per_forward": 3},
+         "espo": {"mc_num": 2, "kl_coef": 0.0}, "gdpo": {"quadrature": "gauss-2"}}
+
+
+def perturbed(model, seed: int = 0, scale: float = 0.05):
+    """A copy of ``model`` with every trainable weight moved a little (an updated policy)."""
+    other = copy.deepcopy(model)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in other.parameters():
+            p.add_(scale * torch.randn(p.shape, generator=gen))
+    return other
+
+
+# --------------------------------------------------------------------------------------------- JustGRPO
+@pytest.mark.parametrize("family", ["llada", "dream"])
+def test_justgrpo_logprob_is_the_sum_of_the_samplers_per_step_logprobs(family):
+    from rollout_helpers import sprinkle_token
+
+    from dare.data.tokenizer import EOS_ID
+    from dare.models.tiny import tiny_model
+
+    model = tiny_model(family, seed=1).train()  # Dream: position i - 1 predicts token i (the family's shift)
+    sprinkle_token(model, EOS_ID, rate=0.15)  # EOS at varying places (a head hook: rollout and training alike)
+    src = source("justgrpo", model, sampler_block=1, steps=8, temperature=0.7, positions_per_forward=3)
+    mb = src.batch(0)[0]
+    gen = mb["generated"]
+    rows = gen.shape[0]
+    completion = mb["completion_mask"][gen].reshape(rows, -1)
+    step_map = mb["step_map"]
+    decoded = step_map >= 0
+    order = torch.arange(step_map.shape[1]).expand_as(step_map)
+    assert torch.equal(step_map[decoded], order[decoded])  # left to right: position j committed at step j
+    assert bool((completion.sum(-1) < 8).any())  # some rows stopped early (EOS within the completion)
+    with torch.no_grad():
+        logp = src.algorithm.estimate(src.policy, mb)["logp"][gen].reshape(rows, -1)
+    sampler = mb["rollout_logprobs"] * completion
+    torch.testing.assert_close(logp, sampler, atol=1e-5, rtol=1e-5)  # every conditional, temperature included
+    torch.testing.assert_close(logp.sum(-1), sampler.sum(-1), atol=1e-4, rtol=1e-5)
+    assert float(logp[completion.bool()].max()) < 0
+
+
+def test_justgrpo_views_mask_the_future_and_chunking_does_not_change_the_gradient():
+    from dare.algorithms.justgrpo import left_to_right_views
+
+    model = policy(seed=1)
+    one = source("justgrpo", model, sampler_block=1, steps=8, positions_per_forward=1)
+    three = source("justgrpo", model, sampler_block=1, steps=8, positions_per_forward=3)
+    mb = one.batch(0)[0]
+    columns = mb["generated"][0].nonzero().squeeze(-1)
+    noisy, select = left_to_right_views(mb, columns, one.token_ids.mask)
+    for c, col in enumerate(columns.tolist()):
+        masked = noisy[:, c] == one.token_ids.mask
+        assert torch.equal(masked, mb["generated"] & (torch.arange(mb["input_ids"].shape[1]) >= col))
+        assert torch.equal(select[:, c].nonzero()[:, 1].unique(), torch.tensor([col])) or not bool(select[:, c].any())
+    micro = one.batch(0)
+    loss_one, grads_one = backward_all(one.algorithm, model, micro)
+    loss_three, grads_three = backward_all(three.algorithm, model, three.batch(0))
+    # on-policy: rho = 1, loss = -sum_i A_i n_i / (G * #informative rollouts)
+    adv, n = mb["advantages"], mb["completion_mask"].sum(-1).float()
+    informative = int((adv != 0).sum())
+    assert informative > 0
+    assert abs(loss_one + float((adv * n).sum()) / (8 * informative)) < 1e-6
+    assert abs(loss_one - loss_three) < 1e-6
+    for name in grads_one:
+        torch.testing.assert_close(grads_one[name], grads_three[name], atol=1e-7, rtol=1e-5)
+
+
+def test_justgrpo_old_logprobs_are_the_samplers_and_cost_no_forward():
+    model = policy(seed=1)
+    src = source("justgrpo", model, sampler_block=1, steps=8, inner_steps=2, positions_per_forward=8)
+    algo = src.algorithm
+    assert not algo.needs.old_logprobs and algo.inner_steps == 2
+    micro = src.batch(0)
+    mb = micro[0]
+    assert "old_logp" not in mb.keys()
+    with torch.no_grad():
+        logp = algo.estimate(model, mb)["logp"]
+        old = algo.old_logp(mb, logp)
+        loss, metrics = algo.loss(mb, {"logp": logp}, totals_of(algo, micro))
+    torch.testing.assert_close(old, torch.where(mb["completion_mask"], logp, old), atol=1e-5, rtol=1e-5)
+    adv, n = mb["advantages"], mb["completion_mask"].sum(-1).float()
+    assert abs(float(loss) + float((adv * n).sum()) / (8 * int((adv != 0).sum()))) < 1e-5  # ratio 1 at step 0
+    assert float(metrics["policy/clip_frac"]) == 0.0
+
+
+def test_justgrpo_rejects_parallel_decoding_and_block_causal_families():
+    from dare.models.tiny import tiny_model
+
+    with pytest.raises(ConfigError, match="block_length=1"):
+        source("justgrpo", sampler_block=4)
+    with pytest.raises(ConfigError, match="justgrpo' needs a full model family"):
+        source("justgrpo", tiny_model("sdar", seed=0), sampler_block=1, steps=8)
+    for name in ("espo", "gdpo"):
+        with pytest.raises(ConfigError, match=f"{name}' needs a full model family"):
+            source(name, tiny_model("sdar", seed=0), gen_length=8)
+
+
+# --------------------------------------------------------------------------------------------- ESPO
+def test_espo_views_are_complementary_stratified_and_weighted():
+    src = source("espo", inner_steps=1, mc_num=2, kl_coef=0.0)
+    mb = src.batch(0)[0]
+    mask_id, gen = src.token_ids.mask, mb["generated"]
+    total = int(gen[0].sum())  # scope = generation: T = 8
+    masked = mb["noisy_ids"] == mask_id
+    weight = mb["elbo_weight"]
+    for m in range(2):
+        first, second = masked[:, 2 * m], masked[:, 2 * m + 1]
+        assert not bool((first & second).any()) and torch.equal(first | second, gen)
+        counts = first.sum(-1)
+        expected = torch.where(first, (total + 1) / counts[:, None].clamp(min=1) / 4, 0.0)
+        torch.testing.assert_close(weight[:, 2 * m], expected)
+        comp = torch.where(second, (total + 1) / (total - counts[:, None]).clamp(min=1) / 4, 0.0)
+        torch.testing.assert_close(weight[:, 2 * m + 1], comp)
+    gap = (masked[:, 2].sum(-1) - masked[:, 0].sum(-1)) % (total + 1)
+    assert bool(((gap == 4) | (gap == 5)).all())  # the two counts are (T + 1) / 2 apart (stratified)
+
+
+def test_espo_weights_are_unbiased_per_token():
+    """E[weight of token j] = 1 over the corruption: the ELBO is unbiased for sum_j log p on a context-free model."""
+    from tensordict import TensorDict
+
+    from dare.algorithms.espo import espo_views
+
+    rows, total = 4000, 5
+    ids = torch.ones(rows, 7, dtype=torch.long)
+    scope = torch.zeros(rows, 7, dtype=torch.bool)
+    scope[:, 2:] = True
+    batch = TensorDict({"input_ids": ids, "rollout_index": torch.arange(rows)}, batch_size=[rows])
+    _, weight = espo_views(batch, scope, 9, n=1, reduce_var=True, seed=0, step=0)
+    per_token = weight.sum(1).mean(0)
+    torch.testing.assert_close(per_token[2:], torch.ones(total), atol=0.05, rtol=0)
+    assert float(per_token[:2].abs().max()) == 0.0
+
+
+def test_espo_ratio_is_exp_of_the_elbo_difference_under_shared_corruptions():
+    model = policy(seed=2)
+    src = source("espo", model, inner_steps=2, mc_num=2, kl_coef=0.01)
+    algo = src.algorithm
+    assert algo.needs.old_logprobs and algo.needs.reference
+    mb = src.batch(0)[0]
+    with torch.no_grad():
+        again = algo.estimate(model, mb)["elbo"]
+    torch.testing.assert_close(mb["old_elbo"], again, atol=0, rtol=0)  # same views: identical ELBO
+    torch.testing.assert_close(mb["ref_elbo"], again, atol=0, rtol=0)
+    new = perturbed(model)
+    with torch.no_grad():
+        elbo = algo.estimate(new, mb)["elbo"]
+        loss, metrics = algo.loss(mb, {"elbo": elbo}, totals_of(algo, [mb]))
+    length, adv = 8.0, mb["advantages"]
+    ratio = torch.exp((elbo - mb["old_elbo"]) / length)
+    assert float((ratio - 1).abs().max()) > 1e-3  # the policy moved
+    clipped = ratio.clamp(0.8, 1.2)
+    kl = 0.5 * (elbo - mb["ref_elbo"]) ** 2 / length
+    expected = (torch.maximum(-adv * ratio, -adv * clipped) + 0.01 * kl).mean()
+    assert abs(float(loss) - float(expected)) < 1e-6
+    assert abs(float(metrics["policy/log_ratio"]) - float(torch.log(ratio).mean())) < 1e-6
+
+
+# --------------------------------------------------------------------------------------------- GDPO
+@pytest.mark.parametrize("rule", ["gauss-1", "gauss-2", "gauss-3", "gauss-4", "gauss-5", "simpson"])
+def test_gdpo_quadrature_rules_integrate_polynomials_exactly(rule):
+    from dare.algorithms.gdpo import QUADRATURES
+
+    nodes, weights = QUADRATURES[rule]
+    assert abs(sum(weights) - 1) < 1e-12 and all(0 < t <= 1 for t in nodes)
+    degree = 2 * len(nodes) - 1 if rule.startswith("gauss") else 0  # Simpson off t = 0: constants only
+    for k in range(degree + 1):
+        assert abs(sum(w * t ** k for t, w in zip(nodes, weights)) - 1 / (k + 1)) < 1e-12, k
+    if rule.startswith("gauss"):  # and not beyond (the rule has exactly that order)
+        k = degree + 1
+        assert abs(sum(w * t ** k for t, w in zip(nodes, weights)) - 1 / (k + 1)) > 1e-6
+
+
+def test_gdpo_elbo_is_the_quadrature_of_masked_logprobs():
+    from dare.algorithms.gdpo import QUADRATURES
+
+    src = source("gdpo", inner_steps=1, quadrature="gauss-3", mc_num=2)
+    mb, algo = src.batch(0)[0], src.algorithm
+    nodes, weights = QUADRATURES["gauss-3"]
+    scope = mb["completion_mask"]
+    masked = mb["noisy_ids"] == src.token_ids.mask
+    assert masked.shape[1] == 6 and not bool((masked & ~scope[:, None]).any())
+    total = scope.sum(-1)
+    elbo = torch.zeros(mb.batch_size[0])
+    with torch.no_grad():
+        for v in range(6):
+            t, w = nodes[v // 2], weights[v // 2]
+            want = torch.clamp(torch.floor(t * total.double()), min=1).long().minimum(total)
+            assert torch.equal(masked[:, v].sum(-1), want)  # exactly floor(t T) (>= 1) tokens per view
+            logits = src.policy(mb["noisy_ids"][:, v], attention_mask=mb["attention_mask"]).logits.float()
+            logp = torch.log_softmax(logits, -1).gather(-1, mb["input_ids"][..., None]).squeeze(-1)
+            elbo += (w / (t * 2)) * torch.where(masked[:, v], logp, 0.0).sum(-1)
+        got = algo.estimate(src.policy, mb)["elbo"]
+    torch.testing.assert_close(got, elbo, atol=1e-4, rtol=1e-5)
+    assert bool((got < 0).all())
+
+
+def test_gdpo_two_pass_gradient_is_the_sequence_policy_gradient():
+    model = policy(seed=4)
+    src = source("gdpo", model, inner_steps=1, quadrature="gauss-2")
+    algo, micro = src.algorithm, src.batch(0)
+    mb = micro[0]
+    loss, two_pass = backward_all(algo, model, micro)
+    model.zero_grad(set_to_none=True)
+    joint, _ = algo.loss(mb, algo.estimate(model, mb), totals_of(algo, micro))
+    joint.backward()
+    autograd = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad(set_to_none=True)  # on-policy: d/dtheta of -(1/B) sum_i A_i E_i / L_i
+    length = mb["completion_mask"].sum(-1).float()
+    (-(mb["advantages"] * algo.estimate(model, mb)["elbo"] / length).sum() / mb.batch_size[0]).backward()
+    reference = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    assert abs(loss + float(mb["advantages"].mean())) < 1e-6  # rho = 1
+    assert float(mb["advantages"].abs().max()) > 0
+    for name in reference:
+        torch.testing.assert_close(two_pass[name], autograd[name], atol=1e-7, rtol=1e-4)
+        torch.testing.assert_close(two_pass[name], reference[name], atol=1e-7, rtol=1e-4)
+
+
+# --------------------------------------------------------------------------------------------- all
+@pytest.mark.parametrize("name", ["espo", "gdpo"])
+def test_views_do_not_depend_on_the_left_padding(name):
+    """A rollout's masks are drawn over its own scope positions: a wider micro-batch (another rank's or another
+    micro-batch's prompt width) leaves them unchanged."""
+    from dare.trainer.dynamic_sampling import left_pad_columns
+
+    src = source(name, inner_steps=1, **SMALL[name])
+    mb, algo = src.batch(0)[0], src.algorithm
+    rollout = mb.select(*[k for k in mb.keys() if k not in ("noisy_ids", "elbo_weight", "ref_elbo", "old_elbo")])
+    wide = algo.corrupt(left_pad_columns(rollout.clone(), mb["input_ids"].shape[1] + 3, src.token_ids.pad), 0)
+    torch.testing.assert_close(wide["elbo_weight"][..., 3:], mb["elbo_weight"], atol=0, rtol=0)
+    assert torch.equal(wide["noisy_ids"][..., 3:], mb["noisy_ids"])
+    assert float(mb["elbo_weight"].abs().sum()) > 0
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_loss_and_gradient_do_not_depend_on_micro_batching(name):
+    model = policy()
+    options = {"inner_steps": 1, **SMALL[name]}
+    one = source(name, model, micro=8, **options)
+    two = source(name, model, micro=4, **options)
+    loss_one, grads_one = backward_all(one.algorithm, model, one.batch(0))
+    loss_two, grads_two = backward_all(two.algorithm, model, two.batch(0))
+    assert math.isfinite(loss_one) and abs(loss_one - loss_two) < 1e-5
+    assert any(float(g.abs().max()) > 0 for g in grads_one.values())
+    for key in grads_one:
+        torch.testing.assert_close(grads_one[key], grads_two[key], atol=1e-6, rtol=1e-4)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_rl_steps_increase_a_toy_reward(name):
+    from rollout_helpers import bias_token
+    from test_rl_workflow import TARGET_ID, train
+
+    model = policy(seed=3)
+    bias_token(model, TARGET_ID, 2.0)  # the target shows up in some rollouts: the reward varies from the start
+    options = {"justgrpo": {"sampler_block": 1, "positions_per_forward": 8}, "espo": {"kl_coef": 0.0},
+               "gdpo": {}}[name]
+    src = source(name, model, n_prompts=2, group=8, gen_length=8, steps=8, reward=TargetFraction(),
+                 inner_steps=1, seed=1, **options)
+    rewards = train(src, steps=12, lr=1e-2)
+    early, late = sum(rewards[:3]) / 3, sum(rewards[-3:]) / 3
+    assert late > early + 0.3, rewards
+
+
+def test_demo_runs_justgrpo_left_to_right_and_offers_the_new_algorithms(tmp_path):
+    from dare.demo import DemoConfig, demo_algorithms
+    from dare.demo.pipeline import rl_recipe
+    from dare.demo.task import write_task
+
+    assert {"justgrpo", "espo", "gdpo"} <= set(demo_algorithms())
+    data = write_task(tmp_path, digits=3, train_size=4, validation_size=2, test_size=2, seed=0)
+    sampler = rl_recipe(DemoConfig(algorithm="justgrpo", digits=3), "m", data, tmp_path)["rollout"]["sampler"]
+    assert sampler["block_length"] == 1 and sampler["steps"] == sampler["gen_length"]
+    other = rl_recipe(DemoConfig(algorithm="gdpo", digits=3), "m", data, tmp_path)["rollout"]["sampler"]
+    assert other["block_length"] == other["gen_length"]
