@@ -92,6 +92,9 @@ class RolloutOutput:
         trajectory: per-step record when ``record_trajectory`` was set.
         block_step_map: ``[B, G]`` block samplers: step of each token counted from the start of its block
             (-1: never decoded); None for masked-diffusion samplers.
+        given: ``[B, G]`` bool, positions taken from the ``canvas`` of :func:`dare.rollout.generate` (kept as
+            given, never decoded: ``step_map`` -1, ``logprobs`` 0, inside ``completion_mask``); None without a
+            canvas.
     """
 
     sequences: torch.Tensor
@@ -105,6 +108,15 @@ class RolloutOutput:
     nfe: int
     trajectory: Trajectory | None = None
     block_step_map: torch.Tensor | None = None
+    given: torch.Tensor | None = None
+
+    def state(self, mask_id: int) -> torch.Tensor:
+        """``[B, G]`` the canvas this rollout left: given and decoded tokens, ``mask_id`` at undecoded positions
+        (the ``canvas`` to resume it with, e.g. after a ``step_range`` window)."""
+        kept = self.step_map >= 0
+        if self.given is not None:
+            kept = kept | self.given
+        return torch.where(kept, self.completion, torch.full_like(self.completion, mask_id))
 
     def to_tensordict(self):
         """The output as a ``tensordict.TensorDict`` with batch size ``[B]`` (trajectory under ``trajectory``;
@@ -126,6 +138,8 @@ class RolloutOutput:
         }
         if self.block_step_map is not None:
             data["block_step_map"] = self.block_step_map
+        if self.given is not None:
+            data["given"] = self.given
         if self.trajectory is not None:
             data["trajectory"] = TensorDict(self.trajectory.to_dict(), batch_size=[batch])
         return TensorDict(data, batch_size=[batch])
