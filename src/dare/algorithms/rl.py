@@ -248,6 +248,15 @@ class RLAlgorithm(Algorithm):
         return forward_logp(model, batch, noisy_ids, select, targets, temperature=temperature, **self.forward_options)
 
     # ---- hooks of the rollout source -----------------------------------------------------------------
+    def generate(self, model, prompts: torch.Tensor, attention_mask: torch.Tensor, sampler, *, example_ids,
+                 group_size: int, progress: bool = False):
+        """The rollouts of a chunk of rows (``example_ids``: the rows' global indices; rows ``g*G .. g*G+G-1`` of
+        the step are one prompt's group): one :func:`dare.rollout.generate` call. Tree rollouts (d-TreeRPO)
+        override it, through the same public API."""
+        from dare.rollout import generate
+
+        return generate(model, prompts, attention_mask, sampler, example_ids=example_ids, progress=progress)
+
     def assign_advantages(self, batch: TensorDict, context: RolloutContext) -> TensorDict:
         """Set ``batch["advantages"]`` from ``batch["rewards"]`` (whole groups of one rank's rollouts)."""
         batch["advantages"] = group_advantages(batch["rewards"], context.group_size, self.config.advantage,

@@ -33,7 +33,7 @@ from dare.algorithms.rl import RolloutContext
 from dare.data.prompts import PromptItem
 from dare.distributed import DistInfo, all_reduce_dict, all_reduce_max_int, gathered_parameters
 from dare.errors import ConfigError
-from dare.rollout import derive_seed, generate, left_pad
+from dare.rollout import derive_seed, left_pad
 from dare.rollout.output import completion_mask as stop_mask
 from dare.trainer.workflow import Reference, evaluating, prepare_micro_batches
 
@@ -165,8 +165,9 @@ class RolloutSource:
         outputs = []
         with torch.no_grad(), evaluating(self.policy), gathered_parameters(self.policy), self.precision():
             for lo in range(0, len(items), chunk):
-                outputs.append(generate(self.policy, ids[lo:lo + chunk].to(device), attn[lo:lo + chunk].to(device),
-                                        sampler, example_ids=rows[lo:lo + chunk], progress=self.progress))
+                outputs.append(self.algorithm.generate(
+                    self.policy, ids[lo:lo + chunk].to(device), attn[lo:lo + chunk].to(device), sampler,
+                    example_ids=rows[lo:lo + chunk], group_size=self.group_size, progress=self.progress))
         return outputs
 
     def _decode(self, completion: torch.Tensor, mask: torch.Tensor) -> list[str]:
