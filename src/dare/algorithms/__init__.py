@@ -10,7 +10,7 @@ from dare.algorithms.base import (
 )
 from dare.algorithms import sft  # noqa: F401,E402  (registers "sft")
 from dare.algorithms import bgpo, cj_grpo, coupled_grpo, d1, ebpo, mdpo, spg, tracerl, vrpo, wd1  # noqa: F401,E402,I001
-from dare.algorithms import dipo, dtreerpo  # noqa: F401,E402  (2026 algorithms, one module each)
+from dare.algorithms import dipo, dtreerpo, igpo  # noqa: F401,E402  (2026 algorithms, one module each)
 
 __all__ = ["ALGORITHMS", "Algorithm", "AlgorithmConfig", "Needs", "get_algorithm", "register_algorithm",
            "resolve_algorithm_config"]

@@ -168,8 +168,10 @@ class DTreeRPO(TermwiseMixin, RLAlgorithm):
                               f"(levels-1) = {per_root} (root branches x leaves per root branch)")
 
     def generate(self, model, prompts, attention_mask, sampler, *, example_ids, group_size: int,
-                 progress: bool = False):
+                 progress: bool = False, canvas=None):
         """Decode every node of the rows' trees level by level (see the module docstring); returns the leaves."""
+        if canvas is not None:
+            raise ConfigError("dtreerpo grows its trees from empty canvases")
         from dare.models.spec import family_of
         from dare.rollout import RolloutOutput, completion_mask, generate
         from dare.rollout.output import finished_rows
