@@ -1,7 +1,8 @@
 """Algorithm registry: each algorithm is one module registering an :class:`Algorithm` subclass.
 
 SFT (``sft``), online RL on the shared rollout workflow (``d1``, ``wd1``, ``coupled_grpo``, ``mdpo``,
-``cj_grpo``, ``spg``, ``bgpo``, ``ebpo``, ``tracerl``; base classes in :mod:`dare.algorithms.rl`) and preference
+``cj_grpo``, ``spg``, ``bgpo``, ``ebpo``, ``tracerl``, ``dtreerpo``, ``igpo``, ``dipo``; base classes in
+:mod:`dare.algorithms.rl`) and preference
 optimisation on pairs (``vrpo``, ``dpo``). The pure math lives in :mod:`dare.algorithms.functional`.
 """
 

@@ -98,6 +98,8 @@ ALGORITHM_DEFAULTS: dict[str, dict] = {
     "mdpo": {"inner_steps": 2, "train_steps": 2},
     "bgpo": {"inner_steps": 2, "mc_num": 4},
     "tracerl": {"inner_steps": 2},
+    "dtreerpo": {"inner_steps": 2, "distill_horizon": 120},  # 8 leaves = 2 root branches x 4; lambda(t) over the run
+    "igpo": {"inner_steps": 2},
 }
 BASELINE = "sft"
 DEVICES = ("cpu", "cuda", "auto")
