@@ -34,6 +34,10 @@ RL_VARIANTS = {  # recipe, overrides, optimizer steps (a second rollout after mu
     "rl_espo": ("configs/llada/espo_tiny.yaml", ["algorithm.inner_steps=1"], 2),  # two-pass sequence gradient
     "rl_gdpo_dynamic": ("configs/llada/gdpo_tiny.yaml",  # dynamic sampling: extra rounds, groups moved across ranks
                         ["rollout.dynamic_sampling=true", "rollout.reward=dist_half_flat"], 2),
+    "rl_dtreerpo": ("configs/llada/dtreerpo_tiny.yaml", ["algorithm.distill_horizon=1"], 3),  # tree rollouts
+    # re-rolls of failed groups; lr 5e-4: Adam turned fp32 round-off into a 5.7e-6 weight difference at 1e-3
+    "rl_igpo": ("configs/llada/igpo_tiny.yaml", ["algorithm.inner_steps=1", "optim.lr=5e-4"], 2),
+    "rl_sdar_dipo": ("configs/sdar/dipo_tiny.yaml", [], 2),  # step rounds of the block sampler
 }
 ROLLOUT_FIELDS = ("rewards", "advantages", "old_logp", "ref_logp", "old_elbo", "ref_elbo")
 
@@ -83,7 +87,8 @@ def rollout_record(micro, info) -> dict:
         for key in ROLLOUT_FIELDS:
             if key in mb.keys():
                 value = mb[key]
-                rows[key] = value[gen].reshape(len(gen), -1) if value.shape[:2] == gen.shape else value
+                # per-column fields ([R, S] or [R, terms, S]): the generated columns (the same in every row)
+                rows[key] = value[..., gen[0]] if value.shape[-1] == gen.shape[1] and value.ndim > 1 else value
         local.append({k: v.detach().cpu() for k, v in rows.items()})
     parts = [part for rank in gather(local, info) for part in rank]
     merged = {k: torch.cat([p[k] for p in parts]) for k in parts[0]}

@@ -75,14 +75,15 @@ def test_torchrun_matches_single_process(results, nproc, variant):
         assert all("lora_" in name for name in single["grads"])
 
 
-RL_VARIANTS = ["rl_d1", "rl_coupled_lora", "rl_sdar_bgpo"]
+RL_VARIANTS = ["rl_d1", "rl_coupled_lora", "rl_sdar_bgpo", "rl_dtreerpo", "rl_igpo", "rl_sdar_dipo"]
+NO_REFERENCE = ("rl_sdar_bgpo", "rl_sdar_dipo")
 
 
 @pytest.mark.parametrize("nproc", [1, 2])
 @pytest.mark.parametrize("variant", RL_VARIANTS)
 def test_rl_steps_under_torchrun_match_single_process(results, nproc, variant):
-    """d1 (old + frozen-copy reference), coupled-GRPO with LoRA (adapter-disabled reference) and SDAR BGPO (block
-    cache sampler): every rollout of the run (including the one sampled after the first update(s)), the
+    """d1 (old + frozen-copy reference), coupled-GRPO with LoRA (adapter-disabled reference), SDAR BGPO (block
+    cache sampler), d-TreeRPO (tree rollouts), IGPO (re-rolls of failed groups) and SDAR DiPO: every rollout of the run (including the one sampled after the first update(s)), the
     per-step losses, the step-0 gradients and the final parameters equal the single-process run."""
     single, dist = results[None][variant], results[nproc][variant]
     assert len(single["rollouts"]) == len(dist["rollouts"]) == 2
@@ -94,7 +95,7 @@ def test_rl_steps_under_torchrun_match_single_process(results, nproc, variant):
         for key in ("old_logp", "ref_logp"):  # fp32 forwards on other batch compositions / left-padding widths
             if key in ours:
                 torch.testing.assert_close(theirs[key], ours[key], atol=1e-6, rtol=1e-5, msg=key)
-    assert ("ref_logp" in single["rollouts"][0]) == (variant != "rl_sdar_bgpo")
+    assert ("ref_logp" in single["rollouts"][0]) == (variant not in NO_REFERENCE)
     for ours, theirs in zip(single["losses"], dist["losses"]):
         assert abs(theirs - ours) <= 1e-6 * max(1.0, abs(ours))
     assert single["grads"].keys() == dist["grads"].keys() and single["grads"]

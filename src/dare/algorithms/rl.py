@@ -111,6 +111,13 @@ class RolloutContext:
         evaluate: ``evaluate(fn, batch) -> Tensor``: ``fn(micro_batch)`` on the training device over micro-batches
             of ``batch`` without gradients (under the trainer's precision), outputs concatenated along dim 0
             on the CPU; e.g. a value model's predictions at rollout time.
+        samples: the rows' reward samples (ground truth, e.g. a reference reasoning).
+        encode: ``encode(text) -> list[int]`` token ids (no special tokens) with the run's tokenizer.
+        regenerate: ``regenerate(index, canvas, attempt=1) -> TensorDict``: rows ``index`` of the batch decoded
+            again by the current policy from ``canvas [n, G]`` (``dare.rollout.generate``'s canvas: given tokens
+            are kept, masks decoded), with a random stream of their own (``attempt``), assembled in the batch layout
+            (``given`` marks the canvas tokens) with ``rewards`` and ``correct``; e.g. IGPO's inpainted re-rolls.
+        rollout: the rollout number (seeds per-rollout choices such as hint sampling).
     """
 
     group_size: int
@@ -119,6 +126,10 @@ class RolloutContext:
     all_max: Callable[[int], int] = lambda n: n
     evaluate: Callable[[Callable[[TensorDict], torch.Tensor], TensorDict], torch.Tensor] = \
         lambda fn, batch: torch.no_grad()(fn)(batch)
+    samples: list | None = None
+    encode: Callable[[str], list[int]] | None = None
+    regenerate: Callable[..., TensorDict] | None = None
+    rollout: int = 0
 
 
 # --------------------------------------------------------------------------------------------- estimators
@@ -251,6 +262,23 @@ class RLAlgorithm(Algorithm):
                             **self.forward_options)
 
     # ---- hooks of the rollout source -----------------------------------------------------------------
+    def generate(self, model, prompts: torch.Tensor, attention_mask: torch.Tensor, sampler, *, example_ids,
+                 group_size: int, progress: bool = False, canvas: torch.Tensor | None = None):
+        """The rollouts of a chunk of rows (``example_ids``: the rows' global indices; rows ``g*G .. g*G+G-1`` of
+        the step are one prompt's group; ``canvas``: a starting completion, see :func:`dare.rollout.generate`):
+        one :func:`dare.rollout.generate` call. Tree rollouts (d-TreeRPO) override it, through the same public
+        API."""
+        from dare.rollout import generate
+
+        return generate(model, prompts, attention_mask, sampler, example_ids=example_ids, progress=progress,
+                        canvas=canvas)
+
+    def refine_rollouts(self, batch: TensorDict, context: RolloutContext) -> tuple[TensorDict, dict]:
+        """Called after scoring, before :meth:`assign_advantages`: may replace rows (e.g. IGPO's inpainted
+        re-rolls of groups where every rollout failed). Returns the batch and step metrics (global values, already
+        reduced over ranks). Default: unchanged, no metrics."""
+        return batch, {}
+
     def assign_advantages(self, batch: TensorDict, context: RolloutContext) -> TensorDict:
         """Set ``batch["advantages"]`` from ``batch["rewards"]`` (whole groups of one rank's rollouts)."""
         batch["advantages"] = group_advantages(batch["rewards"], context.group_size, self.config.advantage,

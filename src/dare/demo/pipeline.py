@@ -101,6 +101,8 @@ ALGORITHM_DEFAULTS: dict[str, dict] = {
     "justgrpo": {"inner_steps": 2, "positions_per_forward": 8},
     "espo": {"inner_steps": 2},
     "gdpo": {"inner_steps": 2},
+    "dtreerpo": {"inner_steps": 2, "distill_horizon": 120},  # 8 leaves = 2 root branches x 4; lambda(t) over the run
+    "igpo": {"inner_steps": 2},
 }
 ROLLOUT_SAMPLER: dict[str, dict] = {
     "justgrpo": {"block_length": 1},  # left to right, one token per step (the method's rollout)

@@ -84,11 +84,14 @@ def denoise_mdlm(
     *,
     example_ids: Sequence[int],
     progress: bool = False,
+    canvas: torch.Tensor | None = None,
+    step_range: tuple[int, int | None] | None = None,
 ) -> RolloutOutput:
     """Decode ``G = config.gen_length`` tokens after every prompt of the left-padded batch ``input_ids``.
 
     ``config`` must be resolved (:meth:`SamplerConfig.resolved`); ``example_ids`` seed the per-row random
-    streams. See :mod:`dare.rollout.output` for the meaning of the returned fields.
+    streams. ``canvas`` and ``step_range`` resume or inpaint a decoding (:func:`dare.rollout.generate`). See
+    :mod:`dare.rollout.output` for the meaning of the returned fields.
     """
     spec = family_of(model)
     tok = spec.token_ids(model.config)
@@ -97,7 +100,14 @@ def denoise_mdlm(
     device = input_ids.device
     batch, prompt_len = input_ids.shape
     gen, block = config.gen_length, config.block_length
-    canvas = torch.cat([input_ids, input_ids.new_full((batch, gen), tok.mask)], dim=1)
+    given = torch.zeros((batch, gen), dtype=torch.bool, device=device)
+    canvas_given = canvas is not None
+    start_step, stop_step = step_range if step_range is not None else (0, None)
+    if canvas is None:
+        canvas = torch.cat([input_ids, input_ids.new_full((batch, gen), tok.mask)], dim=1)
+    else:
+        given = canvas.to(device) != tok.mask
+        canvas = torch.cat([input_ids, canvas.to(device=device, dtype=input_ids.dtype)], dim=1)
     full_mask = torch.ones_like(canvas)
     if attention_mask is not None:
         full_mask[:, :prompt_len] = attention_mask.to(canvas.dtype)
@@ -121,13 +131,16 @@ def denoise_mdlm(
     nfe = 0
 
     num_blocks = config.num_blocks if config.max_blocks is None else min(config.num_blocks, config.max_blocks)
-    for b in range(num_blocks):
+    first_block = min(start_step // steps_per_block, num_blocks)
+    for b in range(first_block, num_blocks):
         if not row_list:
             break
         start, end = prompt_len + b * block, prompt_len + (b + 1) * block
         lo, hi = start - prompt_len, end - prompt_len  # the block in completion coordinates
         initial = (canvas[:, start:end] == tok.mask).sum(-1)
         block_steps = torch.zeros(batch, dtype=torch.long, device=device)
+        # a decoding resumed inside this block spreads the block's remaining masks over its remaining steps
+        budget = steps_per_block - (start_step % steps_per_block if b == first_block else 0)
         forward_index = 0
         while row_list:
             current = canvas[rows]
@@ -142,7 +155,7 @@ def denoise_mdlm(
             forward_index += 1
             if config.suppress_eos:
                 logits[..., tok.eos] = float("-inf")
-            quota = schedule(block_steps[rows], initial[rows], eligible.sum(-1), steps_per_block, config.eps)
+            quota = schedule(block_steps[rows], initial[rows], eligible.sum(-1), budget, config.eps)
             proposal = propose(
                 logits, eligible, temperature=config.temperature, top_p=config.top_p, top_k=config.top_k,
                 confidence=config.confidence, confidence_source=config.confidence_source,
@@ -164,17 +177,20 @@ def denoise_mdlm(
             block_steps[rows] += taking.long()
             if bar is not None:
                 bar.update(int(chosen.sum()))
+            done = torch.zeros_like(taking)
             if config.eos_early_stop:
                 done = finished_rows(canvas[rows, prompt_len:], tok.mask, stop_ids)
-                if bool(done.any()):
-                    keep = (~done).nonzero().squeeze(-1)
-                    strategy.reorder(keep)
-                    rows = rows[keep]
-                    row_list = rows.tolist()
+            if stop_step is not None:  # the step window ends: the row keeps its remaining masks
+                done |= num_steps[rows] >= stop_step - start_step
+            if bool(done.any()):
+                keep = (~done).nonzero().squeeze(-1)
+                strategy.reorder(keep)
+                rows = rows[keep]
+                row_list = rows.tolist()
 
     completion = canvas[:, prompt_len:]
     decoded = step_map >= 0
-    completion.masked_fill_(~decoded, tok.pad)
+    completion.masked_fill_(~(decoded | given), tok.pad)
     if bar is not None:
         bar.close()
     trajectory = None
@@ -185,13 +201,14 @@ def denoise_mdlm(
         attention_mask=full_mask,
         prompt_length=prompt_len,
         completion=completion,
-        completion_mask=completion_mask(completion, tok.stop_ids, decoded),
+        completion_mask=completion_mask(completion, tok.stop_ids, decoded | given),
         logprobs=logprobs,
         step_map=step_map,
         num_steps=num_steps,
         nfe=nfe,
         trajectory=trajectory,
         confidence_map=confidence_map,
+        given=given if canvas_given else None,
     )
 
 

@@ -99,6 +99,9 @@ class RolloutOutput:
             (-1: never decoded); None for masked-diffusion samplers.
         confidence_map: ``[B, G]`` float32 selection confidence of each committed token at its commit step (0:
             never decoded); None when a sampler does not record it.
+        given: ``[B, G]`` bool, positions taken from the ``canvas`` of :func:`dare.rollout.generate` (kept as
+            given, never decoded: ``step_map`` -1, ``logprobs`` 0, inside ``completion_mask``); None without a
+            canvas.
     """
 
     sequences: torch.Tensor
@@ -113,6 +116,15 @@ class RolloutOutput:
     trajectory: Trajectory | None = None
     block_step_map: torch.Tensor | None = None
     confidence_map: torch.Tensor | None = None
+    given: torch.Tensor | None = None
+
+    def state(self, mask_id: int) -> torch.Tensor:
+        """``[B, G]`` the canvas this rollout left: given and decoded tokens, ``mask_id`` at undecoded positions
+        (the ``canvas`` to resume it with, e.g. after a ``step_range`` window)."""
+        kept = self.step_map >= 0
+        if self.given is not None:
+            kept = kept | self.given
+        return torch.where(kept, self.completion, torch.full_like(self.completion, mask_id))
 
     def to_tensordict(self):
         """The output as a ``tensordict.TensorDict`` with batch size ``[B]`` (trajectory under ``trajectory``;
@@ -136,6 +148,8 @@ class RolloutOutput:
             data["block_step_map"] = self.block_step_map
         if self.confidence_map is not None:
             data["confidence_map"] = self.confidence_map
+        if self.given is not None:
+            data["given"] = self.given
         if self.trajectory is not None:
             data["trajectory"] = TensorDict(self.trajectory.to_dict(), batch_size=[batch])
         return TensorDict(data, batch_size=[batch])

@@ -160,6 +160,8 @@ def generate(
     *,
     example_ids: Sequence[int] | torch.Tensor | None = None,
     progress: bool = False,
+    canvas: torch.Tensor | None = None,
+    step_range: tuple[int, int | None] | None = None,
     **overrides,
 ) -> RolloutOutput:
     """Decode completions for ``prompts`` with a diffusion LM.
@@ -175,6 +177,16 @@ def generate(
             one prompt need distinct ids (e.g. ``prompt_index * group_size + j``), and a training loop should
             vary ``config.seed`` per step (e.g. ``derive_seed(seed, step)``) so revisited prompts get new samples.
         progress: show a progress bar of committed tokens.
+        canvas: ``[B, G]`` starting completion (masked-diffusion samplers): positions holding the mask id are
+            decoded, every other position is **given** - kept as is, never rewritten, part of the completion
+            (``RolloutOutput.given``). Inpainting (IGPO's hints) or resuming a partial decoding
+            (``RolloutOutput.state``).
+        step_range: ``(start, stop)`` run only denoising steps ``start .. stop - 1`` of the schedule
+            (masked-diffusion samplers; ``stop`` None = to the end): the canvas is the state after ``start``
+            steps, so decoding resumes in block ``start // (steps / num_blocks)``, whose remaining masks are spread
+            over its remaining steps (LLaDA's linear quota gives the same per-step counts as an uninterrupted
+            run); each row stops after ``stop - start`` steps keeping its remaining masks. Steps are counted
+            from the start of this call. Tree rollouts (d-TreeRPO) branch this way.
 
     Returns:
         :class:`RolloutOutput` (tokens, completion mask, log-probs, step map, nfe, optional trajectory).
@@ -206,11 +218,36 @@ def generate(
         fits = [s.name for s in SAMPLERS.values() if s.attention == family.attention]
         raise ConfigError(f"sampler '{sampler.name}' decodes {sampler.attention.replace('_', '-')} models; "
                           f"{family.name} is {family.attention.replace('_', '-')}: use {', '.join(fits)}")
+    resume = {}
+    if canvas is not None or step_range is not None:
+        if sampler.attention != "full":
+            raise ConfigError(f"canvas and step_range are supported by the masked-diffusion samplers; "
+                              f"'{sampler.name}' decodes block-causal models")
+        resume = {"canvas": _check_canvas(canvas, batch, config.gen_length, device),
+                  "step_range": _check_step_range(step_range)}
     engine = resolve_engine(config.engine, device)
-    if engine != "eager":
+    if engine != "eager" and not resume:  # resumed / inpainted decoding runs the eager loop
         mdlm.check_prompts(prompts, attention_mask, family.token_ids(model.config).mask)
         out = run_static(sampler, model, prompts, attention_mask, config, example_ids=example_ids, engine=engine,
                          progress=progress)
         if out is not None:
             return out
-    return sampler.run(model, prompts, attention_mask, config, example_ids=example_ids, progress=progress)
+    return sampler.run(model, prompts, attention_mask, config, example_ids=example_ids, progress=progress, **resume)
+
+
+def _check_canvas(canvas: torch.Tensor | None, batch: int, gen_length: int, device) -> torch.Tensor | None:
+    if canvas is None:
+        return None
+    if tuple(canvas.shape) != (batch, gen_length):
+        raise InputError(f"canvas must have shape [{batch}, {gen_length}] (rows x gen_length); "
+                         f"got {list(canvas.shape)}")
+    return canvas.to(device)
+
+
+def _check_step_range(step_range) -> tuple[int, int | None] | None:
+    if step_range is None:
+        return None
+    start, stop = step_range
+    if start < 0 or (stop is not None and stop <= start):
+        raise InputError(f"step_range must be (start, stop) with 0 <= start < stop; got {tuple(step_range)}")
+    return int(start), None if stop is None else int(stop)

@@ -55,7 +55,7 @@ from dare.algorithms.rl import RolloutContext
 from dare.data.prompts import PromptItem
 from dare.distributed import DistInfo, all_reduce_dict, all_reduce_max_int, gathered_parameters
 from dare.errors import ConfigError
-from dare.rollout import derive_seed, generate, left_pad
+from dare.rollout import derive_seed, left_pad
 from dare.rollout.output import completion_mask as stop_mask
 from dare.trainer.workflow import Reference, evaluating, prepare_micro_batches
 
@@ -192,8 +192,9 @@ class RolloutSource:
         with torch.no_grad(), evaluating(self.policy), gathered_parameters(self.policy), self.precision():
             self._engine_metrics(before=True)
             for lo in range(0, len(items), chunk):
-                outputs.append(generate(self.policy, ids[lo:lo + chunk].to(device), attn[lo:lo + chunk].to(device),
-                                        sampler, example_ids=rows[lo:lo + chunk], progress=self.progress))
+                outputs.append(self.algorithm.generate(
+                    self.policy, ids[lo:lo + chunk].to(device), attn[lo:lo + chunk].to(device), sampler,
+                    example_ids=rows[lo:lo + chunk], group_size=self.group_size, progress=self.progress))
             self._engine_metrics(before=False)
         return outputs
 
@@ -238,8 +239,14 @@ class RolloutSource:
         prompt_len = outputs[0].prompt_length
         rows_t = torch.tensor(rows, dtype=torch.long)
         n, width = sequences.shape
+        given = None
+        if any(out.given is not None for out in outputs):  # tokens given by a canvas (IGPO's hints)
+            given = torch.cat([out.given.cpu() if out.given is not None else torch.zeros_like(out.step_map.cpu(),
+                                                                                              dtype=torch.bool)
+                               for out in outputs])
         gen = sequences[:, prompt_len:]
-        gen[step_map < 0] = eos  # undecoded tail after an early stop: EOS padding, as the model would emit
+        undecoded = step_map < 0 if given is None else (step_map < 0) & ~given
+        gen[undecoded] = eos  # undecoded tail after an early stop: EOS padding, as the model would emit
         prompt_mask = torch.zeros(n, width, dtype=torch.bool)
         prompt_mask[:, :prompt_len] = attention[:, :prompt_len].bool()
         generated = torch.zeros(n, width, dtype=torch.bool)
@@ -255,6 +262,9 @@ class RolloutSource:
         }
         if all(x is not None for x in local):  # block samplers: step within the block
             data["block_step_map"] = torch.cat(local)
+        if given is not None:
+            data["given"] = torch.zeros(n, width, dtype=torch.bool)
+            data["given"][:, prompt_len:] = given
         if self.algorithm.needs.trajectory:
             data.update(self._trajectory(outputs))
         return TensorDict(data, batch_size=[n])
@@ -279,7 +289,8 @@ class RolloutSource:
             fields["traj_step_mask"].append(torch.cat([mask, torch.zeros(mask.shape[0], extra, dtype=torch.bool)], 1))
         return {k: torch.cat(v) for k, v in fields.items()}
 
-    def _context(self, items: list[PromptItem]) -> RolloutContext:
+    def _context(self, items: list[PromptItem], rows: list[int] | None = None, rollout: int = 0,
+                 batch: TensorDict | None = None) -> RolloutContext:
         samples = [item.sample for item in items]
         stops = self.token_ids.stop_ids
 
@@ -298,7 +309,26 @@ class RolloutSource:
                     outputs.append(fn(batch[lo:lo + self.micro_batch_size].to(device)).cpu())
             return torch.cat(outputs)
 
-        return RolloutContext(self.group_size, score, reduce, lambda n: all_reduce_max_int(n, self.info), evaluate)
+        def regenerate(index: list[int], canvas: torch.Tensor, attempt: int = 1) -> TensorDict:
+            """Rows ``index`` of ``batch`` decoded again from ``canvas`` (their prompts, a fresh random stream),
+            assembled and scored like the originals."""
+            width = int((~batch["generated"][0]).sum())  # the padded prompt width P (same for every row)
+            device = next(self.policy.parameters()).device
+            sampler = self.sampler.replace(seed=derive_seed(self.seed, rollout, attempt))
+            sub_rows = [rows[i] for i in index]
+            with torch.no_grad(), evaluating(self.policy), gathered_parameters(self.policy), self.precision():
+                out = self.algorithm.generate(self.policy, batch["input_ids"][index, :width].to(device),
+                                              batch["attention_mask"][index, :width].to(device), sampler,
+                                              example_ids=sub_rows, group_size=self.group_size, canvas=canvas)
+            redo = self._assemble([out], sub_rows)
+            _, results = self._score([items[i] for i in index], out.completion.cpu(), out.completion_mask.cpu())
+            redo["rewards"] = torch.tensor([r.reward for r in results], dtype=torch.float32)
+            redo["correct"] = torch.tensor([bool(r.correct) for r in results])
+            return redo
+
+        return RolloutContext(self.group_size, score, reduce, lambda n: all_reduce_max_int(n, self.info), evaluate,
+                              samples=samples, encode=lambda text: self.tokenizer(text, add_special_tokens=False)
+                              ["input_ids"], regenerate=regenerate, rollout=rollout)
 
     def _clock(self) -> float:
         """Wall time after the device's queued work (phase timings would otherwise drift across phases)."""
@@ -330,9 +360,13 @@ class RolloutSource:
         nfe = sum(out.nfe for out in outputs)
         if self.config.dynamic_sampling:
             batch, items, texts, results, nfe = self._dynamic(rollout, batch, items, texts, results, nfe)
+            rows = batch["rollout_index"].tolist()
         generated_s = self._generate_s
-        self.algorithm.assign_advantages(batch, self._context(items))
+        context = self._context(items, rows, rollout, batch)
+        batch, refined = self.algorithm.refine_rollouts(batch, context)  # e.g. IGPO's inpainted re-rolls
+        self.algorithm.assign_advantages(batch, self._context(items, rows, rollout, batch))
         self._log_metrics(batch, results, outputs, nfe, generated_s)
+        self.step_metrics.update(refined)
         self._write_samples(start, items, texts, results)
         device = next(self.policy.parameters()).device
         scored = self._clock()
