@@ -191,6 +191,7 @@ class _Sandboxed:
 
     def __init__(self, command: list[str], msg_read: int, pass_fds: Sequence[int], keep: int):
         self.msg = msg_read
+        self.closed = False
         self.buffer = b""
         self.output = {"stdout": bytearray(), "stderr": bytearray()}
         self.proc = subprocess.Popen(
@@ -247,6 +248,10 @@ class _Sandboxed:
         return message if isinstance(message, dict) else DEAD
 
     def kill(self) -> None:
+        """Kill the process group (the sandbox's namespaces die with it) and close our pipe ends (idempotent)."""
+        if self.closed:
+            return
+        self.closed = True
         try:
             os.killpg(self.proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
@@ -266,10 +271,12 @@ class _Sandboxed:
 
 
 class _Slot:
-    """A uid (as root) and a memory cgroup (where writable) used by one program at a time."""
+    """Two uids (as root: the candidate's and the runner's, so neither can use up the other's process
+    limit) and a memory cgroup (where writable), used by one program at a time."""
 
-    def __init__(self, index: int, uid: int | None, cgroup: MemoryCgroup | None):
-        self.index, self.uid, self.cgroup = index, uid, cgroup
+    def __init__(self, index: int, uids: tuple[int, int] | tuple[None, None], cgroup: MemoryCgroup | None):
+        self.index, self.cgroup = index, cgroup
+        self.uid, self.runner_uid = uids
 
 
 class Sandbox:
@@ -305,7 +312,8 @@ class Sandbox:
             raise ConfigError(f"the code sandbox needs bubblewrap when DARE does not run as root: {INSTALL_BWRAP}")
         seccomp = filter_bytes()
         pythons = [self.config.python] if self.config.python else [sys.executable, *self._system_pythons()]
-        uids = self._free_uids(max(8, 2 * self.workers)) if root else [None]
+        free = self._free_uids(2 * max(8, 2 * self.workers)) if root else [None, None]
+        uids = list(zip(free[::2], free[1::2]))
         cgroups = [MemoryCgroup.create(f"dare-sandbox-{os.getpid()}-{id(self)}-{i}", self.config.memory_mb << 20)
                    for i in range(len(uids))]  # fmt: skip
         backends = (["bwrap"] if bwrap else []) + (["subprocess"] if root and want != "bwrap" else [])
@@ -415,14 +423,15 @@ class Sandbox:
     def _take_slot(self) -> _Slot:
         for _ in range(len(self._all_slots)):
             slot = self._slots.get()
-            if slot.uid is None or not _pids_of_uid(slot.uid):
+            if slot.uid is None or not (_pids_of_uid(slot.uid) or _pids_of_uid(slot.runner_uid)):
                 return slot
             self._slots.put(slot)  # some other process took this uid meanwhile: skip it
         raise ConfigError(f"sandbox: all sandbox uids from {self.config.base_uid} are in use by other processes")
 
     def leftover_processes(self) -> list[int]:
         """Live processes still running as one of this sandbox's uids (empty unless a kill failed)."""
-        return [pid for slot in self._all_slots if slot.uid is not None for pid in _pids_of_uid(slot.uid)]
+        uids = [uid for slot in self._all_slots for uid in (slot.uid, slot.runner_uid) if uid is not None]
+        return [pid for uid in uids for pid in _pids_of_uid(uid)]
 
     def run_many(self, programs: Iterable[Program], progress: bool = False, desc: str = "sandbox") -> list[ExecResult]:
         """Run programs on a bounded pool of ``workers``; results keep the input order."""
@@ -451,7 +460,7 @@ class Sandbox:
             "RLIMIT_CORE": 0,
         }
 
-    def _spawn(self, script: str, slot: _Slot, setup: dict[str, Any]) -> _Sandboxed:
+    def _spawn(self, script: str, slot: _Slot, setup: dict[str, Any], uid: int | None) -> _Sandboxed:
         msg_read, msg_write = os.pipe()
         env = {
             "PATH": SAFE_PATH, "LANG": "C.UTF-8", "PYTHONIOENCODING": "utf-8", "PYTHONDONTWRITEBYTECODE": "1",
@@ -462,8 +471,8 @@ class Sandbox:
         private = [p for p in ("/tmp", "/var/tmp", "/dev/shm", "/run") if os.path.isdir(p)]
         pass_fds = [msg_write]
         seccomp_fd = None
-        config = {"cgroup": slot.cgroup.procs_file if slot.cgroup else None, "limits": self._limits(slot.uid),
-                  "uid": slot.uid, "env": env, "cwd": WORKDIR}  # fmt: skip
+        config = {"cgroup": slot.cgroup.procs_file if slot.cgroup else None, "limits": self._limits(uid),
+                  "uid": uid, "env": env, "cwd": WORKDIR}  # fmt: skip
         if setup["backend"] == "bwrap":
             command = [setup["bwrap"], "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
             for path in private + [p for p in setup["hidden"] if p not in private]:
@@ -515,6 +524,8 @@ class _Run:
         self.load_status = ""
         self.timed_out = False
         self.sequence = 0
+        self.notes: list[str] = []
+        """Why call tests failed (host side only: never shown to the candidate)."""
 
     # the candidate's server ---------------------------------------------------------------
     def _start_server(self) -> bool:
@@ -524,7 +535,7 @@ class _Run:
         if self.load_status or self.restarts > self.sandbox.config.max_restarts or time.monotonic() >= self.deadline:
             return False
         self.restarts += 1
-        server = self.sandbox._spawn(SERVER, self.slot, self.setup)
+        server = self.sandbox._spawn(SERVER, self.slot, self.setup, self.slot.uid)
         self.processes.append(server)
         server.send({"code": self.program.code})
         message = server.recv(self.deadline)
@@ -572,19 +583,25 @@ class _Run:
         return {"error": kind, "message": message}
 
     # tests ---------------------------------------------------------------------------------
-    def _call_test(self, cases: list[CallCase]) -> bool:
+    def _call_test(self, index: int, cases: list[CallCase]) -> bool:
         for case in cases:
             try:
                 args, kwargs = plain_data.encode(list(case.args)), plain_data.encode(dict(case.kwargs))
             except plain_data.NotPlainData:
+                self.notes.append(f"test {index}: arguments of {case.name}() are not plain data")
                 return False
             reply = self.call(case.name, args, kwargs)
             if "value" not in reply:
+                self.notes.append(f"test {index}: {case.name}() raised {reply['error']}: {reply['message'][:200]}")
                 return False
             try:
-                if not plain_data.decode(reply["value"]) == case.expected:
-                    return False
+                value = plain_data.decode(reply["value"])
+                same = value == case.expected
             except (plain_data.NotPlainData, RecursionError):
+                self.notes.append(f"test {index}: {case.name}() returned something that is not plain data")
+                return False
+            if not same:
+                self.notes.append(f"test {index}: AssertionError: {case.name}() returned {repr(value)[:200]}")
                 return False
         return True
 
@@ -592,7 +609,7 @@ class _Run:
         verdicts = [False] * len(scripts)
         if not scripts or not self._start_server():
             return verdicts
-        runner = self.sandbox._spawn(RUNNER, self.slot, self.setup)
+        runner = self.sandbox._spawn(RUNNER, self.slot, self.setup, self.slot.runner_uid)
         self.processes.append(runner)
         runner.send({"tests": scripts, **self.loaded})
         while True:
@@ -618,7 +635,7 @@ class _Run:
         if self._start_server():
             for i, cases in enumerate(split):
                 if cases is not None:
-                    verdicts[i] = bool(cases) and self._call_test(cases)
+                    verdicts[i] = bool(cases) and self._call_test(i, cases)
             script_index = [i for i, cases in enumerate(split) if cases is None]
             for i, ok in zip(script_index, self._script_tests([tests[i] for i in script_index])):
                 verdicts[i] = ok
@@ -631,20 +648,20 @@ class _Run:
             status = "passed" if tests and passed == len(tests) else "failed"
         keep = self.sandbox.config.keep_output
         for process in self.processes:
-            if process.proc.poll() is None:
-                process.kill()
+            process.kill()
         stdout = "".join(p.text("stdout", keep) for p in self.processes)[:keep]
-        stderr = "".join(p.text("stderr", keep) for p in self.processes)[-keep:]
+        stderr = ("".join(p.text("stderr", keep) for p in self.processes) + "".join(n + "\n" for n in self.notes))[-keep:]
         returncode = self.processes[0].proc.returncode if self.processes else None
         return ExecResult(status, passed, len(tests), returncode, time.monotonic() - self.start, stdout, stderr)
 
     def cleanup(self) -> None:
         for process in self.processes:
-            if process.proc.returncode is None:
-                process.kill()
-        if self.slot.uid is not None:  # the uid was unused before the run: all its processes are ours
+            process.kill()
+        for uid in (self.slot.uid, self.slot.runner_uid):  # unused before the run: all its processes are ours
+            if uid is None:
+                continue
             for _ in range(20):
-                pids = _pids_of_uid(self.slot.uid)
+                pids = _pids_of_uid(uid)
                 if not pids:
                     break
                 for pid in pids:

@@ -1,7 +1,7 @@
 """Source code that runs inside the sandbox (standard library only; built into ``python -I -c`` strings).
 
 * :data:`LAUNCHER` (``python -I -S``, as root or the DARE user): joins the slot's memory cgroup; for
-  the namespace fallback it also makes new mount/pid/net/ipc/uts namespaces, forks the pid-1 child,
+  the namespace fallback it also makes new mount/pid/net/ipc/uts namespaces, forks the pid-1 init (which forks the candidate),
   mounts private size-limited tmpfs on ``/tmp``, ``/var/tmp``, ``/dev/shm``, ``/run`` (and over hidden
   paths), a fresh ``/proc``; then applies rlimits, drops to the slot uid, sets the parent-death signal,
   ``PR_SET_NO_NEW_PRIVS`` and the seccomp filter, and execs the interpreter (or bubblewrap).
@@ -55,6 +55,13 @@ if cfg["namespaces"]:
     if cfg["uid"] is not None:
         os.chown(cfg["cwd"], cfg["uid"], cfg["uid"])
     os.chdir(cfg["cwd"])
+    libc.prctl(1, 9, 0, 0, 0)  # PR_SET_PDEATHSIG = SIGKILL: this init (and so the namespace) dies with the waiter
+    main = os.fork()
+    if main:  # pid 1 of the namespace: reap everything, exit with the candidate's status (killing the rest)
+        while True:
+            pid, status = os.wait()
+            if pid == main:
+                os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 99)
     os.setsid()
 for name, value in cfg["limits"].items():
     resource.setrlimit(getattr(resource, name), (value, value))
@@ -63,7 +70,7 @@ if cfg["uid"] is not None:
     os.setgid(cfg["uid"])
     os.setuid(cfg["uid"])
 if cfg["namespaces"]:
-    libc.prctl(1, 9, 0, 0, 0)  # PR_SET_PDEATHSIG = SIGKILL: the sandbox dies with its waiter
+    libc.prctl(1, 9, 0, 0, 0)  # PR_SET_PDEATHSIG = SIGKILL: the candidate dies with the namespace's init
 if cfg["seccomp"]:
     install_seccomp(cfg["seccomp"])
 os.execve(sys.argv[2], sys.argv[2:], cfg["env"])
