@@ -49,7 +49,7 @@ def build_program(completion: str, sample: Mapping[str, Any]) -> Program:
     if setup:
         source = source + "\n\n" + setup
     tests = sample["tests"]
-    return Program(source, [tests] if isinstance(tests, str) else list(tests))
+    return Program(source, [tests] if isinstance(tests, str) else list(tests), setup=setup)
 
 
 @register_reward("code")

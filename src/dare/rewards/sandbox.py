@@ -98,10 +98,12 @@ class SandboxConfig:
 
 @dataclass(frozen=True)
 class Program:
-    """``code`` (solution + setup) is loaded as a module; each snippet of ``tests`` is one test."""
+    """``code`` (solution + setup) is loaded as a module; each snippet of ``tests`` is one test; ``setup``
+    (e.g. MBPP's ``test_setup_code``) also runs in the test runner before script tests."""
 
     code: str
     tests: Sequence[str] = ()
+    setup: str = ""
 
 
 @dataclass
@@ -546,12 +548,13 @@ class _Run:
                 "timeout" if message == TIMEOUT else "crashed")
             server.kill()
             return False
-        names, values = message.get("names"), message.get("values")
-        if not (isinstance(names, list) and all(isinstance(n, str) for n in names) and isinstance(values, dict)):
+        names, values, modules = message.get("names"), message.get("values"), message.get("modules")
+        if not (isinstance(names, list) and all(isinstance(n, str) for n in names) and isinstance(values, dict)
+                and isinstance(modules, dict) and all(isinstance(m, str) for m in modules.values())):
             self.load_status = "crashed"
             server.kill()
             return False
-        self.loaded = {"names": names, "values": values}
+        self.loaded = {"names": names, "values": values, "modules": modules}
         self.server = server
         return True
 
@@ -611,7 +614,7 @@ class _Run:
             return verdicts
         runner = self.sandbox._spawn(RUNNER, self.slot, self.setup, self.slot.runner_uid)
         self.processes.append(runner)
-        runner.send({"tests": scripts, **self.loaded})
+        runner.send({"tests": scripts, "setup": self.program.setup, **self.loaded})
         while True:
             message = runner.recv(self.deadline)
             if message in (TIMEOUT, DEAD):

@@ -109,18 +109,20 @@ def _dare_server():
         channel.send({"loaded": False})
         sys.stderr.flush()
         os._exit(0)
-    names, values = [], {}
+    names, values, modules = [], {}, {}
     for name, value in list(module.__dict__.items()):
         if name.startswith("__"):
             continue
-        if callable(value):
+        if type(value) is types.ModuleType:
+            modules[name] = str(value.__name__)
+        elif callable(value):
             names.append(name)
         else:
             try:
                 values[name] = encode(value)
             except BaseException:
                 pass
-    channel.send({"loaded": True, "names": names, "values": values})
+    channel.send({"loaded": True, "names": names, "values": values, "modules": modules})
     for line in requests:
         request = loads(line)
         try:
@@ -159,11 +161,21 @@ def _dare_runner():
         call.__name__ = call.__qualname__ = name
         return call
 
+    import importlib
     namespace = {"__name__": "__tests__", "__builtins__": builtins}
+    for name, module in job["modules"].items():  # modules the candidate imported (installed code only)
+        try:
+            namespace[name] = importlib.import_module(module)
+        except BaseException:
+            pass
     for name, value in job["values"].items():
         namespace[name] = decode(value)
     for name in job["names"]:
         namespace[name] = proxy(name)
+    try:
+        exec(compile(job["setup"], "setup.py", "exec"), namespace)
+    except BaseException:
+        traceback.print_exc()
     for i, test in enumerate(job["tests"]):
         try:
             exec(compile(test, "test_%d.py" % i, "exec"), namespace)
