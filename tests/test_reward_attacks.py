@@ -192,6 +192,16 @@ def test_memory_limit_covers_the_process_tree(box):
     assert result.passed, result.stderr
 
 
+def test_host_processes_are_invisible_and_privileges_cannot_grow(box):
+    code = (
+        "import os\n"
+        "def no_new_privs():\n    return [l.split()[1] for l in open('/proc/self/status') if l.startswith('NoNewPrivs')]\n"
+        "def processes():\n    return len([p for p in os.listdir('/proc') if p.isdigit()])\n"
+    )
+    result = box.run(Program(code, ["assert no_new_privs() == ['1']", "assert processes() < 5"]))
+    assert result.passed, result.stderr
+
+
 def test_home_and_host_tmp_are_hidden(box):
     code = "import os\ndef visible():\n    return sorted(os.listdir('/root') + os.listdir('/home') + os.listdir('/tmp'))\n"
     result = box.run(Program(code, ["assert visible() == ['work']"]))

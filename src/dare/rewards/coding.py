@@ -5,7 +5,8 @@ optionally ``prompt`` (HumanEval's function header, prepended so imports and sig
 ``entry_point`` and ``setup`` (MBPP's ``test_setup_code``). As in DiffuCoder's ``code_reward`` the
 reward is the fraction of tests passed (``partial``), ``correct`` means all passed; with
 ``require_format=True`` (the Coupled-GRPO preset) only a well-formed single ```` ```python ```` answer
-is executed, as DiffuCoder does.
+is executed, as DiffuCoder does. The verdict is decided outside the candidate's process
+(:mod:`dare.rewards.sandbox`, ``docs/security.md``).
 """
 
 from __future__ import annotations

@@ -41,7 +41,7 @@ for line in sys.stdin:
 class BoundedWorker:
     """One helper process running ``module:function``; :meth:`call` never takes much more than ``timeout``."""
 
-    def __init__(self, target: str, start_timeout: float = 60.0):
+    def __init__(self, target: str, start_timeout: float = 120.0):
         self.target = target
         self.start_timeout = start_timeout
         self._lock = threading.Lock()
