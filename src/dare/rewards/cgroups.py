@@ -8,6 +8,7 @@ not writable (no root, no delegation): the sandbox then reports a per-process li
 
 from __future__ import annotations
 
+import atexit
 import os
 from dataclasses import dataclass
 
@@ -72,10 +73,22 @@ class MemoryCgroup:
             os.makedirs(path, exist_ok=True)
         except OSError:
             return None
-        return cls(path, version)
+        group = cls(path, version)
+        _CREATED.append(group)
+        return group
 
     def remove(self) -> None:
         try:
             os.rmdir(self.path)
         except OSError:
             pass
+
+
+_CREATED: list[MemoryCgroup] = []
+
+
+@atexit.register
+def _remove_created() -> None:
+    """Empty cgroups left by this process are removed when it exits."""
+    for group in _CREATED:
+        group.remove()
