@@ -5,13 +5,11 @@ process alive), on each sandbox backend this machine has: bubblewrap and the for
 Each attack is bounded in time; parser cases are bounded in CPU time (robust to a loaded machine).
 """
 
-import ctypes
 import glob
 import json
 import os
 import socket
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -340,5 +338,5 @@ def test_verifier_calls_are_bounded_in_any_thread():
 def test_math_verify_runs_outside_the_calling_process():
     assert answers.math_equal("\\frac{1}{2}", "0.5")
     assert answers.math_equal("2\\sqrt{2}", "\\sqrt{8}")
-    assert answers._MATH_VERIFY._process is not None and answers._MATH_VERIFY._process.pid != os.getpid()
-    assert "math_verify" not in sys.modules or True  # may be imported by other tests; the call itself ran in the helper
+    helper = answers._MATH_VERIFY._process  # symbolic equality needed math-verify, which ran in the live helper
+    assert helper is not None and helper.poll() is None and helper.pid != os.getpid()
