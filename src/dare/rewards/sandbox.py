@@ -201,9 +201,9 @@ class _Sandboxed:
             pass_fds=tuple(pass_fds), start_new_session=True,
         )  # fmt: skip
         self.drains = [
-            threading.Thread(target=self._drain, args=(self.proc.stdout, self.output[name], keep), daemon=True)
-            for name in ("stdout",)
-        ] + [threading.Thread(target=self._drain, args=(self.proc.stderr, self.output["stderr"], keep), daemon=True)]
+            threading.Thread(target=self._drain, args=(stream, self.output[name], keep), daemon=True)
+            for name, stream in (("stdout", self.proc.stdout), ("stderr", self.proc.stderr))
+        ]
         for thread in self.drains:
             thread.start()
 
