@@ -471,6 +471,8 @@ class Sandbox:
         python_cmd = [setup["python"], "-I", "-c", script, str(msg_write)]
         tmp_bytes = self.config.tmp_mb << 20
         private = [p for p in ("/tmp", "/var/tmp", "/dev/shm", "/run") if os.path.isdir(p)]
+        if setup["backend"] == "subprocess" and os.path.isdir("/dev/mqueue"):  # bwrap's /dev is new anyway
+            private.append("/dev/mqueue")
         pass_fds = [msg_write]
         seccomp_fd = None
         config = {"cgroup": slot.cgroup.procs_file if slot.cgroup else None, "limits": self._limits(uid),
