@@ -175,13 +175,12 @@ def _pids_of_uid(uid: int) -> list[int]:
     return pids
 
 
-def _uid_unused(uid: int) -> bool:
-    """No account and no process has ``uid`` (so killing everything of that uid hurts nobody)."""
+def _has_account(uid: int) -> bool:
     try:
         pwd.getpwuid(uid)
-        return False
+        return True
     except KeyError:
-        return not _pids_of_uid(uid)
+        return False
 
 
 TIMEOUT, DEAD = "timeout", "dead"
@@ -337,9 +336,16 @@ class Sandbox:
         raise ConfigError(f"the code sandbox cannot create namespaces here (neither bubblewrap nor its root fallback works): {INSTALL_BWRAP}")
 
     def _free_uids(self, count: int) -> list[int]:
+        busy = set()  # uids of live processes, one pass over /proc
+        for pid in os.listdir("/proc"):
+            if pid.isdigit():
+                try:
+                    busy.add(os.stat(f"/proc/{pid}").st_uid)
+                except OSError:
+                    pass
         uids, uid = [], self.config.base_uid
         while len(uids) < count and uid < self.config.base_uid + 100_000:
-            if _uid_unused(uid):
+            if uid not in busy and not _has_account(uid):  # so killing everything of that uid hurts nobody
                 uids.append(uid)
             uid += 1
         if len(uids) < count:
