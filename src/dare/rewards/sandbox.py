@@ -158,13 +158,16 @@ def _count_user_tasks(uid: int) -> int:
     return total
 
 
-def _pids_of_uid(uid: int) -> list[int]:
-    """Live (non-zombie) processes of ``uid``."""
+def _pids_of_uids(uids: Iterable[int | None]) -> list[int]:
+    """Live (non-zombie) processes owned by any of ``uids`` (one pass over /proc)."""
+    wanted = {uid for uid in uids if uid is not None}
     pids = []
+    if not wanted:
+        return pids
     for pid in os.listdir("/proc"):
         if pid.isdigit():
             try:
-                if os.stat(f"/proc/{pid}").st_uid != uid:
+                if os.stat(f"/proc/{pid}").st_uid not in wanted:
                     continue
                 with open(f"/proc/{pid}/stat", "rb") as f:
                     state = f.read().rsplit(b")", 1)[1].split()[0]
@@ -431,15 +434,14 @@ class Sandbox:
     def _take_slot(self) -> _Slot:
         for _ in range(len(self._all_slots)):
             slot = self._slots.get()
-            if slot.uid is None or not (_pids_of_uid(slot.uid) or _pids_of_uid(slot.runner_uid)):
+            if not _pids_of_uids((slot.uid, slot.runner_uid)):
                 return slot
             self._slots.put(slot)  # some other process took this uid meanwhile: skip it
         raise ConfigError(f"sandbox: all sandbox uids from {self.config.base_uid} are in use by other processes")
 
     def leftover_processes(self) -> list[int]:
         """Live processes still running as one of this sandbox's uids (empty unless a kill failed)."""
-        uids = [uid for slot in self._all_slots for uid in (slot.uid, slot.runner_uid) if uid is not None]
-        return [pid for uid in uids for pid in _pids_of_uid(uid)]
+        return _pids_of_uids(uid for slot in self._all_slots for uid in (slot.uid, slot.runner_uid))
 
     def run_many(self, programs: Iterable[Program], progress: bool = False, desc: str = "sandbox") -> list[ExecResult]:
         """Run programs on a bounded pool of ``workers``; results keep the input order."""
@@ -668,19 +670,16 @@ class _Run:
     def cleanup(self) -> None:
         for process in self.processes:
             process.kill()
-        for uid in (self.slot.uid, self.slot.runner_uid):  # unused before the run: all its processes are ours
-            if uid is None:
-                continue
-            for _ in range(20):
-                pids = _pids_of_uid(uid)
-                if not pids:
-                    break
-                for pid in pids:
-                    try:
-                        os.kill(pid, signal.SIGKILL)
-                    except OSError:
-                        pass
-                time.sleep(0.01)
+        for _ in range(20):  # the slot's uids were unused before the run: all their processes are ours
+            pids = _pids_of_uids((self.slot.uid, self.slot.runner_uid))
+            if not pids:
+                break
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+            time.sleep(0.01)
 
 
 _DEFAULT: dict[SandboxConfig, Sandbox] = {}
