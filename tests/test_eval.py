@@ -307,7 +307,8 @@ def test_cli_score_generic_native_and_joined(tmp_path, capsys):
     out = json.loads(capsys.readouterr().out)
     assert out["metrics"]["accuracy"] == pytest.approx(2 / 3) and out["num_problems"] == 3
     native = write_jsonl(tmp_path / "he.jsonl", [dict(NATIVE["humaneval"][0], prediction="    return a + b\n")])
-    assert main(["eval", "score", "--benchmark", "humaneval", "--predictions", str(native), "--out", str(tmp_path / "r.json")]) == 0
+    assert main(["eval", "score", "--benchmark", "humaneval", "--predictions", str(native), "--out", str(tmp_path / "r.json"),
+                 "--trust-prediction-tests"]) == 0
     assert json.loads(capsys.readouterr().out)["metrics"]["pass@1"] == 1.0  # default output: indented JSON
     assert EvalResults.read(tmp_path / "r.json").metrics["pass@1"] == 1.0
     data = write_jsonl(tmp_path / "mmlu.jsonl", NATIVE["mmlu"] * 2)
@@ -338,7 +339,9 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
     assert f"{bad}:2: invalid JSON" in error("--benchmark", "gsm8k", "--predictions", str(bad))
     code_only = write_jsonl(tmp_path / "c.jsonl", [{"id": "x", "prediction": "def f(): pass", "answer": "?"}])
     assert "c.jsonl:1: humaneval: prediction lines need the native fields" in error(
-        "--benchmark", "humaneval", "--predictions", str(code_only))
+        "--benchmark", "humaneval", "--predictions", str(code_only), "--trust-prediction-tests")
+    bad.write_bytes(b'{"id": "a", "prediction": "1", "answer": "1"}\n{"id": "b", "prediction": "\xff\xfe", "answer": "2"}\n')
+    assert error("--benchmark", "gsm8k", "--predictions", str(bad)) == f"error: {bad}:2: not valid UTF-8 (byte 28 of the line)"
     unknown_id = write_jsonl(tmp_path / "u.jsonl", [{"id": "nope", "prediction": "B"}])
     data = write_jsonl(tmp_path / "mmlu.jsonl", NATIVE["mmlu"])
     assert "u.jsonl:1: id 'nope' is not in --data" in error(

@@ -1,11 +1,10 @@
-"""The code sandbox: verdicts come only from the harness marker, and hostile programs are contained.
+"""The code sandbox: verdicts are decided outside the candidate's process, and hostile programs are contained.
 
-Every containment test runs on each backend that works here: the subprocess fallback always (what a
+Every containment test runs on each backend that works here: the namespace fallback (as root; what a
 CI machine without bubblewrap exercises) and bubblewrap when it is installed and usable.
 """
 
 import os
-import shutil
 import socket
 import threading
 import time
@@ -17,13 +16,18 @@ from dare.rewards.sandbox import Program, Sandbox, SandboxConfig, _running_as_ro
 
 
 def _backends():
-    backends = ["subprocess"]
-    if shutil.which("bwrap") and Sandbox(backend="auto").isolation()["backend"] == "bwrap":
-        backends.append("bwrap")
+    backends = []
+    for backend in ("subprocess", "bwrap"):
+        try:
+            if Sandbox(backend=backend).isolation()["backend"] == backend:
+                backends.append(backend)
+        except ConfigError:  # not usable here (the fallback needs root, bwrap needs namespaces)
+            pass
     return backends
 
 
 BACKENDS = _backends()
+pytestmark = pytest.mark.skipif(not BACKENDS, reason="no sandbox backend works on this machine")
 
 
 @pytest.fixture(scope="module", params=BACKENDS)
@@ -76,7 +80,7 @@ def test_forged_markers_are_not_a_pass(sandbox):
         "os._exit(0)\n"
     )
     result = run(sandbox, code, ["assert False"])
-    assert not result.passed and result.status == "no_marker"
+    assert not result.passed and result.status == "crashed"
 
 
 def test_token_is_not_in_environment_or_arguments(sandbox):
@@ -90,8 +94,6 @@ def test_token_is_not_in_environment_or_arguments(sandbox):
 
 
 def test_killing_the_parent_is_contained(sandbox):
-    if not (sandbox.isolation()["unprivileged_uid"] or sandbox.isolation()["backend"] == "bwrap"):
-        pytest.skip("without a separate uid or pid namespace the program may signal our own processes")
     code = "import os, signal\ntry:\n    os.kill(os.getppid(), signal.SIGKILL)\nexcept OSError:\n    pass\n"
     result = run(sandbox, code, ["assert False"])
     assert not result.passed
@@ -117,9 +119,7 @@ def test_huge_memory_is_refused(sandbox):
 
 
 def test_fork_bomb_is_contained(sandbox):
-    info = sandbox.isolation()
-    if not info["process_limit_enforced"]:
-        pytest.skip("root without a separate uid: RLIMIT_NPROC is not enforced")
+    assert sandbox.isolation()["process_limit_enforced"]
     # how many children can exist at once (they sleep), then a real bomb
     count = (
         "import os, time\nkids = 0\n"
@@ -139,25 +139,21 @@ def test_fork_bomb_is_contained(sandbox):
 
 
 def test_escaped_daemon_is_killed(sandbox):
-    if not sandbox.isolation()["unprivileged_uid"] and sandbox.isolation()["backend"] != "bwrap":
-        pytest.skip("needs a separate uid or pid namespace")
     code = "import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(60)\n    os._exit(0)\n"
     assert run(sandbox, code).passed
     assert sandbox.leftover_processes() == []
 
 
 def test_writes_outside_the_work_dir_are_contained(sandbox, tmp_path):
-    info = sandbox.isolation()
-    if not (info["unprivileged_uid"] or info["backend"] == "bwrap"):
-        pytest.skip("the non-root subprocess fallback can write wherever our own user can")
     target = tmp_path / "escaped.txt"
     code = (
         "import os\nblocked = 0\n"
         f"for path in [{str(target)!r}, '/escaped_by_sandbox.txt', os.path.expanduser('~/../escaped.txt')]:\n"
         "    try:\n        open(path, 'w').write('x')\n    except OSError:\n        blocked += 1\n"
         "open('inside.txt', 'w').write('fine')\n"
+        "inside = open('inside.txt').read()\n"
     )
-    result = run(sandbox, code, ["assert open('inside.txt').read() == 'fine'"])
+    result = run(sandbox, code, ["assert inside == 'fine'", "assert blocked >= 2"])  # ~/.. is the private /tmp
     assert result.passed, result.stderr
     assert not target.exists() and not os.path.exists("/escaped_by_sandbox.txt")
 
@@ -215,12 +211,3 @@ def test_root_runs_programs_as_unprivileged_user():
     uid = box.isolation()["unprivileged_uid"]
     result = box.run(Program("import os\nuid = os.getuid()", ["assert uid != 0"]))
     assert uid and result.passed
-
-
-def test_socket_guard_fallback_blocks_python_sockets():
-    """Where no network namespace can be made, the harness disables the socket module's constructors."""
-    box = Sandbox(backend="subprocess", timeout=5.0)
-    box.__dict__["_setup"] = {**box._setup, "unshare": 0, "network": "socket-guard"}
-    code = "import socket\ntry:\n    socket.socket()\n    made = True\nexcept OSError:\n    made = False\n"
-    assert box.run(Program(code, ["assert not made"])).passed
-    assert box.isolation()["network"] == "python socket module disabled only"

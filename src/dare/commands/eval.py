@@ -8,7 +8,9 @@ prints the metrics; ``--out`` writes the full results file (settings, timings, p
 ``dare eval score --benchmark B --predictions FILE.jsonl``: each predictions line is a JSON object with ``prediction`` (a completion, or a list of ``n``
 completions for pass@k) and either ``{"id"|"question", "answer"}`` or the benchmark's native fields
 (e.g. HumanEval's ``task_id/prompt/test/entry_point``); with ``--data`` the lines are joined to the
-benchmark's samples by ``id`` (or ``question``) instead.
+benchmark's samples by ``id`` (or ``task_id``, or ``question``) instead. Code benchmarks always run the
+benchmark's own tests: their lines are joined by id to ``--data`` or, without it, to the benchmark's
+default data; tests carried inside the predictions file are used only with ``--trust-prediction-tests``.
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     score.add_argument("--json", action="store_true", help="print one compact JSON line instead of indented JSON")
     score.add_argument("--workers", type=int, default=None, help="parallel sandboxed programs (code benchmarks)")
     score.add_argument("--timeout", type=float, default=None, help="seconds per sandboxed program (code benchmarks)")
+    score.add_argument("--trust-prediction-tests", action="store_true",
+                       help="code benchmarks: run the tests written in the predictions file instead of the benchmark's own")
     parser.set_defaults(eval_parser=parser)
 
 
@@ -206,12 +210,16 @@ def read_predictions(path: str) -> list[tuple[int, dict]]:
     from dare.errors import InputError
 
     try:
-        handle = open(path, encoding="utf-8")
+        handle = open(path, "rb")
     except OSError as err:
         raise InputError(f"cannot read predictions {path}: {err.strerror}") from None
     lines = []
     with handle:
-        for lineno, line in enumerate(handle, 1):
+        for lineno, raw in enumerate(handle, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as err:
+                raise InputError(f"{path}:{lineno}: not valid UTF-8 (byte {err.start + 1} of the line)") from None
             if not line.strip():
                 continue
             try:
@@ -231,7 +239,7 @@ def read_predictions(path: str) -> list[tuple[int, dict]]:
     return lines
 
 
-def samples_for(bench, lines, path: str, data_samples=None):
+def samples_for(bench, lines, path: str, data_samples=None, data_name: str = "--data"):
     """Pair each line with its Sample; lines with the same id are pooled (n completions)."""
     from dare.errors import InputError
     from dare.eval.benchmark import stable_id
@@ -243,11 +251,11 @@ def samples_for(bench, lines, path: str, data_samples=None):
             by_key.setdefault(s.question, s)
     order, grouped = [], {}
     for lineno, obj in lines:
-        key = str(obj["id"]) if "id" in obj else None
+        key = next((str(obj[k]) for k in ("id", "task_id") if k in obj), None)
         if data_samples is not None:
             sample = by_key.get(key) if key is not None else by_key.get(obj.get("question"))
             if sample is None:
-                raise InputError(f"{path}:{lineno}: id {key or obj.get('question', '')[:40]!r} is not in --data")
+                raise InputError(f"{path}:{lineno}: id {key or obj.get('question', '')[:40]!r} is not in {data_name}")
         else:
             try:
                 if bench.is_native(obj):
@@ -275,7 +283,11 @@ def run_score(args: argparse.Namespace) -> int:
     bench = get_benchmark(args.benchmark)
     lines = read_predictions(args.predictions)
     data = bench.load(args.data, split=args.split) if args.data else None
-    samples, predictions = samples_for(bench, lines, args.predictions, data)
+    data_name = "--data"
+    if data is None and bench.reward == "code" and not args.trust_prediction_tests:
+        data = bench.load(None, split=args.split)  # the benchmark's own tests, never ones from the predictions file
+        data_name = f"the {bench.name} data (pass --data, or --trust-prediction-tests to run the file's own tests)"
+    samples, predictions = samples_for(bench, lines, args.predictions, data, data_name)
     options = {}
     if bench.reward == "code":
         options = {k: v for k, v in (("workers", args.workers), ("timeout", args.timeout)) if v is not None}

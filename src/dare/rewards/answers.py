@@ -22,54 +22,103 @@ them):
 from __future__ import annotations
 
 import re
-import threading
 from fractions import Fraction
+
+from dare.rewards.worker import BoundedWorker
 
 # ----------------------------------------------------------------------------------------- boxes
 
 
-def _boxed_spans(text: str) -> list[tuple[int, int, str]]:
-    """Every ``\\boxed{..}`` / ``\\fbox{..}`` / ``\\boxed x`` in ``text`` as (start, end, content)."""
-    spans = []
-    for match in re.finditer(r"\\(?:boxed|fbox)\s*(\{)?", text):
-        start = match.start()
-        if match.group(1) is None:  # "\boxed 5" form: content runs to the next space or '$'
-            rest = re.match(r"[^\s$]+", text[match.end():])
-            if rest:
-                spans.append((start, match.end() + rest.end(), rest.group(0)))
+_BOX_OPEN = re.compile(r"\\(?:boxed|fbox)\s*(\{)?")
+_STOP = re.compile(r"[\s$]")
+_BRACE = re.compile(r"[{}]")
+
+
+def _boxed_spans(text: str) -> list[tuple[int, int, int]]:
+    """Every ``\\boxed{..}`` / ``\\fbox{..}`` / ``\\boxed x`` in ``text`` as (start, content start,
+    content end), in order of their start. One pass over the braces with a stack (linear time: an
+    unclosed box is never rescanned, so adversarial text cannot make this quadratic)."""
+    opens: dict[int, tuple[int, int]] = {}  # index of a box's "{" -> (start of "\boxed", start of content)
+    spans, end = [], -1
+    for match in _BOX_OPEN.finditer(text):
+        if match.group(1) is not None:
+            opens[match.end() - 1] = (match.start(), match.end())
             continue
-        depth, i = 0, match.end() - 1
-        while i < len(text):
-            if text[i] == "{":
-                depth += 1
-            elif text[i] == "}":
-                depth -= 1
-                if depth == 0:
-                    spans.append((start, i + 1, text[match.end():i]))
-                    break
-            i += 1
+        if end < match.end():  # "\boxed 5" form: content runs to the next space or '$' (found once per run)
+            stop = _STOP.search(text, match.end())
+            end = stop.start() if stop else len(text)
+        if end > match.end():
+            spans.append((match.start(), match.end(), end))
+    if opens:
+        stack: list[int] = []
+        for brace in _BRACE.finditer(text):
+            if brace.group() == "{":
+                stack.append(brace.start())
+            elif stack:
+                opened = stack.pop()
+                if opened in opens:
+                    start, content = opens[opened]
+                    spans.append((start, content, brace.start()))
+    spans.sort(key=lambda span: span[0])
     return spans
 
 
 def all_boxed(text: str) -> list[str]:
     """Contents of every box in order of appearance (unbalanced boxes are skipped)."""
-    return [content.strip() for _, _, content in _boxed_spans(text)]
+    return [text[a:b].strip() for _, a, b in _boxed_spans(text)]
+
+
+MAX_OPEN_BOXES = 1000
+"""Boxes :func:`last_boxed` tries, from the last one backwards (more unclosed ones after the answer: none)."""
 
 
 def last_boxed(text: str) -> str | None:
-    """Content of the last complete ``\\boxed{...}`` (nested braces kept), or None."""
-    boxes = all_boxed(text)
-    return boxes[-1] if boxes else None
+    """Content of the last complete ``\\boxed{...}`` (nested braces kept), or None.
+
+    Boxes are tried from the last one backwards (at most ``MAX_OPEN_BOXES``), and each brace box is
+    scanned only up to where the next box starts: every later box is then known to be unclosed, and
+    an unclosed box inside (or after) this one keeps it open too. So the text is read about once."""
+    limit = len(text)
+    found = {"\\boxed": limit, "\\fbox": limit}  # last occurrence before `limit` of each (-1: none left)
+    for _ in range(MAX_OPEN_BOXES):
+        for word, at in found.items():
+            if at >= limit:  # each word is searched only behind its previous hit: one pass in total
+                found[word] = text.rfind(word, 0, limit)
+        start = max(found.values())
+        if start < 0:
+            return None
+        match = _BOX_OPEN.match(text, start)
+        content = match.end()
+        if match.group(1) is None:  # "\boxed 5" form: content runs to the next space or '$'
+            stop = _STOP.search(text, content)
+            end = stop.start() if stop else len(text)
+            if end > content:
+                return text[content:end].strip()
+        elif text.find("}", content, limit) >= 0:
+            depth = 1
+            for brace in _BRACE.finditer(text, content, limit):
+                depth += 1 if brace.group() == "{" else -1
+                if depth == 0:
+                    return text[content:brace.start()].strip()
+        limit = start
+    return None
 
 
 def answer_tag(text: str) -> str | None:
     """Content of the last ``<answer>...</answer>`` (d1 ``extract_solution``), or None."""
-    matches = re.findall(r"<answer>(.*?)</answer>", text, re.DOTALL)
-    return matches[-1].strip() if matches else None
+    last, pos = None, 0
+    while True:  # str.find moves forward only: linear in len(text) however many tags are unclosed
+        start = text.find("<answer>", pos)
+        end = text.find("</answer>", start + 8) if start >= 0 else -1
+        if end < 0:
+            return last
+        last, pos = text[start + 8:end].strip(), end + 9
 
 
 # --------------------------------------------------------------------------------------- numbers
 
+MAX_NUMBER_CHARS = 1000
+"""Longest number (characters after clean-up) :func:`parse_number` reads; longer text is not a number."""
 _NUMBER = re.compile(r"-?\$?\s?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|-?\.\d+")
 _ANSWER_IS = re.compile(r"(?:final answer|answer)\s*(?:is|:)\s*:?\s*(.+)", re.IGNORECASE)
 
@@ -84,12 +133,16 @@ def parse_number(text: str | None) -> Fraction | None:
     s = s.replace("\\$", "").replace("$", "").replace("\\%", "").replace("%", "").replace("\\!", "")
     s = s.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac").replace("−", "-")
     s = s.replace("\\left", "").replace("\\right", "").replace("^\\circ", "").replace("^{\\circ}", "")
+    if len(s) > 4 * MAX_NUMBER_CHARS:
+        return None
     frac = re.fullmatch(r"(-?)\\frac\{\s*(-?\d+)\s*\}\{\s*(-?\d+)\s*\}", s.strip())
     if frac:
         sign, num, den = frac.groups()
         return None if int(den) == 0 else Fraction(int(num), int(den)) * (-1 if sign else 1)
     s = re.sub(r"(?<=\d),(?=\d{3}\b)", "", s).strip().rstrip(".")
-    s = re.sub(r"\s*[a-zA-Z°]+\.?$", "", s).strip()  # trailing unit word: "12 cm", "5 dollars"
+    s = _strip_unit_word(s)  # trailing unit word: "12 cm", "5 dollars"
+    if len(s) > MAX_NUMBER_CHARS:  # bounded arithmetic: longer "numbers" are refused, not parsed
+        return None
     ratio = re.fullmatch(r"(-?\d+(?:\.\d+)?)\s*/\s*(-?\d+(?:\.\d+)?)", s)
     try:
         if ratio:
@@ -98,6 +151,18 @@ def parse_number(text: str | None) -> Fraction | None:
         return Fraction(s) if re.fullmatch(r"-?(?:\d+(?:\.\d*)?|\.\d+)", s) else None
     except (ValueError, ZeroDivisionError):
         return None
+
+
+def _strip_unit_word(s: str) -> str:
+    """``s`` without one trailing ASCII word (and its final '.') and the spaces before it; a plain
+    character scan, since the equivalent regex ``\\s*[a-zA-Z°]+\\.?$`` is quadratic on long words."""
+    end = len(s) - 1 if s.endswith(".") else len(s)
+    i = end
+    while i > 0 and (s[i - 1].isascii() and s[i - 1].isalpha() or s[i - 1] == "°"):
+        i -= 1
+    if i == end:
+        return s
+    return s[:i].rstrip()
 
 
 def last_number(text: str) -> str | None:
@@ -111,7 +176,8 @@ def numbers_equal(pred: str | None, gold: str | None, tol: float = 1e-6) -> bool
     a, b = parse_number(pred), parse_number(gold)
     if a is None or b is None:
         return False
-    return abs(float(a) - float(b)) <= tol * max(1.0, abs(float(b)))
+    # exact rational arithmetic: huge values compare correctly and never overflow a float
+    return abs(a - b) <= Fraction(tol) * max(Fraction(1), abs(b))
 
 
 def gsm8k_gold(answer: str) -> str:
@@ -148,9 +214,11 @@ def extract_number_answer(text: str) -> str | None:
 
 # ------------------------------------------------------------------------------------------- math
 
-def _timeout() -> int | None:
-    # math-verify's timeouts use SIGALRM, which only the main thread may install.
-    return 5 if threading.current_thread() is threading.main_thread() else None
+MATH_VERIFY_TIMEOUT = 5.0
+"""Seconds one math-verify comparison may take (in a helper process, so it holds in any thread)."""
+MATH_VERIFY_MAX_CHARS = 2000
+"""Longer answers skip math-verify (plain comparison only): sympy on huge input is slow by design."""
+_MATH_VERIFY = BoundedWorker("dare.rewards.math_check:verify_pair")
 
 
 def extract_math_answer(text: str) -> str | None:
@@ -182,19 +250,12 @@ def math_equal(pred: str | None, gold: str | None) -> bool:
     """Whether two extracted answers are mathematically equal (math-verify, then numbers/strings)."""
     if pred is None or gold is None:
         return False
-    from math_verify import parse, verify
-
-    timeout = _timeout()
-    try:
-        gold_parsed = parse(_as_latex(gold), parsing_timeout=timeout)
-        pred_parsed = parse(_as_latex(pred), parsing_timeout=timeout)
-        if gold_parsed and pred_parsed and verify(gold_parsed, pred_parsed, timeout_seconds=timeout):
-            return True
-    except Exception:  # math-verify raises on pathological input; fall back to plain comparison
-        pass
-    if numbers_equal(pred, gold):
+    if numbers_equal(pred, gold) or _normalise_text(pred) == _normalise_text(gold):
         return True
-    return _normalise_text(pred) == _normalise_text(gold)
+    if max(len(pred), len(gold)) > MATH_VERIFY_MAX_CHARS:
+        return False
+    # math-verify may hang inside sympy (C code, no signal gets through): a killable helper bounds it
+    return bool(_MATH_VERIFY.call((_as_latex(gold), _as_latex(pred)), timeout=MATH_VERIFY_TIMEOUT, default=False))
 
 
 def _normalise_text(s: str) -> str:

@@ -5,7 +5,8 @@ optionally ``prompt`` (HumanEval's function header, prepended so imports and sig
 ``entry_point`` and ``setup`` (MBPP's ``test_setup_code``). As in DiffuCoder's ``code_reward`` the
 reward is the fraction of tests passed (``partial``), ``correct`` means all passed; with
 ``require_format=True`` (the Coupled-GRPO preset) only a well-formed single ```` ```python ```` answer
-is executed, as DiffuCoder does.
+is executed, as DiffuCoder does. The verdict is decided outside the candidate's process
+(:mod:`dare.rewards.sandbox`, ``docs/security.md``).
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ def build_program(completion: str, sample: Mapping[str, Any]) -> Program:
     if setup:
         source = source + "\n\n" + setup
     tests = sample["tests"]
-    return Program(source, [tests] if isinstance(tests, str) else list(tests))
+    return Program(source, [tests] if isinstance(tests, str) else list(tests), setup=setup)
 
 
 @register_reward("code")
