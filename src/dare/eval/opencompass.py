@@ -146,21 +146,17 @@ class DareDiffusionModel(_BaseModel):
 
     def sampler_config(self, max_out_len: int | None):
         """The resolved :class:`SamplerConfig` of a ``generate`` call."""
-        from dare.eval.run import default_sampler
-        from dare.rollout import SamplerConfig, get_sampler
+        from dare.eval.harness import request_sampler
+        from dare.rollout import default_sampler
 
-        fields = {"sampler": default_sampler(self.model), **self.generation_kwargs, **self.sampler_fields,
-                  "seed": self.seed}
-        if "gen_length" not in fields:  # max_out_len, rounded up to whole blocks (one block if shorter)
-            gen = int(max_out_len or 256)
-            block = fields.get("block_length") or get_sampler(fields["sampler"]).defaults.get("block_length") or gen
-            fields["gen_length"] = -(-gen // block) * block if gen > block or "block_length" in fields else gen
-        return SamplerConfig.from_dict(fields).resolved()
+        return request_sampler({**self.generation_kwargs, **self.sampler_fields}, default_sampler(self.model),
+                               max_out_len, self.seed)
 
     def generate(self, inputs: list, max_out_len: int, min_out_len: int | None = None,
                  stopping_criteria: Sequence[str] = (), **kwargs) -> list[str]:
         import torch
 
+        from dare.eval.harness import completion_text
         from dare.rollout import generate
 
         if self.model is None:
@@ -172,15 +168,7 @@ class DareDiffusionModel(_BaseModel):
         with torch.no_grad():
             out = generate(self.model, prompts, config=config, example_ids=ids)
         stops = [s for s in (*stopping_criteria, *self.stop_words) if s]
-        texts = []
-        for row in range(len(prompts)):
-            tokens = out.completion[row][out.completion_mask[row]].tolist()
-            if max_out_len:
-                tokens = tokens[:max_out_len]
-            text = self.tokenizer.decode(tokens, skip_special_tokens=True)
-            cut = min((text.find(s) for s in stops if s in text), default=-1)
-            texts.append(text[:cut] if cut >= 0 else text)
-        return texts
+        return [completion_text(self.tokenizer, out, row, stops, max_out_len) for row in range(len(prompts))]
 
     def _prompt_ids(self, item, gen_length: int) -> list[int]:
         if self.chat:
