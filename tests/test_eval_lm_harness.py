@@ -5,6 +5,8 @@ README shows and compares it with ``dare eval run`` on the same data and setting
 
 import functools
 import json
+import logging
+import sys
 from pathlib import Path
 
 import pytest
@@ -20,11 +22,15 @@ TASKS = ROOT / "configs" / "lm_eval"
 
 
 @pytest.fixture(autouse=True)
-def offline(monkeypatch):
-    """No network, and the relative data paths of the task files resolve from the repository root."""
+def offline(monkeypatch, capsys):
+    """No network, the relative data paths of the task files resolve from the repository root, and lm-eval's log
+    handler (made once per process) writes to this test's captured stderr."""
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.chdir(ROOT)
+    for handler in logging.getLogger("lm_eval").handlers:
+        if isinstance(handler, logging.StreamHandler):
+            handler.setStream(sys.stderr)
 
 
 @pytest.fixture
@@ -52,6 +58,7 @@ def dare_eval_run(tmp_path: Path, benchmark: str, data: str, *flags: str) -> dic
     return json.loads(out.read_text())
 
 
+@pytest.mark.slow  # lm-eval's CLI indexes its built-in task files first (about 20 s on 2 cores)
 def test_cli_metrics_and_predictions_equal_dare_eval_run(tmp_path, capsys):
     out = tmp_path / "lm_eval"
     code = main(["eval", "lm-eval", "--model", "dare", "--model_args", "pretrained=tiny:llada,gen_length=16",
@@ -152,7 +159,9 @@ def test_cli_loading_errors_are_one_line(tmp_path, capsys, only_local_tasks):
     line = run_cli_error(capsys, "--model_args", "pretrained=/nonexistent/ckpt", "--tasks", "dare_tiny_gen")
     assert "no such checkpoint directory" in line
     line = run_cli_error(capsys, "--model_args", "pretrained=tiny:llada", "--tasks", "dare_tiny_gne")
-    assert "dare_tiny_gne" in line
+    assert "Tasks not found: dare_tiny_gne" in line
+    line = run_cli_error(capsys, "--model_args", "pretrained=tiny:llada", "--tasks", "dare_tiny_gen", "--model", "dar")
+    assert "'dar'" in line
     broken = tmp_path / "tasks"
     broken.mkdir()
     task = (TASKS / "dare_tiny_mc.yaml").read_text().replace("task: dare_tiny_mc", "task: dare_broken")

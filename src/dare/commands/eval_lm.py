@@ -13,6 +13,10 @@ import sys
 HELP = "run lm-evaluation-harness with the dare model registered (all further arguments go to lm-eval)"
 
 
+LOADING_MESSAGES = ("Tasks not found", "no model for this name found")
+"""How lm-eval's ``ValueError`` for an unknown task / model name begins (lm-eval 0.4.9 - 0.4.13)."""
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(lm_eval_args=[], eval_parser=parser)
 
@@ -29,10 +33,8 @@ def loading_error(err: BaseException) -> str | None:
     first = text.splitlines()[0] if text else type(err).__name__
     if isinstance(err, FileNotFoundError):  # also datasets' DataFilesNotFoundError / DatasetNotFoundError
         return f"lm-eval could not load a dataset: {first}"
-    if isinstance(err, ValueError) and ("Tasks not found" in text or "not found" in first.lower()):
+    if isinstance(err, ValueError) and any(marker in first for marker in LOADING_MESSAGES):
         return f"lm-eval: {first}"
-    if isinstance(err, KeyError) and "model" in text.lower():
-        return f"lm-eval: unknown model {first}"
     return None
 
 
