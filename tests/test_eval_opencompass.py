@@ -20,7 +20,7 @@ from eval_helpers import train_memorised
 from rollout_helpers import single_thread  # noqa: F401  (fixture)
 
 from dare.data.tokenizer import build_byte_tokenizer
-from dare.errors import ConfigError
+from dare.errors import ConfigError, InputError
 from dare.eval.likelihood import LikelihoodConfig, Request, continuation_elbo
 from dare.models.tiny import tiny_model
 from dare.rollout import SamplerConfig, generate
@@ -88,6 +88,18 @@ def test_is_an_opencompass_model_and_registered(oc, tiny):
     assert model.get_token_len("abc") == len(tiny[1]("abc")["input_ids"])
     with pytest.raises(ConfigError, match="unknown sampler option 'temprature'"):
         module.DareDiffusionModel(path="tiny:llada", model=tiny[0], tokenizer=tiny[1], sampler={"temprature": 1})
+
+
+def test_loading_errors_are_one_line(oc, tmp_path):
+    module, _ = oc
+    with pytest.raises(InputError) as err:
+        module.DareDiffusionModel(path=str(tmp_path / "missing"))
+    assert str(err.value).endswith("missing: no such checkpoint directory") and "\n" not in str(err.value)
+    with pytest.raises(InputError) as err:
+        module.DareDiffusionModel(path=str(tmp_path), tokenizer_only=True)
+    assert str(err.value).startswith("cannot load the tokenizer of") and "\n" not in str(err.value)
+    with pytest.raises(ConfigError, match="unknown likelihood option 'mc_sample'"):
+        module.DareDiffusionModel(path="tiny:llada", likelihood={"mc_sample": 2})
 
 
 def test_generate_matches_dare_rollout_and_cuts_stop_words(oc, tiny):

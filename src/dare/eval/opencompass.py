@@ -95,18 +95,15 @@ class DareDiffusionModel(_BaseModel):
         self.seed = seed
         self.mc_batch_size = mc_batch_size
         self._calls = 0
+        if model is None and not tokenizer_only:  # a missing or unreadable checkpoint is a one-line error
+            from dare.commands.eval import load_for_eval
+
+            model, loaded_tokenizer, _ = load_for_eval(path, adapter, device, dtype)
+            tokenizer = tokenizer or loaded_tokenizer
         if tokenizer is None:
-            from dare.models.loading import load_tokenizer
-
-            tokenizer = load_tokenizer(path)
+            tokenizer = _load_tokenizer(path)
         self.tokenizer = tokenizer
-        self.model = None
-        if not tokenizer_only:
-            if model is None:
-                from dare.commands.eval import load_for_eval
-
-                model, _, _ = load_for_eval(path, adapter, device, dtype)
-            self.model = model.eval()
+        self.model = None if tokenizer_only else model.eval()
         self.chat = getattr(tokenizer, "chat_template", None) is not None if chat is None else bool(chat)
         self.chat_parser = None
         if self.chat and not meta_template:  # gen prompts keep their roles (PromptList of role dicts)
@@ -228,6 +225,16 @@ class DareDiffusionModel(_BaseModel):
             raise ConfigError("this DareDiffusionModel was built with tokenizer_only=True")
         terms = continuation_elbo(self.model, requests, self.likelihood, seed=self.seed, batch_size=self.mc_batch_size)
         return terms.mean(1).tolist()
+
+
+def _load_tokenizer(path: str):
+    """The tokenizer of ``path`` alone (``tokenizer_only=True``), with a one-line error."""
+    from dare.models.loading import load_tokenizer
+
+    try:
+        return load_tokenizer(path)
+    except (OSError, ValueError) as err:
+        raise InputError(f"cannot load the tokenizer of {path}: {str(err).strip().splitlines()[0]}") from None
 
 
 def _plain(item) -> str:
