@@ -99,13 +99,15 @@ def plot_sweep(rows: Sequence[Mapping[str, Any]], path: Path) -> Path | None:
     for row in rows:
         series.setdefault(row["series"], []).append(row)
     fig, ax = plt.subplots(figsize=(6, 4))
-    for name, members in series.items():
+    for number, (name, members) in enumerate(series.items()):
         members = sorted(members, key=lambda r: r["tokens_per_forward"] or 0)
         ax.plot([r["tokens_per_forward"] for r in members], [r["accuracy"] for r in members], marker="o", label=name)
-        for r in members:
-            ax.annotate(_settings_text({k: v for k, v in r["settings"].items() if k != "sampler"}),
-                        (r["tokens_per_forward"], r["accuracy"]), fontsize=7, textcoords="offset points",
-                        xytext=(3, 3))
+        shared = {k for k in members[0]["settings"] if all(r["settings"].get(k) == members[0]["settings"][k]
+                                                           for r in members)}
+        for r in members:  # label each point by what varies within its series, alternately above / below
+            varied = {k: v for k, v in r["settings"].items() if k not in shared or len(members) == 1}
+            ax.annotate(_settings_text(varied), (r["tokens_per_forward"], r["accuracy"]), fontsize=7,
+                        textcoords="offset points", xytext=(2, 6 if number % 2 == 0 else -11))
     ax.set_xlabel("tokens per forward")
     ax.set_ylabel("accuracy")
     ax.set_ylim(-0.02, 1.02)
