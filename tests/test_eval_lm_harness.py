@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from _pytest.capture import CaptureIO
 from rollout_helpers import single_thread  # noqa: F401  (fixture)
 
 from dare.cli import main
@@ -23,14 +24,17 @@ TASKS = ROOT / "configs" / "lm_eval"
 
 @pytest.fixture(autouse=True)
 def offline(monkeypatch, capsys):
-    """No network, the relative data paths of the task files resolve from the repository root, and lm-eval's log
-    handler (made once per process) writes to this test's captured stderr."""
+    """No network, the relative data paths of the task files resolve from the repository root, and lm-eval's
+    logging stays usable across in-process runs: its handlers are made once per process on the then-captured
+    stderr, so they are pointed at this test's, and INFO lines (logged before that can happen) are off."""
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("LMEVAL_LOG_LEVEL", "WARNING")
     monkeypatch.chdir(ROOT)
-    for handler in logging.getLogger("lm_eval").handlers:
-        if isinstance(handler, logging.StreamHandler):
-            handler.setStream(sys.stderr)
+    loggers = [logging.getLogger(), *(v for v in logging.Logger.manager.loggerDict.values() if isinstance(v, logging.Logger))]
+    for handler in (h for logger in loggers for h in logger.handlers):
+        if type(handler) is logging.StreamHandler and isinstance(handler.stream, CaptureIO):
+            handler.stream = sys.stderr  # not setStream: it flushes the previous test's (closed) stream
 
 
 @pytest.fixture
@@ -169,3 +173,12 @@ def test_cli_loading_errors_are_one_line(tmp_path, capsys, only_local_tasks):
     line = run_cli_error(capsys, "--model_args", "pretrained=tiny:llada", "--tasks", "dare_broken",
                          "--include_path", str(broken))
     assert "missing.jsonl" in line
+
+
+def test_without_lm_eval_the_command_says_what_to_install(monkeypatch, capsys):
+    import dare.eval.lm_harness as harness
+
+    monkeypatch.setattr(harness, "_IMPORT_ERROR", ImportError("No module named 'lm_eval'"))
+    assert main(["eval", "lm-eval", "--model", "dare", "--tasks", "dare_tiny_gen"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "pip install 'dare-dllm[lm_eval]'" in err[0], err

@@ -18,7 +18,8 @@ import argparse
 import json
 import sys
 
-HELP = "evaluate models on benchmarks (run: generate/likelihood + score; score: score a predictions file)"
+HELP = ("evaluate models on benchmarks (run: generate/likelihood + score; score: score a predictions file; sweep: "
+        "accuracy under several decoder settings; lm-eval: lm-evaluation-harness with the dare model)")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
