@@ -14,7 +14,7 @@ HELP = "run lm-evaluation-harness with the dare model registered (all further ar
 
 
 LOADING_MESSAGES = ("Tasks not found", "no model for this name found")
-"""How lm-eval's ``ValueError`` for an unknown task / model name begins (lm-eval 0.4.9 - 0.4.13)."""
+"""How lm-eval's ``ValueError`` for an unknown task / model name begins (checked with lm-eval 0.4.13)."""
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
