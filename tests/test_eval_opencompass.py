@@ -1,11 +1,16 @@
 """The OpenCompass plug-in (``dare.eval.opencompass``) against a tiny model.
 
-With OpenCompass installed the tests use it; otherwise they use ``tests/opencompass_stub``, a minimal stand-in
-of the parts of OpenCompass's ``BaseModel`` interface that the plug-in and the inferencers touch. (The full
-OpenCompass pipeline was also run with ``configs/opencompass/eval_dare_tiny.py``; see the README.)"""
+With OpenCompass installed the tests use it, and the ``slow`` test runs the whole OpenCompass pipeline on
+``configs/opencompass/eval_dare_tiny.py`` (CI does this in a second environment, OpenCompass pins numpy<2: see
+``.ci/run``); otherwise they use ``tests/opencompass_stub``, a minimal stand-in of the parts of OpenCompass's
+``BaseModel`` interface that the plug-in and the inferencers touch."""
 
+import csv
 import importlib
 import importlib.util
+import math
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -15,7 +20,7 @@ from eval_helpers import train_memorised
 from rollout_helpers import single_thread  # noqa: F401  (fixture)
 
 from dare.data.tokenizer import build_byte_tokenizer
-from dare.errors import ConfigError
+from dare.errors import ConfigError, InputError
 from dare.eval.likelihood import LikelihoodConfig, Request, continuation_elbo
 from dare.models.tiny import tiny_model
 from dare.rollout import SamplerConfig, generate
@@ -85,6 +90,18 @@ def test_is_an_opencompass_model_and_registered(oc, tiny):
         module.DareDiffusionModel(path="tiny:llada", model=tiny[0], tokenizer=tiny[1], sampler={"temprature": 1})
 
 
+def test_loading_errors_are_one_line(oc, tmp_path):
+    module, _ = oc
+    with pytest.raises(InputError) as err:
+        module.DareDiffusionModel(path=str(tmp_path / "missing"))
+    assert str(err.value).endswith("missing: no such checkpoint directory") and "\n" not in str(err.value)
+    with pytest.raises(InputError) as err:
+        module.DareDiffusionModel(path=str(tmp_path), tokenizer_only=True)
+    assert str(err.value).startswith("cannot load the tokenizer of") and "\n" not in str(err.value)
+    with pytest.raises(ConfigError, match="unknown likelihood option 'mc_sample'"):
+        module.DareDiffusionModel(path="tiny:llada", likelihood={"mc_sample": 2})
+
+
 def test_generate_matches_dare_rollout_and_cuts_stop_words(oc, tiny):
     module, PromptList = oc
     model, tok = tiny
@@ -152,3 +169,21 @@ def test_ppl_ranks_a_memorised_answer_first(oc, tiny):
     ppl = [oc_model.get_ppl_from_template(["Q: 2+2? A:" + o], mask_length=[oc_model.get_token_len("Q: 2+2? A:")])[0]
            for o in options]
     assert min(range(3), key=ppl.__getitem__) == 1
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HAVE_OPENCOMPASS, reason="OpenCompass is not installed (CI runs this in its own environment)")
+def test_opencompass_runs_the_tiny_config_end_to_end(tmp_path):
+    """``opencompass configs/opencompass/eval_dare_tiny.py`` on CPU: a likelihood (ppl) and a generation dataset."""
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-m", "opencompass.cli.main", "configs/opencompass/eval_dare_tiny.py",
+                           "-w", str(tmp_path)], cwd=root, env=env, capture_output=True, text=True, timeout=1800)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    summary = next(tmp_path.rglob("summary_*.csv"))
+    rows = list(csv.DictReader(summary.open()))
+    assert sorted(r["dataset"] for r in rows) == ["tiny_mcq", "tiny_qa"]
+    assert {r["mode"] for r in rows} == {"ppl", "gen"}
+    for row in rows:  # a dataset whose inference or scoring failed shows "-" instead of a number
+        value = float(row["tiny-llada-fastdllm"])
+        assert math.isfinite(value) and 0 <= value <= 100, row

@@ -1,4 +1,5 @@
-"""``dare eval run`` (evaluate a model on a benchmark) and ``dare eval score`` (score a predictions file).
+"""``dare eval run`` (evaluate a model on a benchmark) and ``dare eval score`` (score a predictions file); ``dare
+eval sweep`` (:mod:`dare.commands.eval_sweep`) and ``dare eval lm-eval`` (:mod:`dare.commands.eval_lm`).
 
 ``dare eval run --model PATH|tiny:FAMILY --benchmark B [--data ...] [--sampler NAME -o key=value ...]``
 generates completions (free-form benchmarks, or ``--mode generate``) or scores every option of a
@@ -19,12 +20,17 @@ import argparse
 import json
 import sys
 
-HELP = "evaluate models on benchmarks (run: generate/likelihood + score; score: score a predictions file)"
+HELP = ("evaluate models on benchmarks (run: generate/likelihood + score; score: score a predictions file; sweep: "
+        "accuracy under several decoder settings; lm-eval: lm-evaluation-harness with the dare model)")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="eval_command", metavar="SUBCOMMAND")
+    from dare.commands import eval_lm, eval_sweep
+
     configure_run(sub.add_parser("run", help="evaluate a model on a benchmark and print the metrics as JSON"))
+    eval_sweep.configure(sub.add_parser("sweep", help=eval_sweep.HELP, description=eval_sweep.HELP))
+    eval_lm.configure(sub.add_parser("lm-eval", help=eval_lm.HELP, description=eval_lm.HELP, add_help=False))
     score = sub.add_parser("score", help="score a predictions .jsonl file and print the metrics as JSON")
     score.add_argument("--benchmark", required=True, help="benchmark name (gsm8k, math500, humaneval, mmlu, ...)")
     score.add_argument("--predictions", required=True, help='JSONL: {"id"|"question", "prediction", "answer"} or native fields')
@@ -44,14 +50,24 @@ def run(args: argparse.Namespace) -> int:
     if args.eval_command is None:
         args.eval_parser.print_help()
         return 2
-    return {"run": run_run, "score": run_score}[args.eval_command](args)
+    from dare.commands import eval_lm, eval_sweep
+
+    return {"run": run_run, "score": run_score, "sweep": eval_sweep.run, "lm-eval": eval_lm.run}[args.eval_command](args)
+
+
+def take_extra(args: argparse.Namespace, extra: list[str]) -> bool:
+    """``dare eval lm-eval`` passes every further argument to lm-eval."""
+    if args.eval_command != "lm-eval":
+        return False
+    from dare.commands import eval_lm
+
+    return eval_lm.take_extra(args, extra)
 
 
 # ------------------------------------------------------------------------------------------- run
 
-def configure_run(run: argparse.ArgumentParser) -> None:
-    from dare.commands.generate import add_sampler_arguments
-
+def add_model_data_arguments(run: argparse.ArgumentParser) -> None:
+    """The model, data and prompt flags shared by ``dare eval run`` and ``dare eval sweep``."""
     run.add_argument("--model", required=True, help="checkpoint directory / hub name, or tiny:FAMILY[:SEED]")
     run.add_argument("--adapter", default=None, help="LoRA adapter directory to apply on top of --model")
     run.add_argument("--benchmark", required=True, help="benchmark name (gsm8k, math500, humaneval, mmlu, ...)")
@@ -63,12 +79,22 @@ def configure_run(run: argparse.ArgumentParser) -> None:
     run.add_argument("--template", default=None, help="prompt template (zero_shot, few_shot, cot, ...)")
     run.add_argument("--fewshot-data", default=None,
                      help="exemplar pool (default: the benchmark's few-shot split, else the evaluated data)")
-    run.add_argument("--mode", default="auto", choices=["auto", "generate", "likelihood"],
-                     help="auto: likelihood for multiple choice, generate otherwise")
     chat = run.add_mutually_exclusive_group()
     chat.add_argument("--chat", dest="chat", action="store_true", default=None,
                       help="apply the tokenizer's chat template (default: for generation when it has one)")
     chat.add_argument("--no-chat", dest="chat", action="store_false", help="plain-text prompts")
+    run.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
+    run.add_argument("--dtype", default=None, choices=["bfloat16", "float16", "float32", "auto"],
+                     help="weights dtype (default: bfloat16 on GPU, float32 on CPU)")
+    run.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+def configure_run(run: argparse.ArgumentParser) -> None:
+    from dare.commands.generate import add_sampler_arguments
+
+    add_model_data_arguments(run)
+    run.add_argument("--mode", default="auto", choices=["auto", "generate", "likelihood"],
+                     help="auto: likelihood for multiple choice, generate otherwise")
     add_sampler_arguments(
         run, default=None, seed_help="seeds sampling, few-shot selection and the ELBO corruptions (default 0)",
         option_help="any SamplerConfig field (generation) or LikelihoodConfig field (likelihood), e.g. -o cache=dual")
@@ -80,11 +106,7 @@ def configure_run(run: argparse.ArgumentParser) -> None:
     run.add_argument("--batch-size", type=int, default=8,
                      help="prompts per generate call / corrupted rows per forward (likelihood)")
     run.add_argument("--out", default=None, help="write the full results file (settings, per-sample records) here")
-    run.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
-    run.add_argument("--dtype", default=None, choices=["bfloat16", "float16", "float32", "auto"],
-                     help="weights dtype (default: bfloat16 on GPU, float32 on CPU)")
     run.add_argument("--json", action="store_true", help="print one compact JSON line")
-    run.add_argument("--no-progress", action="store_true", help="no progress bars")
     run.add_argument("--workers", type=int, default=None, help="parallel sandboxed programs (code benchmarks)")
     run.add_argument("--timeout", type=float, default=None, help="seconds per sandboxed program (code benchmarks)")
     run.set_defaults(eval_parser=run)

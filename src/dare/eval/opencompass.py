@@ -95,18 +95,15 @@ class DareDiffusionModel(_BaseModel):
         self.seed = seed
         self.mc_batch_size = mc_batch_size
         self._calls = 0
+        if model is None and not tokenizer_only:  # a missing or unreadable checkpoint is a one-line error
+            from dare.commands.eval import load_for_eval
+
+            model, loaded_tokenizer, _ = load_for_eval(path, adapter, device, dtype)
+            tokenizer = tokenizer or loaded_tokenizer
         if tokenizer is None:
-            from dare.models.loading import load_tokenizer
-
-            tokenizer = load_tokenizer(path)
+            tokenizer = _load_tokenizer(path)
         self.tokenizer = tokenizer
-        self.model = None
-        if not tokenizer_only:
-            if model is None:
-                from dare.commands.eval import load_for_eval
-
-                model, _, _ = load_for_eval(path, adapter, device, dtype)
-            self.model = model.eval()
+        self.model = None if tokenizer_only else model.eval()
         self.chat = getattr(tokenizer, "chat_template", None) is not None if chat is None else bool(chat)
         self.chat_parser = None
         if self.chat and not meta_template:  # gen prompts keep their roles (PromptList of role dicts)
@@ -146,21 +143,17 @@ class DareDiffusionModel(_BaseModel):
 
     def sampler_config(self, max_out_len: int | None):
         """The resolved :class:`SamplerConfig` of a ``generate`` call."""
-        from dare.eval.run import default_sampler
-        from dare.rollout import SamplerConfig, get_sampler
+        from dare.eval.harness import request_sampler
+        from dare.rollout import default_sampler
 
-        fields = {"sampler": default_sampler(self.model), **self.generation_kwargs, **self.sampler_fields,
-                  "seed": self.seed}
-        if "gen_length" not in fields:  # max_out_len, rounded up to whole blocks (one block if shorter)
-            gen = int(max_out_len or 256)
-            block = fields.get("block_length") or get_sampler(fields["sampler"]).defaults.get("block_length") or gen
-            fields["gen_length"] = -(-gen // block) * block if gen > block or "block_length" in fields else gen
-        return SamplerConfig.from_dict(fields).resolved()
+        return request_sampler({**self.generation_kwargs, **self.sampler_fields}, default_sampler(self.model),
+                               max_out_len, self.seed)
 
     def generate(self, inputs: list, max_out_len: int, min_out_len: int | None = None,
                  stopping_criteria: Sequence[str] = (), **kwargs) -> list[str]:
         import torch
 
+        from dare.eval.harness import completion_text
         from dare.rollout import generate
 
         if self.model is None:
@@ -172,15 +165,7 @@ class DareDiffusionModel(_BaseModel):
         with torch.no_grad():
             out = generate(self.model, prompts, config=config, example_ids=ids)
         stops = [s for s in (*stopping_criteria, *self.stop_words) if s]
-        texts = []
-        for row in range(len(prompts)):
-            tokens = out.completion[row][out.completion_mask[row]].tolist()
-            if max_out_len:
-                tokens = tokens[:max_out_len]
-            text = self.tokenizer.decode(tokens, skip_special_tokens=True)
-            cut = min((text.find(s) for s in stops if s in text), default=-1)
-            texts.append(text[:cut] if cut >= 0 else text)
-        return texts
+        return [completion_text(self.tokenizer, out, row, stops, max_out_len) for row in range(len(prompts))]
 
     def _prompt_ids(self, item, gen_length: int) -> list[int]:
         if self.chat:
@@ -240,6 +225,16 @@ class DareDiffusionModel(_BaseModel):
             raise ConfigError("this DareDiffusionModel was built with tokenizer_only=True")
         terms = continuation_elbo(self.model, requests, self.likelihood, seed=self.seed, batch_size=self.mc_batch_size)
         return terms.mean(1).tolist()
+
+
+def _load_tokenizer(path: str):
+    """The tokenizer of ``path`` alone (``tokenizer_only=True``), with a one-line error."""
+    from dare.models.loading import load_tokenizer
+
+    try:
+        return load_tokenizer(path)
+    except (OSError, ValueError) as err:
+        raise InputError(f"cannot load the tokenizer of {path}: {str(err).strip().splitlines()[0]}") from None
 
 
 def _plain(item) -> str:

@@ -257,7 +257,7 @@ def choice_requests(tokenizer, bench: Benchmark, samples: Sequence[Sample], pool
         prompts.append(prompt)
         start = len(requests)
         for option in bench.continuations(sample):
-            context, continuation = _split_whitespace(prompt, option if not chat else option.lstrip())
+            context, continuation = split_whitespace(prompt, option if not chat else option.lstrip())
             context_ids = encode(tokenizer, context, chat)
             whole = encode(tokenizer, context + continuation, chat)
             if whole[:len(context_ids)] == context_ids and len(whole) > len(context_ids):
@@ -270,7 +270,7 @@ def choice_requests(tokenizer, bench: Benchmark, samples: Sequence[Sample], pool
     return prompts, requests, spans, chars
 
 
-def _split_whitespace(context: str, continuation: str) -> tuple[str, str]:
+def split_whitespace(context: str, continuation: str) -> tuple[str, str]:
     """Move the context's trailing whitespace to the continuation (as lm-eval does)."""
     stripped = context.rstrip()
     return stripped, context[len(stripped):] + continuation
@@ -322,4 +322,4 @@ def _likelihood(model, tokenizer, bench, samples, pool, shots, likelihood, confi
     return results
 
 
-__all__ = ["MODES", "EvalConfig", "choice_requests", "encode", "evaluate", "model_record"]
+__all__ = ["MODES", "EvalConfig", "choice_requests", "encode", "evaluate", "model_record", "split_whitespace"]

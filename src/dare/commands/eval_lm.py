@@ -1,0 +1,64 @@
+"""``dare eval lm-eval ARGS...``: register the ``dare`` model with lm-evaluation-harness and run lm-eval's own CLI.
+
+Every argument after ``lm-eval`` goes to lm-eval unchanged (``--model dare --model_args pretrained=...
+--tasks ...``; ``--help`` shows lm-eval's help). Errors a user can make while lm-eval loads the model or the
+tasks (a wrong model arg, an unknown task, a missing data file) are one-line messages instead of tracebacks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+HELP = "run lm-evaluation-harness with the dare model registered (all further arguments go to lm-eval)"
+
+
+LOADING_MESSAGES = ("Tasks not found", "no model for this name found")
+"""How lm-eval's ``ValueError`` for an unknown task / model name begins (checked with lm-eval 0.4.13)."""
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.set_defaults(lm_eval_args=[], eval_parser=parser)
+
+
+def take_extra(args: argparse.Namespace, extra: list[str]) -> bool:
+    args.lm_eval_args = [*args.lm_eval_args, *extra]
+    return True
+
+
+def loading_error(err: BaseException) -> str | None:
+    """A one-line message for an exception lm-eval raises while loading tasks or data; None for anything else
+    (a real failure keeps its traceback)."""
+    text = str(err).strip()
+    first = text.splitlines()[0] if text else type(err).__name__
+    if isinstance(err, FileNotFoundError):  # also datasets' DataFilesNotFoundError / DatasetNotFoundError
+        return f"lm-eval could not load a dataset: {first}"
+    if isinstance(err, ValueError) and any(marker in first for marker in LOADING_MESSAGES):
+        return f"lm-eval: {first}"
+    return None
+
+
+def run(args: argparse.Namespace) -> int:
+    from dare.errors import DareError, InputError
+    from dare.eval.lm_harness import require_lm_eval
+
+    require_lm_eval()
+    import dare.eval.lm_harness  # noqa: F401  (registers the dare model)
+    from lm_eval.__main__ import cli_evaluate
+
+    saved = sys.argv
+    sys.argv = ["lm-eval", *args.lm_eval_args]
+    try:
+        cli_evaluate()
+    except SystemExit as exit_:
+        return exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 2)
+    except DareError:
+        raise
+    except Exception as err:  # noqa: BLE001 - only loading errors are rewritten, the rest re-raised
+        message = loading_error(err)
+        if message is None:
+            raise
+        raise InputError(message) from None
+    finally:
+        sys.argv = saved
+    return 0

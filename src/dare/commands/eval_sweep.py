@@ -1,0 +1,97 @@
+"""``dare eval sweep``: one benchmark over a list of decoder settings (accuracy under parallelism).
+
+``dare eval sweep --model M --benchmark B --data FILE --out DIR --grid sampler=fastdllm:threshold=0.5,0.7,0.9
+--grid sampler=llada:steps=8,4,2`` runs :func:`dare.eval.evaluate` once per point (common flags such as
+``--gen-length`` or ``-o cache=dual`` apply to every point, a point's own settings win) and writes
+``DIR/points/NN.json``, ``DIR/summary.{json,md}`` and ``DIR/accuracy_vs_parallelism.png`` (:mod:`dare.eval.sweep`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+HELP = "evaluate one benchmark under several decoder settings: accuracy vs tokens per forward, NFE, tokens/s"
+
+
+def configure(sweep: argparse.ArgumentParser) -> None:
+    from dare.commands.eval import add_model_data_arguments
+    from dare.commands.generate import add_sampler_arguments
+
+    add_model_data_arguments(sweep)
+    add_sampler_arguments(sweep, default=None, seed_help="seeds sampling and few-shot selection (default 0)",
+                          option_help="any SamplerConfig field, common to every point, e.g. -o cache=dual")
+    sweep.add_argument("--point", action="append", default=[], metavar="KEY=VALUE[,KEY=VALUE...]",
+                       help="one decoder setting (SamplerConfig fields), e.g. sampler=fastdllm,threshold=0.7")
+    sweep.add_argument("--grid", action="append", default=[], metavar="[KEY=VALUE,...:]KEY=V1,V2,...",
+                       help="one point per value, with the fixed settings before ':', e.g. "
+                            "sampler=fastdllm:threshold=0.5,0.7,0.9 or sampler=llada:steps=8,4,2")
+    sweep.add_argument("--batch-size", type=int, default=8, help="prompts per generate call (default 8)")
+    sweep.add_argument("--out", required=True, help="output directory (points/, summary.json, summary.md, plot)")
+    sweep.set_defaults(eval_parser=sweep)
+
+
+def parse_point(text: str) -> dict[str, Any]:
+    """``"k=v,k=v"`` -> ``{k: parsed v}`` (numbers, booleans and None parsed, as ``-o`` does)."""
+    from dare.commands.generate import parse_options
+    from dare.errors import ConfigError
+
+    items = [item for item in text.split(",") if item.strip()]
+    if not items or not all("=" in item for item in items):
+        raise ConfigError(f"--point expects KEY=VALUE[,KEY=VALUE...]; got '{text}'")
+    return parse_options(items)
+
+
+def expand_grid(text: str) -> list[dict[str, Any]]:
+    """``"[k=v,...:]KEY=V1,V2,..."`` -> one point per value of ``KEY``, each with the fixed ``k=v`` settings."""
+    from dare.errors import ConfigError
+
+    fixed_text, _, varied = text.rpartition(":")
+    key, sep, values = varied.partition("=")
+    if not sep or not key.strip() or not values.strip():
+        raise ConfigError(f"--grid expects [KEY=VALUE,...:]KEY=V1,V2,...; got '{text}'")
+    fixed = parse_point(fixed_text) if fixed_text.strip() else {}
+    return [{**fixed, **parse_point(f"{key.strip()}={value}")} for value in values.split(",") if value.strip()]
+
+
+def run(args: argparse.Namespace) -> int:
+    from dare.commands.eval import _load_samples, load_for_eval
+    from dare.commands.generate import sampler_values
+    from dare.errors import ConfigError
+    from dare.eval import EvalConfig, evaluate, get_benchmark
+    from dare.eval.sweep import run_sweep
+    from dare.rollout import SamplerConfig, default_sampler
+
+    bench = get_benchmark(args.benchmark)
+    if bench.kind == "choice":
+        raise ConfigError(f"a sweep compares decoders; {bench.name} is scored by likelihood (use a free-form benchmark)")
+    points = [parse_point(p) for p in args.point] + [p for g in args.grid for p in expand_grid(g)]
+    if not points:
+        raise ConfigError("dare eval sweep needs at least one --point or --grid")
+    common = sampler_values(args)
+    common.pop("seed", None)  # EvalConfig.seed seeds everything
+    config = EvalConfig(mode="generate", shots=args.shots, template=args.template, chat=args.chat,
+                        batch_size=args.batch_size, seed=args.seed or 0)
+    if "gen_length" not in common:
+        template = config.resolve_template(bench, bench.default_shots if args.shots is None else args.shots)
+        common["gen_length"] = bench.generation_defaults(template).max_new_tokens
+    for fields in points:  # every point's names and values checked before the model is loaded
+        merged = {**common, **fields}
+        SamplerConfig.from_dict(merged)
+        if "sampler" in merged:
+            SamplerConfig.from_dict(merged).resolved()
+    samples, pool, data = _load_samples(bench, args)
+    model, tokenizer, model_info = load_for_eval(args.model, args.adapter, args.device, args.dtype)
+    progress = not args.no_progress and sys.stderr.isatty()
+
+    def evaluate_point(fields):
+        sampler = SamplerConfig.from_dict({"sampler": default_sampler(model), **common, **fields})
+        return evaluate(model, tokenizer, bench, samples, sampler=sampler, config=config, fewshot_pool=pool,
+                        model_info=model_info, data_info=data, progress=progress)
+
+    rows = run_sweep(evaluate_point, points, args.out, log=lambda line: print(line, file=sys.stderr))
+    from dare.eval.sweep import markdown_table
+
+    print(markdown_table(rows))
+    return 0

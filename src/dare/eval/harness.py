@@ -1,0 +1,88 @@
+"""What the external-harness adapters share (lm-evaluation-harness: :mod:`dare.eval.lm_harness`, OpenCompass:
+:mod:`dare.eval.opencompass`): splitting a flat option mapping into sampler / likelihood settings, the sampler
+of one generation request, and turning a rollout row into the text the harness scores.
+
+Both adapters decode exactly as ``dare eval run`` does: :func:`dare.rollout.generate` with a resolved
+:class:`~dare.rollout.SamplerConfig`, completions cut after the family's first stop id (``completion_mask``),
+decoded without special tokens and cut at the first stop string.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from dare.errors import ConfigError, closest
+
+
+def split_options(options: Mapping[str, Any], own: Sequence[str], kind: str) -> tuple[dict, dict]:
+    """``(sampler fields, likelihood fields)`` of a flat option mapping: every key must be one of ``own`` (the
+    adapter's own arguments, left out of both), a :class:`~dare.rollout.SamplerConfig` field or a
+    :class:`~dare.eval.likelihood.LikelihoodConfig` field (``full_logits`` belongs to both); anything else is a
+    one-line ``ConfigError`` naming the closest valid key (``kind`` names the options in the message)."""
+    from dare.eval.likelihood import LikelihoodConfig
+    from dare.rollout import SamplerConfig
+
+    sampler_names = {f.name for f in dataclasses.fields(SamplerConfig)}
+    likelihood_names = {f.name for f in dataclasses.fields(LikelihoodConfig)}
+    sampler, likelihood = {}, {}
+    for key, value in options.items():
+        if key in own:
+            continue
+        if key not in sampler_names and key not in likelihood_names:
+            hint = closest(key, [*own, *sampler_names, *likelihood_names])
+            raise ConfigError(f"unknown {kind} '{key}'" + (f" (did you mean '{hint}'?)" if hint else "")
+                              + "; valid: the adapter's own, any SamplerConfig or LikelihoodConfig field")
+        if key in sampler_names:
+            sampler[key] = value
+        if key in likelihood_names:
+            likelihood[key] = value
+    return sampler, likelihood
+
+
+def request_sampler(fields: Mapping[str, Any], default: str, max_new_tokens: int | None, seed: int):
+    """The resolved :class:`~dare.rollout.SamplerConfig` of one generation request.
+
+    ``fields``: the user's sampler fields (they win); ``default``: the sampler when ``fields`` names none (the
+    family's, :func:`dare.rollout.default_sampler`). Without ``gen_length`` the completion gets
+    ``max_new_tokens`` positions (256 when None), rounded up to whole blocks when longer than one block, so that
+    semi-autoregressive samplers keep their block length; the adapter then cuts the text to ``max_new_tokens``
+    tokens."""
+    from dare.rollout import SamplerConfig, get_sampler
+
+    values = {"sampler": default, **fields, "seed": seed}
+    if "gen_length" not in values:
+        gen = int(max_new_tokens or 256)
+        block = values.get("block_length") or get_sampler(values["sampler"]).defaults.get("block_length") or gen
+        values["gen_length"] = -(-gen // block) * block if gen > block or "block_length" in values else gen
+    return SamplerConfig.from_dict(values).resolved()
+
+
+def cut_at_stop(text: str, stops: Sequence[str]) -> tuple[str, bool]:
+    """``text`` up to the first occurrence of any stop string, and whether one was found."""
+    cut = min((text.find(s) for s in stops if s and s in text), default=-1)
+    return (text[:cut], True) if cut >= 0 else (text, False)
+
+
+def completion_text(tokenizer, out, row: int, stops: Sequence[str] = (), max_tokens: int | None = None) -> str:
+    """Text of row ``row`` of a :class:`~dare.rollout.RolloutOutput`: the tokens up to the first stop id (at most
+    ``max_tokens`` of them), decoded without special tokens, cut at the first stop string."""
+    tokens = out.completion[row][out.completion_mask[row]].tolist()
+    if max_tokens:
+        tokens = tokens[:max_tokens]
+    return cut_at_stop(tokenizer.decode(tokens, skip_special_tokens=True), stops)[0]
+
+
+def positive_int(name: str, value: Any) -> int:
+    """``value`` as a positive int (harness arguments often arrive as strings); a one-line error otherwise."""
+    try:
+        number = int(str(value).strip())
+    except ValueError:
+        number = 0
+    if number < 1:
+        raise ConfigError(f"{name} must be a positive integer; got {value!r}")
+    return number
+
+
+__all__ = ["completion_text", "cut_at_stop", "positive_int", "request_sampler", "split_options"]

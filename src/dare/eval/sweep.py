@@ -1,0 +1,123 @@
+"""Accuracy under parallelism: one benchmark decoded under a list of decoder settings (``dare eval sweep``).
+
+Each **point** is a set of :class:`~dare.rollout.SamplerConfig` fields on top of the sweep's common ones (e.g.
+``sampler=fastdllm,threshold=0.7`` or ``sampler=llada,steps=4``). Every point is one :func:`dare.eval.evaluate`
+run (same samples, prompts and seed) and writes its own results file; the sweep records per point:
+
+* ``accuracy``: the benchmark's metric;
+* ``tokens_per_forward``: generated tokens (up to and including the first stop token) divided by the
+  denoising steps the rows took, summed over rows: how many tokens one forward of a sequence decodes on
+  average (1 for one-token-per-step decoding; larger = more parallel);
+* ``nfe``: model forwards of the whole run (a forward serves one step of every row in its batch);
+* ``tokens_per_second``: generated tokens per second of decoding.
+
+``summary.json`` and ``summary.md`` hold the table; ``accuracy_vs_parallelism.png`` plots accuracy against tokens
+per forward, one line per series (sampler / decoder), when matplotlib is installed (the ``plot`` extra).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from dare.errors import ConfigError
+
+PLOT = "accuracy_vs_parallelism.png"
+
+
+def tokens_per_forward(records: Sequence[Mapping[str, Any]]) -> float | None:
+    """Generated tokens over denoising steps, summed over a results file's per-sample records."""
+    steps = sum(int(r.get("steps") or 0) for r in records)
+    return round(sum(int(r.get("tokens") or 0) for r in records) / steps, 4) if steps else None
+
+
+def point_row(index: int, fields: Mapping[str, Any], results, path: str) -> dict[str, Any]:
+    """One line of the summary table from a point's :class:`~dare.eval.EvalResults`."""
+    settings = results.sampler["settings"]
+    return {
+        "point": index,
+        "series": f"{settings['sampler']}/{settings['decoder']}",
+        "settings": dict(fields),
+        "accuracy": results.metrics.get("accuracy"),
+        "tokens_per_forward": tokens_per_forward(results.samples),
+        "nfe": results.timings.get("nfe"),
+        "tokens_per_second": results.timings.get("tokens_per_second"),
+        "mean_steps": results.timings.get("mean_steps"),
+        "results": path,
+    }
+
+
+def run_sweep(evaluate_point: Callable[[dict[str, Any]], Any], points: Sequence[Mapping[str, Any]],
+              out_dir: str | Path, log: Callable[[str], None] = print) -> list[dict[str, Any]]:
+    """Run every point (``evaluate_point(fields) -> EvalResults``), write ``points/NN.json`` per point, the
+    summary (``summary.json``, ``summary.md``) and the plot; returns the summary rows."""
+    if not points:
+        raise ConfigError("a sweep needs at least one --point or --grid")
+    out = Path(out_dir)
+    rows = []
+    for index, fields in enumerate(points):
+        results = evaluate_point(dict(fields))
+        path = f"points/{index:02d}.json"
+        results.write(out / path)
+        rows.append(point_row(index, fields, results, path))
+        row = rows[-1]
+        log(f"point {index}: {_settings_text(fields)} -> accuracy {row['accuracy']:.4f}, "
+            f"{row['tokens_per_forward']} tokens/forward, nfe {row['nfe']}")
+    (out / "summary.json").write_text(json.dumps({"points": rows}, indent=1), encoding="utf-8")
+    (out / "summary.md").write_text(markdown_table(rows) + "\n", encoding="utf-8")
+    plot = plot_sweep(rows, out / PLOT)
+    log(f"wrote {out / 'summary.md'}" + (f" and {plot}" if plot else
+                                         f" (no {PLOT}: pip install 'dare-dllm[plot]' for matplotlib)"))
+    return rows
+
+
+def _settings_text(fields: Mapping[str, Any]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in fields.items()) or "(common settings)"
+
+
+def markdown_table(rows: Sequence[Mapping[str, Any]]) -> str:
+    """The summary as a Markdown table."""
+    lines = ["| point | series | settings | accuracy | tokens / forward | NFE | tokens / s |", "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['point']} | {r['series']} | {_settings_text(r['settings'])} | {r['accuracy']:.4f} | "
+                     f"{r['tokens_per_forward']} | {r['nfe']} | {r['tokens_per_second']} |")
+    return "\n".join(lines)
+
+
+def plot_sweep(rows: Sequence[Mapping[str, Any]], path: Path) -> Path | None:
+    """Accuracy against tokens per forward, one line per series; None without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    series: dict[str, list[Mapping[str, Any]]] = {}
+    for row in rows:
+        series.setdefault(row["series"], []).append(row)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for number, (name, members) in enumerate(series.items()):
+        members = sorted(members, key=lambda r: r["tokens_per_forward"] or 0)
+        ax.plot([r["tokens_per_forward"] for r in members], [r["accuracy"] for r in members], marker="o", label=name)
+        shared = {k for k in members[0]["settings"] if all(r["settings"].get(k) == members[0]["settings"][k]
+                                                           for r in members)}
+        for r in members:  # label each point by what varies within its series, alternately above / below
+            varied = {k: v for k, v in r["settings"].items() if k not in shared or len(members) == 1}
+            ax.annotate(_settings_text(varied), (r["tokens_per_forward"], r["accuracy"]), fontsize=7,
+                        textcoords="offset points", xytext=(2, 6 if number % 2 == 0 else -11))
+    ax.set_xlabel("tokens per forward")
+    ax.set_ylabel("accuracy")
+    ax.set_ylim(-0.02, 1.02)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+__all__ = ["PLOT", "markdown_table", "plot_sweep", "point_row", "run_sweep", "tokens_per_forward"]

@@ -1,0 +1,184 @@
+"""The lm-evaluation-harness model ``dare`` (``dare.eval.lm_harness``) on the tiny tasks in ``configs/lm_eval``.
+
+Offline: the tasks read local jsonl files through ``datasets``' json builder. The CLI test runs the command the
+README shows and compares it with ``dare eval run`` on the same data and settings."""
+
+import functools
+import json
+import logging
+import sys
+from pathlib import Path
+
+import pytest
+from _pytest.capture import CaptureIO
+from rollout_helpers import single_thread  # noqa: F401  (fixture)
+
+from dare.cli import main
+from dare.errors import ConfigError
+
+lm_eval = pytest.importorskip("lm_eval")
+
+ROOT = Path(__file__).resolve().parents[1]
+TASKS = ROOT / "configs" / "lm_eval"
+
+
+@pytest.fixture(autouse=True)
+def offline(monkeypatch, capsys):
+    """No network, the relative data paths of the task files resolve from the repository root, and lm-eval's
+    logging stays usable across in-process runs: its handlers are made once per process on the then-captured
+    stderr, so they are pointed at this test's, and INFO lines (logged before that can happen) are off."""
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("LMEVAL_LOG_LEVEL", "WARNING")
+    monkeypatch.chdir(ROOT)
+    loggers = [logging.getLogger(), *(v for v in logging.Logger.manager.loggerDict.values() if isinstance(v, logging.Logger))]
+    for handler in (h for logger in loggers for h in logger.handlers):
+        if type(handler) is logging.StreamHandler and isinstance(handler.stream, CaptureIO):
+            handler.stream = sys.stderr  # not setStream: it flushes the previous test's (closed) stream
+
+
+@pytest.fixture
+def only_local_tasks(monkeypatch):
+    """lm-eval's CLI without indexing its thousands of built-in task files (only ``--include_path`` tasks)."""
+    import lm_eval.tasks
+
+    monkeypatch.setattr(lm_eval.tasks, "TaskManager", functools.partial(lm_eval.tasks.TaskManager, include_defaults=False))
+
+
+def lm_eval_outputs(out: Path) -> tuple[dict, dict[str, list[dict]]]:
+    """``(results document, {task: samples sorted by doc_id})`` of an lm-eval ``--output_path`` directory."""
+    results = json.loads(next(out.rglob("results_*.json")).read_text())
+    samples = {}
+    for task in ("dare_tiny_gen", "dare_tiny_mc"):
+        path = next(out.rglob(f"samples_{task}_*.jsonl"))
+        samples[task] = sorted((json.loads(line) for line in path.read_text().splitlines()), key=lambda d: d["doc_id"])
+    return results, samples
+
+
+def dare_eval_run(tmp_path: Path, benchmark: str, data: str, *flags: str) -> dict:
+    out = tmp_path / f"{benchmark}.json"
+    assert main(["eval", "run", "--model", "tiny:llada", "--benchmark", benchmark, "--data", data, "--batch-size", "4",
+                 "--shots", "0", "--no-progress", "--json", "--out", str(out), *flags]) == 0
+    return json.loads(out.read_text())
+
+
+@pytest.mark.slow  # lm-eval's CLI indexes its built-in task files first (about 20 s on 2 cores)
+def test_cli_metrics_and_predictions_equal_dare_eval_run(tmp_path, capsys):
+    out = tmp_path / "lm_eval"
+    code = main(["eval", "lm-eval", "--model", "dare", "--model_args", "pretrained=tiny:llada,gen_length=16",
+                 "--tasks", "dare_tiny_gen,dare_tiny_mc", "--include_path", "configs/lm_eval", "--batch_size", "4",
+                 "--output_path", str(out), "--log_samples"])
+    assert code == 0
+    results, samples = lm_eval_outputs(out)
+    gen = dare_eval_run(tmp_path, "gsm8k", "configs/lm_eval/data/tiny_gen.jsonl", "--template", "few_shot",
+                        "--no-chat", "--gen-length", "16")
+    mc = dare_eval_run(tmp_path, "mmlu", "configs/lm_eval/data/tiny_mc.jsonl")
+
+    # generation: the same prompts, the same completions (after the stop string), the same accuracy
+    assert [s["arguments"]["gen_args_0"]["arg_0"] for s in samples["dare_tiny_gen"]] == [r["prompt"] for r in gen["samples"]]
+    assert [s["filtered_resps"][0] for s in samples["dare_tiny_gen"]] == [r["prediction"] for r in gen["samples"]]
+    assert results["results"]["dare_tiny_gen"]["accuracy,none"] == gen["metrics"]["accuracy"]
+    # multiple choice: every option's log-likelihood is the MC-ELBO of dare eval run; acc and acc_norm agree
+    lm_scores = [[float(r[0]) for r in s["filtered_resps"]] for s in samples["dare_tiny_mc"]]
+    assert lm_scores == [pytest.approx(r["choice_elbo"], abs=1e-5) for r in mc["samples"]]
+    assert results["results"]["dare_tiny_mc"]["acc,none"] == mc["metrics"]["acc"]
+    assert results["results"]["dare_tiny_mc"]["acc_norm,none"] == mc["metrics"]["acc_norm"]
+    # every resolved decoding setting is in lm-eval's results file, and it is the one dare eval run used
+    recorded = results["config"]["dare"]
+    assert [s["settings"] for s in recorded["samplers"]] == [gen["sampler"]["settings"]]
+    assert recorded["likelihood"] == mc["sampler"]["settings"] and recorded["model"]["family"] == "llada"
+
+
+def evaluate_in_process(batch_size: int, **sampler):
+    from lm_eval import simple_evaluate
+    from lm_eval.tasks import TaskManager
+
+    from dare.eval.lm_harness import DareLM
+
+    model = DareLM(pretrained="tiny:llada", device="cpu", batch_size=batch_size, mc_samples=4, **sampler)
+    return simple_evaluate(model=model, tasks=["dare_tiny_gen", "dare_tiny_mc"], log_samples=True,
+                           task_manager=TaskManager(include_path=str(TASKS), include_defaults=False),
+                           verbosity="ERROR")
+
+
+def test_predictions_do_not_depend_on_the_batch_size():
+    sampled = dict(sampler="fastdllm", threshold=0.3, temperature=1.0, gen_length=16, block_length=8)
+    one, three = evaluate_in_process(1, **sampled), evaluate_in_process(3, **sampled)
+    def responses(results, task):
+        return [s["filtered_resps"] for s in sorted(results["samples"][task], key=lambda s: s["doc_id"])]
+
+    assert responses(one, "dare_tiny_gen") == responses(three, "dare_tiny_gen")
+    # likelihoods: equal up to float32 rounding of differently padded batches; the same option wins
+    first, second = ([[float(r[0]) for r in doc] for doc in responses(x, "dare_tiny_mc")] for x in (one, three))
+    assert len(first) == 8 and [pytest.approx(doc, abs=1e-5) for doc in first] == second
+    assert [doc.index(max(doc)) for doc in first] == [doc.index(max(doc)) for doc in second]
+    texts = [s["filtered_resps"][0] for s in one["samples"]["dare_tiny_gen"]]
+    assert len(set(texts)) > 1  # temperature 1: rows differ, so equal lists are not a constant output
+
+
+def test_loglikelihood_rolling_is_the_elbo_of_the_whole_text():
+    from lm_eval.api.instance import Instance
+
+    from dare.data.tokenizer import build_byte_tokenizer
+    from dare.eval.likelihood import LikelihoodConfig, Request, continuation_elbo
+    from dare.eval.lm_harness import DareLM
+    from dare.models.tiny import tiny_model
+
+    model, tok = tiny_model("llada", seed=0).eval(), build_byte_tokenizer()
+    lm = DareLM(model=model, tokenizer=tok, mc_samples=3, seed=2)
+    text = "a short document"
+    request = Instance("loglikelihood_rolling", {}, (text,), 0, ("t", 5, 1))
+    (value,) = lm.loglikelihood_rolling([request])
+    ids = tok(text)["input_ids"]
+    cut = 1 if ids[0] == tok.bos_token_id else 0  # the whole text is scored, given BOS when the tokenizer adds one
+    expected = continuation_elbo(model, [Request(ids[:cut], ids[cut:], 5)], LikelihoodConfig(mc_samples=3), seed=2)
+    assert value == pytest.approx(float(expected.mean()), rel=1e-9) and value < 0
+
+
+def test_wrong_model_args_are_one_line_errors():
+    from dare.eval.lm_harness import DareLM
+
+    with pytest.raises(ConfigError, match=r"unknown dare model arg 'temprature' \(did you mean 'temperature'\?\)"):
+        DareLM(pretrained="tiny:llada", temprature=1.0)
+    with pytest.raises(ConfigError, match="unknown sampler 'fastdlm'"):
+        DareLM(pretrained="tiny:llada", sampler="fastdlm")
+    with pytest.raises(ConfigError, match="batch_size must be a positive integer"):
+        DareLM(pretrained="tiny:llada", batch_size="0")
+    with pytest.raises(ConfigError, match="needs pretrained="):
+        DareLM()
+
+
+def run_cli_error(capsys, *args: str) -> str:
+    code = main(["eval", "lm-eval", "--model", "dare", "--include_path", "configs/lm_eval", *args])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err, err
+    line = err.strip().splitlines()[-1]
+    assert line.startswith("error: "), err
+    return line
+
+
+def test_cli_loading_errors_are_one_line(tmp_path, capsys, only_local_tasks):
+    line = run_cli_error(capsys, "--model_args", "pretrained=tiny:llada,temprature=1", "--tasks", "dare_tiny_gen")
+    assert "unknown dare model arg 'temprature'" in line
+    line = run_cli_error(capsys, "--model_args", "pretrained=/nonexistent/ckpt", "--tasks", "dare_tiny_gen")
+    assert "no such checkpoint directory" in line
+    line = run_cli_error(capsys, "--model_args", "pretrained=tiny:llada", "--tasks", "dare_tiny_gne")
+    assert "Tasks not found: dare_tiny_gne" in line
+    line = run_cli_error(capsys, "--model_args", "pretrained=tiny:llada", "--tasks", "dare_tiny_gen", "--model", "dar")
+    assert "'dar'" in line
+    broken = tmp_path / "tasks"
+    broken.mkdir()
+    task = (TASKS / "dare_tiny_mc.yaml").read_text().replace("task: dare_tiny_mc", "task: dare_broken")
+    (broken / "broken.yaml").write_text(task.replace("data/tiny_mc.jsonl", "data/missing.jsonl"))
+    line = run_cli_error(capsys, "--model_args", "pretrained=tiny:llada", "--tasks", "dare_broken",
+                         "--include_path", str(broken))
+    assert "missing.jsonl" in line
+
+
+def test_without_lm_eval_the_command_says_what_to_install(monkeypatch, capsys):
+    import dare.eval.lm_harness as harness
+
+    monkeypatch.setattr(harness, "_IMPORT_ERROR", ImportError("No module named 'lm_eval'"))
+    assert main(["eval", "lm-eval", "--model", "dare", "--tasks", "dare_tiny_gen"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "pip install 'dare-dllm[lm_eval]'" in err[0], err

@@ -1,0 +1,66 @@
+"""``dare eval sweep``: one benchmark under several decoder settings (accuracy vs tokens per forward)."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+from rollout_helpers import single_thread  # noqa: F401  (fixture)
+
+from dare.cli import main
+from dare.commands.eval_sweep import expand_grid, parse_point
+from dare.errors import ConfigError
+from dare.eval.sweep import tokens_per_forward
+
+DATA = str(Path(__file__).resolve().parents[1] / "configs" / "lm_eval" / "data" / "tiny_gen.jsonl")
+
+
+def test_points_and_grids_parse_into_sampler_fields():
+    assert parse_point("sampler=fastdllm,threshold=0.7") == {"sampler": "fastdllm", "threshold": 0.7}
+    assert expand_grid("sampler=llada,cache=dual:steps=8,4") == [
+        {"sampler": "llada", "cache": "dual", "steps": 8}, {"sampler": "llada", "cache": "dual", "steps": 4}]
+    assert expand_grid("threshold=0.5,0.9") == [{"threshold": 0.5}, {"threshold": 0.9}]
+    with pytest.raises(ConfigError, match="--grid expects"):
+        expand_grid("sampler=llada:steps")
+    with pytest.raises(ConfigError, match="--point expects"):
+        parse_point("threshold")
+
+
+def test_tokens_per_forward_pools_tokens_over_steps():
+    assert tokens_per_forward([{"tokens": 8, "steps": 2}, {"tokens": 4, "steps": 4}]) == 2.0
+    assert tokens_per_forward([{"tokens": 0, "steps": 0}]) is None
+
+
+def test_sweep_writes_a_results_file_per_point_and_a_summary(tmp_path, capsys):
+    out = tmp_path / "sweep"
+    code = main(["eval", "sweep", "--model", "tiny:llada", "--benchmark", "gsm8k", "--data", DATA, "--gen-length", "8",
+                 "--template", "few_shot", "--shots", "0", "--no-chat", "--batch-size", "4", "--out", str(out),
+                 "--no-progress", "--grid", "sampler=fastdllm:threshold=0.99,0.001", "--grid", "sampler=llada:steps=8,2"])
+    assert code == 0
+    rows = json.loads((out / "summary.json").read_text())["points"]
+    assert [r["series"] for r in rows] == ["fastdllm/threshold"] * 2 + ["llada/quota"] * 2
+    assert [r["settings"] for r in rows][2:] == [{"sampler": "llada", "steps": 8}, {"sampler": "llada", "steps": 2}]
+    for row in rows:  # the summary is the point's own results file
+        results = json.loads((out / row["results"]).read_text())
+        assert results["sampler"]["settings"]["sampler"] == row["settings"]["sampler"]
+        assert row["accuracy"] == results["metrics"]["accuracy"] and row["nfe"] == results["timings"]["nfe"]
+        assert row["tokens_per_forward"] == tokens_per_forward(results["samples"])
+    strict, loose, one_per_step, four_per_step = (r["tokens_per_forward"] for r in rows)
+    assert loose > strict and four_per_step > one_per_step  # more parallel settings decode more per forward
+    assert rows[3]["mean_steps"] <= 2 < rows[2]["mean_steps"] <= 8
+    assert "| point | series |" in (out / "summary.md").read_text()
+    assert (out / "accuracy_vs_parallelism.png").exists() == (importlib.util.find_spec("matplotlib") is not None)
+    assert "| 3 | llada/quota |" in capsys.readouterr().out
+
+
+def test_sweep_errors_are_one_line(tmp_path, capsys):
+    base = ["eval", "sweep", "--model", "tiny:llada", "--benchmark", "gsm8k", "--data", DATA, "--out", str(tmp_path)]
+    for extra, message in ((["--point", "sampler=llada,stpes=4"], "unknown sampler option 'stpes'"),
+                           ([], "needs at least one --point or --grid"),
+                           (["--point", "sampler=nope"], "unknown sampler 'nope'")):
+        assert main(base + extra) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and message in err[0], err
+    assert main(["eval", "sweep", "--model", "tiny:llada", "--benchmark", "mmlu", "--out", str(tmp_path),
+                 "--point", "threshold=0.5"]) == 2
+    assert "scored by likelihood" in capsys.readouterr().err
