@@ -50,8 +50,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
+        _close_progress_bars()
         print("interrupted", file=sys.stderr)
         return 130
+
+
+def _close_progress_bars() -> None:
+    """End any open tqdm bar's line, so "interrupted" gets a line of its own."""
+    tqdm = sys.modules.get("tqdm")
+    for bar in list(getattr(getattr(tqdm, "tqdm", None), "_instances", ()) or ()):
+        bar.close()
 
 
 if __name__ == "__main__":

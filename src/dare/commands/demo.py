@@ -9,7 +9,7 @@ HELP = ("train a tiny LLaDA from scratch on CPU (SFT to partial competence, then
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--out", default="dare_demo", help="output directory (default: dare_demo)")
+    parser.add_argument("--out", default="runs/demo", help="output directory (default: runs/demo)")
     parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     parser.add_argument("--algorithm", default="d1",
                         help="RL algorithm: any registered rollout algorithm for full-attention models (d1, wd1, "

@@ -27,7 +27,7 @@ SCHEMA = "dare.demo.report/1"
 class DemoConfig:
     """Settings of one demo run (``dare demo`` flags set the most useful ones)."""
 
-    out_dir: str = "dare_demo"
+    out_dir: str = "runs/demo"
     """Output directory: data/, init/, sft/, rl/, recipes, report.json, curves.png."""
     seed: int = 0
     """Seed of the model initialisation, the training problems, data order, corruption noise and rollouts."""
@@ -133,6 +133,10 @@ def check_config(config: DemoConfig) -> None:
         raise unknown_choice("demo algorithm", config.algorithm, choices)
     if config.device not in DEVICES:
         raise unknown_choice("device", config.device, DEVICES)
+    if config.device == "cuda":
+        from dare.devices import resolve_device
+
+        resolve_device("cuda")
     if not 0 < config.sft_target <= 1:
         raise ConfigError(f"sft_target must be in (0, 1]; got {config.sft_target}")
     positive = {"sft_max_steps": config.sft_max_steps, "rl_steps": config.rl_steps, "test_size": config.test_size,
@@ -249,12 +253,12 @@ def run_demo(config: DemoConfig, *, log: Callable[[str], None] = print) -> dict:
     from dare.demo.task import write_task
     from dare.models.loading import load_model, load_tokenizer
     from dare.models.tiny import write_tiny_checkpoint
+    from dare.outputs import ensure_dir
     from dare.trainer import run_training
 
     check_config(config)
     hf_logging.disable_progress_bar()
-    out = Path(config.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    out = ensure_dir(config.out_dir, "--out")
     started = time.perf_counter()
     cpu_started = time.process_time()
     data = write_task(out / "data", digits=config.digits, train_size=config.train_size,

@@ -396,8 +396,36 @@ class Trainer:
             from tqdm import tqdm
 
             bar = tqdm(total=self.total_steps, initial=self.step, desc="train", dynamic_ncols=True)
-        record: dict = {}
-        start = time.perf_counter()
+        try:
+            record = self._run_steps(on_step, bar, kill_at) or {"step": self.step}
+        finally:
+            if bar is not None:  # also when interrupted: the bar's line ends before any message
+                bar.close()
+        if self.stop_requested and self.step < self.total_steps:
+            self._record_early_stop()
+        if cfg.save_every or not cfg.export:
+            self.save()
+        if cfg.export:
+            self.export()
+        self.logger.close()
+        return record
+
+    def _record_early_stop(self) -> None:
+        """After :meth:`request_stop`: config.yaml says ``trainer.max_steps`` = the steps run, so it reproduces the
+        weights (when the schedule does not depend on the run length; otherwise the planned length stays)."""
+        from dare.trainer.resume import schedule_depends_on_length
+
+        settings = config_dict(self.config)
+        if schedule_depends_on_length(settings):
+            return
+        self.config.trainer.max_steps = self.step
+        if self.info.is_main:
+            atomic_write_text(self.output_dir / "config.yaml", yaml_text(config_dict(self.config)))
+
+    def _run_steps(self, on_step, bar, kill_at: int) -> dict | None:
+        """The remaining steps; returns the last step's record (None when no step was left)."""
+        cfg = self.config.trainer
+        record, start = None, time.perf_counter()
         while self.step < self.total_steps and not self.stop_requested:
             record = self.train_step(self.step)
             self.step += 1
@@ -413,13 +441,6 @@ class Trainer:
                 self.save()
             if kill_at and self.step == kill_at:
                 os.kill(os.getpid(), signal.SIGKILL)
-        if bar is not None:
-            bar.close()
-        if cfg.save_every or not cfg.export:
-            self.save()
-        if cfg.export:
-            self.export()
-        self.logger.close()
         return record
 
 
