@@ -42,10 +42,10 @@ from dare.distributed import (
 )
 from dare.errors import ConfigError
 from dare.outputs import atomic_write_text, ensure_dir, publish_dir, remove_strays, staging_dir
-from dare.trainer.checkpoint import list_checkpoints, load_checkpoint, remove_partial_checkpoints, save_checkpoint
+from dare.trainer.checkpoint import load_checkpoint, remove_partial_checkpoints, save_checkpoint
 from dare.trainer.config import TrainConfig, config_dict
 from dare.trainer.metrics import MetricsLogger, truncate_jsonl
-from dare.trainer.resume import check_same_settings, saved_settings
+from dare.trainer.resume import resume_point
 from dare.trainer.optim import build_optimizer, build_scheduler
 
 
@@ -152,20 +152,8 @@ class Trainer:
         cfg, out = self.config, self.output_dir
         settings = config_dict(cfg)
         ensure_dir(out, "trainer.output_dir")
-        resume, checkpoint = cfg.trainer.resume, None
-        if resume == "auto":
-            found = list_checkpoints(out)
-            checkpoint = found[-1] if found else None
-            saved = saved_settings(out, checkpoint)
-            if saved is not None:
-                check_same_settings(saved, settings, f"trainer.output_dir={out}",
-                                    "use another trainer.output_dir, or trainer.resume=never to start over")
-        elif resume != "never":
-            checkpoint = Path(resume)
-            saved = saved_settings(checkpoint.parent.parent, checkpoint)
-            if saved is not None:
-                check_same_settings(saved, settings, f"checkpoint trainer.resume={resume}",
-                                    "resume from a checkpoint of this recipe, or set trainer.resume=never")
+        resume = cfg.trainer.resume
+        checkpoint = resume_point(out, resume, settings)
         if self.info.is_main:
             remove_strays(out)
             remove_partial_checkpoints(out)
@@ -303,12 +291,13 @@ class Trainer:
         return record
 
     def train_step(self, step: int) -> dict:
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         sums = self.forward_backward(step)
         record = {"step": step + 1, "epoch": round(self.source_epoch(step + 1), 6)}
         record.update({k: float(v) for k, v in sorted(sums.items()) if torch.as_tensor(v).numel() == 1})
         record.update(self.optimizer_step())
         record["time/step_s"] = round(time.perf_counter() - start, 4)
+        record["time/step_cpu_s"] = round(time.process_time() - cpu_start, 4)  # all threads of the process
         return record
 
     def source_epoch(self, step: int) -> float:

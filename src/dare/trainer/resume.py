@@ -101,4 +101,29 @@ def saved_settings(output_dir: Path, checkpoint: Path | None) -> dict | None:
     return load_yaml(config_file)
 
 
-__all__ = ["FREE_KEYS", "LENGTH_KEYS", "check_same_settings", "differing_keys", "relevant", "saved_settings"]
+def resume_point(output_dir: Path, resume: str, settings: dict) -> Path | None:
+    """The checkpoint a run with ``settings`` continues from (None: it starts at step 0), for ``trainer.resume``
+    = ``auto`` (the latest complete checkpoint in ``output_dir``), ``never`` or a checkpoint directory; raises the
+    one-line error when the weights there were trained with other training-relevant settings."""
+    from dare.trainer.checkpoint import list_checkpoints
+
+    if resume == "never":
+        return None
+    if resume == "auto":
+        found = list_checkpoints(output_dir)
+        checkpoint = found[-1] if found else None
+        saved = saved_settings(output_dir, checkpoint)
+        if saved is not None:
+            check_same_settings(saved, settings, f"trainer.output_dir={output_dir}",
+                                "use another trainer.output_dir, or trainer.resume=never to start over")
+        return checkpoint
+    checkpoint = Path(resume)
+    saved = saved_settings(checkpoint.parent.parent, checkpoint)
+    if saved is not None:
+        check_same_settings(saved, settings, f"checkpoint trainer.resume={resume}",
+                            "resume from a checkpoint of this recipe, or set trainer.resume=never")
+    return checkpoint
+
+
+__all__ = ["FREE_KEYS", "LENGTH_KEYS", "check_same_settings", "differing_keys", "relevant", "resume_point",
+           "saved_settings"]
