@@ -69,6 +69,7 @@ def test_eval_limit_must_be_positive(gsm8k, capsys):
     ["tiny", "--family", "llada", "--out", "{}"],
     ["demo", "--quick", "--out", "{}"],
     ["train", str(ROOT / "configs/llada/sft_tiny.yaml"), "trainer.output_dir={}"],
+    ["merge-lora", "--adapter", "no_adapter_needed_yet", "--out", "{}/merged"],
 ])
 def test_an_output_directory_that_cannot_be_created_is_one_line(command, blocked, capsys):
     line = one_line_error(capsys, *[part.replace("{}", str(blocked)) for part in command])

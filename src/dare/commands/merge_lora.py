@@ -19,7 +19,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from dare.outputs import ensure_dir
 
-    ensure_dir(Path(args.out).parent if str(Path(args.out).parent) else ".", "--out")
+    ensure_dir(Path(args.out).parent, "--out")  # before the models are loaded
     from dare.models.lora import merge_adapter
 
     out = merge_adapter(args.adapter, args.out, base=args.base, dtype=args.dtype)
