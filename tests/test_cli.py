@@ -53,3 +53,32 @@ def test_bad_config_is_one_line_error(tmp_path):
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0
     assert "ConfigError: llada: mask_token_id=100000 is outside the vocabulary (size 264)" in proc.stderr
+
+
+def test_the_cli_starts_without_torch_and_transformers():
+    """`dare --help` / `--version` build the parser only: neither torch nor transformers is imported."""
+    code = ("import sys, contextlib, io, dare.cli\n"
+            "for flags in (['--help'], ['--version'], ['train', '--help']):\n"
+            "    with contextlib.suppress(SystemExit), contextlib.redirect_stdout(io.StringIO()):\n"
+            "        dare.cli.main(flags)\n"
+            "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"
+
+
+def test_lazy_public_api_and_auto_class_registration():
+    """`import dare` is light, yet its public names work and transformers' Auto classes know the families once
+    transformers is imported (after dare, or before it)."""
+    code = ("import sys, dare\n"
+            "assert 'torch' not in sys.modules\n"
+            "import transformers\n"
+            "from transformers import AutoConfig\n"
+            "print(type(AutoConfig.for_model('sdar')).__name__, sorted(dare.FAMILIES) == sorted(dare.models.FAMILIES),\n"
+            "      dare.get_family('llada').name, dare.__version__)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["SDARConfig", "True", "llada", "0.1.0"]
+    before = "import transformers, dare; print(type(transformers.AutoConfig.for_model('Dream')).__name__)"
+    proc = subprocess.run([sys.executable, "-c", before], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.strip() == "DreamConfig", proc.stderr

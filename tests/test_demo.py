@@ -156,3 +156,39 @@ def test_quick_demo_with_another_algorithm_and_the_sft_baseline(tmp_path, algori
         assert len(report["curves"]["rl_loss"]) == 2
     else:
         assert report["settings"]["algorithm"]["inner_steps"] == 2 and len(report["curves"]["rl_reward"]) == 1
+
+
+def test_the_default_output_is_runs_demo_which_git_ignores():
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    assert DemoConfig().out_dir == "runs/demo"
+    assert "/runs/" in (root / ".gitignore").read_text().splitlines()
+
+
+def test_the_demo_pins_its_threads_and_its_sft_recipe_reproduces_the_checkpoint(tmp_path):
+    import torch
+    import yaml
+    from safetensors.torch import load_file
+
+    from dare.demo import run_demo
+    from dare.trainer import load_train_config, run_training
+
+    before = torch.get_num_threads()
+    out = tmp_path / "demo"
+    report = run_demo(DemoConfig.quick(out_dir=str(out), rl_steps=1), log=lambda message: None)
+    assert torch.get_num_threads() == before and report["settings"]["torch_threads"] == 1
+    steps = report["phases"][1]["steps"]
+    recipe_file = out / "sft.yaml"
+    assert f"OMP_NUM_THREADS=1 dare train {recipe_file}" in recipe_file.read_text()
+    recipe = load_train_config(recipe_file, [f"trainer.output_dir={tmp_path / 'again'}", "trainer.progress=false"])
+    assert recipe.trainer.max_steps == steps < DemoConfig.quick().sft_max_steps  # SFT stopped at its target
+    assert yaml.safe_load((out / "sft" / "config.yaml").read_text())["trainer"]["max_steps"] == steps
+    torch.set_num_threads(1)
+    try:
+        run_training(recipe)
+    finally:
+        torch.set_num_threads(before)
+    demo = load_file(out / "sft" / "final" / "model.safetensors")
+    again = load_file(tmp_path / "again" / "final" / "model.safetensors")
+    assert demo.keys() == again.keys() and all(torch.equal(demo[k], again[k]) for k in demo)

@@ -40,7 +40,7 @@ def test_generate_errors_are_one_line(tmp_path, capsys):
     cases = ((["--sampler", "fastdlm"], "unknown sampler 'fastdlm' (did you mean 'fastdllm'?)"),
              (["-o", "temprature=1"], "unknown sampler option 'temprature' (did you mean 'temperature'?)"),
              (["--block-length", "5"], "block_length (5) must divide gen_length (128)"),
-             (["--model", str(tmp_path / "nope")], "not a checkpoint directory"))
+             (["--model", str(tmp_path / "nope")], "nope: no such checkpoint directory"))
     for extra, message in cases:
         assert main(["generate", "--model", "tiny:llada", "--prompt", "x", *extra]) == 2
         lines = capsys.readouterr().err.strip().splitlines()

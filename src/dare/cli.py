@@ -12,6 +12,7 @@ import argparse
 import importlib
 import sys
 
+from dare import __version__
 from dare.errors import DareError
 
 COMMANDS = {
@@ -26,7 +27,7 @@ COMMANDS = {
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dare", description="DARE: post-train and evaluate diffusion LLMs")
-    parser.add_argument("--version", action="version", version="dare 0.1.0")
+    parser.add_argument("--version", action="version", version=f"dare {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, module_name in COMMANDS.items():
         module = importlib.import_module(module_name)
@@ -50,8 +51,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
+        _close_progress_bars()
         print("interrupted", file=sys.stderr)
         return 130
+
+
+def _close_progress_bars() -> None:
+    """End any open tqdm bar's line, so "interrupted" gets a line of its own."""
+    tqdm = sys.modules.get("tqdm")
+    for bar in list(getattr(getattr(tqdm, "tqdm", None), "_instances", ()) or ()):
+        bar.close()
 
 
 if __name__ == "__main__":

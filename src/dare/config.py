@@ -171,10 +171,18 @@ def load_yaml(path: str | Path) -> dict:
     return data
 
 
-def save_yaml(data: dict, path: str | Path) -> None:
+def yaml_text(data: dict) -> str:
+    """``data`` as YAML (keys in their order)."""
     import yaml
 
-    Path(path).write_text(yaml.safe_dump(data, sort_keys=False))
+    return yaml.safe_dump(data, sort_keys=False)
+
+
+def save_yaml(data: dict, path: str | Path) -> None:
+    """Write ``data`` as YAML atomically (a reader never sees half a file)."""
+    from dare.outputs import atomic_write_text
+
+    atomic_write_text(path, yaml_text(data))
 
 
 def field_docs(cls) -> dict[str, str]:

@@ -9,7 +9,7 @@ HELP = ("train a tiny LLaDA from scratch on CPU (SFT to partial competence, then
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--out", default="dare_demo", help="output directory (default: dare_demo)")
+    parser.add_argument("--out", default="runs/demo", help="output directory (default: runs/demo)")
     parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     parser.add_argument("--algorithm", default="d1",
                         help="RL algorithm: any registered rollout algorithm for full-attention models (d1, wd1, "
@@ -21,22 +21,21 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="SFT stops once validation accuracy reaches this fraction (default 0.3)")
     parser.add_argument("--rl-steps", type=int, help="RL optimizer steps (default 120)")
     parser.add_argument("--rl-lr", type=float, help="RL learning rate (default 3e-4)")
-    parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch CPU threads (default 1, pinned: the results depend on the thread count through "
+                             "float rounding; 0 = torch's choice)")
     parser.add_argument("--device", choices=("cpu", "cuda", "auto"), default="cpu",
                         help="where to train and evaluate (default cpu, the demo's reference setting)")
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
-
     from dare.demo import DemoConfig, run_demo
     from dare.errors import ConfigError
 
-    if args.threads is not None:
-        if args.threads < 1:
-            raise ConfigError(f"--threads must be >= 1; got {args.threads}")
-        torch.set_num_threads(args.threads)
-    overrides = {"out_dir": args.out, "seed": args.seed, "algorithm": args.algorithm, "device": args.device}
+    if args.threads < 0:
+        raise ConfigError(f"--threads must be >= 1 (or 0 = torch's choice); got {args.threads}")
+    overrides = {"out_dir": args.out, "seed": args.seed, "algorithm": args.algorithm, "device": args.device,
+                 "threads": args.threads or None}
     for key in ("sft_max_steps", "sft_target", "rl_steps", "rl_lr"):
         if getattr(args, key) is not None:
             overrides[key] = getattr(args, key)

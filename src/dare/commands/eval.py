@@ -157,18 +157,12 @@ def _run_configs(args: argparse.Namespace, bench):
 
 def load_for_eval(path: str, adapter: str | None, device: str | None, dtype: str | None):
     """``(model, tokenizer, model_info)``; a missing or unreadable checkpoint is a one-line error."""
-    from pathlib import Path
-
-    import torch
-
+    from dare.devices import resolve_device
     from dare.errors import DareError, InputError
     from dare.models.loading import load_model, load_tokenizer, parse_tiny
 
-    local = str(path).startswith(("/", ".", "~"))
-    if local and not Path(path).expanduser().exists():
-        raise InputError(f"--model {path}: no such checkpoint directory")
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    dtype = dtype or ("bfloat16" if torch.device(device).type == "cuda" else "float32")
+    device = resolve_device(device)
+    dtype = dtype or ("bfloat16" if device.type == "cuda" else "float32")
     try:
         model = load_model(path, adapter, dtype=dtype, device=device)
         tokenizer = load_tokenizer(path)
@@ -200,10 +194,19 @@ def _load_samples(bench, args: argparse.Namespace):
 
 
 def run_run(args: argparse.Namespace) -> int:
+    from dare.errors import ConfigError
     from dare.eval import evaluate, get_benchmark
     from dare.rollout import default_sampler
     from dare.rollout import SamplerConfig
 
+    from dare.devices import resolve_device
+    from dare.outputs import check_file_target
+
+    if args.limit is not None and args.limit < 1:
+        raise ConfigError(f"--limit must be positive (omit it to evaluate every problem); got {args.limit}")
+    if args.out:
+        check_file_target(args.out, "--out")
+    resolve_device(args.device)  # before the data and the model are loaded
     bench = get_benchmark(args.benchmark)
     config, sampler_values_, likelihood = _run_configs(args, bench)
     samples, pool, data = _load_samples(bench, args)
@@ -220,11 +223,15 @@ def run_run(args: argparse.Namespace) -> int:
     results = evaluate(model, tokenizer, bench, samples, sampler=sampler, likelihood=likelihood, config=config,
                        fewshot_pool=pool, reward_options=options, model_info=model_info, data_info=data,
                        progress=progress)
-    if args.out:
+    print_summary(results, args.json)
+    if args.out:  # after the metrics are on screen; atomic
         results.write(args.out)
-    summary = results.summary()
-    print(json.dumps(summary) if args.json else json.dumps(summary, indent=2))
     return 0
+
+
+def print_summary(results, compact: bool) -> None:
+    summary = results.summary()
+    print(json.dumps(summary) if compact else json.dumps(summary, indent=2), flush=True)
 
 
 def read_predictions(path: str) -> list[tuple[int, dict]]:
@@ -302,6 +309,10 @@ def samples_for(bench, lines, path: str, data_samples=None, data_name: str = "--
 def run_score(args: argparse.Namespace) -> int:
     from dare.eval import get_benchmark, score_predictions
 
+    from dare.outputs import check_file_target
+
+    if args.out:
+        check_file_target(args.out, "--out")
     bench = get_benchmark(args.benchmark)
     lines = read_predictions(args.predictions)
     data = bench.load(args.data, split=args.split) if args.data else None
@@ -318,8 +329,7 @@ def run_score(args: argparse.Namespace) -> int:
         bench, samples, predictions, ks=args.k, reward_options=options,
         data={"source": args.data, "split": args.split, "predictions": args.predictions},
     )  # fmt: skip
+    print_summary(results, args.json)
     if args.out:
         results.write(args.out)
-    summary = results.summary()
-    print(json.dumps(summary) if args.json else json.dumps(summary, indent=2))
     return 0

@@ -95,26 +95,13 @@ def parse_options(items: list[str]) -> dict:
 
 
 def load_model(spec: str, device, dtype):
-    """``(model, tokenizer)`` from a checkpoint directory or ``tiny:FAMILY``."""
-    from pathlib import Path
-
+    """``(model, tokenizer)`` from a checkpoint directory, a hub name or ``tiny:FAMILY[:SEED]``."""
     from dare.errors import InputError
+    from dare.models.loading import load_model as load, load_tokenizer
 
-    if spec.startswith("tiny:"):
-        from dare.data.tokenizer import build_byte_tokenizer
-        from dare.models.tiny import tiny_model
-
-        model = tiny_model(spec.split(":", 1)[1], seed=0)
-        return model.to(device=device, dtype=dtype).eval(), build_byte_tokenizer()
-    if not Path(spec).is_dir():
-        raise InputError(f"--model {spec}: not a checkpoint directory (or use tiny:FAMILY)")
-    from transformers import AutoModel, AutoTokenizer
-
-    import dare  # noqa: F401  (registers the families)
-
-    model = AutoModel.from_pretrained(spec, dtype=dtype).to(device).eval()
+    model = load(spec, dtype=dtype, device=device)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(spec)
+        tokenizer = load_tokenizer(spec)
     except (OSError, ValueError) as err:
         raise InputError(f"--model {spec}: no usable tokenizer ({str(err).splitlines()[0]})") from None
     return model, tokenizer
@@ -134,11 +121,12 @@ def run(args: argparse.Namespace) -> int:
 
     import torch
 
+    from dare.devices import resolve_device
     from dare.rollout import default_sampler, generate
 
     if args.sampler:
         sampler_config(args)  # a typo fails before the model is loaded
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = resolve_device(args.device)
     dtype = getattr(torch, args.dtype) if args.dtype else (torch.bfloat16 if device.type == "cuda" else torch.float32)
     model, tokenizer = load_model(args.model, device, dtype)
     config = sampler_config(args, default_sampler(model))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 HELP = "merge a LoRA adapter into its base model and write a full checkpoint that AutoModel loads"
 
@@ -16,6 +17,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from dare.outputs import ensure_dir
+
+    ensure_dir(Path(args.out).parent, "--out")  # before the models are loaded
     from dare.models.lora import merge_adapter
 
     out = merge_adapter(args.adapter, args.out, base=args.base, dtype=args.dtype)

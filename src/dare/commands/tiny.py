@@ -16,6 +16,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from dare.outputs import ensure_dir
+
+    ensure_dir(args.out, "--out")
     import torch
 
     from dare.models.tiny import write_tiny_checkpoint

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 
 HELP = "train a model from a YAML recipe with key=value overrides (multi-GPU: torchrun -m dare.cli train ...)"
 
@@ -13,6 +15,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--show-config", action="store_true",
                         help="print every config key with its type, default and meaning, then exit")
     parser.add_argument("--dry-run", action="store_true", help="validate and print the resolved config, then exit")
+    parser.set_defaults(train_parser=parser)
 
 
 def take_extra(args: argparse.Namespace, extra: list[str]) -> bool:
@@ -36,6 +39,9 @@ def run(args: argparse.Namespace) -> int:
             print("\n".join(describe(cls.config_class, "algorithm.")))
         return 0
     config_path, overrides = args.config, list(args.overrides)
+    if config_path is None and not overrides:  # no recipe: say how to give one instead of training a default model
+        args.train_parser.print_help(sys.stderr)
+        return 2
     if config_path is not None and "=" in config_path:
         config_path, overrides = None, [config_path, *overrides]
     config = load_train_config(config_path, overrides)
@@ -46,5 +52,25 @@ def run(args: argparse.Namespace) -> int:
         return 0
     from dare.trainer import run_training
 
-    run_training(config)
+    record = run_training(config)
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(run_summary(config, record))
     return 0
+
+
+def run_summary(config, record: dict) -> str:
+    """The end-of-run lines: output directory, steps, final loss / reward, where the weights are."""
+    from pathlib import Path
+
+    out = Path(config.trainer.output_dir)
+    parts = [f"step {record.get('step', 0)}"]
+    if "time/elapsed_s" in record:
+        parts.append(f"{record['time/elapsed_s']:.1f} s")
+    for key, label in (("loss", "loss"), ("rollout/reward", "reward")):
+        if key in record:
+            parts.append(f"{label} {record[key]:.4f}")
+    lines = [f"done: {out} ({', '.join(parts)}; metrics in {out / 'metrics.jsonl'})"]
+    if config.trainer.export:
+        kind = "LoRA adapter" if config.lora.enabled else "HF checkpoint"
+        lines.append(f"final weights ({kind}): {out / 'final'}")
+    return "\n".join(lines)

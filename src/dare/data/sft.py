@@ -63,6 +63,8 @@ def read_records(path: str, limit: int | None = None, seed: int = 0) -> list[dic
                         records.append(json.loads(line))
                     except json.JSONDecodeError as err:
                         raise InputError(f"{path}:{number}: invalid JSON ({err.msg})") from None
+    if not records:
+        raise InputError(f"data file {path} holds no records")
     return records[:limit] if limit is not None else records
 
 

@@ -3,7 +3,7 @@ evaluated before and after with the GSM8K scorer. See :mod:`dare.demo.pipeline`.
 
 ```python
 from dare.demo import DemoConfig, run_demo
-report = run_demo(DemoConfig(out_dir="dare_demo", seed=0, algorithm="coupled_grpo"))
+report = run_demo(DemoConfig(out_dir="runs/demo_coupled_grpo", seed=0, algorithm="coupled_grpo"))
 report["accuracy"]  # {"init": ..., "sft": ..., "rl": ...}
 ```
 """

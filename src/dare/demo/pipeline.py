@@ -27,7 +27,7 @@ SCHEMA = "dare.demo.report/1"
 class DemoConfig:
     """Settings of one demo run (``dare demo`` flags set the most useful ones)."""
 
-    out_dir: str = "dare_demo"
+    out_dir: str = "runs/demo"
     """Output directory: data/, init/, sft/, rl/, recipes, report.json, curves.png."""
     seed: int = 0
     """Seed of the model initialisation, the training problems, data order, corruption noise and rollouts."""
@@ -75,6 +75,9 @@ class DemoConfig:
     """Extra ``algorithm.*`` settings, on top of the demo's per-algorithm defaults."""
     device: str = "cpu"
     """``cpu`` (the demo's reference setting), ``cuda`` or ``auto`` (CUDA when available)."""
+    threads: int | None = 1
+    """torch CPU threads during the run (restored afterwards). Pinned because float rounding, and so every number
+    of the run, depends on the thread count; None = torch's choice (results then vary between machines)."""
 
     @classmethod
     def quick(cls, **overrides) -> DemoConfig:
@@ -142,6 +145,10 @@ def check_config(config: DemoConfig) -> None:
         raise unknown_choice("demo algorithm", config.algorithm, choices)
     if config.device not in DEVICES:
         raise unknown_choice("device", config.device, DEVICES)
+    if config.device == "cuda":
+        from dare.devices import resolve_device
+
+        resolve_device("cuda")
     if not 0 < config.sft_target <= 1:
         raise ConfigError(f"sft_target must be in (0, 1]; got {config.sft_target}")
     positive = {"sft_max_steps": config.sft_max_steps, "rl_steps": config.rl_steps, "test_size": config.test_size,
@@ -151,6 +158,8 @@ def check_config(config: DemoConfig) -> None:
     for key, value in positive.items():
         if value < 1:
             raise ConfigError(f"{key} must be positive; got {value}")
+    if config.threads is not None and config.threads < 1:
+        raise ConfigError(f"threads must be >= 1; got {config.threads}")
     if config.rl_lr <= 0 or config.sft_lr <= 0:
         raise ConfigError(f"learning rates must be positive; got sft_lr={config.sft_lr}, rl_lr={config.rl_lr}")
 
@@ -213,12 +222,24 @@ def _option_names(algorithm: str) -> set[str]:
     return {f.name for f in fields(ALGORITHMS[algorithm].config_class)}
 
 
-def load_recipe(recipe: dict, path: Path):
-    """Write ``recipe`` as YAML (rerun it with ``dare train PATH``) and load it exactly as ``dare train`` does."""
-    from dare.config import save_yaml
+def write_recipe(recipe: dict, path: Path, threads: int | None) -> None:
+    """Write ``recipe`` as YAML, headed by the command that reproduces the phase."""
+    from dare.config import yaml_text
+    from dare.outputs import atomic_write_text
+
+    env = f"OMP_NUM_THREADS={threads} " if threads is not None else ""
+    header = (f"# Written by `dare demo`. Reproduce this phase (same weights) with:\n"
+              f"#   {env}dare train {path}\n")
+    if threads is not None:
+        header += f"# The demo pins torch to {threads} CPU thread(s): float rounding depends on the thread count.\n"
+    atomic_write_text(path, header + yaml_text(recipe))
+
+
+def load_recipe(recipe: dict, path: Path, threads: int | None = None):
+    """Write ``recipe`` (rerun it with ``dare train PATH``) and load it exactly as ``dare train`` does."""
     from dare.trainer import load_train_config
 
-    save_yaml(recipe, path)
+    write_recipe(recipe, path, threads)
     return load_train_config(path)
 
 
@@ -249,7 +270,21 @@ class Clock:
 
 
 def run_demo(config: DemoConfig, *, log: Callable[[str], None] = print) -> dict:
-    """Run the demo; returns the report (also written to ``out_dir/report.json``)."""
+    """Run the demo; returns the report (also written to ``out_dir/report.json``). torch runs on
+    ``config.threads`` CPU threads meanwhile (the previous setting is restored)."""
+    import torch
+
+    check_config(config)
+    threads = torch.get_num_threads()
+    if config.threads is not None:
+        torch.set_num_threads(config.threads)
+    try:
+        return _run(config, log)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _run(config: DemoConfig, log: Callable[[str], None]) -> dict:
     import torch
     from transformers.utils import logging as hf_logging
 
@@ -258,12 +293,11 @@ def run_demo(config: DemoConfig, *, log: Callable[[str], None] = print) -> dict:
     from dare.demo.task import write_task
     from dare.models.loading import load_model, load_tokenizer
     from dare.models.tiny import write_tiny_checkpoint
+    from dare.outputs import ensure_dir
     from dare.trainer import run_training
 
-    check_config(config)
     hf_logging.disable_progress_bar()
-    out = Path(config.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    out = ensure_dir(config.out_dir, "--out")
     started = time.perf_counter()
     cpu_started = time.process_time()
     data = write_task(out / "data", digits=config.digits, train_size=config.train_size,
@@ -308,10 +342,14 @@ def run_demo(config: DemoConfig, *, log: Callable[[str], None] = print) -> dict:
             trainer.request_stop()
         return {"eval/validation_accuracy": accuracy}
 
-    sft_config = load_recipe(sft_recipe(config, init, data, out / "sft", config.sft_max_steps), out / "sft.yaml")
+    sft_config = load_recipe(sft_recipe(config, init, data, out / "sft", config.sft_max_steps), out / "sft.yaml",
+                             config.threads)
     with Clock() as clock:
         run_training(sft_config, on_step=sft_hook)
     sft.steps = len(sft.records)
+    # SFT stopped at the target: the recipe says how many steps ran (the schedule is constant after warm-up, so
+    # `dare train sft.yaml` reproduces the checkpoint)
+    write_recipe(sft_recipe(config, init, data, out / "sft", sft.steps), out / "sft.yaml", config.threads)
     sft.seconds, sft.cpu_seconds = clock.wall, clock.cpu
     final_eval(sft, out / "sft" / "final")
     log(f"      SFT: {sft.steps} steps, held-out accuracy {sft.accuracy:.1%}")
@@ -332,7 +370,7 @@ def run_demo(config: DemoConfig, *, log: Callable[[str], None] = print) -> dict:
         _note(f"  RL step {trainer.step}: held-out accuracy {accuracy:.1%}{extra}")
         return {"eval/heldout_accuracy": accuracy}
 
-    rl_config = load_recipe(rl_recipe(config, out / "sft" / "final", data, out / "rl"), out / "rl.yaml")
+    rl_config = load_recipe(rl_recipe(config, out / "sft" / "final", data, out / "rl"), out / "rl.yaml", config.threads)
     with Clock() as clock:
         run_training(rl_config, on_step=rl_hook)
     rl.steps = len(rl.records)

@@ -98,12 +98,9 @@ class EvalResults:
 
     def write(self, path: str | os.PathLike) -> Path:
         """Write the JSON document (atomically: a partial file never replaces a good one)."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(self.to_dict(), indent=1, ensure_ascii=False, default=str), encoding="utf-8")
-        os.replace(tmp, path)
-        return path
+        from dare.outputs import atomic_write_text
+
+        return atomic_write_text(path, json.dumps(self.to_dict(), indent=1, ensure_ascii=False, default=str))
 
     @classmethod
     def read(cls, path: str | os.PathLike) -> EvalResults:

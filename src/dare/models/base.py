@@ -155,6 +155,14 @@ def cached_attend(q, k, v, layout: AttentionLayout, cache: KVCache | None, layer
     return attend(q, k, v, layout, backend)
 
 
+def _describe_key(entry) -> str:
+    """A loading-info entry as text: a key, or ``key (checkpoint [a, b] vs model [c, d])`` for a shape mismatch."""
+    if isinstance(entry, (tuple, list)) and len(entry) == 3:
+        key, stored, expected = entry
+        return f"{key} (checkpoint {list(stored)} vs model {list(expected)})"
+    return str(entry)
+
+
 class DiffusionLM(PreTrainedModel):
     """Base class of the family models.
 
@@ -265,6 +273,7 @@ class DiffusionLM(PreTrainedModel):
         the tied copy (``lm_head.weight``) or contain it with the same values; different values are an error.
         """
         wants_info = kwargs.pop("output_loading_info", False)
+        kwargs.setdefault("ignore_mismatched_sizes", True)  # reported below as a one-line error, never kept
         try:
             model, info = super().from_pretrained(pretrained_model_name_or_path, *args, output_loading_info=True,
                                                   **kwargs)
@@ -275,7 +284,7 @@ class DiffusionLM(PreTrainedModel):
                               "per-expert tensors (experts.N.*) are incomplete or mis-shaped") from None
         problems = []
         for label in ("missing_keys", "unexpected_keys", "mismatched_keys"):
-            keys = sorted(str(k) for k in (info.get(label) or []))
+            keys = sorted(_describe_key(k) for k in (info.get(label) or []))
             if keys:
                 shown = ", ".join(keys[:3]) + (f" (+{len(keys) - 3} more)" if len(keys) > 3 else "")
                 problems.append(f"{label.replace('_', ' ')}: {shown}")

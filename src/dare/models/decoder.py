@@ -157,6 +157,8 @@ class DecoderLM(DiffusionLM):
 
     embedding_name = "embed_tokens"
     _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
+    rmsnorm_scale_in_fp32 = False
+    """Every RMSNorm multiplies by its weight in fp32 before the cast (a family whose reference uses a fused norm)."""
 
     def __init__(self, config: DiffusionConfig):
         super().__init__(config)
@@ -165,6 +167,9 @@ class DecoderLM(DiffusionLM):
             config.vocab_size, config.hidden_size, config.rms_norm_eps, layers, embedding_name=self.embedding_name
         )
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        for module in self.modules():
+            if isinstance(module, RMSNorm):
+                module.scale_in_fp32 = self.rmsnorm_scale_in_fp32
         self.rope_dim = self.rotary_dim(config)
         self.rope_theta = float(config.rope_theta)
         self.post_init()

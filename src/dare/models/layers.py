@@ -8,21 +8,33 @@ import torch.nn.functional as F
 
 
 class RMSNorm(nn.Module):
-    """HF/Llama RMSNorm: normalise in fp32, cast back to the input dtype, then scale by ``weight``."""
+    """RMSNorm, normalised in fp32, in one of the two orders the reference implementations use:
 
-    def __init__(self, dim: int, eps: float):
+    * ``scale_in_fp32=False`` (HF/Llama: LLaDA, Dream, LLaDA-MoE, LLaDA2): cast the normalised value back to the
+      input dtype, then multiply by ``weight`` (in bf16 a bf16 x bf16 product);
+    * ``scale_in_fp32=True`` (the fused triton RMSNorm of SDAR's reference, ``rms_norm_fn``): multiply by
+      ``weight`` in fp32, then cast to the input dtype.
+
+    Both are identical in fp32; in bf16 they differ by about one ulp per norm.
+    """
+
+    def __init__(self, dim: int, eps: float, scale_in_fp32: bool = False):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
+        self.scale_in_fp32 = scale_in_fp32
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        if self.scale_in_fp32:
+            return (x32 * self.weight.float()).to(dtype)
         return self.weight * x32.to(dtype)
 
     def extra_repr(self) -> str:
-        return f"{self.weight.shape[0]}, eps={self.eps}"
+        order = ", scale_in_fp32=True" if self.scale_in_fp32 else ""
+        return f"{self.weight.shape[0]}, eps={self.eps}{order}"
 
 
 class SwiGLU(nn.Module):

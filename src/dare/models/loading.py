@@ -7,6 +7,7 @@ registered family built on the fly (DARE's byte tokenizer; handy for tests and d
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import torch
@@ -41,6 +42,27 @@ def parse_tiny(path: str) -> tuple[str, int] | None:
         raise ConfigError(f"tiny model spec '{path}' must look like tiny:FAMILY or tiny:FAMILY:SEED") from None
 
 
+HUB_NAME = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
+"""What a Hugging Face hub name looks like (``name`` or ``owner/name``); other missing paths are local typos."""
+WEIGHT_FILES = ("*.safetensors", "*.bin", "*.safetensors.index.json", "*.bin.index.json")
+
+
+def check_checkpoint_path(path: str) -> None:
+    """One-line errors for a local checkpoint path that cannot hold a model: missing (unless it looks like a hub
+    name), a file, no ``config.json``, or no weight files."""
+    local = Path(path).expanduser()
+    if not local.exists():
+        if str(path).startswith((".", "/", "~")) or not HUB_NAME.fullmatch(str(path)):
+            raise ConfigError(f"model path {path}: no such checkpoint directory")
+        return  # a hub name: transformers resolves it
+    if not local.is_dir():
+        raise ConfigError(f"model path {path} is a file; expected a checkpoint directory")
+    if not (local / "config.json").is_file():
+        raise ConfigError(f"{path} is not a model checkpoint (no config.json)")
+    if not any(next(local.glob(pattern), None) for pattern in WEIGHT_FILES):
+        raise ConfigError(f"{path} is not a model checkpoint (config.json but no weights: *.safetensors or *.bin)")
+
+
 def load_model(path: str, adapter: str | None = None, *, dtype="float32", device="cpu", trainable: bool = False):
     """Load a DARE model (strictly) and optionally a peft LoRA adapter on top.
 
@@ -65,10 +87,13 @@ def load_model(path: str, adapter: str | None = None, *, dtype="float32", device
     else:
         from transformers import AutoModel
 
-        if Path(path).exists() and not (Path(path) / "config.json").is_file():
-            raise ConfigError(f"{path} is not a model checkpoint (no config.json)")
+        check_checkpoint_path(path)
         kwargs = {"dtype": torch_dtype} if torch_dtype is not None else {"dtype": "auto"}
-        model = AutoModel.from_pretrained(str(path), **kwargs)
+        try:
+            model = AutoModel.from_pretrained(str(path), **kwargs)
+        except OSError as err:  # a hub name that cannot be fetched (offline, private, misspelt)
+            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            raise ConfigError(f"model {path}: no such local directory, and the hub did not provide it ({first})") from None
     model = model.to(device)
     if adapter is not None:
         from peft import PeftModel

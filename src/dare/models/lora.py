@@ -33,9 +33,12 @@ def merge_adapter(adapter: str, out_dir: str, base: str | None = None, dtype="au
 
     base = base or adapter_base(adapter)
     model = load_model(base, adapter=adapter, dtype=dtype)
+    from dare.outputs import ensure_dir, publish_dir, staging_dir
+
     merged = model.merge_and_unload()
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    merged.save_pretrained(str(out), safe_serialization=True)
-    load_tokenizer(base).save_pretrained(str(out))
-    return out
+    ensure_dir(out.parent, "merge output directory")
+    tmp = staging_dir(out)  # renamed to out when complete: an interrupted merge never looks finished
+    merged.save_pretrained(str(tmp), safe_serialization=True)
+    load_tokenizer(base).save_pretrained(str(tmp))
+    return publish_dir(tmp, out)

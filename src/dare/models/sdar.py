@@ -187,6 +187,7 @@ def _attention(config: _Qwen3StyleConfig, layer_idx: int) -> SelfAttention:
 
 class _SDARBase(DecoderLM):
     _no_split_modules = ["DecoderLayer"]
+    rmsnorm_scale_in_fp32 = True  # the reference's fused triton RMSNorm (rms_norm_fn): weight multiplied in fp32
 
     @staticmethod
     def rotary_dim(config: _Qwen3StyleConfig) -> int:

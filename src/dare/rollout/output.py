@@ -23,6 +23,9 @@ Conventions (``B`` rows, ``P`` padded prompt width, ``G`` generated positions, `
 * ``completion_mask[b, j]`` is 1 up to and including the first stop token (EOS/EOT of the family) and 0
   after it and at undecoded positions.
 * ``nfe`` counts model forward passes of the batch (each forward serves one step of every row still in it).
+  A block's loop tests for remaining masks before each forward, so a block filled by its first forward costs
+  no further one (Fast-dLLM's prefix/dual loops in some versions run one more cached forward there: README,
+  Rollout, "NFE").
 * Block samplers (:mod:`dare.rollout.block`) also return ``block_step_map``: the step counted from the start of
   the token's block. With LLaDA2.1 token editing a position can be written more than once; the step map,
   block step map, log-prob and confidence then describe its last write.

@@ -22,8 +22,6 @@ STATE_FILE = "trainer_state.pt"
 SINGLE_PROCESS_WARNING = ".*torch.distributed is disabled.*"
 
 
-
-
 def rng_state() -> dict:
     state = {"python": random.getstate(), "torch": torch.get_rng_state()}
     try:
@@ -114,6 +112,23 @@ def list_checkpoints(output_dir) -> list[Path]:
     return sorted(done, key=lambda p: p.name)
 
 
+def remove_partial_checkpoints(output_dir) -> list[Path]:
+    """Delete ``step_N.tmp`` directories left by a run killed while writing a checkpoint."""
+    root = Path(output_dir) / "checkpoints"
+    partial = [p for p in root.glob("step_*.tmp") if p.is_dir()] if root.is_dir() else []
+    for path in partial:
+        shutil.rmtree(path, ignore_errors=True)
+    return partial
+
+
+def read_trainer_state(path) -> dict:
+    """The trainer state of a complete checkpoint (``step``, ``scheduler``, ``world_size``, ``config``, ...)."""
+    path = Path(path)
+    if not (path / STATE_FILE).is_file():
+        raise ConfigError(f"{path} is not a complete DARE checkpoint (no {STATE_FILE})")
+    return torch.load(path / STATE_FILE, weights_only=False)
+
+
 def load_checkpoint(path, model, optimizer, scheduler, info: DistInfo, *, trainable_only: bool = False,
                     auxiliary: dict | None = None) -> dict:
     """Restore model, optimizer, scheduler, the ``auxiliary`` ``(module, optimizer)`` pairs and this rank's RNG;
@@ -122,8 +137,7 @@ def load_checkpoint(path, model, optimizer, scheduler, info: DistInfo, *, traina
     from torch.distributed.checkpoint.state_dict import set_state_dict
 
     path = Path(path)
-    if not (path / STATE_FILE).is_file():
-        raise ConfigError(f"{path} is not a complete DARE checkpoint (no {STATE_FILE})")
+    trainer_state = read_trainer_state(path)
     state, options = _state_dicts(model, optimizer, trainable_only)
     state = _auxiliary_state(state, auxiliary)
     with warnings.catch_warnings():
@@ -133,7 +147,6 @@ def load_checkpoint(path, model, optimizer, scheduler, info: DistInfo, *, traina
     for name, (module, aux_optimizer) in (auxiliary or {}).items():
         set_state_dict(module, aux_optimizer, model_state_dict=state[f"{name}_model"],
                        optim_state_dict=state[f"{name}_optim"])
-    trainer_state = torch.load(path / STATE_FILE, weights_only=False)
     scheduler.load_state_dict(trainer_state["scheduler"])
     rng_file = path / f"rng_rank{info.rank}.pt"
     same_world = trainer_state.get("world_size") == info.world_size

@@ -238,6 +238,14 @@ class TrainConfig:
                 raise ConfigError(f"{key} must be positive; got {value}")
         if self.distributed.sequence_parallel < 1:
             raise ConfigError(f"distributed.sequence_parallel must be >= 1; got {self.distributed.sequence_parallel}")
+        optional = {"trainer.max_steps": "null = trainer.epochs passes over the data",
+                    "trainer.save_every": "null = a checkpoint only at the end"}
+        for key, meaning in optional.items():
+            value = getattr(self.trainer, key.split(".")[1])
+            if value is not None and value < 1:
+                raise ConfigError(f"{key} must be positive or null ({meaning}); got {value}")
+        if self.trainer.max_steps is None and self.trainer.epochs <= 0:
+            raise ConfigError(f"trainer.epochs must be positive; got {self.trainer.epochs}")
         if self.model.logits_chunk_size < 0:
             raise ConfigError(f"model.logits_chunk_size must be >= 0 (0 = full logits); got {self.model.logits_chunk_size}")
         if self.optim.lr <= 0:

@@ -27,6 +27,7 @@ import copy
 import dataclasses
 import functools
 import os
+import shutil
 import signal
 import time
 from collections.abc import Callable
@@ -35,15 +36,17 @@ from pathlib import Path
 import torch
 
 from dare.algorithms import get_algorithm
-from dare.config import save_yaml
+from dare.config import yaml_text
 from dare.distributed import (
     DistInfo, all_reduce_dict, all_reduce_max_int, apply_fsdp, autocast_context, barrier, init_distributed,
 )
 from dare.distributed.grad_norm import clip_grad_norm_
 from dare.errors import ConfigError
-from dare.trainer.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
+from dare.outputs import atomic_write_text, ensure_dir, publish_dir, remove_strays, staging_dir
+from dare.trainer.checkpoint import load_checkpoint, remove_partial_checkpoints, save_checkpoint
 from dare.trainer.config import TrainConfig, config_dict
-from dare.trainer.metrics import MetricsLogger
+from dare.trainer.metrics import MetricsLogger, truncate_jsonl
+from dare.trainer.resume import resume_point
 from dare.trainer.optim import build_optimizer, build_scheduler
 
 
@@ -75,9 +78,7 @@ class Trainer:
             raise ConfigError(f"model.attn_backend={cfg.model.attn_backend} cannot train on CPU "
                               "(flex has no CPU backward, varlen needs CUDA); use sdpa or eager")
         self.output_dir = Path(cfg.trainer.output_dir)
-        if self.info.is_main:
-            self.output_dir.mkdir(parents=True, exist_ok=True)
-            save_yaml(config_dict(config), self.output_dir / "config.yaml")
+        self.resume_from = self._prepare_output_dir()
         torch.manual_seed(cfg.trainer.seed)
 
         given = model is not None
@@ -152,6 +153,24 @@ class Trainer:
                                     config=config_dict(config))
 
     # ---- construction helpers -----------------------------------------------------------------------
+    def _prepare_output_dir(self) -> Path | None:
+        """Create the output directory, decide what to resume from (None: start at step 0; see
+        :mod:`dare.trainer.resume`), remove what interrupted writes left, and write ``config.yaml``."""
+        cfg, out = self.config, self.output_dir
+        settings = config_dict(cfg)
+        ensure_dir(out, "trainer.output_dir")
+        resume = cfg.trainer.resume
+        checkpoint = resume_point(out, resume, settings)
+        if self.info.is_main:
+            remove_strays(out)
+            remove_partial_checkpoints(out)
+            if resume == "never":  # start over: weights of the previous run are not this run's
+                shutil.rmtree(out / "checkpoints", ignore_errors=True)
+                shutil.rmtree(out / "final", ignore_errors=True)
+            atomic_write_text(out / "config.yaml", yaml_text(settings))
+        barrier(self.info)
+        return checkpoint
+
     @functools.cached_property
     def tokenizer(self):
         """The tokenizer of ``model.tokenizer`` / ``model.path`` (loaded on first use: sources built from
@@ -318,12 +337,13 @@ class Trainer:
         return record
 
     def train_step(self, step: int) -> dict:
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         sums = self.forward_backward(step)
         record = {"step": step + 1, "epoch": round(self.source_epoch(step + 1), 6)}
         record.update({k: float(v) for k, v in sorted(sums.items()) if torch.as_tensor(v).numel() == 1})
         record.update(self.optimizer_step())
         record["time/step_s"] = round(time.perf_counter() - start, 4)
+        record["time/step_cpu_s"] = round(time.process_time() - cpu_start, 4)  # all threads of the process
         return record
 
     def source_epoch(self, step: int) -> float:
@@ -334,45 +354,48 @@ class Trainer:
         return save_checkpoint(self.output_dir, self.step, self.model, self.optimizer, self.scheduler, self.info,
                                trainable_only=self.trainable_only, keep_last=self.config.trainer.keep_last,
                                rank_state={"source": self.source.state_dict()}, auxiliary=self._auxiliary_pairs(),
-                               extra={"aux_schedulers": {k: v.state_dict() for k, v in self.aux_schedulers.items()}})
+                               extra={"aux_schedulers": {k: v.state_dict() for k, v in self.aux_schedulers.items()},
+                                      "config": config_dict(self.config)})
 
     def _auxiliary_pairs(self) -> dict:
         return {name: (aux.module, self.aux_optimizers[name]) for name, aux in self.auxiliary.items()}
 
+    def _truncate_logs(self, step: int) -> None:
+        """Drop log lines of steps after ``step`` (``metrics.jsonl``, the source's samples file): they are redone."""
+        self.logger.truncate_after(step)
+        samples = getattr(self.source, "samples_path", None)
+        if samples is not None:
+            truncate_jsonl(samples, step)
+
     def maybe_resume(self) -> None:
-        resume = self.config.trainer.resume
-        if resume == "never":
-            self.logger.truncate_after(0)
+        path = self.resume_from
+        if path is None:
+            self._truncate_logs(0)
             return
-        if resume == "auto":
-            found = list_checkpoints(self.output_dir)
-            if not found:
-                self.logger.truncate_after(0)
-                return
-            path = found[-1]
-        else:
-            path = Path(resume)
         state = load_checkpoint(path, self.model, self.optimizer, self.scheduler, self.info,
                                 trainable_only=self.trainable_only, auxiliary=self._auxiliary_pairs())
         for name, sched_state in state.get("aux_schedulers", {}).items():
             self.aux_schedulers[name].load_state_dict(sched_state)
         self.source.load_state_dict(state.get("rank_state", {}).get("source", state.get("source", {})))
         self.step = int(state["step"])
-        self.logger.truncate_after(self.step)
+        self._truncate_logs(self.step)
         if self.info.is_main:
             print(f"resumed from {path} at step {self.step}")
 
     def export(self, out_dir: Path | None = None) -> Path:
-        """Write a HF checkpoint (full training) or a peft adapter (LoRA) plus the tokenizer (collective)."""
+        """Write a HF checkpoint (full training) or a peft adapter (LoRA) plus the tokenizer (collective).
+
+        Written into a hidden staging directory and renamed to ``out`` when complete: an interrupted export never
+        leaves a ``final/`` that looks finished (the next run deletes the staging directory)."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         from dare.models.loading import unwrap
 
-        out = Path(out_dir or self.output_dir / "final")
+        final = Path(out_dir or self.output_dir / "final")
         options = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=self.trainable_only)
         state = get_model_state_dict(self.model, options=options)
+        out = staging_dir(final) if self.info.is_main else None
         if self.info.is_main:
-            out.mkdir(parents=True, exist_ok=True)
             if self.trainable_only:  # peft adapter (embeddings are never resized: do not save them)
                 self.model.save_pretrained(str(out), state_dict=state, safe_serialization=True,
                                            save_embedding_layers=False)
@@ -383,8 +406,10 @@ class Trainer:
             aux_state = get_model_state_dict(aux.module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
             if self.info.is_main:
                 torch.save(aux_state, out / f"{name}.pt")
+        if self.info.is_main:
+            publish_dir(out, final)
         barrier(self.info)
-        return out
+        return final
 
     # ---- the loop ------------------------------------------------------------------------------------
     def request_stop(self) -> None:
@@ -406,8 +431,36 @@ class Trainer:
             from tqdm import tqdm
 
             bar = tqdm(total=self.total_steps, initial=self.step, desc="train", dynamic_ncols=True)
-        record: dict = {}
-        start = time.perf_counter()
+        try:
+            record = self._run_steps(on_step, bar, kill_at) or {"step": self.step}
+        finally:
+            if bar is not None:  # also when interrupted: the bar's line ends before any message
+                bar.close()
+        if self.stop_requested and self.step < self.total_steps:
+            self._record_early_stop()
+        if cfg.save_every or not cfg.export:
+            self.save()
+        if cfg.export:
+            self.export()
+        self.logger.close()
+        return record
+
+    def _record_early_stop(self) -> None:
+        """After :meth:`request_stop`: config.yaml says ``trainer.max_steps`` = the steps run, so it reproduces the
+        weights (when the schedule does not depend on the run length; otherwise the planned length stays)."""
+        from dare.trainer.resume import schedule_depends_on_length
+
+        settings = config_dict(self.config)
+        if schedule_depends_on_length(settings):
+            return
+        self.config.trainer.max_steps = self.step
+        if self.info.is_main:
+            atomic_write_text(self.output_dir / "config.yaml", yaml_text(config_dict(self.config)))
+
+    def _run_steps(self, on_step, bar, kill_at: int) -> dict | None:
+        """The remaining steps; returns the last step's record (None when no step was left)."""
+        cfg = self.config.trainer
+        record, start = None, time.perf_counter()
         while self.step < self.total_steps and not self.stop_requested:
             record = self.train_step(self.step)
             self.step += 1
@@ -423,13 +476,6 @@ class Trainer:
                 self.save()
             if kill_at and self.step == kill_at:
                 os.kill(os.getpid(), signal.SIGKILL)
-        if bar is not None:
-            bar.close()
-        if cfg.save_every or not cfg.export:
-            self.save()
-        if cfg.export:
-            self.export()
-        self.logger.close()
         return record
 
 

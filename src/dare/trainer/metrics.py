@@ -6,6 +6,16 @@ import json
 from pathlib import Path
 
 from dare.errors import ConfigError
+from dare.outputs import atomic_write_text
+
+
+def truncate_jsonl(path, step: int) -> None:
+    """Keep only the lines of a per-step log whose ``step`` is at most ``step`` (atomically)."""
+    path = Path(path)
+    if not path.is_file():
+        return
+    kept = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= step]
+    atomic_write_text(path, "".join(line + "\n" for line in kept))
 
 
 class MetricsLogger:
@@ -33,10 +43,8 @@ class MetricsLogger:
 
     def truncate_after(self, step: int) -> None:
         """Keep only records with ``step <= step`` (the run restarts from that checkpoint)."""
-        if not self.enabled or not self.path.is_file():
-            return
-        kept = [line for line in self.path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= step]
-        self.path.write_text("".join(line + "\n" for line in kept))
+        if self.enabled:
+            truncate_jsonl(self.path, step)
 
     def log(self, record: dict) -> None:
         if not self.enabled:

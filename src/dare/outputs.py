@@ -1,0 +1,112 @@
+"""Output paths: checked before any work, written atomically, interrupted writes cleaned up.
+
+* :func:`ensure_dir` / :func:`check_file_target` turn an output path that cannot be created or written into a
+  one-line :class:`~dare.errors.ConfigError` naming the flag or key, before a command spends minutes computing.
+* :func:`atomic_write_text` writes a file next to its target and renames it into place: a reader never sees a
+  half-written file.
+* :func:`staging_dir` / :func:`publish_dir` write a directory (e.g. a run's ``final/`` checkpoint) under a hidden
+  sibling name and rename it into place when complete; :func:`remove_strays` deletes what an interrupted writer
+  left behind (run at the start of the next run).
+
+This module imports nothing heavy (the CLI validates paths before loading torch).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+from dare.errors import ConfigError
+
+STAGING_SUFFIX = ".partial"
+"""``.NAME.partial``: a directory being written (renamed to ``NAME`` when complete)."""
+REPLACED_SUFFIX = ".replaced"
+"""``.NAME.replaced``: the previous ``NAME`` while the new one is renamed into place (deleted right after)."""
+
+
+def _reason(err: OSError) -> str:
+    return err.strerror or str(err)
+
+
+def ensure_dir(path: str | os.PathLike, what: str) -> Path:
+    """Create directory ``path`` (with parents) and check it is writable; ``what`` names the flag/key in the
+    one-line error (``--out``, ``trainer.output_dir``)."""
+    path = Path(path).expanduser()
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise ConfigError(f"{what} {path}: exists and is not a directory") from None
+    except OSError as err:
+        raise ConfigError(f"{what} {path}: cannot create the directory ({_reason(err)})") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise ConfigError(f"{what} {path}: the directory is not writable")
+    return path
+
+
+def check_file_target(path: str | os.PathLike, what: str) -> Path:
+    """Check that file ``path`` can be written (its directory is created when missing); writes nothing else."""
+    path = Path(path).expanduser()
+    if path.is_dir():
+        raise ConfigError(f"{what} {path}: is a directory (give a file name)")
+    ensure_dir(path.parent if str(path.parent) else Path("."), what)
+    if path.exists() and not os.access(path, os.W_OK):
+        raise ConfigError(f"{what} {path}: the file is not writable")
+    return path
+
+
+def atomic_write_text(path: str | os.PathLike, text: str, encoding: str = "utf-8") -> Path:
+    """Write ``text`` to ``path`` through a temporary sibling file and an atomic rename."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    try:
+        tmp.write_text(text, encoding=encoding)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
+
+
+def staging_dir(final: str | os.PathLike) -> Path:
+    """An empty hidden sibling directory of ``final`` to write into (then :func:`publish_dir`)."""
+    final = Path(final)
+    tmp = final.with_name(f".{final.name}{STAGING_SUFFIX}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    return tmp
+
+
+def publish_dir(tmp: str | os.PathLike, final: str | os.PathLike) -> Path:
+    """Rename the complete directory ``tmp`` to ``final``, replacing an existing ``final``."""
+    tmp, final = Path(tmp), Path(final)
+    old = final.with_name(f".{final.name}{REPLACED_SUFFIX}")
+    shutil.rmtree(old, ignore_errors=True)
+    if final.exists():
+        final.rename(old)
+    tmp.rename(final)
+    shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def remove_strays(root: str | os.PathLike) -> list[Path]:
+    """Delete the leftovers of interrupted :func:`staging_dir` / :func:`publish_dir` / :func:`atomic_write_text`
+    calls directly under ``root``; returns what was removed."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    removed = []
+    for entry in root.iterdir():
+        name = entry.name
+        stray = name.startswith(".") and (name.endswith((STAGING_SUFFIX, REPLACED_SUFFIX)) or ".tmp" in name)
+        if not stray:
+            continue
+        if entry.is_dir():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            entry.unlink(missing_ok=True)
+        removed.append(entry)
+    return removed
+
+
+__all__ = ["atomic_write_text", "check_file_target", "ensure_dir", "publish_dir", "remove_strays", "staging_dir"]

@@ -1,0 +1,129 @@
+"""When a run may continue from the weights already in its output directory.
+
+``trainer.resume=auto`` continues a run only when the saved run's **training-relevant settings** equal the new
+ones: every key of the resolved config except the :data:`FREE_KEYS` (where files go, logging, checkpoint cadence,
+device placement and speed options that do not change the numbers a step computes). ``trainer.max_steps`` and
+``trainer.epochs`` are free too (extend or shorten a run) unless the learning-rate schedule depends on the total
+number of steps (cosine / linear decay, or ``optim.warmup_ratio``), where they change the weights of every step.
+
+Otherwise resuming is a one-line :class:`~dare.errors.ConfigError` naming the keys that differ, with the two ways
+out: another ``trainer.output_dir``, or ``trainer.resume=never`` to start over. So a run's ``config.yaml`` always
+describes what produced its weights.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from dare.errors import ConfigError
+
+FREE_KEYS = frozenset({
+    "trainer.output_dir", "trainer.log_every", "trainer.save_every", "trainer.keep_last", "trainer.resume",
+    "trainer.export", "trainer.progress", "trainer.tensorboard", "trainer.wandb", "trainer.wandb_project",
+    "trainer.micro_batch_size",  # gradients are sums over micro-batches: the split does not change them
+    "distributed.backend", "distributed.device", "distributed.fsdp", "distributed.reshard_after_forward",
+    "model.gradient_checkpointing", "model.compile", "model.compile_backend", "model.logits_chunk_size",
+    "model.attn_backend",
+    "rollout.chunk_size", "rollout.samples_file", "rollout.samples_per_step",
+})
+"""Keys that may differ between a checkpoint and the run resuming from it."""
+LENGTH_KEYS = ("trainer.max_steps", "trainer.epochs")
+"""Free unless the learning-rate schedule depends on the total number of steps."""
+SHOWN = 4
+"""Differing keys named in the error (then "and N more")."""
+
+
+def flatten(tree: dict, prefix: str = "") -> dict:
+    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}`` (lists and scalars are leaves)."""
+    flat = {}
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            flat.update(flatten(value, name + "."))
+        else:
+            flat[name] = value
+    return flat
+
+
+def schedule_depends_on_length(settings: dict) -> bool:
+    """True when the learning rate of a step depends on the run's total number of steps."""
+    optim = settings.get("optim", {})
+    return optim.get("scheduler", "constant") != "constant" or (
+        not optim.get("warmup_steps") and bool(optim.get("warmup_ratio")))
+
+
+def relevant(settings: dict) -> dict:
+    """The training-relevant keys of a resolved config (as plain data), flattened."""
+    free = set(FREE_KEYS)
+    if not schedule_depends_on_length(settings):
+        free.update(LENGTH_KEYS)
+    return {key: value for key, value in flatten(settings).items() if key not in free}
+
+
+def differing_keys(saved: dict, new: dict) -> list[str]:
+    """Training-relevant keys whose values differ (or exist on one side only), sorted."""
+    a, b = relevant(saved), relevant(new)
+    missing = object()
+    return sorted(k for k in a.keys() | b.keys() if a.get(k, missing) != b.get(k, missing))
+
+
+def _show(value) -> str:
+    return "unset" if value is None else str(value)
+
+
+def check_same_settings(saved: dict, new: dict, where: str, ways_out: str) -> None:
+    """Raise the one-line error when ``saved`` (the run in ``where``) and ``new`` differ in a relevant key."""
+    keys = differing_keys(saved, new)
+    if not keys:
+        return
+    flat_saved, flat_new = flatten(saved), flatten(new)
+    shown = ", ".join(f"{k} ({_show(flat_saved.get(k))} -> {_show(flat_new.get(k))})" for k in keys[:SHOWN])
+    more = f" and {len(keys) - SHOWN} more" if len(keys) > SHOWN else ""
+    raise ConfigError(f"{where} was trained with other settings: {shown}{more}; {ways_out}")
+
+
+def saved_settings(output_dir: Path, checkpoint: Path | None) -> dict | None:
+    """The settings that produced the weights in ``output_dir``: those stored in ``checkpoint`` (the one to resume
+    from), else the run's ``config.yaml`` when the directory holds weights (a checkpoint or ``final/``); None for
+    a directory without weights."""
+    if checkpoint is not None:
+        from dare.trainer.checkpoint import read_trainer_state
+
+        stored = read_trainer_state(checkpoint).get("config")
+        if stored is not None:
+            return stored
+    has_weights = checkpoint is not None or (output_dir / "final").is_dir()
+    config_file = output_dir / "config.yaml"
+    if not has_weights or not config_file.is_file():
+        return None
+    from dare.config import load_yaml
+
+    return load_yaml(config_file)
+
+
+def resume_point(output_dir: Path, resume: str, settings: dict) -> Path | None:
+    """The checkpoint a run with ``settings`` continues from (None: it starts at step 0), for ``trainer.resume``
+    = ``auto`` (the latest complete checkpoint in ``output_dir``), ``never`` or a checkpoint directory; raises the
+    one-line error when the weights there were trained with other training-relevant settings."""
+    from dare.trainer.checkpoint import list_checkpoints
+
+    if resume == "never":
+        return None
+    if resume == "auto":
+        found = list_checkpoints(output_dir)
+        checkpoint = found[-1] if found else None
+        saved = saved_settings(output_dir, checkpoint)
+        if saved is not None:
+            check_same_settings(saved, settings, f"trainer.output_dir={output_dir}",
+                                "use another trainer.output_dir, or trainer.resume=never to start over")
+        return checkpoint
+    checkpoint = Path(resume)
+    saved = saved_settings(checkpoint.parent.parent, checkpoint)
+    if saved is not None:
+        check_same_settings(saved, settings, f"checkpoint trainer.resume={resume}",
+                            "resume from a checkpoint of this recipe, or set trainer.resume=never")
+    return checkpoint
+
+
+__all__ = ["FREE_KEYS", "LENGTH_KEYS", "check_same_settings", "differing_keys", "relevant", "resume_point",
+           "saved_settings"]

@@ -1,0 +1,166 @@
+"""What a new user runs into: output paths checked before any work, one-line errors instead of tracebacks,
+no silently wrong values, a summary at the end of `dare train`, "interrupted" on a line of its own."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from dare.cli import main
+from dare.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[1]
+GSM8K = [{"question": f"What is {i} + 1?", "answer": f"#### {i + 1}"} for i in range(3)]
+NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+
+
+@pytest.fixture
+def gsm8k(tmp_path):
+    path = tmp_path / "gsm8k.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in GSM8K))
+    return path
+
+
+@pytest.fixture
+def blocked(tmp_path):
+    """A path that cannot be created on any machine, even as root: its parent is a regular file."""
+    (tmp_path / "file").write_text("")
+    return tmp_path / "file" / "sub"
+
+
+def one_line_error(capsys, *args) -> str:
+    assert main(list(args)) == 2, args
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), lines
+    return lines[0]
+
+
+def eval_args(gsm8k, *extra):
+    return ["eval", "run", "--model", "tiny:llada", "--benchmark", "gsm8k", "--data", str(gsm8k), "--gen-length", "4",
+            "--json", *extra]
+
+
+def test_an_unwritable_eval_output_fails_before_the_evaluation(gsm8k, blocked, capsys, monkeypatch):
+    import dare.eval
+
+    def never(*args, **kwargs):
+        raise AssertionError("evaluated although --out cannot be written")
+
+    monkeypatch.setattr(dare.eval, "evaluate", never)
+    line = one_line_error(capsys, *eval_args(gsm8k, "--out", str(blocked / "results.json")))
+    assert "--out" in line and "cannot create" in line
+
+
+def test_eval_prints_the_metrics_before_writing_them(gsm8k, tmp_path, capsys, monkeypatch):
+    from dare.eval.results import EvalResults
+
+    seen = []
+    monkeypatch.setattr(EvalResults, "write", lambda self, path: seen.append(capsys.readouterr().out))
+    assert main(eval_args(gsm8k, "--out", str(tmp_path / "r.json"), "--limit", "2")) == 0
+    assert len(seen) == 1 and json.loads(seen[0])["num_problems"] == 2
+
+
+def test_eval_limit_must_be_positive(gsm8k, capsys):
+    assert "--limit must be positive" in one_line_error(capsys, *eval_args(gsm8k, "--limit", "-1"))
+
+
+@pytest.mark.parametrize("command", [
+    ["tiny", "--family", "llada", "--out", "{}"],
+    ["demo", "--quick", "--out", "{}"],
+    ["train", str(ROOT / "configs/llada/sft_tiny.yaml"), "trainer.output_dir={}"],
+    ["merge-lora", "--adapter", "no_adapter_needed_yet", "--out", "{}/merged"],
+])
+def test_an_output_directory_that_cannot_be_created_is_one_line(command, blocked, capsys):
+    line = one_line_error(capsys, *[part.replace("{}", str(blocked)) for part in command])
+    assert str(blocked) in line and "cannot create the directory" in line
+
+
+@NO_CUDA
+@pytest.mark.parametrize("command", [
+    ["generate", "--model", "tiny:llada", "--prompt", "Hi"],
+    ["eval", "run", "--model", "tiny:llada", "--benchmark", "gsm8k"],
+    ["demo", "--quick"],
+])
+def test_cuda_without_cuda_is_one_line_and_writes_nothing(command, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    extra = ["--out", str(tmp_path / "demo")] if command[0] == "demo" else []
+    line = one_line_error(capsys, *command, *extra, "--device", "cuda")
+    assert "CUDA is not available" in line
+    assert not (tmp_path / "demo").exists()
+
+
+def test_checkpoint_directories_without_a_model_are_one_line(tmp_path, capsys):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    config_only = tmp_path / "config_only"
+    config_only.mkdir()
+    (config_only / "config.json").write_text("{}")
+    assert "no config.json" in one_line_error(capsys, "generate", "--model", str(empty), "--prompt", "Hi")
+    assert "no weights" in one_line_error(capsys, "generate", "--model", str(config_only), "--prompt", "Hi")
+    line = one_line_error(capsys, "train", f"model.path={config_only}", f"trainer.output_dir={tmp_path / 'run'}")
+    assert "no weights" in line
+
+
+def test_a_missing_relative_model_path_says_the_directory_does_not_exist(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    line = one_line_error(capsys, "generate", "--model", "runs/nope/final", "--prompt", "Hi")
+    assert line.endswith("runs/nope/final: no such checkpoint directory")
+
+
+def test_a_mis_shaped_tensor_is_a_config_error(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    from dare.models.loading import load_model
+    from dare.models.tiny import write_tiny_checkpoint
+
+    path = write_tiny_checkpoint("llada", tmp_path / "ckpt", seed=0)
+    weights = load_file(path / "model.safetensors")
+    name = next(k for k in weights if k.endswith("q_proj.weight"))
+    weights[name] = weights[name][:-1].contiguous()
+    save_file(weights, path / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ConfigError, match=rf"mismatched keys: {name} \(checkpoint \[63, 64\] vs model \[64, 64\]\)"):
+        load_model(str(path))
+
+
+def test_train_without_a_recipe_shows_the_usage(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(["train"]) == 2
+    assert "usage: dare train" in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_an_empty_data_file_says_so(tmp_path, capsys):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    line = one_line_error(capsys, "train", f"data.path={empty}", f"trainer.output_dir={tmp_path / 'run'}",
+                          "trainer.progress=false")
+    assert line == f"error: data file {empty} holds no records"
+
+
+def test_train_ends_with_a_summary(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["train", str(ROOT / "configs/llada/sft_tiny.yaml"), f"trainer.output_dir={out}",
+                 "trainer.max_steps=2", "trainer.progress=false", "data.num_examples=16", "trainer.batch_size=4",
+                 "trainer.micro_batch_size=4"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()[-2:]
+    assert lines[0].startswith(f"done: {out} (step 2, ") and " loss " in lines[0]
+    assert lines[1] == f"final weights (HF checkpoint): {out / 'final'}"
+
+
+def test_interrupted_gets_a_line_of_its_own_after_a_progress_bar(capsys, monkeypatch):
+    import sys
+
+    from tqdm import tqdm
+
+    import dare.commands.tiny as command
+
+    def run(args):
+        bar = tqdm(total=10, desc="train", file=sys.stderr)
+        bar.update(3)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(command, "run", run)
+    assert main(["tiny", "--family", "llada", "--out", "x"]) == 130
+    err = capsys.readouterr().err
+    assert err.endswith("\ninterrupted\n") and "train" in err

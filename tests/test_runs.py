@@ -1,0 +1,127 @@
+"""A run's output directory: resume only with the same training settings, config.yaml describes the weights,
+exports are atomic, interrupted writes are cleaned up, per-step logs are truncated at resume."""
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from dare.errors import ConfigError
+from dare.trainer import Trainer, load_train_config
+
+ROOT = Path(__file__).resolve().parents[1]
+SFT = ["trainer.progress=false", "data.num_examples=16", "data.max_length=32", "trainer.batch_size=4",
+       "trainer.micro_batch_size=4", "trainer.max_steps=2", "trainer.save_every=2"]
+
+
+def sft(out, *overrides, path=None):
+    return load_train_config(path, [f"trainer.output_dir={out}", *SFT, *overrides])
+
+
+def run(config):
+    trainer = Trainer(config)
+    trainer.train()
+    return trainer
+
+
+def test_other_training_settings_do_not_resume_and_keep_the_runs_config(tmp_path):
+    run(sft(tmp_path))
+    before = (tmp_path / "config.yaml").read_text()
+    with pytest.raises(ConfigError) as err:
+        Trainer(sft(tmp_path, "optim.lr=1e-3", "data.packing=true"))
+    message = str(err.value)
+    assert "\n" not in message
+    assert "optim.lr" in message and "data.packing" in message
+    assert "trainer.output_dir" in message and "trainer.resume=never" in message
+    assert (tmp_path / "config.yaml").read_text() == before  # still describes the weights in the directory
+
+
+def test_another_family_in_the_same_directory_is_a_one_line_error(tmp_path):
+    run(sft(tmp_path))
+    with pytest.raises(ConfigError, match=r"model.path \(tiny:llada -> tiny:dream\)"):
+        Trainer(sft(tmp_path, "model.path=tiny:dream"))
+
+
+def test_settings_that_do_not_change_the_weights_resume(tmp_path):
+    run(sft(tmp_path))
+    trainer = run(sft(tmp_path, "trainer.max_steps=3", "trainer.log_every=2", "trainer.micro_batch_size=2"))
+    assert trainer.resume_from is not None and trainer.step == 3
+    assert yaml.safe_load((tmp_path / "config.yaml").read_text())["trainer"]["max_steps"] == 3
+    steps = [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 3]
+
+
+def test_the_run_length_matters_when_the_schedule_depends_on_it(tmp_path):
+    run(sft(tmp_path, "optim.scheduler=cosine"))
+    with pytest.raises(ConfigError, match=r"trainer.max_steps \(2 -> 3\)"):
+        Trainer(sft(tmp_path, "optim.scheduler=cosine", "trainer.max_steps=3"))
+
+
+def test_resume_never_starts_over_and_replaces_the_runs_weights(tmp_path):
+    run(sft(tmp_path))
+    old_final = (tmp_path / "final" / "model.safetensors").read_bytes()
+    trainer = Trainer(sft(tmp_path, "optim.lr=1e-3", "trainer.resume=never", "trainer.save_every=null"))
+    assert not (tmp_path / "checkpoints").exists() and not (tmp_path / "final").exists()
+    assert yaml.safe_load((tmp_path / "config.yaml").read_text())["optim"]["lr"] == 1e-3
+    trainer.train()
+    assert trainer.step == 2 and (tmp_path / "final" / "model.safetensors").read_bytes() != old_final
+
+
+def test_an_explicit_checkpoint_of_another_recipe_is_refused(tmp_path):
+    run(sft(tmp_path / "a"))
+    checkpoint = next((tmp_path / "a" / "checkpoints").iterdir())
+    with pytest.raises(ConfigError, match="data.num_examples"):
+        Trainer(sft(tmp_path / "b", "data.num_examples=32", f"trainer.resume={checkpoint}"))
+
+
+def test_an_interrupted_export_never_looks_finished_and_is_cleaned_up(tmp_path, monkeypatch):
+    trainer = run(sft(tmp_path))
+    good = (tmp_path / "final" / "model.safetensors").read_bytes()
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(type(trainer.tokenizer), "save_pretrained", killed)
+    with pytest.raises(KeyboardInterrupt):
+        trainer.export()  # dies after the weights were written
+    assert (tmp_path / "final" / "model.safetensors").read_bytes() == good  # the previous export is untouched
+    strays = [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]
+    assert strays == [".final.partial"]
+    monkeypatch.undo()
+    (tmp_path / "checkpoints" / "step_00000009.tmp").mkdir()  # a checkpoint killed while being written
+    Trainer(sft(tmp_path))
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+    assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["step_00000002"]
+
+
+def test_rollout_samples_are_truncated_at_resume_like_the_metrics(tmp_path):
+    def config(out):
+        return load_train_config(ROOT / "configs/llada/d1_tiny.yaml", [
+            f"trainer.output_dir={out}", "trainer.progress=false", "trainer.export=false", "trainer.batch_size=8",
+            "trainer.micro_batch_size=8", "trainer.max_steps=4", "trainer.save_every=2"])
+
+    run(config(tmp_path / "full"))
+    run(config(tmp_path / "killed"))
+    import shutil
+
+    shutil.rmtree(tmp_path / "killed" / "checkpoints" / "step_00000004")  # killed after step 4, before its checkpoint
+    run(config(tmp_path / "killed"))
+
+    def steps(path, name):
+        return [json.loads(line)["step"] for line in (path / name).read_text().splitlines()]
+
+    assert steps(tmp_path / "full", "rollouts.jsonl") == [1, 1, 3, 3]
+    assert steps(tmp_path / "killed", "rollouts.jsonl") == [1, 1, 3, 3]
+    assert steps(tmp_path / "killed", "metrics.jsonl") == [1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("override,match", [
+    ("trainer.max_steps=0", "trainer.max_steps must be positive or null"),
+    ("trainer.save_every=0", "trainer.save_every must be positive or null"),
+    ("trainer.epochs=0", "trainer.epochs must be positive"),
+])
+def test_zero_steps_and_checkpoint_intervals_are_errors(tmp_path, override, match):
+    extra = ["trainer.max_steps=null"] if "epochs" in override else []
+    with pytest.raises(ConfigError, match=match):
+        load_train_config(None, [f"trainer.output_dir={tmp_path}", *extra, override])
