@@ -20,26 +20,21 @@ from __future__ import annotations
 
 import torch
 
-from dare.models.spec import family_of
 from dare.rollout.block import BlockLayout
 from dare.rollout.engine.forward import StaticKVCache, static_hidden
-from dare.rollout.engine.graphs import HostFlag, StepRunner
-from dare.rollout.engine.noise import row_keys
 from dare.rollout.engine.sampling import propose_static
+from dare.rollout.engine.state import StaticState
 from dare.rollout.engine.trajectory import StaticTrajectory
 from dare.rollout.kernels import NEG_INF, linear_quota, select, select_edits
 from dare.rollout.output import RolloutOutput, completion_mask, finished_rows
 
 
-class BlockState:
+class BlockState(StaticState):
     """Buffers and step functions of one (batch bucket, prompt width, config) shape."""
 
     def __init__(self, model, config, *, batch: int, prompt_width: int, padded: bool, device, use_graphs: bool,
                  backend: str):
-        spec = family_of(model)
-        self.model, self.config, self.device, self.backend = model, config, device, backend
-        self.tok = spec.token_ids(model.config)
-        self.batch, self.gen, self.lb = batch, config.gen_length, config.block_length
+        super().__init__(model, config, batch=batch, device=device, use_graphs=use_graphs, backend=backend)
         self.prefix = -(-prompt_width // self.lb) * self.lb
         self.decode_blocks = -(-(self.lb - 1 + self.gen) // self.lb)
         self.width = self.prefix + self.decode_blocks * self.lb
@@ -50,18 +45,10 @@ class BlockState:
         self.local_at = torch.full((batch, region), -1, **long)
         self.logp_at = torch.zeros((batch, region), dtype=torch.float32, device=device)
         self.conf_at = torch.zeros((batch, region), dtype=torch.float32, device=device)
-        self.num_steps = torch.zeros(batch, **long)
         self.block_step = torch.zeros(batch, **long)
         self.post = torch.zeros(batch, **long)
         self.active = torch.zeros(batch, dtype=torch.bool, device=device)
-        self.alive = torch.zeros(batch, dtype=torch.bool, device=device)
         self.has_mask = torch.zeros(batch, dtype=torch.bool, device=device)
-        self.keys = torch.zeros((batch, 2), **long)
-        self.nfe = torch.zeros((), **long)
-        self.more = torch.zeros((), **long)
-        self.start = torch.zeros((), **long)
-        self.stop_ids = torch.tensor(self.tok.stop_ids, **long)
-        self.block_range = torch.arange(self.lb, **long)
         self.all_columns = torch.arange(self.width, **long)
         self.cache = StaticKVCache(len(model.blocks), self.width)
         self.layout: BlockLayout | None = None
@@ -71,8 +58,6 @@ class BlockState:
         if config.record_trajectory:
             most = self.decode_blocks * (self.lb + self.max_post + 1)
             self.trajectory = StaticTrajectory(batch, self.gen, most, self.tok.mask, device)
-        self.runner = StepRunner(model, device, use_graphs)
-        self.flag = HostFlag(device)
         self.blocks_needed = 0
 
     # ---- per call ----------------------------------------------------------------------------------
@@ -99,10 +84,7 @@ class BlockState:
         self.local_at.fill_(-1)
         self.logp_at.zero_()
         self.conf_at.zero_()
-        self.num_steps.zero_()
-        self.active.copy_(torch.arange(self.batch, device=self.device) < n)
-        self.keys.copy_(row_keys(seeds + [0] * (self.batch - n), self.device))
-        self.nfe.zero_()
+        self.active.copy_(self.reset_rows(n, seeds))
         self.blocks_needed = int(layout.num_blocks[:n].max())
         if self.trajectory is not None:
             self.trajectory.reset()

@@ -25,9 +25,8 @@ import torch
 
 from dare.models.spec import family_of
 from dare.rollout.engine.forward import StaticKVCache, static_hidden
-from dare.rollout.engine.graphs import HostFlag, StepRunner
-from dare.rollout.engine.noise import row_keys
 from dare.rollout.engine.sampling import propose_static
+from dare.rollout.engine.state import StaticState
 from dare.rollout.engine.trajectory import StaticTrajectory
 from dare.rollout.kernels import SCHEDULES, select
 from dare.rollout.output import RolloutOutput, completion_mask, finished_rows
@@ -36,16 +35,14 @@ FIXED_COUNT_DECODERS = ("quota", "sequential")
 """Decoders whose steps per block are known in advance (the host reads no flag inside a block)."""
 
 
-class MdlmState:
+class MdlmState(StaticState):
     """Buffers and step functions of one (batch bucket, prompt width, config) shape."""
 
     def __init__(self, model, config, *, batch: int, prompt_width: int, padded: bool, device, use_graphs: bool,
                  backend: str):
-        spec = family_of(model)
-        self.model, self.config, self.device, self.backend = model, config, device, backend
-        self.tok = spec.token_ids(model.config)
-        self.shift = spec.logit_shift
-        self.batch, self.pw, self.gen, self.lb = batch, prompt_width, config.gen_length, config.block_length
+        super().__init__(model, config, batch=batch, device=device, use_graphs=use_graphs, backend=backend)
+        self.shift = family_of(model).logit_shift
+        self.pw = prompt_width
         self.width = prompt_width + config.gen_length
         long = dict(dtype=torch.long, device=device)
         self.canvas = torch.full((batch, self.width), self.tok.mask, **long)
@@ -54,16 +51,8 @@ class MdlmState:
         self.step_map = torch.full((batch, self.gen), -1, **long)
         self.logprobs = torch.zeros((batch, self.gen), dtype=torch.float32, device=device)
         self.confidences = torch.zeros((batch, self.gen), dtype=torch.float32, device=device)
-        self.num_steps = torch.zeros(batch, **long)
         self.block_steps = torch.zeros(batch, **long)
         self.initial = torch.zeros(batch, **long)
-        self.alive = torch.zeros(batch, dtype=torch.bool, device=device)
-        self.keys = torch.zeros((batch, 2), **long)
-        self.nfe = torch.zeros((), **long)
-        self.more = torch.zeros((), **long)
-        self.start = torch.zeros((), **long)
-        self.stop_ids = torch.tensor(self.tok.stop_ids, **long)
-        self.block_range = torch.arange(self.lb, **long)
         self.all_slots = torch.arange(self.width, **long)
         self.cache = None if config.cache == "none" else StaticKVCache(len(model.blocks), self.width)
         self.trajectory = None
@@ -72,8 +61,6 @@ class MdlmState:
             self.trajectory = StaticTrajectory(batch, config.gen_length, most, self.tok.mask, device)
         self.schedule = SCHEDULES[config.schedule]
         self.steps_per_block = max(config.steps // config.num_blocks, 1)
-        self.runner = StepRunner(model, device, use_graphs)
-        self.flag = HostFlag(device)
 
     # ---- per call ----------------------------------------------------------------------------------
     def load(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, seeds: list[int]) -> None:
@@ -95,10 +82,7 @@ class MdlmState:
         self.step_map.fill_(-1)
         self.logprobs.zero_()
         self.confidences.zero_()
-        self.num_steps.zero_()
-        self.alive.copy_(torch.arange(self.batch, device=self.device) < n)
-        self.keys.copy_(row_keys(seeds + [0] * (self.batch - n), self.device))
-        self.nfe.zero_()
+        self.alive.copy_(self.reset_rows(n, seeds))
         if self.trajectory is not None:
             self.trajectory.reset()
 
