@@ -20,7 +20,7 @@ from eval_helpers import train_memorised
 from rollout_helpers import single_thread  # noqa: F401  (fixture)
 
 from dare.data.tokenizer import build_byte_tokenizer
-from dare.errors import ConfigError, InputError
+from dare.errors import ConfigError, DareError, InputError
 from dare.eval.likelihood import LikelihoodConfig, Request, continuation_elbo
 from dare.models.tiny import tiny_model
 from dare.rollout import SamplerConfig, generate
@@ -92,7 +92,7 @@ def test_is_an_opencompass_model_and_registered(oc, tiny):
 
 def test_loading_errors_are_one_line(oc, tmp_path):
     module, _ = oc
-    with pytest.raises(InputError) as err:
+    with pytest.raises(DareError) as err:
         module.DareDiffusionModel(path=str(tmp_path / "missing"))
     assert str(err.value).endswith("missing: no such checkpoint directory") and "\n" not in str(err.value)
     with pytest.raises(InputError) as err:
