@@ -150,7 +150,6 @@ def bench_layer(args, config, device, dtype) -> dict:
         print(f"layer  {backend:<10s} {out[f'{backend}_ms']:9.2f} ms fwd+bwd", flush=True)
     out["grouped_vs_loop"] = out["loop_ms"] / out["grouped_mm_ms"]
     out["padded_bmm_vs_loop"] = out["loop_ms"] / out["padded_bmm_ms"]
-    del layer
     return out
 
 

@@ -5,7 +5,6 @@ import math
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from rl_helpers import Constant, algorithm, backward_all, policy, source, totals_of
 from rollout_helpers import single_thread  # noqa: F401  (autouse fixture)

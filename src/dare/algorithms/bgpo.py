@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
 from tensordict import TensorDict
 
 from dare.algorithms.base import register_algorithm
@@ -74,9 +73,6 @@ class BGPO(TermwiseMixin, RLAlgorithm):
         if self.config.normalize != "auto":
             return self.config.normalize
         return "valid" if self.blocks is not None else "pad"
-
-    def num_terms(self, batch: TensorDict) -> int:
-        return batch["noisy_ids"].shape[1]
 
     def estimate_term(self, model, batch: TensorDict, k: int) -> TensorDict:
         mask, p_mask = batch["mask"][:, k], batch["p_mask"][:, k]

@@ -122,13 +122,6 @@ class DiPO(TermwiseMixin, RLAlgorithm):
         out["trained_tokens"] = batch["select"].sum().to(torch.float64)
         return out
 
-    def num_terms(self, batch: TensorDict) -> int:
-        return batch["noisy_ids"].shape[1]
-
-    def estimate_term(self, model, batch: TensorDict, k: int) -> TensorDict:
-        logp = self.logp(model, batch, batch["noisy_ids"][:, k], batch["select"][:, k])
-        return TensorDict({"logp": logp}, batch_size=batch.batch_size)
-
     def loss_term(self, batch: TensorDict, estimates: TensorDict, k: int, totals):
         cfg = self.config
         logp = estimates["logp"]

@@ -299,10 +299,6 @@ class DTreeRPO(TermwiseMixin, RLAlgorithm):
     def num_terms(self, batch: TensorDict) -> int:
         return self.config.levels
 
-    def estimate_term(self, model, batch: TensorDict, k: int) -> TensorDict:
-        logp = self.logp(model, batch, batch["noisy_ids"][:, k], batch["select"][:, k])
-        return TensorDict({"logp": logp}, batch_size=batch.batch_size)
-
     def loss_term(self, batch: TensorDict, estimates: TensorDict, k: int, totals):
         cfg = self.config
         logp = estimates["logp"]

@@ -89,9 +89,6 @@ class MDPO(TermwiseMixin, RLAlgorithm):
         batch.update({"noisy_ids": noisy, "targets": targets, "select": select, "confidence": confidence})
         return batch
 
-    def num_terms(self, batch: TensorDict) -> int:
-        return batch["noisy_ids"].shape[1]
-
     def estimate_term(self, model, batch: TensorDict, k: int) -> TensorDict:
         temperature = batch["temperature"] if self.config.divide_by_temperature else None
         logp = self.logp(model, batch, batch["noisy_ids"][:, k], batch["select"][:, k], batch["targets"][:, k],

@@ -317,17 +317,19 @@ class TermwiseMixin:
     """For losses that are a **sum** of independent terms (MC samples, denoising steps): one forward and one
     backward per term, so memory is that of one graph (algorithms.md §0.2 pitfall 3, BGPO, CJ-GRPO, MDPO).
 
-    Subclasses implement ``num_terms(batch)``, ``estimate_term(model, batch, k) -> TensorDict [R, ...]`` and
-    ``loss_term(batch, estimates_k, k, totals) -> (loss, metrics)``; ``estimate`` stacks the terms along dim 1
-    (used for old / reference estimates and by tests), ``loss`` sums them, and ``backward`` runs term by
-    term; the gradients are identical (linearity).
+    Subclasses implement ``loss_term(batch, estimates_k, k, totals) -> (loss, metrics)`` and, when their views are
+    not the default ones, ``num_terms(batch)`` and ``estimate_term(model, batch, k) -> TensorDict [R, ...]``; by
+    default term ``k`` is the view ``noisy_ids[:, k]`` scored at ``select[:, k]`` (``{"logp": [R, L]}``).
+    ``estimate`` stacks the terms along dim 1 (used for old / reference estimates and by tests), ``loss`` sums
+    them, and ``backward`` runs term by term; the gradients are identical (linearity).
     """
 
     def num_terms(self, batch: TensorDict) -> int:
-        raise NotImplementedError
+        return batch["noisy_ids"].shape[1]
 
     def estimate_term(self, model, batch: TensorDict, k: int) -> TensorDict:
-        raise NotImplementedError
+        logp = self.logp(model, batch, batch["noisy_ids"][:, k], batch["select"][:, k])
+        return TensorDict({"logp": logp}, batch_size=batch.batch_size)
 
     def loss_term(self, batch: TensorDict, estimates: TensorDict, k: int, totals):
         raise NotImplementedError

@@ -239,13 +239,6 @@ class TraceRL(TermwiseMixin, RLAlgorithm):
         out["trace_tokens"] = batch["select"].sum().to(torch.float64)
         return out
 
-    def num_terms(self, batch: TensorDict) -> int:
-        return batch["noisy_ids"].shape[1]
-
-    def estimate_term(self, model, batch: TensorDict, k: int) -> TensorDict:
-        logp = self.logp(model, batch, batch["noisy_ids"][:, k], batch["select"][:, k])
-        return TensorDict({"logp": logp}, batch_size=batch.batch_size)
-
     def row_weights(self, batch: TensorDict, k: int, totals) -> tuple[torch.Tensor, torch.Tensor]:
         """``(surrogate weights, KL weights) [R, S]`` of round ``k`` (normalisation of the module docstring)."""
         select = batch["select"][:, k].float()

@@ -11,7 +11,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from dare.models.base import DiffusionConfig, DiffusionLM, rotary_attention
-from dare.models.layers import RMSNorm, SwiGLU
+from dare.models.layers import RMSNorm
 from dare.models.moe import ExpertBank
 
 
