@@ -200,3 +200,10 @@ def test_refresh_weights_keeps_graphs_for_in_place_updates_only():
     before = engine_stats(model).recaptures
     assert refresh_weights(model)
     assert engine_stats(model).recaptures == before + 1
+
+
+def test_a_non_numeric_setting_is_a_one_line_error():
+    with pytest.raises(ConfigError, match="threshold must be a number; got 'a'"):
+        SamplerConfig(sampler="fastdllm", threshold="a").resolved()
+    with pytest.raises(ConfigError, match="gen_length must be a number"):
+        SamplerConfig(gen_length="long").resolved()

@@ -29,6 +29,10 @@ from dare.rollout.kernels import (
 )
 
 
+_NUMERIC_TYPES = ("int", "float")
+"""Annotated field types of :class:`SamplerConfig` whose values must be numbers."""
+
+
 @dataclass
 class SamplerConfig:
     """Settings of one rollout (see the field docstrings; ``None`` = the sampler preset's value)."""
@@ -200,6 +204,7 @@ class SamplerConfig:
         from dare.rollout.samplers import get_sampler
 
         preset = get_sampler(self.sampler)
+        self.check_types()  # before the preset's defaults compare values
         values = dataclasses.asdict(self)
         for key, value in preset.defaults.items():
             if values.get(key) is None:
@@ -254,6 +259,17 @@ class SamplerConfig:
             raise ConfigError(f"decoder 'entropy_bounded' ranks by entropy: confidence must be 'neg_entropy' "
                               f"(got '{self.confidence}')")
         get_sampler(self.sampler).check(self)
+
+    def check_types(self) -> None:
+        """One-line error for a numeric field holding something else (e.g. ``threshold='a'`` from a command line),
+        before a comparison with it would fail with a stack trace. Choice fields are checked by :meth:`choice`."""
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            kinds = [k.strip() for k in str(f.type).split("|") if k.strip() != "None"]
+            if value is None or not set(kinds) <= set(_NUMERIC_TYPES):
+                continue
+            if not isinstance(value, (int, float)):
+                raise ConfigError(f"{f.name} must be a number; got {value!r}")
 
     def choice(self, key: str, options) -> None:
         """One-line error when field ``key`` is not one of ``options``."""
