@@ -46,12 +46,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (  # noqa: E402
     ForwardShapes,
     Roofline,
+    add_engine_arguments,
+    apply_compile,
     build_sdar,
+    default_engines,
+    engine_label,
     engine_record,
     matmul_rate,
     print_engine_table,
     sync,
     weights_floor,
+    write_engine_records,
 )
 from rollout import inject_confidence  # noqa: E402  (benchmarks/rollout.py)
 
@@ -76,16 +81,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--caches", nargs="+", default=list(CACHES), choices=list(CACHES),
                    help="cache modes (default: none block; ratios need both)")
     p.add_argument("--budget-s", type=float, default=200.0, help="skip runs that would exceed this total time")
-    p.add_argument("--engines", nargs="+", help="rollout engines side by side (default: eager graph on CUDA, eager "
-                   "static on CPU)")
-    p.add_argument("--records", help="write the engine records ({'records': [...]}) to this file")
-    p.add_argument("--compile-blocks", action="store_true",
-                   help="regional torch.compile of every block (dare.models.compile_blocks) before decoding; engine "
-                        "records are labelled '<engine>+compile'")
+    add_engine_arguments(p)
     p.add_argument("--json", help="write all results to this file")
     args = p.parse_args(argv)
     args.device = args.device or ("cpu" if args.tiny or not torch.cuda.is_available() else "cuda")
-    args.engines = args.engines or (["eager", "graph"] if args.device.startswith("cuda") else ["eager", "static"])
+    args.engines = args.engines or default_engines(args.device)
     args.batch = args.batch or ([1, 4] if args.tiny else [1, 16])
     args.gen = args.gen or (16 if args.tiny else 256)
     args.prompt_length = args.prompt_length or (6 if args.tiny else 130)
@@ -154,10 +154,7 @@ def main(argv=None) -> int:
     model = build_model(args.tiny, device)
     vocab_hi = 256 if args.tiny else 151000  # prompt ids below every special token
     bandwidth, wbytes = weights_floor(model, device, t_start)
-    if args.compile_blocks:
-        from dare.models.compile import compile_blocks
-
-        compile_blocks(model)
+    apply_compile(model, args)
     floor_forward = wbytes / bandwidth
 
     roofline = Roofline(model, bandwidth, matmul_rate(device, next(model.parameters()).dtype,
@@ -203,7 +200,7 @@ def main(argv=None) -> int:
                 for engine in [e for e in args.engines if e != "eager"]:
                     run_once(model, prompts, args, decoder, cache, engine=engine)  # records the graphs
                     fast, fast_s = run_once(model, prompts, args, decoder, cache, engine=engine)
-                    rec = engine_record(engine=engine + ("+compile" if args.compile_blocks else ""), out=fast,
+                    rec = engine_record(engine=engine_label(engine, args), out=fast,
                                         seconds=fast_s, **common)
                     rec["same_tokens_as_eager"] = bool(torch.equal(fast.completion, out.completion)) and fast.nfe == out.nfe
                     records.append(rec)
@@ -214,9 +211,7 @@ def main(argv=None) -> int:
     print_table(results, args)
     print_engine_table(records, f"engines (SDAR, block {args.block}, {args.steps} steps, prompt {args.prompt_length}, "
                                 f"greedy): tokens/s (ms per forward) [weights floor, roofline]")
-    if args.records:
-        Path(args.records).write_text(json.dumps(dict(args=vars(args), bandwidth=bandwidth, weight_bytes=wbytes,
-                                                      peak_flops=roofline.peak, records=records), indent=2) + "\n")
+    write_engine_records(args, bandwidth, wbytes, roofline, records)
     if args.json:
         Path(args.json).write_text(json.dumps(dict(args=vars(args), bandwidth=bandwidth, weight_bytes=wbytes,
                                                    results=results), indent=2) + "\n")

@@ -276,3 +276,40 @@ def print_engine_table(records: list[dict], title: str) -> None:
         b, g, sampler, cache, decoder = shape
         print(f"| {b} | {g} | {sampler} | {cache} | {decoder} | {first['tokens_per_forward']:.2f} | "
               + " | ".join(cells) + f" | {ratio} |")
+
+
+def add_engine_arguments(p) -> None:
+    """The rollout benchmarks' engine options: ``--engines``, ``--records``, ``--compile-blocks``."""
+    p.add_argument("--engines", nargs="+", help="rollout engines side by side (default: eager graph on CUDA, eager "
+                   "static on CPU)")
+    p.add_argument("--records", help="write the engine records ({'records': [...]}) to this file")
+    p.add_argument("--compile-blocks", action="store_true",
+                   help="regional torch.compile of every block (dare.models.compile_blocks) before decoding; engine "
+                        "records are labelled '<engine>+compile'")
+
+
+def default_engines(device: str) -> list[str]:
+    """``--engines`` default: eager vs graph on CUDA, eager vs static elsewhere."""
+    return ["eager", "graph"] if device.startswith("cuda") else ["eager", "static"]
+
+
+def apply_compile(model, args) -> None:
+    """``--compile-blocks``: compile every block in place (the engines then run, and record, compiled blocks)."""
+    if args.compile_blocks:
+        from dare.models.compile import compile_blocks
+
+        compile_blocks(model)
+
+
+def engine_label(engine: str, args) -> str:
+    return engine + ("+compile" if args.compile_blocks else "")
+
+
+def write_engine_records(args, bandwidth: float, wbytes: int, roofline: Roofline, records: list[dict]) -> None:
+    """``--records``: the run's settings, bandwidth, weight bytes, peak FLOP/s and every engine record as JSON."""
+    if args.records:
+        import json
+        from pathlib import Path
+
+        Path(args.records).write_text(json.dumps(dict(args=vars(args), bandwidth=bandwidth, weight_bytes=wbytes,
+                                                      peak_flops=roofline.peak, records=records), indent=2) + "\n")

@@ -45,12 +45,17 @@ from common import (  # noqa: E402,F401
     ConfidenceInjection,
     ForwardShapes,
     Roofline,
+    add_engine_arguments,
+    apply_compile,
     build_llada,
+    default_engines,
+    engine_label,
     engine_record,
     matmul_rate,
     print_engine_table,
     sync,
     weights_floor,
+    write_engine_records,
 )
 
 CONFIGS = {
@@ -78,17 +83,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--max-blocks", type=int, help="decode only the first N blocks (default 4; tiny: all)")
     p.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
     p.add_argument("--budget-s", type=float, default=450.0, help="skip runs that would exceed this total time")
-    p.add_argument("--engines", nargs="+", help="rollout engines side by side (default: eager graph on CUDA, eager "
-                   "static on CPU)")
-    p.add_argument("--records", help="write the engine records ({'records': [...]}) to this file")
-    p.add_argument("--compile-blocks", action="store_true",
-                   help="regional torch.compile of every block (dare.models.compile_blocks) before decoding; engine "
-                        "records are labelled '<engine>+compile'")
+    add_engine_arguments(p)
     p.add_argument("--json", help="write all results to this file")
     args = p.parse_args(argv)
     tiny = args.tiny
     args.device = args.device or ("cpu" if tiny or not torch.cuda.is_available() else "cuda")
-    args.engines = args.engines or (["eager", "graph"] if args.device.startswith("cuda") else ["eager", "static"])
+    args.engines = args.engines or default_engines(args.device)
     args.batch = args.batch or ([1, 4] if tiny else [1, 16])
     args.gen = args.gen or ([32, 64] if tiny else [256, 512])
     args.block = args.block or (8 if tiny else 32)
@@ -139,10 +139,7 @@ def main(argv=None) -> int:
     model = build_model(args.tiny, device)
     vocab_hi = 256 if args.tiny else 126000  # prompt ids below every special token
     bandwidth, wbytes = weights_floor(model, device, t_start)
-    if args.compile_blocks:
-        from dare.models.compile import compile_blocks
-
-        compile_blocks(model)
+    apply_compile(model, args)
     floor_forward = wbytes / bandwidth
     inject_confidence(model, args.confident_fraction, device)
 
@@ -191,7 +188,7 @@ def main(argv=None) -> int:
                     run_once(model, prompts, gen_length, args, overrides, measured_blocks, engine)  # records graphs
                     fast, _, fast_s = run_once(model, prompts, gen_length, args, overrides, measured_blocks, engine)
                     same = bool(torch.equal(fast.completion, out.completion)) and fast.nfe == out.nfe
-                    rec = engine_record(engine=engine + ("+compile" if args.compile_blocks else ""), out=fast,
+                    rec = engine_record(engine=engine_label(engine, args), out=fast,
                                         seconds=fast_s, **common)
                     rec["same_tokens_as_eager"] = same
                     records.append(rec)
@@ -202,9 +199,7 @@ def main(argv=None) -> int:
     print_table(results, args)
     print_engine_table(records, f"engines (prompt {args.prompt_length}, block {args.block}, greedy, confident fraction "
                                 f"{args.confident_fraction}): tokens/s (ms per forward) [weights floor, roofline]")
-    if args.records:
-        Path(args.records).write_text(json.dumps(dict(args=vars(args), bandwidth=bandwidth, weight_bytes=wbytes,
-                                                      peak_flops=roofline.peak, records=records), indent=2) + "\n")
+    write_engine_records(args, bandwidth, wbytes, roofline, records)
     if args.json:
         Path(args.json).write_text(json.dumps(dict(args=vars(args), bandwidth=bandwidth, weight_bytes=wbytes,
                                                    results=results), indent=2) + "\n")
