@@ -66,3 +66,14 @@ def test_benchmark_tiny_smoke(tmp_path, capsys):
     assert runs["naive"]["nfe"] == runs["dual"]["nfe"] == 16 and runs["naive"]["tokens"] == 32
     assert runs["dual+threshold"]["tokens_per_forward"] >= 1
     assert "| dual+threshold |" in printed and "x naive" in printed
+
+
+def test_option_values_parse_like_a_recipe():
+    """``-o cache=none`` is the 'none' cache (as ``cache: none`` in YAML), not 'unset': it used to fall back to the
+    preset's cache silently. ``null`` unsets a field."""
+    from dare.commands.generate import parse_options
+    from dare.rollout import SamplerConfig
+
+    values = parse_options(["cache=none", "top_p=null", "threshold=0.5", "eos_early_stop=false"])
+    assert values == {"cache": "none", "top_p": None, "threshold": 0.5, "eos_early_stop": False}
+    assert SamplerConfig.from_dict({"sampler": "fastdllm", **values}).resolved().cache == "none"

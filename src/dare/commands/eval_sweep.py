@@ -33,7 +33,7 @@ def configure(sweep: argparse.ArgumentParser) -> None:
 
 
 def parse_point(text: str) -> dict[str, Any]:
-    """``"k=v,k=v"`` -> ``{k: parsed v}`` (numbers, booleans and None parsed, as ``-o`` does)."""
+    """``"k=v,k=v"`` -> ``{k: parsed v}`` (numbers, booleans and ``null`` parsed, as ``-o`` does)."""
     from dare.commands.generate import parse_options
     from dare.errors import ConfigError
 

@@ -49,10 +49,12 @@ def add_sampler_arguments(parser: argparse.ArgumentParser, default: str | None =
 
 
 def _parse_value(text: str):
+    """``true``/``false`` -> bool, ``null`` -> None (unset: the preset's value), Python literals -> numbers or lists;
+    anything else, ``none`` included, is text, as in a YAML recipe (``cache=none`` means no cache)."""
     lowered = text.lower()
     if lowered in ("true", "false"):
         return lowered == "true"
-    if lowered in ("none", "null"):
+    if lowered == "null":
         return None
     try:
         return ast.literal_eval(text)
@@ -82,7 +84,7 @@ def sampler_values(args: argparse.Namespace, options: list[str] | None = None) -
 
 
 def parse_options(items: list[str]) -> dict:
-    """``["key=value", ...]`` -> ``{key: parsed value}`` (numbers, booleans, None, lists; else the text)."""
+    """``["key=value", ...]`` -> ``{key: parsed value}`` (numbers, booleans, ``null`` = None, lists; else the text)."""
     from dare.errors import ConfigError
 
     values = {}
