@@ -4,6 +4,11 @@ eager static step. Diagnostic companion of rollout.py / bd_rollout.py::
 
     python benchmarks/engine_profile.py --family llada --batch 1
     python benchmarks/engine_profile.py --family sdar --batch 1
+    python benchmarks/engine_profile.py --family llada --batch 1 --compile static   # blocks compiled first
+    python benchmarks/engine_profile.py --gemm-only --batch 1 16                      # projection GEMMs only
+
+``--gemm-only`` times one layer's projection matmuls at a step's row count (``batch x block``): q/k/v and
+gate/up as separate matmuls (as the checkpoints store them) vs one matmul over the concatenated weights.
 """
 
 from __future__ import annotations
@@ -26,12 +31,25 @@ def main(argv=None) -> int:
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--gen", type=int, default=256)
     p.add_argument("--prompt-length", type=int, default=128)
-    args = p.parse_args(argv)
+    p.add_argument("--compile", choices=["none", "dynamic", "static"], default="none",
+                   help="regional torch.compile of every block before recording (dynamic or static shapes)")
+    p.add_argument("--gemm-only", action="store_true", help="time the projection matmuls, separate vs fused")
+    p.add_argument("--rows", type=int, default=32, help="--gemm-only: query rows per batch row (the block)")
+    args, extra = p.parse_known_args(argv)
+    if args.gemm_only:
+        batches = [args.batch] + [int(x) for x in extra]
+        for batch in batches:
+            gemm_fusion(batch * args.rows)
+        return 0
     from dare.rollout import SamplerConfig, generate
     from dare.rollout.engine import _STATES
 
     device = torch.device("cuda")
     model = build_llada(device) if args.family == "llada" else build_sdar(device)
+    if args.compile != "none":
+        from dare.models.compile import compile_blocks
+
+        compile_blocks(model, dynamic=args.compile == "dynamic")
     if args.family == "llada":
         config = SamplerConfig(sampler="fastdllm", cache="dual", decoder="quota", gen_length=args.gen, block_length=32,
                                steps=args.gen, eos_early_stop=False, max_blocks=2, engine="graph")
@@ -65,6 +83,48 @@ def main(argv=None) -> int:
             torch.cuda.synchronize()
     print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=18), flush=True)
     return 0
+
+
+def _ms(fn, reps: int = 50) -> float:
+    for _ in range(3):
+        fn()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / reps
+
+
+def gemm_fusion(rows: int, hidden: int = 4096, ffn: int = 12288, layers: int = 32) -> None:
+    """One LLaDA-8B layer's projections at ``rows`` query rows, x ``layers``: separate vs concatenated weights."""
+    dev, dt = torch.device("cuda"), torch.bfloat16
+    x = torch.randn(rows, hidden, device=dev, dtype=dt)
+    h = torch.randn(rows, ffn, device=dev, dtype=dt)
+    # one set of weights per layer so that nothing stays in L2 between matmuls
+    q, k, v, o = ([torch.randn(hidden, hidden, device=dev, dtype=dt) * 0.02 for _ in range(layers)] for _ in range(4))
+    gate, up = ([torch.randn(ffn, hidden, device=dev, dtype=dt) * 0.02 for _ in range(layers)] for _ in range(2))
+    down = [torch.randn(hidden, ffn, device=dev, dtype=dt) * 0.02 for _ in range(layers)]
+    qkv = [torch.cat([a, b, c]) for a, b, c in zip(q, k, v)]
+    gate_up = [torch.cat([a, b]) for a, b in zip(gate, up)]
+    lin = torch.nn.functional.linear
+    weight_gb = layers * (4 * hidden * hidden + 3 * hidden * ffn) * 2 / 1e9
+    rows_ms = {
+        "q,k,v separate": _ms(lambda: [lin(x, w) for i in range(layers) for w in (q[i], k[i], v[i])]),
+        "qkv fused": _ms(lambda: [lin(x, qkv[i]) for i in range(layers)]),
+        "gate,up separate": _ms(lambda: [lin(x, w) for i in range(layers) for w in (gate[i], up[i])]),
+        "gate_up fused": _ms(lambda: [lin(x, gate_up[i]) for i in range(layers)]),
+        "o": _ms(lambda: [lin(x, o[i]) for i in range(layers)]),
+        "down": _ms(lambda: [lin(h, down[i]) for i in range(layers)]),
+    }
+    print(f"\nprojection matmuls at M={rows}, {layers} layers ({weight_gb:.1f} GB of weights):")
+    for name, ms in rows_ms.items():
+        print(f"  {name:18s} {ms:7.3f} ms")
+    separate = rows_ms["q,k,v separate"] + rows_ms["gate,up separate"] + rows_ms["o"] + rows_ms["down"]
+    fused = rows_ms["qkv fused"] + rows_ms["gate_up fused"] + rows_ms["o"] + rows_ms["down"]
+    print(f"  all projections: separate {separate:.3f} ms, fused {fused:.3f} ms "
+          f"({weight_gb / separate:.2f} / {weight_gb / fused:.2f} TB/s)", flush=True)
 
 
 if __name__ == "__main__":

@@ -44,7 +44,7 @@ import torch
 from common import ConfidenceInjection, clock
 
 PHASES = ("rollout", "reward", "logprobs", "update")
-ENGINES = ("eager", "graph", "auto")
+ENGINES = ("eager", "static", "graph", "auto")
 
 
 class BudgetExceeded(Exception):
@@ -237,7 +237,7 @@ def parse_args(bench, argv=None) -> argparse.Namespace:
     p.add_argument("--variants", nargs="+", default=["optimised", "naive"], choices=list(bench.VARIANTS),
                    help="run order (default: optimised first, the naive one uses the rest of the budget)")
     p.add_argument("--engine", choices=ENGINES, default="auto",
-                   help="rollout.sampler.engine of both variants (eager|graph|auto; applied only if this DARE's "
+                   help="rollout.sampler.engine of both variants (eager|static|graph|auto; applied only if this DARE's "
                         "SamplerConfig has an engine field)")
     p.add_argument("--prompts", type=int, help="prompts per step (default 4; tiny 2)")
     p.add_argument("--group", type=int, help="samples per prompt G (default 8; tiny 4)")

@@ -270,3 +270,45 @@ def test_torchrun_nccl_expert_parallel_matches_plain_fsdp(tmp_path):
                      extra=["distributed.expert_parallel=2"])
     torch.testing.assert_close(torch.tensor([r["loss"] for r in ep]), torch.tensor([r["loss"] for r in plain]),
                                rtol=2e-2, atol=2e-3)
+
+
+def test_compiled_gumbel_sampling_at_a_real_vocabulary_equals_the_eager_ops():
+    """The compiled sampling kernel builds at LLaDA's vocabulary size (32-bit hash constants once overflowed the
+    compiler's int32 index arithmetic, and every T>0 rollout fell back to the eager ops) and draws the same tokens."""
+    from dare.rollout.engine import noise
+
+    scores = torch.randn(3, 32, 126464, device="cuda")
+    keys = noise.row_keys([11, 12, 13], "cuda")
+    base = noise.position_hash(keys, torch.arange(3, device="cuda"), torch.arange(32, device="cuda"), 1)
+    compiled = noise.gumbel_argmax(scores, base)
+    assert noise._COMPILE["enabled"], "compiled sampling was disabled after a compiler error"
+    eager = noise._gumbel_argmax(scores, base, noise.vocabulary_salts(126464, scores.device))
+    assert torch.equal(compiled, eager)
+
+
+@pytest.mark.parametrize("overrides", [dict(sampler="fastdllm", cache="dual", threshold=0.3, temperature=0.9),
+                                       dict(sampler="llada", temperature=0.0)])
+def test_graph_engine_under_autocast_decodes_with_the_current_weights(overrides):
+    """RL decodes fp32 weights (or fp32 LoRA adapters) under bf16 autocast. Graphs recorded there must cast the
+    weights on every replay: a graph that read autocast's cached casts decoded with freed memory and ignored the
+    optimizer's in-place updates."""
+    from dare.rollout import SamplerConfig, generate
+    from dare.rollout.engine import engine_stats
+
+    model = sharp_cuda_model("llada").float()
+    ids, mask = padded(seqs([9, 14, 5]))
+    config = SamplerConfig(gen_length=32, block_length=8, **overrides)
+    outputs = []
+    for update in range(2):
+        if update:
+            with torch.no_grad():  # an optimizer step: in place, same addresses
+                for p in model.parameters():
+                    p.add_(torch.randn_like(p) * 0.05)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            static = generate(model, ids, mask, config, engine="static", example_ids=[1, 2, 3])
+            graph = generate(model, ids, mask, config, engine="graph", example_ids=[1, 2, 3])
+        assert torch.equal(graph.completion, static.completion), update
+        assert graph.nfe == static.nfe
+        outputs.append(graph.completion)
+    assert engine_stats(model).captures >= 1 and engine_stats(model).replays >= 1
+    assert not torch.equal(outputs[0], outputs[1])  # the update changed what is decoded

@@ -85,6 +85,20 @@ def test_block_diffusion_static_equals_eager(family, sampler, overrides):
     assert_same(eager, static, block=True)
 
 
+@pytest.mark.parametrize("family,sampler", [("llada", "fastdllm"), ("sdar", "sdar")])
+def test_a_reused_static_state_follows_each_calls_max_blocks(family, sampler):
+    """States are reused across calls whose settings differ only in host-loop fields: a one-block warm-up
+    (``max_blocks=1``) must not cap the next call of the same shapes (it once decoded one block in RL)."""
+    model = sharp_model(family)
+    ids, mask = padded([9, 14, 5])
+    config = SamplerConfig(sampler=sampler, gen_length=32, block_length=8)
+    one = generate(model, ids, mask, config.replace(max_blocks=1), engine="static")
+    full = generate(model, ids, mask, config, engine="static")
+    eager = generate(model, ids, mask, config, engine="eager")
+    assert int((one.step_map >= 0).sum(-1).max()) <= 8 < int((full.step_map >= 0).sum(-1).max())
+    assert_same(eager, full, block=family != "llada")
+
+
 @pytest.mark.parametrize("family,sampler", [("llada", "fastdllm"), ("sdar", "sdar"), ("llada2", "llada21")])
 def test_early_eos_stop_static_equals_eager(family, sampler):
     model = sharp_model(family)

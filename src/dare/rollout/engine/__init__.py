@@ -174,6 +174,7 @@ def run_static(sampler, model, input_ids: torch.Tensor, attention_mask: torch.Te
         while len(states) > KEEP_STATES:
             states.popitem(last=False)
     states.move_to_end(key)
+    state.config = config  # equal to the state's own but for the volatile fields the host loop reads (max_blocks)
     seeds = [derive_seed(config.seed, i) for i in example_ids]
     runner = state.runner
     captures, replays, graph_bytes, capture_s = runner.captures, runner.replays, runner.graph_bytes, runner.capture_s

@@ -9,10 +9,16 @@ so temporaries of one graph may reuse another's.
 
 ``captures`` counts recordings (a second call with the same shapes records nothing); ``graph_bytes`` the
 device memory reserved while recording.
+
+Under autocast (the trainer's bf16 autocast over fp32 weights or fp32 LoRA adapters) the step is run and recorded
+with autocast's weight-cast cache off: a cached cast made by the eager run would be read by the graph at its
+address and never recomputed, so replays would decode with freed memory and never see an optimizer step. With
+the cache off the casts are recorded and every replay casts the current weights.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 import weakref
 
@@ -51,17 +57,25 @@ class StepRunner:
             self.replays += 1
             return
         began = time.perf_counter()
-        fn()  # the real step, eagerly (also the warm-up the capture needs)
+        with uncached_autocast(self.device):
+            fn()  # the real step, eagerly (also the warm-up the capture needs)
         torch.cuda.synchronize(self.device)
         before = torch.cuda.memory_reserved(self.device)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=shared_pool(self.model)):
+        with torch.cuda.graph(graph, pool=shared_pool(self.model)), uncached_autocast(self.device):
             fn()
         torch.cuda.synchronize(self.device)
         self.graph_bytes += max(torch.cuda.memory_reserved(self.device) - before, 0)
         self.graphs[key] = graph
         self.captures += 1
         self.capture_s += time.perf_counter() - began
+
+
+def uncached_autocast(device: torch.device):
+    """The active autocast of ``device``, with its weight-cast cache off (a no-op without autocast)."""
+    if not torch.is_autocast_enabled(device.type):
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=torch.get_autocast_dtype(device.type), cache_enabled=False)
 
 
 class HostFlag:

@@ -58,17 +58,31 @@ def gumbel_argmax(scores: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
     On CUDA the hash, the noise and the argmax run as one compiled kernel (``torch.compile``; the eager ops
     stream ``B x W x V`` int64 temporaries through memory ten times); ``DARE_COMPILE_SAMPLING=0`` or a failed
     compilation uses the eager ops (same numbers)."""
+    salts = vocabulary_salts(scores.shape[-1], scores.device)
     if scores.is_cuda and _compile_enabled():
         try:
-            return _compiled()(scores, base)
+            return _compiled()(scores, base, salts)
         except Exception as error:  # noqa: BLE001 - any compiler failure: fall back to the same eager ops
             _disable_compile(error)
-    return _gumbel_argmax(scores, base)
+    return _gumbel_argmax(scores, base, salts)
 
 
-def _gumbel_argmax(scores: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
-    vocab = torch.arange(scores.shape[-1], device=scores.device, dtype=torch.long)
-    h = mix32(base[..., None] ^ ((vocab * _GOLDEN) & MASK32))
+_SALTS: dict = {}
+
+
+def vocabulary_salts(vocab: int, device) -> torch.Tensor:
+    """``[V]`` int64: ``(v x golden) mod 2^32`` per vocabulary entry, computed once per (size, device).
+
+    An input tensor rather than an expression of ``arange`` inside the compiled kernel: the compiler evaluates
+    index expressions in int32, where the 32-bit constant does not fit."""
+    key = (vocab, str(device))
+    if key not in _SALTS:
+        _SALTS[key] = (torch.arange(vocab, device=device, dtype=torch.long) * _GOLDEN) & MASK32
+    return _SALTS[key]
+
+
+def _gumbel_argmax(scores: torch.Tensor, base: torch.Tensor, salts: torch.Tensor) -> torch.Tensor:
+    h = mix32(base[..., None] ^ salts)
     u = uniform(h)
     return (scores - torch.log(-torch.log(u))).argmax(-1)
 
@@ -82,7 +96,7 @@ def _compile_enabled() -> bool:
 
 def _compiled():
     if _COMPILE["fn"] is None:
-        _COMPILE["fn"] = torch.compile(_gumbel_argmax, dynamic=False)
+        _COMPILE["fn"] = torch.compile(_gumbel_argmax, dynamic=None)
     return _COMPILE["fn"]
 
 
