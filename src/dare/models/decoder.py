@@ -11,12 +11,15 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from dare.models.base import DiffusionConfig, DiffusionLM, rotary_attention
+from dare.models.fusion import project
 from dare.models.layers import RMSNorm
 from dare.models.moe import ExpertBank
 
 
 class SelfAttention(nn.Module):
     """``q/k/v/o_proj`` attention with optional per-head q/k RMSNorm (``q_norm``/``k_norm``) and qkv clipping."""
+
+    fused_groups = {"qkv": ("q_proj", "k_proj", "v_proj")}
 
     def __init__(
         self,
@@ -44,9 +47,10 @@ class SelfAttention(nn.Module):
 
     def forward(self, x, rope, layout, cache, backend):
         b, length, _ = x.shape
-        q = self.q_proj(x).view(b, length, self.n_heads, self.head_dim)
-        k = self.k_proj(x).view(b, length, self.n_kv, self.head_dim)
-        v = self.v_proj(x).view(b, length, self.n_kv, self.head_dim)
+        q, k, v = project(self, "qkv", x)
+        q = q.view(b, length, self.n_heads, self.head_dim)
+        k = k.view(b, length, self.n_kv, self.head_dim)
+        v = v.view(b, length, self.n_kv, self.head_dim)
         if hasattr(self, "q_norm"):
             q, k = self.q_norm(q), self.k_norm(k)
         if self.clip_qkv is not None:

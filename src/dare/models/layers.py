@@ -6,6 +6,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from dare.models.fusion import project
+
 
 class RMSNorm(nn.Module):
     """RMSNorm, normalised in fp32, in one of the two orders the reference implementations use:
@@ -40,6 +42,8 @@ class RMSNorm(nn.Module):
 class SwiGLU(nn.Module):
     """``down(silu(gate(x)) * up(x))`` with the HF parameter names ``gate_proj/up_proj/down_proj``."""
 
+    fused_groups = {"gate_up": ("gate_proj", "up_proj")}
+
     def __init__(self, hidden: int, inner: int, bias: bool = False):
         super().__init__()
         self.gate_proj = nn.Linear(hidden, inner, bias=bias)
@@ -47,7 +51,8 @@ class SwiGLU(nn.Module):
         self.down_proj = nn.Linear(inner, hidden, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = project(self, "gate_up", x)
+        return self.down_proj(F.silu(gate) * up)
 
 
 def rope_angles(positions: torch.Tensor, rot_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 from dare.errors import ConfigError
 from dare.models.base import DiffusionConfig, DiffusionLM, rotary_attention
+from dare.models.fusion import project
 from dare.models.layers import RMSNorm
 from dare.models.spec import FamilySpec, register_family
 
@@ -156,6 +157,8 @@ class LLaDAConfig(DiffusionConfig):
 class LLaDALlamaBlock(nn.Module):
     """``x + attn_out(Attn(attn_norm x))`` then ``+ ff_out(silu(ff_proj h) * up_proj h)``."""
 
+    fused_groups = {"qkv": ("q_proj", "k_proj", "v_proj"), "ff": ("ff_proj", "up_proj")}
+
     def __init__(self, config: LLaDAConfig, layer_idx: int):
         super().__init__()
         d, hd = config.d_model, config.head_dim
@@ -176,13 +179,15 @@ class LLaDALlamaBlock(nn.Module):
     def forward(self, x, rope, layout, cache, backend):
         b, length, _ = x.shape
         h = self.attn_norm(x)
-        q = self.q_proj(h).view(b, length, self.n_heads, self.head_dim)
-        k = self.k_proj(h).view(b, length, self.n_kv, self.head_dim)
-        v = self.v_proj(h).view(b, length, self.n_kv, self.head_dim)
+        q, k, v = project(self, "qkv", h)
+        q = q.view(b, length, self.n_heads, self.head_dim)
+        k = k.view(b, length, self.n_kv, self.head_dim)
+        v = v.view(b, length, self.n_kv, self.head_dim)
         attn = rotary_attention(q, k, v, rope, layout, cache, self.layer_idx, backend, self.rope_full_precision)
         x = x + self.attn_out(attn)
         h = self.ff_norm(x)
-        return x + self.ff_out(F.silu(self.ff_proj(h)) * self.up_proj(h))
+        gate, up = project(self, "ff", h)
+        return x + self.ff_out(F.silu(gate) * up)
 
 
 class LLaDAModel(nn.Module):

@@ -26,6 +26,7 @@ parameter is re-allocated (``load_state_dict(assign=True)``, ``.to()``), the eng
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import weakref
 from collections import OrderedDict
@@ -35,6 +36,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from dare.errors import ConfigError
+from dare.rollout.engine.fused import fused_bytes, fused_projections, release_fused, wants_fusion
 
 log = logging.getLogger("dare.rollout")
 
@@ -54,6 +56,8 @@ class EngineStats:
     fallbacks: int = 0
     recaptures: int = 0
     capture_s: float = 0.0
+    fused_bytes: int = 0
+    """Device memory of the fused q/k/v and gate/up copies small steps decode with (:mod:`.fused`)."""
 
 
 _STATES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -93,6 +97,7 @@ def release(model) -> None:
     base = _base(model)
     _STATES.pop(base, None)
     _FINGERPRINTS.pop(base, None)
+    release_fused(base)
 
 
 def refresh_weights(model) -> bool:
@@ -133,13 +138,14 @@ def _fingerprint(model) -> tuple:
 
 
 def _state_key(kind: str, config, batch: int, prompt_width: int, padded: bool, graphs: bool, device,
-               training: bool) -> tuple:
+               training: bool, fuse: bool) -> tuple:
     settings = asdict(config)
     for volatile in ("seed", "engine", "max_blocks"):  # the host loop's business, not the recorded steps'
         settings.pop(volatile, None)
     autocast = torch.is_autocast_enabled(device.type) if device.type in ("cuda", "cpu") else False
     dtype = torch.get_autocast_dtype(device.type) if autocast else None
-    return (kind, batch, prompt_width, padded, graphs, training, autocast, dtype, tuple(sorted(settings.items())))
+    return (kind, batch, prompt_width, padded, graphs, training, autocast, dtype, fuse,
+            tuple(sorted(settings.items())))
 
 
 def run_static(sampler, model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, config, *,
@@ -165,7 +171,16 @@ def run_static(sampler, model, input_ids: torch.Tensor, attention_mask: torch.Te
     prompt_width = -(-input_ids.shape[1] // multiple) * multiple
     has_padding = sampler.static_state.needs_padding(input_ids, attention_mask, prompt_width, config)
     states = _STATES.setdefault(base, OrderedDict())
-    key = _state_key(sampler.attention, config, padded_rows, prompt_width, has_padding, graphs, device, base.training)
+    fused = None
+    fuse = wants_fusion(padded_rows, config)
+    if fuse:
+        autocast = torch.is_autocast_enabled(device.type)
+        fused, replaced = fused_projections(base, torch.get_autocast_dtype(device.type) if autocast else None)
+        if replaced:  # graphs recorded with the replaced copies would read freed memory
+            states.clear()
+        stats.fused_bytes = fused_bytes(base)
+    key = _state_key(sampler.attention, config, padded_rows, prompt_width, has_padding, graphs, device, base.training,
+                     fuse)
     state = states.get(key)
     if state is None:
         state = sampler.static_state(base, config, batch=padded_rows, prompt_width=prompt_width, padded=has_padding,
@@ -179,8 +194,9 @@ def run_static(sampler, model, input_ids: torch.Tensor, attention_mask: torch.Te
     runner = state.runner
     captures, replays, graph_bytes, capture_s = runner.captures, runner.replays, runner.graph_bytes, runner.capture_s
     try:
-        state.load(input_ids, attention_mask, seeds)
-        state.decode()
+        with fused.active() if fused is not None else contextlib.nullcontext():
+            state.load(input_ids, attention_mask, seeds)
+            state.decode()
     except RuntimeError as error:
         if not graphs:
             raise

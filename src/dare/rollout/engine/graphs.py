@@ -60,6 +60,9 @@ class StepRunner:
         with uncached_autocast(self.device):
             fn()  # the real step, eagerly (also the warm-up the capture needs)
         torch.cuda.synchronize(self.device)
+        # a recording cannot return cached blocks to the driver when it runs short (e.g. after an eager rollout
+        # or a training step left large blocks cached): free them first
+        torch.cuda.empty_cache()
         before = torch.cuda.memory_reserved(self.device)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=shared_pool(self.model)), uncached_autocast(self.device):

@@ -1,0 +1,89 @@
+"""Fused q/k/v and gate/up projections (dare.models.fusion) and the rollout engine's use of them."""
+
+import pytest
+import torch
+
+from dare.models.fusion import FusedProjections
+from dare.models.lora import apply_lora
+from dare.models.tiny import tiny_model
+from dare.rollout import SamplerConfig, generate
+from dare.rollout.engine import engine_stats
+from dare.rollout.engine.fused import FUSE_MAX_ROWS, fused_projections, wants_fusion
+from rollout_helpers import padded, sharp_model, single_thread  # noqa: F401
+
+FAMILIES = ["llada", "dream", "sdar", "llada_moe", "llada2"]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_fused_forward_equals_the_separate_projections(family):
+    model = tiny_model(family, seed=0).eval()
+    ids = torch.randint(0, 200, (2, 12))
+    fused = FusedProjections(model)
+    assert fused and fused.nbytes > 0
+    with torch.no_grad():
+        separate = model(ids).logits
+        with fused.active():
+            together = model(ids).logits
+        after = model(ids).logits
+    torch.testing.assert_close(together, separate, atol=1e-5, rtol=1e-5)
+    assert torch.equal(after, separate)  # leaving the context restores the separate path
+
+
+def test_the_copies_follow_in_place_updates_only_after_a_refresh():
+    model = tiny_model("llada", seed=0).eval()
+    ids = torch.randint(0, 200, (1, 10))
+    fused = FusedProjections(model)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.1)  # an optimizer step
+        updated = model(ids).logits
+        with fused.active():
+            stale = model(ids).logits
+        fused.refresh()
+        with fused.active():
+            fresh = model(ids).logits
+    assert not torch.allclose(stale, updated, atol=1e-3)
+    torch.testing.assert_close(fresh, updated, atol=1e-5, rtol=1e-5)
+
+
+def test_lora_wrapped_projections_are_not_fused():
+    model = apply_lora(tiny_model("llada", seed=0), r=4)
+    assert not FusedProjections(model.get_base_model())
+
+
+def test_copies_keep_their_addresses_and_are_rebuilt_when_modules_change():
+    model = tiny_model("sdar", seed=0)
+    first, replaced = fused_projections(model, None)
+    assert first is not None and not replaced
+    address = first.groups[0][3].weight.data_ptr()
+    again, replaced = fused_projections(model, None)
+    assert again is first and not replaced and first.groups[0][3].weight.data_ptr() == address
+    attention = model.blocks[0].self_attn
+    attention.q_proj = torch.nn.Linear(attention.q_proj.in_features, attention.q_proj.out_features, bias=False)
+    rebuilt, replaced = fused_projections(model, None)
+    assert rebuilt is not first and replaced  # graphs recorded with the old copies must be dropped
+    bf16, _ = fused_projections(model, torch.bfloat16)
+    assert bf16.groups[0][3].weight.dtype == torch.bfloat16
+
+
+def test_only_small_steps_are_fused(monkeypatch):
+    config = SamplerConfig(sampler="fastdllm", cache="dual", gen_length=256, block_length=32)
+    assert wants_fusion(1, config) and wants_fusion(FUSE_MAX_ROWS // 32, config)
+    assert not wants_fusion(16, config)
+    monkeypatch.setenv("DARE_FUSE_PROJECTIONS", "0")
+    assert not wants_fusion(1, config)
+
+
+@pytest.mark.parametrize("family,overrides", [("llada", dict(sampler="fastdllm", cache="dual", threshold=0.3)),
+                                              ("sdar", dict(sampler="sdar", cache="block"))])
+def test_static_engine_with_fused_projections_equals_without(family, overrides, monkeypatch):
+    model = sharp_model(family)
+    ids, mask = padded([9, 14, 5])
+    config = SamplerConfig(gen_length=32, block_length=8, temperature=0.7, **overrides)
+    fused = generate(model, ids, mask, config, engine="static", example_ids=[1, 2, 3])
+    assert engine_stats(model).fused_bytes > 0
+    monkeypatch.setenv("DARE_FUSE_PROJECTIONS", "0")
+    separate = generate(model, ids, mask, config, engine="static", example_ids=[1, 2, 3])
+    assert torch.equal(fused.completion, separate.completion)
+    assert torch.equal(fused.step_map, separate.step_map)
+    torch.testing.assert_close(fused.logprobs, separate.logprobs, atol=1e-5, rtol=0)
