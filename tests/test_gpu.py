@@ -272,18 +272,31 @@ def test_torchrun_nccl_expert_parallel_matches_plain_fsdp(tmp_path):
                                rtol=2e-2, atol=2e-3)
 
 
-def test_compiled_gumbel_sampling_at_a_real_vocabulary_equals_the_eager_ops():
-    """The compiled sampling kernel builds at LLaDA's vocabulary size (32-bit hash constants once overflowed the
-    compiler's int32 index arithmetic, and every T>0 rollout fell back to the eager ops) and draws the same tokens."""
-    from dare.rollout.engine import noise
+def test_compiled_proposals_at_a_real_vocabulary_equal_the_eager_ops():
+    """The compiled proposal kernels build at LLaDA's vocabulary size (32-bit hash constants once overflowed the
+    compiler's int32 index arithmetic, and every T>0 rollout fell back to the eager ops) and give the eager
+    ops' tokens, confidences and log-probabilities."""
+    from dare.rollout import SamplerConfig
+    from dare.rollout.engine import noise, sampling
 
-    scores = torch.randn(3, 32, 126464, device="cuda")
+    logits = torch.randn(3, 32, 126464, device="cuda", dtype=torch.bfloat16) * 4
+    eligible = torch.rand(3, 32, device="cuda") < 0.7
     keys = noise.row_keys([11, 12, 13], "cuda")
-    base = noise.position_hash(keys, torch.arange(3, device="cuda"), torch.arange(32, device="cuda"), 1)
-    compiled = noise.gumbel_argmax(scores, base)
-    assert noise._COMPILE["enabled"], "compiled sampling was disabled after a compiler error"
-    eager = noise._gumbel_argmax(scores, base, noise.vocabulary_salts(126464, scores.device))
-    assert torch.equal(compiled, eager)
+    counters, positions = torch.arange(3, device="cuda"), torch.arange(32, device="cuda")[None].expand(3, 32)
+    for config in (SamplerConfig(temperature=0.9, top_k=50), SamplerConfig(temperature=0.0),
+                   SamplerConfig(temperature=1.0, top_p=0.9, confidence="margin")):
+        config = config.resolved()
+        args = dict(config=config, banned=7, keys=keys, counters=counters, positions=positions)
+        compiled = sampling.propose_static(logits, eligible, **args)
+        assert sampling._propose.enabled, "compiled sampling was disabled after a compiler error"
+        sampling._propose.enabled = False
+        try:
+            eager = sampling.propose_static(logits, eligible, **args)
+        finally:
+            sampling._propose.enabled = True
+        assert torch.equal(compiled.tokens, eager.tokens)
+        torch.testing.assert_close(compiled.confidence, eager.confidence, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(compiled.logprob, eager.logprob, atol=1e-4, rtol=1e-5)
 
 
 @pytest.mark.parametrize("overrides", [dict(sampler="fastdllm", cache="dual", threshold=0.3, temperature=0.9),

@@ -11,8 +11,6 @@ The hash is a 32-bit integer mixer (multiply / xor-shift rounds) evaluated in in
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 MASK32 = 0xFFFFFFFF
@@ -50,21 +48,15 @@ def uniform(hashes: torch.Tensor) -> torch.Tensor:
     return ((hashes >> 8).to(torch.float32) + 0.5) * (1.0 / 16777216.0)
 
 
-def gumbel_argmax(scores: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
+def gumbel_argmax(scores: torch.Tensor, base: torch.Tensor, salts: torch.Tensor | None = None) -> torch.Tensor:
     """``argmax(scores + Gumbel)`` over the last axis of float32 ``scores [B, W, V]``: a sample from
     ``softmax(scores)``. The Gumbel noise of entry ``v`` is a hash of ``base [B, W]`` (:func:`position_hash`)
-    and ``v``; ``-inf`` scores are never drawn.
-
-    On CUDA the hash, the noise and the argmax run as one compiled kernel (``torch.compile``; the eager ops
-    stream ``B x W x V`` int64 temporaries through memory ten times); ``DARE_COMPILE_SAMPLING=0`` or a failed
-    compilation uses the eager ops (same numbers)."""
-    salts = vocabulary_salts(scores.shape[-1], scores.device)
-    if scores.is_cuda and _compile_enabled():
-        try:
-            return _compiled()(scores, base, salts)
-        except Exception as error:  # noqa: BLE001 - any compiler failure: fall back to the same eager ops
-            _disable_compile(error)
-    return _gumbel_argmax(scores, base, salts)
+    and ``salts[v]`` (default :func:`vocabulary_salts`); ``-inf`` scores are never drawn. Pure tensor ops: the
+    engine compiles them with the rest of a proposal (:mod:`dare.rollout.engine.compiled`), passing ``salts``."""
+    if salts is None:
+        salts = vocabulary_salts(scores.shape[-1], scores.device)
+    h = mix32(base[..., None] ^ salts)
+    return (scores - torch.log(-torch.log(uniform(h)))).argmax(-1)
 
 
 _SALTS: dict = {}
@@ -73,36 +65,9 @@ _SALTS: dict = {}
 def vocabulary_salts(vocab: int, device) -> torch.Tensor:
     """``[V]`` int64: ``(v x golden) mod 2^32`` per vocabulary entry, computed once per (size, device).
 
-    An input tensor rather than an expression of ``arange`` inside the compiled kernel: the compiler evaluates
+    A constant tensor rather than an expression of ``arange`` inside a compiled kernel: the compiler evaluates
     index expressions in int32, where the 32-bit constant does not fit."""
     key = (vocab, str(device))
     if key not in _SALTS:
         _SALTS[key] = (torch.arange(vocab, device=device, dtype=torch.long) * _GOLDEN) & MASK32
     return _SALTS[key]
-
-
-def _gumbel_argmax(scores: torch.Tensor, base: torch.Tensor, salts: torch.Tensor) -> torch.Tensor:
-    h = mix32(base[..., None] ^ salts)
-    u = uniform(h)
-    return (scores - torch.log(-torch.log(u))).argmax(-1)
-
-
-_COMPILE = {"enabled": os.environ.get("DARE_COMPILE_SAMPLING", "1") != "0", "fn": None}
-
-
-def _compile_enabled() -> bool:
-    return _COMPILE["enabled"]
-
-
-def _compiled():
-    if _COMPILE["fn"] is None:
-        _COMPILE["fn"] = torch.compile(_gumbel_argmax, dynamic=None)
-    return _COMPILE["fn"]
-
-
-def _disable_compile(error: Exception) -> None:
-    import logging
-
-    logging.getLogger("dare.rollout").warning("compiled sampling unavailable, using eager ops: %s",
-                                              str(error).splitlines()[0][:200])
-    _COMPILE["enabled"] = False

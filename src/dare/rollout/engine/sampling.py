@@ -17,7 +17,15 @@ from __future__ import annotations
 
 import torch
 
-from dare.rollout.engine.noise import STREAM_CONFIDENCE, STREAM_SAMPLE, gumbel_argmax, position_hash, uniform
+from dare.rollout.engine.compiled import CudaCompiled
+from dare.rollout.engine.noise import (
+    STREAM_CONFIDENCE,
+    STREAM_SAMPLE,
+    gumbel_argmax,
+    position_hash,
+    uniform,
+    vocabulary_salts,
+)
 from dare.rollout.kernels import NEG_INF, Proposal, filter_logits
 
 
@@ -39,30 +47,39 @@ def propose_static(
 
     ``config`` is a resolved :class:`~dare.rollout.SamplerConfig`; ``banned`` the mask id (never proposed);
     ``keys [B, 2]``, ``counters [B]`` (each row's step) and ``positions [B, W]`` (completion coordinates) index
-    the random streams.
+    the random streams. On CUDA the vocabulary-wide math runs compiled (:mod:`dare.rollout.engine.compiled`).
     """
-    temperature = config.temperature
+    salts = vocabulary_salts(logits.shape[-1], logits.device) if config.temperature > 0 else None
+    tokens, score, logprob = _propose(
+        logits, eligible, keys, counters, positions, salts, banned=banned, temperature=config.temperature,
+        top_p=config.top_p, top_k=config.top_k, top_k_first=config.top_k_first,
+        confidence_source=config.confidence_source, confidence=config.confidence)
+    return Proposal(tokens=tokens, confidence=score, logprob=logprob)
+
+
+def _propose_ops(logits, eligible, keys, counters, positions, salts, *, banned: int, temperature: float, top_p,
+                 top_k, top_k_first: bool, confidence_source: str, confidence: str):
     x = logits.float()
     choice = x.clone()
     choice[..., banned] = NEG_INF  # a fill kernel: no host-to-device copy inside a recorded step
-    filtered = filter_logits(choice, temperature, config.top_p, config.top_k, config.top_k_first)
-    if config.confidence_source == "logits":
+    filtered = filter_logits(choice, temperature, top_p, top_k, top_k_first)
+    if confidence_source == "logits":
         source = x
     else:
-        source = filter_logits(x, temperature, config.top_p, config.top_k, config.top_k_first)
+        source = filter_logits(x, temperature, top_p, top_k, top_k_first)
 
     if temperature == 0:
-        tokens = (choice if config.confidence_source == "logits" else filtered).argmax(-1)
+        tokens = (choice if confidence_source == "logits" else filtered).argmax(-1)
     else:
-        tokens = gumbel_argmax(filtered, position_hash(keys, counters, positions, STREAM_SAMPLE))
+        tokens = gumbel_argmax(filtered, position_hash(keys, counters, positions, STREAM_SAMPLE), salts)
 
-    if config.confidence == "random":
+    if confidence == "random":
         score = uniform(position_hash(keys, counters, positions, STREAM_CONFIDENCE))
     else:
         lse = torch.logsumexp(source, dim=-1)
-        if config.confidence == "prob":
+        if confidence == "prob":
             score = _gathered_prob(source, tokens, lse)
-        elif config.confidence == "margin":
+        elif confidence == "margin":
             top2 = torch.topk(source, 2, dim=-1).values
             score = torch.exp(top2[..., 0] - lse) - torch.exp(top2[..., 1] - lse)
         else:  # neg_entropy
@@ -71,4 +88,7 @@ def propose_static(
     score = score.masked_fill(~eligible, NEG_INF)
     logprob = filtered.gather(-1, tokens[..., None]).squeeze(-1) - torch.logsumexp(filtered, dim=-1)
     logprob = logprob.masked_fill(~eligible, 0.0)
-    return Proposal(tokens=tokens, confidence=score, logprob=logprob)
+    return tokens, score, logprob
+
+
+_propose = CudaCompiled(_propose_ops)
