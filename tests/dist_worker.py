@@ -31,6 +31,10 @@ RL_VARIANTS = {  # recipe, overrides, optimizer steps (a second rollout after mu
     "rl_sdar_bgpo": ("configs/sdar/bgpo_tiny.yaml", ["algorithm.mc_num=2"], 2),  # block cache sampler, MC terms
     "rl_justgrpo": ("configs/llada/justgrpo_tiny.yaml",  # left-to-right rollouts, old + frozen-copy reference
                     ["algorithm.inner_steps=2", "algorithm.kl_coef=0.04", "algorithm.positions_per_forward=3"], 3),
+    # no KL: only the views of rollouts with a non-zero advantage; micro-batches of a flat group run empty views
+    "rl_justgrpo_skip": ("configs/llada/justgrpo_tiny.yaml",
+                         ["algorithm.inner_steps=2", "rollout.reward=dist_half_flat",
+                          "algorithm.positions_per_forward=3"], 2),
     "rl_espo": ("configs/llada/espo_tiny.yaml", ["algorithm.inner_steps=1"], 2),  # two-pass sequence gradient
     "rl_gdpo_dynamic": ("configs/llada/gdpo_tiny.yaml",  # dynamic sampling: extra rounds, groups moved across ranks
                         ["rollout.dynamic_sampling=true", "rollout.reward=dist_half_flat"], 2),

@@ -110,13 +110,14 @@ def test_rl_steps_under_torchrun_match_single_process(results, nproc, variant):
         assert all("lora_" in name for name in single["params"])
 
 
-RL_2026_VARIANTS = ["rl_justgrpo", "rl_espo", "rl_gdpo_dynamic"]
+RL_2026_VARIANTS = ["rl_justgrpo", "rl_justgrpo_skip", "rl_espo", "rl_gdpo_dynamic"]
 
 
 @pytest.mark.parametrize("nproc", [1, 2])
 @pytest.mark.parametrize("variant", RL_2026_VARIANTS)
 def test_2026_rl_steps_under_torchrun_match_single_process(results, nproc, variant):
-    """JustGRPO (chunked left-to-right forwards, old + reference), ESPO (two-pass sequence gradient, reference) and
+    """JustGRPO (chunked left-to-right forwards, old + reference; without KL: only the views of rollouts with a
+    non-zero advantage, empty views on all-flat micro-batches), ESPO (two-pass sequence gradient, reference) and
     GDPO with dynamic sampling (extra rounds; groups generated on one rank are admitted on another): rollouts,
     losses, gradients and parameters equal the single-process run."""
     single, dist = results[None][variant], results[nproc][variant]
@@ -127,6 +128,9 @@ def test_2026_rl_steps_under_torchrun_match_single_process(results, nproc, varia
         for key in ("old_logp", "ref_logp", "old_elbo", "ref_elbo"):
             if key in ours:
                 torch.testing.assert_close(theirs[key], ours[key], atol=1e-6, rtol=1e-5, msg=key)
+    if variant == "rl_justgrpo_skip":  # a flat group (zero advantages) beside informative ones
+        advantages = torch.cat([r["advantages"] for r in single["rollouts"]])
+        assert bool((advantages == 0).any()) and bool((advantages != 0).any())
     if variant == "rl_gdpo_dynamic":
         for key in ("extra_rounds", "dropped", "filled"):
             key = f"rollout/dynamic/{key}"

@@ -81,6 +81,82 @@ def test_justgrpo_views_mask_the_future_and_chunking_does_not_change_the_gradien
         torch.testing.assert_close(grads_one[name], grads_three[name], atol=1e-7, rtol=1e-5)
 
 
+def _eos_policy():
+    from rollout_helpers import sprinkle_token
+
+    from dare.data.tokenizer import EOS_ID
+
+    model = policy(seed=1)
+    sprinkle_token(model, EOS_ID, rate=0.15)  # completions of varying length (views after EOS have no term)
+    return model
+
+
+def test_justgrpo_pair_views_equal_one_view_at_a_time_exactly():
+    from dare.algorithms.justgrpo import left_to_right_views
+
+    model = _eos_policy()
+    src = source("justgrpo", model, sampler_block=1, steps=8, temperature=0.7, positions_per_forward=3)
+    algo, mb = src.algorithm, src.batch(0)[0]
+    assert bool((mb["completion_mask"].sum(-1) < 8).any())
+    columns = mb["generated"][0].nonzero().squeeze(-1)
+    mask, banned = src.token_ids.mask, (src.token_ids.mask,)
+    with torch.no_grad():
+        fast = algo.estimate(model, mb)["logp"]
+        noisy, select = left_to_right_views(mb, columns, mask)  # every row x every view, one forward
+        every = algo.logp(model, mb, noisy, select, temperature=mb["temperature"], banned=banned).sum(1)
+        single = torch.zeros_like(fast)
+        for r in range(mb.shape[0]):
+            for c in range(columns.numel()):
+                if bool(select[r, c].any()):
+                    row = mb[r:r + 1]
+                    single[r] += algo.logp(model, row, noisy[r:r + 1, c], select[r:r + 1, c],
+                                           temperature=row["temperature"], banned=banned)[0]
+    completion = mb["completion_mask"]
+    assert bool((single[completion] < 0).all()) and not bool(single[~completion].any())
+    torch.testing.assert_close(fast, single, atol=0, rtol=0)  # exact in fp32
+    torch.testing.assert_close(every, single, atol=0, rtol=0)
+
+
+def test_justgrpo_skipping_zero_advantage_rollouts_keeps_the_gradient_and_forwards_fewer_views():
+    model = _eos_policy()
+    kept = source("justgrpo", model, sampler_block=1, steps=8, inner_steps=2, positions_per_forward=3,
+                  skip_zero_advantage=False)
+    fast = source("justgrpo", model, sampler_block=1, steps=8, inner_steps=2, positions_per_forward=3)
+    micro = kept.batch(0)
+    mb = micro[0]
+    adv, completion = mb["advantages"], mb["completion_mask"]
+    assert bool((adv == 0).any()) and bool((adv != 0).any())
+    rows = []
+    hook = model.register_forward_hook(lambda module, args, kwargs, out: rows.append(args[0].shape[0]),
+                                       with_kwargs=True)
+    loss_kept, grads_kept = backward_all(kept.algorithm, model, micro)
+    forwarded_kept, rows[:] = sum(rows), []
+    loss_fast, grads_fast = backward_all(fast.algorithm, model, micro)
+    forwarded_fast = sum(rows)
+    hook.remove()
+    assert len(rows) == 3  # ceil(8 / 3) forwards either way
+
+    def views(scored):  # one view per scored position up to the first EOS (an empty chunk still runs one)
+        per_chunk = [scored[:, cols].sum() for cols in fast.algorithm.chunks(mb)]
+        return sum(max(1, int(n)) for n in per_chunk)
+
+    assert forwarded_kept == views(completion) < int(mb["generated"].sum())  # the old path: every row x column
+    assert forwarded_fast == views(completion & (adv != 0)[:, None]) < forwarded_kept
+    assert abs(loss_fast - loss_kept) < 1e-7
+    assert grads_fast.keys() == grads_kept.keys()
+    for name in grads_kept:
+        torch.testing.assert_close(grads_fast[name], grads_kept[name], atol=1e-7, rtol=1e-5)
+    mb["advantages"] = torch.zeros_like(adv)  # no rollout carries a gradient: one empty view per chunk
+    rows[:] = []
+    hook = model.register_forward_hook(lambda module, args, kwargs, out: rows.append(args[0].shape[0]),
+                                       with_kwargs=True)
+    loss_none, grads_none = backward_all(fast.algorithm, model, [mb])
+    hook.remove()
+    assert rows == [1, 1, 1] and loss_none == 0.0
+    assert grads_none.keys() == grads_kept.keys()  # every parameter still joins the backward
+    assert all(not bool(g.any()) for g in grads_none.values())
+
+
 def test_justgrpo_old_logprobs_are_the_samplers_and_cost_no_forward():
     model = policy(seed=1)
     src = source("justgrpo", model, sampler_block=1, steps=8, inner_steps=2, positions_per_forward=8)

@@ -12,10 +12,15 @@ sampler's returned per-step log-probs (``rollout_logprobs``). Parallel decoding 
 Loss: token-level clipped GRPO (algorithms.md §0.3) with the rollout's advantages,
 ``sum_{i,j} m_ij [-min(rho A_i, clip(rho) A_i) + beta KL_ij] / N`` with ``N = G * #{i: A_i != 0}`` (``normalize =
 generation``, grpo.py: ``gain / gen_length / valid_samples``) or ``N = sum m`` (``normalize = tokens``, DARE's
-token-mean). Every generated position needs its own view, i.e. one forward per position; ``positions_per_forward``
-views are batched into one forward and every chunk is its own backward (the loss is a sum over tokens), so memory is
-one chunk's graph. Every rank runs the same ``ceil(G / positions_per_forward)`` forwards (FSDP collectives stay
-aligned); positions after the first EOS are scored by no one.
+token-mean). Every scored position needs its own view ``[x ; y_<j ; M ... M]`` (bidirectional attention: the
+prompt's states depend on which completion tokens are visible, so views share no computation). The views are
+built per (rollout, position) pair and only where a term exists: positions up to the row's first EOS (later
+columns were never sampled), and in the training pass only rollouts that carry a gradient (``skip_zero_advantage``:
+with ``kl_coef = 0`` a rollout with advantage 0, i.e. a group with equal rewards, contributes exactly 0). The
+generated columns are taken ``positions_per_forward`` at a time; each chunk's pairs are one forward (rows = views)
+and one backward (the loss is a sum over tokens), so memory is one chunk's graph. Every rank runs the same
+``ceil(G / positions_per_forward)`` forwards (FSDP collectives stay aligned; a chunk without a pair runs one
+empty view).
 
 Deviations from the reference (``LeapLabTHU/JustGRPO`` ``grpo.py``; DARE ``llada_dp_actor_justgrpo.py``):
 
@@ -61,8 +66,12 @@ class JustGRPOConfig(PPOConfig):
     """Loss normaliser: generation (generation length x rollouts with a non-zero advantage; JustGRPO) or tokens
     (completion tokens of the batch; DARE's token-mean)."""
     positions_per_forward: int = 1
-    """Left-to-right views scored per forward (JustGRPO: 1; DARE's justgrpo_position_chunk_size); a memory knob
-    that does not change the result."""
+    """Generated columns whose left-to-right views share one forward (JustGRPO: 1; DARE's
+    justgrpo_position_chunk_size); a memory knob that does not change the result."""
+    skip_zero_advantage: bool = True
+    """Training pass: leave out the views of rollouts with advantage 0 when kl_coef = 0 (their loss terms and
+    gradient are exactly 0, so the update is unchanged; the policy/logp metric then sums the scored rollouts only).
+    false scores every rollout, as the reference does."""
 
     def __post_init__(self):
         super().__post_init__()
@@ -75,7 +84,8 @@ class JustGRPOConfig(PPOConfig):
 def left_to_right_views(batch: TensorDict, positions: torch.Tensor, mask_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The sampler's states before committing generated columns ``positions [C]``: ``(noisy_ids [R, C, S], select
     [R, C, S])``; view ``c`` masks every generated column ``>= positions[c]`` and selects ``positions[c]`` (where it
-    is in the completion)."""
+    is in the completion). Every row gets every view; the training path builds only the needed ones
+    (:func:`view_pairs`, :func:`pair_views`)."""
     ids, generated = batch["input_ids"], batch["generated"]
     column = torch.arange(ids.shape[1], device=ids.device)
     target = positions.to(ids.device)[None, :, None]
@@ -83,6 +93,28 @@ def left_to_right_views(batch: TensorDict, positions: torch.Tensor, mask_id: int
     noisy = torch.where(masked, torch.full_like(ids, mask_id)[:, None], ids[:, None])
     select = (column[None, None, :] == target) & batch["completion_mask"][:, None, :]
     return noisy, select
+
+
+def view_pairs(batch: TensorDict, positions: torch.Tensor,
+               rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(row [N], column [N])`` of the views with a term among columns ``positions``: completion positions (up to
+    the row's first EOS) of the rows where ``rows [R]`` (bool; None = all), in row-major order."""
+    completion = batch["completion_mask"]
+    wanted = torch.zeros_like(completion)
+    wanted[:, positions.to(completion.device)] = True
+    wanted &= completion
+    if rows is not None:
+        wanted &= rows.to(completion.device)[:, None]
+    return wanted.nonzero(as_tuple=True)
+
+
+def pair_views(input_ids: torch.Tensor, generated: torch.Tensor, columns: torch.Tensor,
+               mask_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """One view per row of ``input_ids [N, S]`` (the pair's rollout): ``(noisy_ids [N, S], select [N, S])`` with the
+    generated columns ``>= columns[n]`` masked and ``columns[n]`` selected."""
+    column = torch.arange(input_ids.shape[1], device=input_ids.device)[None, :]
+    target = columns.to(input_ids.device)[:, None]
+    return input_ids.masked_fill(generated & (column >= target), mask_id), column == target
 
 
 @register_algorithm
@@ -116,11 +148,31 @@ class JustGRPO(RLAlgorithm):
         size = self.config.positions_per_forward
         return [columns[k * size:(k + 1) * size] for k in range(math.ceil(columns.numel() / size))]
 
-    def chunk_logp(self, model, batch: TensorDict, positions: torch.Tensor) -> torch.Tensor:
-        """``[R, S]``: ``log p_T(y_j | x, y_<j, M...M)`` at the chunk's completion positions, 0 elsewhere."""
-        noisy, select = left_to_right_views(batch, positions, self.token_ids.mask)
-        logp = self.logp(model, batch, noisy, select, temperature=batch["temperature"], banned=(self.token_ids.mask,))
-        return logp.sum(1)
+    def trained_rows(self, batch: TensorDict) -> torch.Tensor | None:
+        """``[R]`` rollouts whose loss terms can be non-zero (advantage != 0 without a KL term), or None (all)."""
+        if not self.config.skip_zero_advantage or self.config.kl_coef > 0:
+            return None
+        return batch["advantages"] != 0
+
+    def chunk_logp(self, model, batch: TensorDict, positions: torch.Tensor,
+                   rows: torch.Tensor | None = None) -> torch.Tensor:
+        """``[R, S]``: ``log p_T(y_j | x, y_<j, M...M)`` at the chunk's completion positions of ``rows`` (bool
+        ``[R]``, None = all), 0 elsewhere. One forward over the pairs' views (one empty view when there is none, so
+        the forward and its collectives still run)."""
+        row, column = view_pairs(batch, positions, rows)
+        empty = row.numel() == 0
+        if empty:
+            row, column = row.new_zeros(1), column.new_zeros(1)
+        views = batch[row]
+        noisy, select = pair_views(views["input_ids"], views["generated"], column, self.token_ids.mask)
+        if empty:
+            select = torch.zeros_like(select)
+        logp = self.logp(model, views, noisy, select, temperature=views["temperature"],
+                         banned=(self.token_ids.mask,))
+        out = torch.zeros(batch["input_ids"].shape, dtype=logp.dtype, device=logp.device)
+        if empty:
+            return out + 0.0 * logp.sum()  # keeps the graph (every parameter gets its zero gradient)
+        return out.index_put((row.to(out.device), column.to(out.device)), logp[select])
 
     def estimate(self, model, batch: TensorDict) -> TensorDict:
         self.ensure_bound(model)
@@ -159,13 +211,16 @@ class JustGRPO(RLAlgorithm):
         return loss, metrics
 
     def backward(self, model, batch: TensorDict, totals) -> dict:
-        """One forward + backward per chunk of positions (the loss is a sum over tokens)."""
+        """One forward + backward per chunk of positions (the loss is a sum over tokens), over the views of the
+        rollouts that carry a gradient (:meth:`trained_rows`)."""
         self.ensure_bound(model)
         metrics: dict = {}
         column = torch.arange(batch["input_ids"].shape[1], device=batch["input_ids"].device)
+        rows = self.trained_rows(batch)
         for positions in self.chunks(batch):
             scored = torch.isin(column, positions.to(column.device))[None, :].expand_as(batch["completion_mask"])
-            loss, m = self.token_loss(batch, self.chunk_logp(model, batch, positions), totals, scored)
+            logp = self.chunk_logp(model, batch, positions, rows)
+            loss, m = self.token_loss(batch, logp, totals, scored)
             loss.backward()
             for key, value in {**m, "loss": loss.detach()}.items():
                 metrics[key] = metrics.get(key, 0.0) + value
