@@ -79,6 +79,9 @@ def test_algorithm_choices_and_one_line_errors(capsys, tmp_path):
     choices = demo_algorithms()
     assert {"d1", "wd1", "coupled_grpo", "mdpo", "spg", "bgpo", "cj_grpo", "sft"} <= set(choices)
     assert "vrpo" not in choices and "dpo" not in choices
+    from dare.commands.demo import HELP_ALGORITHMS
+
+    assert set(HELP_ALGORITHMS) == set(choices) - {"sft"}  # `dare demo --help` names every choice
     for name, message in [("nope", "unknown demo algorithm 'nope'"), ("vrpo", "trains on preference pairs")]:
         assert main(["demo", "--algorithm", name, "--out", str(tmp_path / name)]) == 2
         err = capsys.readouterr().err.strip()

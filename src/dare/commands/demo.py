@@ -8,13 +8,17 @@ HELP = ("train a tiny LLaDA from scratch on CPU (SFT to partial competence, then
         "split with the GSM8K scorer; writes DIR/report.json and DIR/curves.png")
 
 
+HELP_ALGORITHMS = ("d1", "wd1", "coupled_grpo", "cj_grpo", "mdpo", "spg", "bgpo", "tracerl", "justgrpo", "espo",
+                   "dtreerpo", "gdpo", "igpo")
+"""Named in ``--help`` without importing the registry (``dare --help`` stays fast); a test keeps it complete."""
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="runs/demo", help="output directory (default: runs/demo)")
     parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     parser.add_argument("--algorithm", default="d1",
-                        help="RL algorithm: any registered rollout algorithm for full-attention models (d1, wd1, "
-                             "coupled_grpo, cj_grpo, spg, bgpo, mdpo, tracerl, dtreerpo, igpo), or sft to continue SFT "
-                             "instead (default d1)")
+                        help="RL algorithm: any registered rollout algorithm for full-attention models ("
+                             + ", ".join(HELP_ALGORITHMS) + "), or sft to continue SFT instead (default d1)")
     parser.add_argument("--quick", action="store_true", help="the shortened CI variant (tiny model, a few steps)")
     parser.add_argument("--sft-max-steps", type=int, help="upper bound of SFT steps")
     parser.add_argument("--sft-target", type=float,
