@@ -85,6 +85,17 @@ def test_block_diffusion_static_equals_eager(family, sampler, overrides):
     assert_same(eager, static, block=True)
 
 
+def test_static_decoding_builds_no_autograd_graph():
+    """Like the eager loops, the static steps run without autograd even when the caller has gradients on (an
+    autograd graph kept every layer's activations alive: 40 GB of graph memory at batch 16 on LLaDA-8B)."""
+    model = sharp_model("llada")
+    assert torch.is_grad_enabled() and any(p.requires_grad for p in model.parameters())
+    ids, mask = padded([9, 14])
+    out = generate(model, ids, mask, SamplerConfig(sampler="fastdllm", cache="dual", gen_length=16, block_length=8),
+                   engine="static")
+    assert not out.logprobs.requires_grad and not out.confidence_map.requires_grad
+
+
 @pytest.mark.parametrize("family,sampler", [("llada", "fastdllm"), ("sdar", "sdar")])
 def test_a_reused_static_state_follows_each_calls_max_blocks(family, sampler):
     """States are reused across calls whose settings differ only in host-loop fields: a one-block warm-up

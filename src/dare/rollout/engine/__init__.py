@@ -148,6 +148,7 @@ def _state_key(kind: str, config, batch: int, prompt_width: int, padded: bool, g
             tuple(sorted(settings.items())))
 
 
+@torch.no_grad()
 def run_static(sampler, model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, config, *,
                example_ids: Sequence[int], engine: str, progress: bool = False):
     """Decode with the static engine (``engine`` = ``static`` or ``graph``); returns a ``RolloutOutput``, or
