@@ -219,6 +219,19 @@ def test_dare_eval_opencompass_loading_errors_are_one_line(tmp_path, monkeypatch
 
 
 @needs_opencompass
+def test_the_shipped_configs_pass_the_checks(monkeypatch):
+    """No false alarms on real OpenCompass dataset entries (typed datasets with dataset ids, read_base imports)."""
+    from dare.commands.eval_oc import load_config
+    from dare.eval.opencompass_checks import check_config
+
+    monkeypatch.chdir(ROOT)
+    for name in ("eval_dare_tiny.py", "eval_dare_llada.py"):
+        config = load_config(f"configs/opencompass/{name}")
+        assert config["models"] and config["datasets"]
+        check_config(config)
+
+
+@needs_opencompass
 def test_dare_eval_opencompass_unknown_dataset_name(tmp_path, monkeypatch, capsys):
     from dare.cli import main
 
