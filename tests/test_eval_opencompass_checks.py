@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from dare.commands.eval_oc import FailedTasks
-from dare.errors import ConfigError, DareError, InputError
+from dare.errors import DareError, InputError
 from dare.eval.opencompass_checks import (
     check_config,
     check_dataset_config,
@@ -155,3 +155,13 @@ def test_failed_tasks_become_one_line(tmp_path):
         f"(log: {log}); 1 more task failed")
     assert failure_message(handler.failures[1:]).endswith("failed: no error in its log (log: " + str(tmp_path / "eval.out") + ")")
     assert failed_task("task X is running") is None
+
+
+def test_without_opencompass_the_command_says_what_to_install(monkeypatch, capsys):
+    import dare.eval.opencompass as plugin
+    from dare.cli import main
+
+    monkeypatch.setattr(plugin, "_IMPORT_ERROR", ImportError("No module named 'opencompass'"))
+    assert main(["eval", "opencompass", "configs/opencompass/eval_dare_tiny.py"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "pip install 'dare-dllm[opencompass]'" in err[0], err

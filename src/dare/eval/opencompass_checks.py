@@ -58,6 +58,7 @@ def model_arguments() -> tuple[str, ...]:
 def check_model_args(args: Mapping[str, Any], name: str = "DareDiffusionModel") -> None:
     """Argument names, ``sampler`` fields (and the sampler preset) and ``likelihood`` fields of a
     ``DareDiffusionModel``; ``name`` starts the messages."""
+    from dare.eval.harness import request_sampler
     from dare.eval.likelihood import LikelihoodConfig
     from dare.rollout import SamplerConfig
 
@@ -72,9 +73,9 @@ def check_model_args(args: Mapping[str, Any], name: str = "DareDiffusionModel") 
             raise ConfigError(f"{name}: {key} must be a dict of fields, e.g. {key}=dict(...); got {args[key]!r}")
     try:
         sampler = dict(args.get("sampler") or {})
-        config = SamplerConfig.from_dict(sampler)
-        if "sampler" in sampler:
-            config.resolved()  # an unknown preset name, a wrong field type
+        SamplerConfig.from_dict(sampler)
+        if "sampler" in sampler:  # resolved as a request resolves it: an unknown preset, a wrong field type
+            request_sampler(sampler, sampler["sampler"], None, 0)
         LikelihoodConfig.from_dict(dict(args.get("likelihood") or {}))
     except ConfigError as err:
         raise ConfigError(f"{name}: {err}") from None
@@ -205,7 +206,7 @@ def missing_base_config(message: str, config: str) -> str | None:
 
 # ------------------------------------------------------------------------------------- failed tasks
 
-FAILED_TASK = re.compile(r"^task (?P<task>.+) fail, see\s+(?P<log>\S+)\s*$", re.S)
+FAILED_TASK = re.compile(r"^task (?P<task>.+) fail, see\s+(?P<log>\S+)\s*$", re.DOTALL)
 """OpenCompass's ``LocalRunner`` message for a task that exited with an error (checked with OpenCompass 0.5.4)."""
 
 
