@@ -13,7 +13,8 @@ Install OpenCompass next to DARE (``pip install "dare-dllm[opencompass]"``, or i
         max_out_len=256, batch_size=8, run_cfg=dict(num_gpus=1),
     )]
 
-(see ``configs/opencompass/``). OpenCompass calls:
+(see ``configs/opencompass/``; ``dare eval opencompass CONFIG`` runs OpenCompass after checking the config, with
+one-line loading errors: :mod:`dare.commands.eval_oc`). OpenCompass calls:
 
 * ``generate(inputs, max_out_len)`` (``gen`` datasets): decoding with :func:`dare.rollout.generate`;
   ``gen_length`` is the sampler's if set, else ``max_out_len`` (rounded up to whole blocks, then cut);

@@ -13,7 +13,7 @@ that failed anyway into the one line that ended it:
 * :func:`failed_task` / :func:`task_failure_cause` / :func:`failure_message`: which tasks OpenCompass reported
   as failed, and the error in each task's log.
 
-Everything here works on plain dicts, paths and text: nothing imports OpenCompass.
+Everything here works on plain dicts, paths and text, with or without OpenCompass installed.
 """
 
 from __future__ import annotations
