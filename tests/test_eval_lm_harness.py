@@ -163,16 +163,16 @@ def test_cli_loading_errors_are_one_line(tmp_path, capsys, only_local_tasks):
     line = run_cli_error(capsys, "--model_args", "pretrained=/nonexistent/ckpt", "--tasks", "dare_tiny_gen")
     assert "no such checkpoint directory" in line
     line = run_cli_error(capsys, "--model_args", "pretrained=tiny:llada", "--tasks", "dare_tiny_gne")
-    assert "Tasks not found: dare_tiny_gne" in line
+    assert "Tasks not found: dare_tiny_gne (check --tasks; task YAML files of your own need --include_path DIR)" in line
     line = run_cli_error(capsys, "--model_args", "pretrained=tiny:llada", "--tasks", "dare_tiny_gen", "--model", "dar")
-    assert "'dar'" in line
+    assert "'dar'" in line and line.endswith("(the DARE model is --model dare)")
     broken = tmp_path / "tasks"
     broken.mkdir()
     task = (TASKS / "dare_tiny_mc.yaml").read_text().replace("task: dare_tiny_mc", "task: dare_broken")
     (broken / "broken.yaml").write_text(task.replace("data/tiny_mc.jsonl", "data/missing.jsonl"))
     line = run_cli_error(capsys, "--model_args", "pretrained=tiny:llada", "--tasks", "dare_broken",
                          "--include_path", str(broken))
-    assert "missing.jsonl" in line
+    assert "missing.jsonl" in line and "check the task's dataset_path and dataset_kwargs (data_files)" in line
 
 
 def test_without_lm_eval_the_command_says_what_to_install(monkeypatch, capsys):

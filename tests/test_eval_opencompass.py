@@ -100,6 +100,11 @@ def test_loading_errors_are_one_line(oc, tmp_path):
     assert str(err.value).startswith("cannot load the tokenizer of") and "\n" not in str(err.value)
     with pytest.raises(ConfigError, match="unknown likelihood option 'mc_sample'"):
         module.DareDiffusionModel(path="tiny:llada", likelihood={"mc_sample": 2})
+    # OpenCompass hands every key of the model entry to the constructor: a misspelt one is not ignored
+    with pytest.raises(ConfigError, match=r"unknown argument 'smapler' \(did you mean 'sampler'\?\)"):
+        module.DareDiffusionModel(path="tiny:llada", smapler={"sampler": "fastdllm"})
+    with pytest.raises(ConfigError, match="unknown sampler 'fastdlm'"):
+        module.DareDiffusionModel(path="tiny:llada", sampler={"sampler": "fastdlm"})
 
 
 def test_generate_matches_dare_rollout_and_cuts_stop_words(oc, tiny):
@@ -171,14 +176,93 @@ def test_ppl_ranks_a_memorised_answer_first(oc, tiny):
     assert min(range(3), key=ppl.__getitem__) == 1
 
 
+ROOT = Path(__file__).resolve().parents[1]
+TINY_CONFIG = (ROOT / "configs" / "opencompass" / "eval_dare_tiny.py").read_text()
+needs_opencompass = pytest.mark.skipif(not HAVE_OPENCOMPASS,
+                                       reason="OpenCompass is not installed (CI runs this in its own environment)")
+
+
+def run_dare_opencompass(cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    """``dare eval opencompass ARGS`` in a fresh process (OpenCompass's runners start their own)."""
+    env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.run([sys.executable, "-m", "dare.cli", "eval", "opencompass", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=1800, check=False)
+
+
+@needs_opencompass
+@pytest.mark.parametrize("old, new, expected", [
+    ("data/tiny_mcq.jsonl", "data/missing.jsonl",
+     "error: OpenCompass dataset configs/opencompass/data/missing.jsonl: no such file (relative paths start at"),
+    ("block_length=8", "block_lenght=8",
+     "error: OpenCompass model tiny-llada-fastdllm: unknown sampler option 'block_lenght' (did you mean 'block_length'?)"),
+    ("max_seq_len=512,", "max_seq_len=512, smapler=None,",
+     "error: OpenCompass model tiny-llada-fastdllm: unknown argument 'smapler' (did you mean 'sampler'?)"),
+    ('path="tiny:llada"', 'path="./checkpoints/llada"',
+     "error: OpenCompass model tiny-llada-fastdllm: model path ./checkpoints/llada: no such checkpoint directory"),
+    ("datasets = [", ("from mmengine.config import read_base\nwith read_base():\n"
+                      "    from opencompass.configs.datasets.gsm8k.gsm8k_gne import gsm8k_datasets\ndatasets = ["),
+     "error: OpenCompass config {config}: no config opencompass.configs.datasets.gsm8k.gsm8k_gne (no file"),
+])
+def test_dare_eval_opencompass_loading_errors_are_one_line(tmp_path, monkeypatch, capsys, old, new, expected):
+    """Caught before OpenCompass starts a task (in this process: only the config is loaded)."""
+    from dare.cli import main
+
+    assert old in TINY_CONFIG
+    config = tmp_path / "eval_broken.py"
+    config.write_text(TINY_CONFIG.replace(old, new))
+    monkeypatch.chdir(ROOT)
+    assert main(["eval", "opencompass", str(config), "-w", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith(expected.format(config=config)) and "Traceback" not in "".join(err), err
+    assert not (tmp_path / "out").exists()  # nothing was launched
+
+
+@needs_opencompass
+def test_the_shipped_configs_pass_the_checks(monkeypatch):
+    """No false alarms on real OpenCompass dataset entries (typed datasets with dataset ids, read_base imports)."""
+    from dare.commands.eval_oc import load_config
+    from dare.eval.opencompass_checks import check_config
+
+    monkeypatch.chdir(ROOT)
+    for name in ("eval_dare_tiny.py", "eval_dare_llada.py"):
+        config = load_config(f"configs/opencompass/{name}")
+        assert config["models"] and config["datasets"]
+        check_config(config)
+
+
+@needs_opencompass
+def test_dare_eval_opencompass_unknown_dataset_name(tmp_path, monkeypatch, capsys):
+    from dare.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["eval", "opencompass", "--datasets", "gsm8k_gne", "--models", "hf_llama3_8b"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("error: unknown OpenCompass dataset 'gsm8k_gne' (did you mean 'gsm8k_gen'?)"), err
+
+
 @pytest.mark.slow
-@pytest.mark.skipif(not HAVE_OPENCOMPASS, reason="OpenCompass is not installed (CI runs this in its own environment)")
+@needs_opencompass
+def test_a_task_that_fails_in_opencompass_ends_with_its_error(tmp_path):
+    """A mistake only the task subprocess meets (a hub name that cannot be fetched offline): OpenCompass logs
+    the traceback and exits 0; ``dare eval opencompass`` ends with the error from the task's log."""
+    config = tmp_path / "eval_hub_typo.py"
+    config.write_text(TINY_CONFIG.replace('path="tiny:llada"', 'path="nobody/no-such-dllm"'))
+    done = run_dare_opencompass(ROOT, str(config), "-w", str(tmp_path / "out"), "--mode", "infer")
+    last = done.stderr.strip().splitlines()[-1]
+    assert done.returncode == 2, done.stdout[-3000:] + done.stderr[-3000:]
+    assert last.startswith("error: OpenCompass task OpenICLInfer[tiny-llada-fastdllm/tiny_mcq") and \
+        "failed: model nobody/no-such-dllm: no such local directory, and the hub did not provide it" in last, last
+    log = last.rpartition("(log: ")[2].rstrip(")")
+    assert Path(log).is_file() and "Traceback" in Path(log).read_text()
+
+
+@pytest.mark.slow
+@needs_opencompass
 def test_opencompass_runs_the_tiny_config_end_to_end(tmp_path):
-    """``opencompass configs/opencompass/eval_dare_tiny.py`` on CPU: a likelihood (ppl) and a generation dataset."""
-    root = Path(__file__).resolve().parents[1]
-    env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([sys.executable, "-m", "opencompass.cli.main", "configs/opencompass/eval_dare_tiny.py",
-                           "-w", str(tmp_path)], cwd=root, env=env, capture_output=True, text=True, timeout=1800)
+    """``dare eval opencompass configs/opencompass/eval_dare_tiny.py`` (OpenCompass's CLI after the checks) on CPU:
+    a likelihood (ppl) and a generation dataset."""
+    done = run_dare_opencompass(ROOT, "configs/opencompass/eval_dare_tiny.py", "-w", str(tmp_path))
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     summary = next(tmp_path.rglob("summary_*.csv"))
     rows = list(csv.DictReader(summary.open()))

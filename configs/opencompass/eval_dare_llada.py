@@ -1,7 +1,10 @@
 """LLaDA-8B-Instruct in OpenCompass through the DARE plug-in: generation benchmarks with the Fast-dLLM
 sampler (dual cache, threshold decoding), multiple choice by MC-ELBO likelihood.
 
-    opencompass configs/opencompass/eval_dare_llada.py -w outputs/opencompass_llada
+    dare eval opencompass configs/opencompass/eval_dare_llada.py -w outputs/opencompass_llada
+
+(or plain ``opencompass`` with the same arguments; ``dare eval opencompass`` checks the config first and turns
+loading errors into one line).
 
 Swap ``path`` for any DARE family (Dream, LLaDA-MoE, SDAR, LLaDA2; a local checkpoint or ``tiny:FAMILY``),
 ``sampler`` for any registered sampler and its settings (``dare.rollout.SamplerConfig`` fields), and add

@@ -2,7 +2,7 @@
 
 Run from the repository root in an environment with OpenCompass and DARE installed::
 
-    opencompass configs/opencompass/eval_dare_tiny.py -w outputs/opencompass_tiny
+    dare eval opencompass configs/opencompass/eval_dare_tiny.py -w outputs/opencompass_tiny   # or: opencompass ...
 
 ``tiny_mcq`` is scored by likelihood (OpenCompass ``ppl`` inferencer -> ``get_ppl`` -> MC-ELBO), ``tiny_qa``
 by generation (``gen`` inferencer -> ``generate`` with the Fast-dLLM sampler). Accuracies of a random model

@@ -1,5 +1,6 @@
 """``dare eval run`` (evaluate a model on a benchmark) and ``dare eval score`` (score a predictions file); ``dare
-eval sweep`` (:mod:`dare.commands.eval_sweep`) and ``dare eval lm-eval`` (:mod:`dare.commands.eval_lm`).
+eval sweep`` (:mod:`dare.commands.eval_sweep`), ``dare eval lm-eval`` (:mod:`dare.commands.eval_lm`) and ``dare eval
+opencompass`` (:mod:`dare.commands.eval_oc`).
 
 ``dare eval run --model PATH|tiny:FAMILY --benchmark B [--data ...] [--sampler NAME -o key=value ...]``
 generates completions (free-form benchmarks, or ``--mode generate``) or scores every option of a
@@ -21,16 +22,18 @@ import json
 import sys
 
 HELP = ("evaluate models on benchmarks (run: generate/likelihood + score; score: score a predictions file; sweep: "
-        "accuracy under several decoder settings; lm-eval: lm-evaluation-harness with the dare model)")
+        "accuracy under several decoder settings; lm-eval: lm-evaluation-harness with the dare model; opencompass: "
+        "OpenCompass with one-line loading errors)")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="eval_command", metavar="SUBCOMMAND")
-    from dare.commands import eval_lm, eval_sweep
+    from dare.commands import eval_lm, eval_oc, eval_sweep
 
     configure_run(sub.add_parser("run", help="evaluate a model on a benchmark and print the metrics as JSON"))
     eval_sweep.configure(sub.add_parser("sweep", help=eval_sweep.HELP, description=eval_sweep.HELP))
     eval_lm.configure(sub.add_parser("lm-eval", help=eval_lm.HELP, description=eval_lm.HELP, add_help=False))
+    eval_oc.configure(sub.add_parser("opencompass", help=eval_oc.HELP, description=eval_oc.HELP, add_help=False))
     score = sub.add_parser("score", help="score a predictions .jsonl file and print the metrics as JSON")
     score.add_argument("--benchmark", required=True, help="benchmark name (gsm8k, math500, humaneval, mmlu, ...)")
     score.add_argument("--predictions", required=True, help='JSONL: {"id"|"question", "prediction", "answer"} or native fields')
@@ -50,18 +53,19 @@ def run(args: argparse.Namespace) -> int:
     if args.eval_command is None:
         args.eval_parser.print_help()
         return 2
-    from dare.commands import eval_lm, eval_sweep
+    from dare.commands import eval_lm, eval_oc, eval_sweep
 
-    return {"run": run_run, "score": run_score, "sweep": eval_sweep.run, "lm-eval": eval_lm.run}[args.eval_command](args)
+    commands = {"run": run_run, "score": run_score, "sweep": eval_sweep.run, "lm-eval": eval_lm.run,
+                "opencompass": eval_oc.run}
+    return commands[args.eval_command](args)
 
 
 def take_extra(args: argparse.Namespace, extra: list[str]) -> bool:
-    """``dare eval lm-eval`` passes every further argument to lm-eval."""
-    if args.eval_command != "lm-eval":
-        return False
-    from dare.commands import eval_lm
+    """``dare eval lm-eval`` / ``dare eval opencompass`` pass every further argument to lm-eval / OpenCompass."""
+    from dare.commands import eval_lm, eval_oc
 
-    return eval_lm.take_extra(args, extra)
+    passes = {"lm-eval": eval_lm, "opencompass": eval_oc}.get(args.eval_command)
+    return passes is not None and passes.take_extra(args, extra)
 
 
 # ------------------------------------------------------------------------------------------- run

@@ -13,8 +13,11 @@ import sys
 HELP = "run lm-evaluation-harness with the dare model registered (all further arguments go to lm-eval)"
 
 
-LOADING_MESSAGES = ("Tasks not found", "no model for this name found")
-"""How lm-eval's ``ValueError`` for an unknown task / model name begins (checked with lm-eval 0.4.13)."""
+LOADING_MESSAGES = {"Tasks not found": "check --tasks; task YAML files of your own need --include_path DIR",
+                    "no model for this name found": "the DARE model is --model dare"}
+"""lm-eval's ``ValueError`` for an unknown task / model name (checked with lm-eval 0.4.13) -> how to fix it."""
+DATASET_HINT = ("check the task's dataset_path and dataset_kwargs (data_files); relative paths start at the "
+                "directory you run from")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -32,9 +35,11 @@ def loading_error(err: BaseException) -> str | None:
     text = str(err).strip()
     first = text.splitlines()[0] if text else type(err).__name__
     if isinstance(err, FileNotFoundError):  # also datasets' DataFilesNotFoundError / DatasetNotFoundError
-        return f"lm-eval could not load a dataset: {first}"
-    if isinstance(err, ValueError) and any(marker in first for marker in LOADING_MESSAGES):
-        return f"lm-eval: {first}"
+        return f"lm-eval could not load a dataset: {first} ({DATASET_HINT})"
+    if isinstance(err, ValueError):
+        hint = next((fix for marker, fix in LOADING_MESSAGES.items() if marker in first), None)
+        if hint is not None:
+            return f"lm-eval: {first.rstrip('. ')} ({hint})"
     return None
 
 

@@ -13,7 +13,8 @@ Install OpenCompass next to DARE (``pip install "dare-dllm[opencompass]"``, or i
         max_out_len=256, batch_size=8, run_cfg=dict(num_gpus=1),
     )]
 
-(see ``configs/opencompass/``). OpenCompass calls:
+(see ``configs/opencompass/``; ``dare eval opencompass CONFIG`` runs OpenCompass after checking the config, with
+one-line loading errors: :mod:`dare.commands.eval_oc`). OpenCompass calls:
 
 * ``generate(inputs, max_out_len)`` (``gen`` datasets): decoding with :func:`dare.rollout.generate`;
   ``gen_length`` is the sampler's if set, else ``max_out_len`` (rounded up to whole blocks, then cut);
@@ -81,15 +82,17 @@ class DareDiffusionModel(_BaseModel):
                  max_seq_len: int = 4096, chat: bool | None = None, meta_template: dict | None = None,
                  generation_kwargs: dict | None = None, stop_words: Sequence[str] = (), seed: int = 0,
                  mc_batch_size: int = 16, tokenizer_only: bool = False, model=None, tokenizer=None,
-                 **unused: Any):
+                 **unknown: Any):
         require_opencompass()
         from dare.eval.likelihood import LikelihoodConfig
-        from dare.rollout import SamplerConfig
+        from dare.eval.opencompass_checks import check_model_args
 
+        # OpenCompass passes every key of the model entry: a misspelt one is a one-line error, as are unknown
+        # sampler / likelihood fields and an unknown sampler preset
+        check_model_args({"sampler": sampler, "likelihood": likelihood, **unknown})
         super().__init__(path=path, max_seq_len=max_seq_len, tokenizer_only=tokenizer_only,
                          meta_template=meta_template, generation_kwargs=dict(generation_kwargs or {}))
         self.sampler_fields = dict(sampler or {})
-        SamplerConfig.from_dict(self.sampler_fields)  # unknown keys: one-line error
         self.likelihood = LikelihoodConfig.from_dict(dict(likelihood or {}))
         self.stop_words = list(stop_words)
         self.seed = seed
