@@ -82,7 +82,7 @@ def measure(args, threads: int, load: int, policy: str | None = None) -> dict:
     return {"load": load, "wait_policy": policy or "default", **result}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> dict | None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--threads", type=int, action="append", help="thread counts (default 1 and 2)")
     parser.add_argument("--load", type=int, action="append", help="busy processes beside it (default 0 and 2)")
@@ -96,10 +96,10 @@ def main() -> None:
     parser.add_argument("--smoke", action="store_true", help="tiny shape, 2 repeats, no load (seconds)")
     parser.add_argument("--json", help="write the records here")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.child:
         print(json.dumps(child(args)))
-        return
+        return None
     if args.smoke:
         args.rows, args.length, args.layers, args.hidden, args.repeats, args.load = 4, 8, 1, 32, 2, [0]
     variants = [(t, None) for t in (args.threads or [1, 2])] + ([(2, "passive")] if args.passive else [])
@@ -111,9 +111,11 @@ def main() -> None:
         fb, dec = r["forward_backward"], r["decode_forward"]
         print(f"| {r['load']} | {r['threads']} | {r['wait_policy']} | {fb['wall_ms']:.1f} | {fb['cpu_ms']:.1f} | "
               f"{dec['wall_ms']:.1f} | {dec['cpu_ms']:.1f} |")
+    report = {"benchmark": "cpu_threads", "shape": vars(args), "records": records}
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"benchmark": "cpu_threads", "shape": vars(args), "records": records}, f, indent=1)
+            json.dump(report, f, indent=1)
+    return report
 
 
 if __name__ == "__main__":
