@@ -127,6 +127,7 @@ def train_overrides(bench, args, variant: dict, out_dir: str) -> list[str]:
         "model.dtype": "float32" if args.tiny else "bfloat16",
         "model.attn_backend": variant["attn"], "model.logits_chunk_size": variant["logits_chunk"],
         "model.gradient_checkpointing": args.grad_ckpt,
+        "model.compile": args.compile_blocks and variant is bench.VARIANTS.get("optimised"),
         "lora.enabled": not args.no_lora, "lora.r": args.lora_r, "lora.alpha": args.lora_alpha,
         "lora.dropout": args.lora_dropout,
         "rollout.group_size": args.group, "rollout.samples_file": False,
@@ -256,6 +257,9 @@ def parse_args(bench, argv=None) -> argparse.Namespace:
     p.add_argument("--lora-alpha", type=int, help="LoRA alpha (default 64; tiny 16)")
     p.add_argument("--lora-dropout", type=float, default=0.05, help="LoRA dropout (0.05)")
     p.add_argument("--grad-ckpt", action="store_true", help="gradient checkpointing in the update")
+    p.add_argument("--compile-blocks", action="store_true",
+                   help="model.compile=true in the optimised variant (regional torch.compile of every block: rollout, "
+                        "log-prob and update passes; the warm-up step pays the compilation)")
     p.add_argument("--budget-s", type=float, default=240.0,
                    help="skip a variant whose measured cycle would end past this many seconds (from the start)")
     p.add_argument("--hard-limit-s", type=int, default=285, help="abort whatever runs after this many seconds")
