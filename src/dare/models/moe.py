@@ -75,6 +75,12 @@ def _padded_linear(x: torch.Tensor, weight: torch.Tensor, expert: torch.Tensor, 
     return torch.bmm(padded, weight.transpose(-2, -1))[expert, slot]
 
 
+def expert_counts(flat: torch.Tensor, n_experts: int) -> torch.Tensor:
+    """Rows per expert of the flat expert ids ``flat``, as ``int64 [n_experts]``: a scatter-add, no host sync
+    (CUDA ``bincount`` reads the largest id back to the host, which a recorded CUDA graph cannot do)."""
+    return torch.zeros(n_experts, dtype=torch.long, device=flat.device).scatter_add_(0, flat, torch.ones_like(flat))
+
+
 def _local(param: torch.Tensor) -> torch.Tensor:
     """This rank's experts: the local shard of an expert-parallel DTensor, else the tensor itself."""
     return param.to_local() if hasattr(param, "to_local") else param
@@ -119,7 +125,7 @@ class ExpertBank(nn.Module):
         flat = chosen.reshape(-1)
         order = flat.argsort(stable=True)
         rows = x.index_select(0, order // k)  # [T*k, D] grouped by expert
-        counts = torch.bincount(flat, minlength=self.num_experts)
+        counts = expert_counts(flat, self.num_experts)
         if self.expert_group is None:
             out_sorted = self._experts(rows, counts, dtype)
         else:

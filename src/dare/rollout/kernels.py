@@ -83,6 +83,13 @@ def linear_schedule(num_masked: torch.Tensor, steps: int) -> torch.Tensor:
 def _top_p(logits: torch.Tensor, top_p: float | None) -> torch.Tensor:
     if top_p is None or top_p >= 1:
         return logits
+    return _top_p_mask(logits, top_p)
+
+
+# Eager inside compiled proposals (a graph break): inductor's CUDA code generation for a vocabulary-wide cumsum
+# (a split scan) fails in torch 2.11, and the sort it follows gains nothing from compilation.
+@torch.compiler.disable
+def _top_p_mask(logits: torch.Tensor, top_p: float) -> torch.Tensor:
     sorted_logits, sorted_idx = torch.sort(logits, dim=-1, descending=True)
     cum = torch.cumsum(torch.softmax(sorted_logits, dim=-1), dim=-1)
     remove = cum > top_p
