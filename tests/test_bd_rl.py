@@ -229,23 +229,27 @@ def test_tracerl_scores_truncation_and_accuracy_filter():
 def test_ebpo_views_touch_every_block_with_stratified_levels():
     src = bd_source("ebpo", mc_num=4)
     mb = src.batch(0)[0]
+    weight = mb["elbo_weight"]  # [R, N, S]: 1 / (N p_{n,b}) on the masked tokens, 0 elsewhere
+    masked = weight != 0
+    assert torch.equal(masked, mb["noisy_ids"] == src.algorithm.token_ids.mask)
     blocks = (mb["attention_mask"].cumsum(-1) - 1) // 4
     for row in range(8):
         comp = mb["completion_mask"][row]
         for b in blocks[row][comp].unique():
             in_block = comp & (blocks[row] == b)
             size = int(in_block.sum())
-            counts = mb["mask"][row][:, in_block].sum(-1)  # [N]
+            counts = masked[row][:, in_block].sum(-1)  # [N]
             assert bool(((counts >= 1) & (counts <= size)).all())  # 1 <= m <= |b| in every view
-            p = mb["p_mask"][row][:, in_block]
-            torch.testing.assert_close(p, (counts / size)[:, None].expand_as(p))
-        assert not bool((mb["mask"][row] & ~comp).any())
+            w = weight[row][:, in_block]
+            want = (size / (4 * counts))[:, None].expand_as(w)  # 1 / (N m / |b|)
+            torch.testing.assert_close(w[masked[row][:, in_block]], want[masked[row][:, in_block]])
+        assert not bool((masked[row] & ~comp).any())
     # levels of one block are 1/N apart: with |b| = 4 and N = 4 the counts m = floor(4 t) + 1 take every value
     full = [(row, b) for row in range(8) for b in blocks[row][mb["completion_mask"][row]].unique().tolist()
             if int((mb["completion_mask"][row] & (blocks[row] == b)).sum()) == 4]
     assert full
     for row, b in full:
-        counts = mb["mask"][row][:, mb["completion_mask"][row] & (blocks[row] == b)].sum(-1)
+        counts = masked[row][:, mb["completion_mask"][row] & (blocks[row] == b)].sum(-1)
         assert sorted(counts.tolist()) == [1, 2, 3, 4]
 
 

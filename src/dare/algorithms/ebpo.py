@@ -31,8 +31,8 @@ import torch
 from tensordict import TensorDict
 
 from dare.algorithms.base import register_algorithm
-from dare.algorithms.functional import ebpo_sequence_losses, kl_estimate
-from dare.algorithms.rl import PPOConfig, RLAlgorithm
+from dare.algorithms.rl import PPOConfig
+from dare.algorithms.sequence_elbo import SequenceELBO
 from dare.diffusion.forward import STREAM_MASK, STREAM_STRATIFY
 from dare.diffusion.noise import example_generator
 from dare.errors import ConfigError
@@ -97,61 +97,25 @@ def block_level_views(completion: torch.Tensor, blocks: torch.Tensor, rollout_in
 
 
 @register_algorithm
-class EBPO(RLAlgorithm):
-    """Sequence-level PPO on the block-level composite ELBO with the two-pass exact gradient."""
+class EBPO(SequenceELBO):
+    """Sequence-level PPO on the block-level composite ELBO with the two-pass exact gradient
+    (:class:`~dare.algorithms.sequence_elbo.SequenceELBO` with EBPO's views and an unnormalised ratio)."""
 
     name = "ebpo"
     config_class = EBPOConfig
     attentions = ("block_causal",)
-    logprob_keys = ("elbo",)
+    elbo_metric = "policy/elbo"
 
-    def corrupt(self, batch: TensorDict, step: int) -> TensorDict:
+    def views(self, batch: TensorDict, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Masked copies of every rollout and weights ``1 / (N p_{n,b})`` on their masked tokens (0 elsewhere), so
+        ``sum w log p`` is the composite ``E = (1/N) sum_n ELBO_n``."""
+        n = self.config.mc_num
         mask, p_mask = block_level_views(batch["completion_mask"], self.block_ids(batch), batch["rollout_index"],
-                                         n=self.config.mc_num, seed=self.seed, step=step)
-        device = batch["input_ids"].device
-        mask, p_mask = mask.to(device), p_mask.to(device)
-        ids = batch["input_ids"][:, None].expand_as(mask)
-        batch["noisy_ids"] = torch.where(mask, torch.full_like(ids, self.token_ids.mask), ids)
-        batch["mask"], batch["p_mask"] = mask, p_mask
-        return batch
+                                         n=n, seed=self.seed, step=step)
+        ids = batch["input_ids"].cpu()[:, None].expand_as(mask)
+        noisy = torch.where(mask, torch.full_like(ids, self.token_ids.mask), ids)
+        return noisy, mask.float() / (p_mask * n)
 
-    def view_elbo(self, model, batch: TensorDict, n: int) -> torch.Tensor:
-        """``ELBO_n [R]``: the sum over blocks of ``sum_{masked} log p / p_{n,b}`` of view ``n``."""
-        mask = batch["mask"][:, n]
-        logp = self.logp(model, batch, batch["noisy_ids"][:, n], mask)
-        return (logp / batch["p_mask"][:, n].float()).sum(-1)
-
-    def estimate(self, model, batch: TensorDict) -> TensorDict:
-        self.ensure_bound(model)
-        views = [self.view_elbo(model, batch, n) for n in range(batch["noisy_ids"].shape[1])]
-        return TensorDict({"elbo": torch.stack(views, 1).mean(1)}, batch_size=batch.batch_size)
-
-    def loss(self, batch: TensorDict, estimates: TensorDict, totals):
-        cfg = self.config
-        elbo = estimates["elbo"]
-        old = self.old_or_detached(batch, "elbo", elbo)
-        per_row, clipped = ebpo_sequence_losses(elbo, old, batch["advantages"], cfg.clip_low, cfg.clip_high)
-        scale = totals["sequences"].clamp(min=1).float()
-        loss = per_row.sum() / scale
-        metrics = {"policy/clip_frac": clipped.float().sum().detach() / scale,
-                   "policy/elbo": elbo.detach().sum() / scale,
-                   "policy/log_ratio": (elbo - old).detach().sum() / scale}
-        if cfg.kl_coef > 0:
-            kl = kl_estimate(elbo, batch["ref_elbo"], cfg.kl_estimator)
-            loss = loss + cfg.kl_coef * kl.sum() / scale
-            metrics["policy/kl"] = kl.detach().sum() / scale
-        metrics["loss"] = loss.detach()
-        return loss, metrics
-
-    def backward(self, model, batch: TensorDict, totals) -> dict:
-        """The two-pass memory-exact gradient (module docstring): peak memory is one view's graph."""
-        self.ensure_bound(model)
-        views = batch["noisy_ids"].shape[1]
-        with torch.no_grad():
-            values = torch.stack([self.view_elbo(model, batch, n) for n in range(views)], 1)
-        proxy = values.mean(1).requires_grad_(True)
-        loss, metrics = self.loss(batch, TensorDict({"elbo": proxy}, batch_size=batch.batch_size), totals)
-        (grad,) = torch.autograd.grad(loss, proxy)
-        for n in range(views):
-            ((grad * self.view_elbo(model, batch, n)).sum() / views).backward()
-        return metrics
+    def lengths(self, batch: TensorDict) -> torch.Tensor:
+        """EBPO's ratio is on the raw composite ELBO: every normalising length is 1."""
+        return torch.ones(batch.batch_size[0], device=batch["input_ids"].device)

@@ -1,13 +1,13 @@
-"""Sequence-level PPO on a weighted-sum ELBO estimate (the shared base of ESPO and GDPO).
+"""Sequence-level PPO on a weighted-sum ELBO estimate (the shared base of ESPO, GDPO and EBPO).
 
-Both methods treat a whole completion as one action whose log-likelihood is replaced by an ELBO estimate that is a
+These methods treat a whole completion as one action whose log-likelihood is replaced by an ELBO estimate that is a
 **weighted sum of token log-probs over stored views**: ``E_i = sum_v sum_j w_ivj log p(y_ij | z_iv)``, where view
 ``v`` is a corruption ``z_iv`` of rollout ``i`` (``noisy_ids [R, V, S]``) and ``w [R, V, S]`` (``elbo_weight``)
 carries every factor of the estimator (``1/p``, quadrature weights, Monte-Carlo averages; 0 where the view scores
 nothing). A subclass only builds the views (:meth:`SequenceELBO.views`); this base class does the rest:
 
 * ratio per rollout ``rho_i = exp((E_i - E_old_i) / L_i)``, ``L_i`` the normalising length (ESPO's and GDPO's
-  per-token normalisation), with the PPO clip applied in log space
+  per-token normalisation; :meth:`SequenceELBO.lengths`, 1 for EBPO's raw ELBO), with the PPO clip applied in log space
   (:func:`~dare.algorithms.functional.ebpo_sequence_losses`);
 * loss ``(1/B) sum_i [-min(rho_i A_i, clip(rho_i) A_i) + beta KL(E_i, E_ref_i) / L_i]`` over the ``B`` rollouts of
   the global batch (the KL estimator is applied to the raw ELBO, then divided by the length, as ESPO does);
@@ -66,6 +66,8 @@ class SequenceELBO(RLAlgorithm):
     config_class = SequenceELBOConfig
     attentions = ("full",)
     logprob_keys = ("elbo",)
+    elbo_metric = "policy/elbo_per_token"
+    """Metric name of ``E / L`` (the normalised ELBO)."""
 
     def views(self, batch: TensorDict, step: int) -> tuple[torch.Tensor, torch.Tensor]:
         """``(noisy_ids [R, V, S], elbo_weight [R, V, S])`` of the batch for optimizer step ``step``."""
@@ -107,7 +109,7 @@ class SequenceELBO(RLAlgorithm):
         scale = totals["sequences"].clamp(min=1).float()
         loss = per_row.sum() / scale
         metrics = {"policy/clip_frac": clipped.float().sum().detach() / scale,
-                   "policy/elbo_per_token": (elbo / length).detach().sum() / scale,
+                   self.elbo_metric: (elbo / length).detach().sum() / scale,
                    "policy/log_ratio": ((elbo - old) / length).detach().sum() / scale}
         if cfg.kl_coef > 0:
             kl = kl_estimate(elbo, batch["ref_elbo"], cfg.kl_estimator) / length
