@@ -293,9 +293,34 @@ def _eager(q, k, v, layout: AttentionLayout, scale: float) -> torch.Tensor:
 
 
 def _sdpa(q, k, v, layout: AttentionLayout, scale: float) -> torch.Tensor:
-    return F.scaled_dot_product_attention(
-        q, k, v, attn_mask=layout.dense_mask(), scale=scale, enable_gqa=q.shape[1] != k.shape[1]
-    )
+    mask = layout.dense_mask()
+    groups = q.shape[1] // k.shape[1]
+    if groups == 1 or mask is None:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=groups > 1)
+    return _masked_gqa_sdpa(q, k, v, mask, scale, groups)
+
+
+def folds_query_groups(query_len: int, mask: torch.Tensor, groups: int, heads: int, head_dim: int) -> bool:
+    """Whether masked grouped-query attention folds the query heads of a KV head into its query axis (True) or
+    repeats the KV heads (False): folding repeats the mask ``groups`` times along the queries (free when the mask
+    does not depend on the query), repeating writes ``2 x heads x head_dim`` more elements per key, so folding
+    wins for short query blocks (decoding steps against a KV cache) and repeating for long rows (training)."""
+    return mask.shape[-2] == 1 or groups * query_len <= 2 * heads * head_dim
+
+
+def _masked_gqa_sdpa(q, k, v, mask: torch.Tensor, scale: float, groups: int) -> torch.Tensor:
+    """Grouped-query attention with a mask on a fused kernel. PyTorch's fused SDPA kernels refuse ``enable_gqa``
+    together with a mask and fall back to the math kernel, which expands the KV heads and materialises every
+    score in float32; either layout below is the same attention and runs on the memory-efficient kernel."""
+    b, h, n, d = q.shape
+    if mask.shape[1] == 1 and folds_query_groups(n, mask, groups, h, d):
+        # query head j reads KV head j // groups: the groups of one KV head become groups x n queries of it
+        folded = q.reshape(b, h // groups, groups * n, d)
+        if mask.shape[-2] != 1:
+            mask = mask.repeat(1, 1, groups, 1)
+        return F.scaled_dot_product_attention(folded, k, v, attn_mask=mask, scale=scale).reshape(b, h, n, d)
+    k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
 
 
 _BACKEND_FNS = {"sdpa": _sdpa, "eager": _eager, "flex": _flex, "varlen": _varlen}
