@@ -8,7 +8,6 @@ tasks (a wrong model arg, an unknown task, a missing data file) are one-line mes
 from __future__ import annotations
 
 import argparse
-import sys
 
 HELP = "run lm-evaluation-harness with the dare model registered (all further arguments go to lm-eval)"
 
@@ -32,8 +31,9 @@ def take_extra(args: argparse.Namespace, extra: list[str]) -> bool:
 def loading_error(err: BaseException) -> str | None:
     """A one-line message for an exception lm-eval raises while loading tasks or data; None for anything else
     (a real failure keeps its traceback)."""
-    text = str(err).strip()
-    first = text.splitlines()[0] if text else type(err).__name__
+    from dare.commands.passthrough import first_line
+
+    first = first_line(err)
     if isinstance(err, FileNotFoundError):  # also datasets' DataFilesNotFoundError / DatasetNotFoundError
         return f"lm-eval could not load a dataset: {first} ({DATASET_HINT})"
     if isinstance(err, ValueError):
@@ -44,6 +44,7 @@ def loading_error(err: BaseException) -> str | None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from dare.commands.passthrough import exit_status, program_argv
     from dare.errors import DareError, InputError
     from dare.eval.lm_harness import require_lm_eval
 
@@ -51,19 +52,16 @@ def run(args: argparse.Namespace) -> int:
     import dare.eval.lm_harness  # noqa: F401  (registers the dare model)
     from lm_eval.__main__ import cli_evaluate
 
-    saved = sys.argv
-    sys.argv = ["lm-eval", *args.lm_eval_args]
-    try:
-        cli_evaluate()
-    except SystemExit as exit_:
-        return exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 2)
-    except DareError:
-        raise
-    except Exception as err:  # noqa: BLE001 - only loading errors are rewritten, the rest re-raised
-        message = loading_error(err)
-        if message is None:
+    with program_argv("lm-eval", args.lm_eval_args):
+        try:
+            cli_evaluate()
+        except SystemExit as exit_:
+            return exit_status(exit_)
+        except DareError:
             raise
-        raise InputError(message) from None
-    finally:
-        sys.argv = saved
+        except Exception as err:  # noqa: BLE001 - only loading errors are rewritten, the rest re-raised
+            message = loading_error(err)
+            if message is None:
+                raise
+            raise InputError(message) from None
     return 0

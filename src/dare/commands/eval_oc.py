@@ -17,8 +17,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import sys
-from contextlib import contextmanager
 
 HELP = "run OpenCompass with DARE's model plug-in and one-line loading errors (all further arguments go to OpenCompass)"
 
@@ -45,16 +43,6 @@ class FailedTasks(logging.Handler):
         failure = failed_task(record.getMessage())
         if failure is not None:
             self.failures.append(failure)
-
-
-@contextmanager
-def opencompass_argv(argv: list[str]):
-    saved = sys.argv
-    sys.argv = ["opencompass", *argv]
-    try:
-        yield
-    finally:
-        sys.argv = saved
 
 
 def check_invocation(options: argparse.Namespace) -> None:
@@ -95,6 +83,7 @@ def load_config(path: str):
 
 
 def run(args: argparse.Namespace) -> int:
+    from dare.commands.passthrough import exit_status, first_line, program_argv
     from dare.errors import DareError, InputError
     from dare.eval.opencompass import require_opencompass
     from dare.eval.opencompass_checks import failure_message
@@ -103,11 +92,11 @@ def run(args: argparse.Namespace) -> int:
     from opencompass.cli.main import main, parse_args
     from opencompass.utils import get_logger
 
-    with opencompass_argv(args.opencompass_args):
+    with program_argv("opencompass", args.opencompass_args):
         try:
             options = parse_args()
         except SystemExit as exit_:  # --help, or a usage error argparse has printed
-            return exit_.code if isinstance(exit_.code, int) else 2
+            return exit_status(exit_)
         check_invocation(options)
         # OpenCompass's main() makes its logger at this level on first use; the runners log failed tasks there
         logger = get_logger(log_level="DEBUG" if options.debug or options.dry_run else "INFO")
@@ -116,12 +105,11 @@ def run(args: argparse.Namespace) -> int:
         try:
             main()
         except SystemExit as exit_:
-            return exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 2)
+            return exit_status(exit_)
         except DareError:
             raise
         except FileNotFoundError as err:  # a dataset read in OpenCompass's own process (custom datasets, --debug)
-            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-            raise InputError(f"OpenCompass could not load a dataset: {first}") from None
+            raise InputError(f"OpenCompass could not load a dataset: {first_line(err)}") from None
         finally:
             logger.removeHandler(failed)
     if failed.failures:

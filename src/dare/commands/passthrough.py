@@ -1,0 +1,29 @@
+"""Running another tool's command line inside ``dare`` (``dare eval lm-eval``, ``dare eval opencompass``): its
+``sys.argv``, its exit status, and the first line of an error it raises."""
+
+from __future__ import annotations
+
+import sys
+from contextlib import contextmanager
+
+
+@contextmanager
+def program_argv(program: str, argv: list[str]):
+    """``sys.argv = [program, *argv]`` for the duration (the tool parses it), then the caller's again."""
+    saved = sys.argv
+    sys.argv = [program, *argv]
+    try:
+        yield
+    finally:
+        sys.argv = saved
+
+
+def exit_status(exit_: SystemExit) -> int:
+    """The process status a ``SystemExit`` stands for: its int code, 0 for ``None``, 2 for a message."""
+    return exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 2)
+
+
+def first_line(err: BaseException) -> str:
+    """The first line of ``err``'s message, or its type name when it has none."""
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
