@@ -81,20 +81,6 @@ class JustGRPOConfig(PPOConfig):
             raise ConfigError(f"algorithm.positions_per_forward must be >= 1; got {self.positions_per_forward}")
 
 
-def left_to_right_views(batch: TensorDict, positions: torch.Tensor, mask_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The sampler's states before committing generated columns ``positions [C]``: ``(noisy_ids [R, C, S], select
-    [R, C, S])``; view ``c`` masks every generated column ``>= positions[c]`` and selects ``positions[c]`` (where it
-    is in the completion). Every row gets every view; the training path builds only the needed ones
-    (:func:`view_pairs`, :func:`pair_views`)."""
-    ids, generated = batch["input_ids"], batch["generated"]
-    column = torch.arange(ids.shape[1], device=ids.device)
-    target = positions.to(ids.device)[None, :, None]
-    masked = generated[:, None, :] & (column[None, None, :] >= target)
-    noisy = torch.where(masked, torch.full_like(ids, mask_id)[:, None], ids[:, None])
-    select = (column[None, None, :] == target) & batch["completion_mask"][:, None, :]
-    return noisy, select
-
-
 def view_pairs(batch: TensorDict, positions: torch.Tensor,
                rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``(row [N], column [N])`` of the views with a term among columns ``positions``: completion positions (up to
