@@ -313,7 +313,7 @@ def _masked_gqa_sdpa(q, k, v, mask: torch.Tensor, scale: float, groups: int) -> 
     together with a mask and fall back to the math kernel, which expands the KV heads and materialises every
     score in float32; either layout below is the same attention and runs on the memory-efficient kernel."""
     b, h, n, d = q.shape
-    if mask.shape[1] == 1 and folds_query_groups(n, mask, groups, h, d):
+    if folds_query_groups(n, mask, groups, h, d):  # the layout's mask is one for all heads ([B, 1, Q, K])
         # query head j reads KV head j // groups: the groups of one KV head become groups x n queries of it
         folded = q.reshape(b, h // groups, groups * n, d)
         if mask.shape[-2] != 1:
