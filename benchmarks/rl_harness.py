@@ -259,7 +259,8 @@ def parse_args(bench, argv=None) -> argparse.Namespace:
     p.add_argument("--grad-ckpt", action="store_true", help="gradient checkpointing in the update")
     p.add_argument("--compile-blocks", action="store_true",
                    help="model.compile=true in the optimised variant (regional torch.compile of every block: rollout, "
-                        "log-prob and update passes; the warm-up step pays the compilation)")
+                        "log-prob and update passes; the warm-up step pays the compilation, which also inflates "
+                        "the budget estimate: raise --budget-s)")
     p.add_argument("--budget-s", type=float, default=240.0,
                    help="skip a variant whose measured cycle would end past this many seconds (from the start)")
     p.add_argument("--hard-limit-s", type=int, default=285, help="abort whatever runs after this many seconds")
