@@ -1,6 +1,6 @@
 #!/usr/bin/env python
-"""Where a static decoding step's time goes (GPU): replay time of each recorded graph, and the top kernels of one
-eager static step. Diagnostic companion of rollout.py / bd_rollout.py::
+"""Where a static decoding step's time goes (GPU): time of each recorded step during a real decode, and the top
+kernels of a whole decode (graph replays included). Diagnostic companion of rollout.py / bd_rollout.py::
 
     python benchmarks/engine_profile.py --family llada --batch 1
     python benchmarks/engine_profile.py --family sdar --batch 1
@@ -33,6 +33,7 @@ def main(argv=None) -> int:
     p.add_argument("--prompt-length", type=int, default=128)
     p.add_argument("--compile", choices=["none", "dynamic", "static"], default="none",
                    help="regional torch.compile of every block before recording (dynamic or static shapes)")
+    p.add_argument("--cache", choices=["prefix", "dual"], default="dual", help="llada: Fast-dLLM cache")
     p.add_argument("--gemm-only", action="store_true", help="time the projection matmuls, separate vs fused")
     p.add_argument("--rows", type=int, default=32, help="--gemm-only: query rows per batch row (the block)")
     args, extra = p.parse_known_args(argv)
@@ -51,37 +52,44 @@ def main(argv=None) -> int:
 
         compile_blocks(model, dynamic=args.compile == "dynamic")
     if args.family == "llada":
-        config = SamplerConfig(sampler="fastdllm", cache="dual", decoder="quota", gen_length=args.gen, block_length=32,
+        config = SamplerConfig(sampler="fastdllm", cache=args.cache, decoder="quota", gen_length=args.gen, block_length=32,
                                steps=args.gen, eos_early_stop=False, max_blocks=2, engine="graph")
     else:
         config = SamplerConfig(sampler="sdar", cache="block", decoder="quota", gen_length=args.gen, eos_early_stop=False,
                                max_blocks=4, engine="graph")
     prompts = torch.randint(0, 100000, (args.batch, args.prompt_length), device=device)
-    generate(model, prompts, None, config)
+    generate(model, prompts, None, config)  # records the graphs
     state = next(iter(_STATES[model].values()))
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    for key, graph in state.runner.graphs.items():
-        graph.replay()
-        torch.cuda.synchronize()
+    # Time each recorded step during a real second decode (replaying a graph out of its decode order is not
+    # valid: block steps advance device counters), then profile a third decode's kernels.
+    runner, original = state.runner, state.runner.run
+    times: dict = {}
+
+    def timed_run(key, fn):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        for _ in range(20):
-            graph.replay()
+        original(key, fn)
         end.record()
-        torch.cuda.synchronize()
-        print(f"graph {key}: {start.elapsed_time(end) / 20:.3f} ms per replay", flush=True)
-    print(f"graph memory reserved while recording: {state.runner.graph_bytes / 2**30:.2f} GiB; "
-          f"allocated now {torch.cuda.memory_allocated() / 2**30:.1f} GiB", flush=True)
-    key = next(k for k in state.runner.graphs if k[0] in ("window", "inner"))
-    fn = (lambda: state.step_window(key[1])) if key[0] == "window" else (lambda: state.step(False, 1))
+        times.setdefault(key, []).append((start, end))
+
+    runner.run = timed_run
+    generate(model, prompts, None, config)
+    torch.cuda.synchronize()
+    runner.run = original
+    total = 0.0
+    for key, pairs in times.items():
+        ms = [s.elapsed_time(e) for s, e in pairs]
+        total += sum(ms)
+        print(f"step {key}: {len(ms)} x {sum(ms) / len(ms):.3f} ms", flush=True)
+    print(f"all steps: {total:.1f} ms over {sum(len(v) for v in times.values())} forwards; graph memory "
+          f"{runner.graph_bytes / 2**30:.2f} GiB; allocated {torch.cuda.memory_allocated() / 2**30:.1f} GiB",
+          flush=True)
     from torch.profiler import ProfilerActivity, profile
 
-    with torch.no_grad():
-        fn()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        generate(model, prompts, None, config)
         torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
-            fn()
-            torch.cuda.synchronize()
-    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=18), flush=True)
+    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=24, max_name_column_width=70), flush=True)
     return 0
 
 

@@ -1,0 +1,103 @@
+#!/usr/bin/env python
+"""Masked grouped-query attention at decoding-step shapes (GPU): which SDPA layout/kernel is fastest.
+
+SDAR-8B shape (32 query / 8 KV heads, head 128), a block-cache step: ``--query`` query tokens per row against a
+static KV cache of ``--keys`` slots, of which the first ``--valid`` are attendable (the rest are future blocks)::
+
+    python benchmarks/attention_shapes.py --batch 1 64
+
+Prints microseconds per call for each variant and the KV-read floor (valid keys only / all slots).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+
+def _us(fn, reps: int = 200) -> float:
+    for _ in range(5):
+        fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / reps * 1000
+
+
+def variants(q, k, v, mask, valid):
+    b, h, n, d = q.shape
+    groups = h // k.shape[1]
+    folded = q.reshape(b, h // groups, groups * n, d)
+    fmask = mask.repeat(1, 1, groups, 1)
+    bias = torch.zeros(fmask.shape, dtype=q.dtype, device=q.device).masked_fill(~fmask, float("-inf"))
+    kr, vr = k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)
+
+    def only(backend, fn):
+        def run():
+            with sdpa_kernel([backend]):
+                return fn()
+        return run
+
+    def manual():
+        s = torch.matmul(folded, k.transpose(-1, -2)).float() * d ** -0.5
+        p = s.masked_fill(~fmask, float("-inf")).softmax(-1).to(q.dtype)
+        return torch.matmul(p, v)
+
+    return {
+        "fold, default kernel": lambda: F.scaled_dot_product_attention(folded, k, v, attn_mask=fmask),
+        "fold, cudnn": only(SDPBackend.CUDNN_ATTENTION, lambda: F.scaled_dot_product_attention(folded, k, v, attn_mask=fmask)),
+        "fold, efficient": only(SDPBackend.EFFICIENT_ATTENTION, lambda: F.scaled_dot_product_attention(folded, k, v, attn_mask=fmask)),
+        "fold, efficient, bf16 bias": only(SDPBackend.EFFICIENT_ATTENTION, lambda: F.scaled_dot_product_attention(folded, k, v, attn_mask=bias)),
+        "fold, manual matmuls": manual,
+        "repeat kv, efficient": only(SDPBackend.EFFICIENT_ATTENTION, lambda: F.scaled_dot_product_attention(q, kr, vr, attn_mask=mask)),
+        "enable_gqa + mask (math)": lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True),
+        "valid keys only, no mask (flash)": lambda: F.scaled_dot_product_attention(folded, k[:, :, :valid], v[:, :, :valid]),
+    }
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--batch", type=int, nargs="+", default=[1, 64])
+    p.add_argument("--query", type=int, default=4)
+    p.add_argument("--keys", type=int, default=388)
+    p.add_argument("--valid", type=int, default=260)
+    p.add_argument("--heads", type=int, default=32)
+    p.add_argument("--kv-heads", type=int, default=8)
+    p.add_argument("--head-dim", type=int, default=128)
+    args = p.parse_args(argv)
+    dev, dt = torch.device("cuda"), torch.bfloat16
+    bw = 4.3e12
+    for b in args.batch:
+        q = torch.randn(b, args.heads, args.query, args.head_dim, device=dev, dtype=dt)
+        k = torch.randn(b, args.kv_heads, args.keys, args.head_dim, device=dev, dtype=dt)
+        v = torch.randn_like(k)
+        mask = torch.zeros(b, 1, args.query, args.keys, dtype=torch.bool, device=dev)
+        mask[..., :args.valid] = True
+        kv_bytes = 2 * k.numel() * k.element_size()
+        print(f"\nB={b}: query {args.query} x {args.heads} heads, {args.valid}/{args.keys} keys x {args.kv_heads} KV heads; "
+              f"KV floor {kv_bytes * args.valid / args.keys / bw * 1e6:.1f} us (valid) / {kv_bytes / bw * 1e6:.1f} us (all)")
+        ref = None
+        for name, fn in variants(q, k, v, mask, args.valid).items():
+            try:
+                out = fn()
+                us = _us(fn)
+            except RuntimeError as e:
+                print(f"  {name:36s} failed: {str(e).splitlines()[0][:80]}")
+                continue
+            out = out.reshape(b, args.heads, args.query, args.head_dim)
+            ref = out if ref is None else ref
+            err = (out.float() - ref.float()).abs().max().item()
+            print(f"  {name:36s} {us:8.1f} us   x36 layers {us * 36 / 1000:6.3f} ms   max|diff| {err:.1e}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
