@@ -283,9 +283,10 @@ def add_engine_arguments(p) -> None:
     p.add_argument("--engines", nargs="+", help="rollout engines side by side (default: eager graph on CUDA, eager "
                    "static on CPU)")
     p.add_argument("--records", help="write the engine records ({'records': [...]}) to this file")
-    p.add_argument("--compile-blocks", action="store_true",
-                   help="regional torch.compile of every block (dare.models.compile_blocks) before decoding; engine "
-                        "records are labelled '<engine>+compile'")
+    p.add_argument("--compile-blocks", nargs="?", const="dynamic", choices=["dynamic", "static"],
+                   help="regional torch.compile of every block (dare.models.compile_blocks) before decoding, with "
+                        "dynamic shapes (the default) or one static graph per step shape (faster kernels, longer "
+                        "warm-up); engine records are labelled '<engine>+compile' / '<engine>+compile-static'")
 
 
 def default_engines(device: str) -> list[str]:
@@ -298,11 +299,11 @@ def apply_compile(model, args) -> None:
     if args.compile_blocks:
         from dare.models.compile import compile_blocks
 
-        compile_blocks(model)
+        compile_blocks(model, dynamic=args.compile_blocks != "static")
 
 
 def engine_label(engine: str, args) -> str:
-    return engine + ("+compile" if args.compile_blocks else "")
+    return engine + {None: "", "dynamic": "+compile", "static": "+compile-static"}[args.compile_blocks]
 
 
 def write_engine_records(args, bandwidth: float, wbytes: int, roofline: Roofline, records: list[dict]) -> None:

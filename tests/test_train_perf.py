@@ -131,6 +131,38 @@ def test_all_blocks_and_lengths_share_one_compiled_graph():
         torch._dynamo.reset()
 
 
+@pytest.mark.parametrize("family,sampler,cache", [("llada", "fastdllm", "dual"), ("sdar", "sdar", "block")])
+def test_static_compilation_shares_one_graph_per_shape_across_blocks(family, sampler, cache):
+    """dynamic=False: one graph per step shape for all blocks (a block must not read its layer index in compiled
+    code), and every block still reads and writes its own cache entry (same tokens as uncompiled decoding)."""
+    from torch._dynamo.utils import counters
+
+    from dare.rollout import SamplerConfig, generate
+
+    extra = {"steps": 16} if family == "llada" else {}
+    config = SamplerConfig(sampler=sampler, cache=cache, gen_length=16, block_length=4, engine="static",
+                           eos_early_stop=False, **extra)
+    prompts = torch.randint(5, 50, (2, 6), generator=torch.Generator().manual_seed(0))
+
+    def decode(layers, compiled):
+        torch._dynamo.reset()
+        counters.clear()
+        model = tiny_model(family, seed=0, n_layers=layers).eval()
+        if compiled:
+            compile_blocks(model, backend="eager", dynamic=False)
+        with torch.no_grad():
+            tokens = generate(model, prompts, None, config).completion
+        return tokens, counters["stats"]["unique_graphs"]
+
+    try:
+        tokens, graphs = decode(4, compiled=True)
+        assert graphs > 0
+        assert decode(1, compiled=True)[1] == graphs
+        assert torch.equal(tokens, decode(4, compiled=False)[0])
+    finally:
+        torch._dynamo.reset()
+
+
 def test_compile_and_chunk_options_are_validated(tmp_path):
     with pytest.raises(ConfigError, match="compile_backend"):
         small_config(tmp_path, "model.compile_backend=inductr")

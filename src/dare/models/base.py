@@ -130,20 +130,25 @@ def rotary_attention(
     rope: tuple[torch.Tensor, torch.Tensor],
     layout: AttentionLayout,
     cache: KVCache | None,
-    layer_idx: int,
+    layer,
     backend: str,
     rope_full_precision: bool = False,
 ) -> torch.Tensor:
-    """RoPE + cache + attention for ``q [B, L, H, d]`` and ``k, v [B, L, Hkv, d]`` -> ``[B, L, H*d]``."""
+    """RoPE + cache + attention for ``q [B, L, H, d]`` and ``k, v [B, L, Hkv, d]`` -> ``[B, L, H*d]``.
+
+    ``layer`` is the calling attention module; its ``layer_idx`` picks the cache entry. The index is read only
+    inside :func:`cached_attend`, outside compiled code: a compiled block that read it would specialise on it and
+    compile once per layer when shapes are static.
+    """
     q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
     cos, sin = rope
     q = apply_rope(q, cos, sin, full_precision=rope_full_precision)
     k = apply_rope(k, cos, sin, full_precision=rope_full_precision)
-    return cached_attend(q, k, v, layout, cache, layer_idx, backend)
+    return cached_attend(q, k, v, layout, cache, layer, backend)
 
 
 @torch.compiler.disable
-def cached_attend(q, k, v, layout: AttentionLayout, cache: KVCache | None, layer_idx: int, backend: str) -> torch.Tensor:
+def cached_attend(q, k, v, layout: AttentionLayout, cache: KVCache | None, layer, backend: str) -> torch.Tensor:
     """Store/read the KV cache, then :func:`attend` - never traced by ``torch.compile``.
 
     Compiled blocks (:func:`dare.models.compile.compile_blocks`) stop here: the attention kernels are
@@ -151,7 +156,7 @@ def cached_attend(q, k, v, layout: AttentionLayout, cache: KVCache | None, layer
     masks), the cache and the layer index change between calls and would force recompilations.
     """
     if cache is not None:
-        k, v = cache.update(layer_idx, k, v)
+        k, v = cache.update(layer.layer_idx, k, v)
     return attend(q, k, v, layout, backend)
 
 

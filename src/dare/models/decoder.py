@@ -55,7 +55,7 @@ class SelfAttention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         if self.clip_qkv is not None:
             q, k, v = (t.clamp(-self.clip_qkv, self.clip_qkv) for t in (q, k, v))
-        return self.o_proj(rotary_attention(q, k, v, rope, layout, cache, self.layer_idx, backend))
+        return self.o_proj(rotary_attention(q, k, v, rope, layout, cache, self, backend))
 
 
 class SoftmaxTopKMoE(nn.Module):

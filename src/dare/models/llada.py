@@ -183,7 +183,7 @@ class LLaDALlamaBlock(nn.Module):
         q = q.view(b, length, self.n_heads, self.head_dim)
         k = k.view(b, length, self.n_kv, self.head_dim)
         v = v.view(b, length, self.n_kv, self.head_dim)
-        attn = rotary_attention(q, k, v, rope, layout, cache, self.layer_idx, backend, self.rope_full_precision)
+        attn = rotary_attention(q, k, v, rope, layout, cache, self, backend, self.rope_full_precision)
         x = x + self.attn_out(attn)
         h = self.ff_norm(x)
         gate, up = project(self, "ff", h)

@@ -185,7 +185,7 @@ class FusedQKVAttention(nn.Module):
         qkv = self.query_key_value(x).view(b, length, self.n_heads + 2 * self.n_kv, self.head_dim)
         q, k, v = qkv.split([self.n_heads, self.n_kv, self.n_kv], dim=2)
         q, k = self.query_layernorm(q), self.key_layernorm(k)
-        return self.dense(rotary_attention(q, k, v, rope, layout, cache, self.layer_idx, backend))
+        return self.dense(rotary_attention(q, k, v, rope, layout, cache, self, backend))
 
 
 class GroupLimitedRouter(nn.Linear):
