@@ -55,6 +55,7 @@ from common import (  # noqa: E402
     matmul_rate,
     print_engine_table,
     sync,
+    warm_seconds,
     weights_floor,
     write_engine_records,
 )
@@ -168,7 +169,7 @@ def main(argv=None) -> int:
             reference = None
             for cache in [c for c in CACHES if c in args.caches]:
                 label = f"B={batch:<3d} {decoder:<8s} cache={cache:<6s}"
-                _, warm = run_once(model, prompts, args, decoder, cache, max_blocks=warm_blocks)
+                warm = warm_seconds(lambda: run_once(model, prompts, args, decoder, cache, max_blocks=warm_blocks), args)
                 guess = estimate(warm, warm_blocks, args, cache)
                 elapsed = time.perf_counter() - t_start
                 if elapsed + guess > args.budget_s:

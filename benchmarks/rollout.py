@@ -54,6 +54,7 @@ from common import (  # noqa: E402,F401
     matmul_rate,
     print_engine_table,
     sync,
+    warm_seconds,
     weights_floor,
     write_engine_records,
 )
@@ -158,7 +159,7 @@ def main(argv=None) -> int:
                 if time.perf_counter() - t_start > args.budget_s:
                     print(f"skip  B={batch:<3d} G={gen_length:<4d} {name:<17s} (time budget spent)", flush=True)
                     continue
-                _, _, warm = run_once(model, prompts, gen_length, args, overrides, max_blocks=1)
+                warm = warm_seconds(lambda: run_once(model, prompts, gen_length, args, overrides, max_blocks=1), args)
                 estimate = warm * measured_blocks
                 elapsed = time.perf_counter() - t_start
                 if elapsed + estimate > args.budget_s:

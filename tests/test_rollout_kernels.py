@@ -190,3 +190,31 @@ def test_dynamic_threshold_with_fallback():
     conf = CONF.masked_fill(~ELIG, float("-inf"))
     assert picked(select_dynamic(conf, ELIG, 0.45, torch.tensor([2, 1]))) == [[1, 2, 3], [3]]
     assert picked(select_dynamic(conf, ELIG, 0.85, torch.tensor([2, 2]))) == [[1, 3], [3, 4]]  # fallback top-k
+
+
+class _CudaLike:
+    """A stand-in first argument that routes :class:`CudaCompiled` to its compiled path on a CPU machine."""
+
+    is_cuda = True
+
+
+def test_compiled_sampling_falls_back_on_compiler_errors_but_not_on_out_of_memory():
+    from dare.rollout.engine.compiled import CudaCompiled
+
+    def eager(x):
+        return "eager"
+
+    def compiler_bug(x):
+        raise RuntimeError("inductor: cannot generate code")
+
+    def out_of_memory(x):
+        raise torch.OutOfMemoryError("CUDA out of memory")
+
+    wrapped = CudaCompiled(eager)
+    wrapped.enabled, wrapped.compiled = True, out_of_memory
+    with pytest.raises(torch.OutOfMemoryError):
+        wrapped(_CudaLike())
+    assert wrapped.enabled  # still compiled next time
+    wrapped.compiled = compiler_bug
+    assert wrapped(_CudaLike()) == "eager"
+    assert not wrapped.enabled

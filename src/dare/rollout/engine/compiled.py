@@ -4,7 +4,8 @@ A proposal over ``B x W x V`` logits (casts, the banned token, temperature, logs
 gathers) is a chain of memory-bound passes over the vocabulary; eagerly each is a kernel with a full-size
 temporary. :class:`CudaCompiled` runs such a pure-tensor function through ``torch.compile`` on CUDA, which
 fuses the chain into a few reductions, and eagerly elsewhere. A compiler failure logs one warning and leaves the
-eager ops in place for the rest of the process (same numbers up to float rounding);
+eager ops in place for the rest of the process (same numbers up to float rounding); running out of device memory
+is not a compiler failure and propagates (the eager ops need more memory, not less).
 ``DARE_COMPILE_SAMPLING=0`` never compiles.
 """
 
@@ -32,6 +33,8 @@ class CudaCompiled:
                 if self.compiled is None:
                     self.compiled = torch.compile(self.fn, dynamic=None)
                 return self.compiled(*args, **kwargs)
+            except torch.OutOfMemoryError:
+                raise
             except Exception as error:  # noqa: BLE001 - any compiler failure: the same eager ops
                 self.enabled = False
                 log.warning("compiled sampling (%s) unavailable, using eager ops: %s", self.fn.__name__,
