@@ -85,6 +85,33 @@ def test_block_diffusion_static_equals_eager(family, sampler, overrides):
     assert_same(eager, static, block=True)
 
 
+@pytest.mark.parametrize("family,sampler,overrides", [c for c in BLOCK_CASES if c[2].get("cache") == "block"])
+def test_block_cache_steps_attend_over_their_bucket_of_columns_only(family, sampler, overrides, monkeypatch):
+    """With buckets of one block, each step attends over the columns up to its block's end (fewer than the canvas
+    for every block but the last) and decodes exactly what the eager loop does."""
+    from dare.rollout.engine import block as block_engine
+    from dare.rollout.engine.forward import StaticKVCache
+
+    monkeypatch.setattr(block_engine, "KV_BUCKET", 8)
+    seen, update = [], StaticKVCache.update
+
+    def spy(self, layer, key, value):
+        keys, values = update(self, layer, key, value)
+        seen.append((keys.shape[2], self.width))
+        return keys, values
+
+    monkeypatch.setattr(StaticKVCache, "update", spy)
+    model = sharp_model(family)
+    ids, mask = padded([11, 4, 17])
+    config = SamplerConfig(sampler=sampler, gen_length=20, block_length=8, **overrides)
+    eager, static = decode_both(model, ids, mask, config)
+    assert_same(eager, static, block=True)
+    width = seen[0][1]
+    lengths = sorted({length for length, _ in seen})  # one bucket per decoded block: consecutive block ends
+    assert len(lengths) > 1 and lengths[0] < width and lengths[-1] <= width
+    assert all(n % 8 == 0 for n in lengths) and all(b - a == 8 for a, b in zip(lengths, lengths[1:]))
+
+
 def test_static_decoding_builds_no_autograd_graph():
     """Like the eager loops, the static steps run without autograd even when the caller has gradients on (an
     autograd graph kept every layer's activations alive: 40 GB of graph memory at batch 16 on LLaDA-8B)."""

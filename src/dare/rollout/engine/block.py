@@ -14,6 +14,10 @@ under the block-causal rule (:mod:`dare.rollout.engine.forward`), so later colum
   (the prompt prefix with the first block), later steps the block alone - the eager engine's forwards;
 * ``cache="none"``: every step runs the whole canvas (one shape for every block; the columns after the current
   block cannot influence it under the block-causal rule, so the tokens are the full recompute's).
+
+With the block cache a step of block ``k`` attends over the cache columns up to the block's end rounded up to
+:data:`KV_BUCKET` (the later columns are masked by the block-causal rule anyway): a step is recorded once per
+bucket instead of once, and the attention reads ~(prompt + generation) / 2 columns on average instead of all.
 """
 
 from __future__ import annotations
@@ -27,6 +31,10 @@ from dare.rollout.engine.state import StaticState
 from dare.rollout.engine.trajectory import StaticTrajectory
 from dare.rollout.kernels import NEG_INF, linear_quota, select, select_edits
 from dare.rollout.output import RolloutOutput, completion_mask, finished_rows
+
+
+KV_BUCKET = 64
+"""Granularity of the cache columns a block-cache step attends over (steps are recorded per bucket)."""
 
 
 class BlockState(StaticState):
@@ -106,6 +114,13 @@ class BlockState(StaticState):
         self.more.copy_(self.alive.any().long())
 
     # ---- one step -----------------------------------------------------------------------------------
+    def kv_length(self, k: int) -> int | None:
+        """Cache columns the steps of block ``k`` attend over (None: all; the whole canvas without a cache)."""
+        if self.config.cache == "none":
+            return None
+        end = self.prefix + (k + 1) * self.lb
+        return min(self.width, -(-end // KV_BUCKET) * KV_BUCKET)
+
     def step(self, first: bool, k: int) -> None:
         layout, lb = self.layout, self.lb
         if self.config.cache == "none":  # the whole canvas: later columns are never attended (block-causal)
@@ -118,7 +133,7 @@ class BlockState(StaticState):
             query = self.start + self.block_range
         hidden = static_hidden(self.model, layout.canvas.index_select(1, query), layout.positions.index_select(1, query),
                                key_mask=layout.key_mask, cache=self.cache, slots=query, key_positions=layout.positions,
-                               block_size=lb, backend=self.backend)
+                               block_size=lb, backend=self.backend, kv_length=self.kv_length(k))
         rows = self.start - query[0] + self.block_range
         self.commit(self.model.head(hidden.index_select(1, rows)))
 
@@ -195,7 +210,7 @@ class BlockState(StaticState):
             first = True
             while self.flag.read(self.more)[0]:
                 key = ("none",) if self.config.cache == "none" else ("first", 0 if k == 0 else 1) if first else ("inner",)
-                self.runner.run(key, lambda first=first, k=k: self.step(first, k))
+                self.runner.run(key + (self.kv_length(k),), lambda first=first, k=k: self.step(first, k))
                 first = False
             self.end_block(k)
             if not self.flag.read(self.active.any().long())[0]:

@@ -21,12 +21,16 @@ from dare.models.layers import rope_angles
 
 
 class StaticKVCache:
-    """Keys/values ``[B, Hkv, width, d]`` per layer, allocated on the first write (zeros) and reused."""
+    """Keys/values ``[B, Hkv, width, d]`` per layer, allocated on the first write (zeros) and reused.
+
+    ``length`` (a host int, set per step by :func:`static_hidden`) limits what a step attends over to the first
+    ``length`` columns: views of the same buffers, so a recorded step reads only those."""
 
     mode = "static"
 
     def __init__(self, num_layers: int, width: int):
         self.width = width
+        self.length = width
         self.keys: list[torch.Tensor | None] = [None] * num_layers
         self.values: list[torch.Tensor | None] = [None] * num_layers
         self.slots: torch.Tensor | None = None
@@ -38,7 +42,9 @@ class StaticKVCache:
             self.values[layer] = value.new_zeros((b, value.shape[1], self.width, value.shape[-1]))
         self.keys[layer].index_copy_(2, self.slots, key)
         self.values[layer].index_copy_(2, self.slots, value)
-        return self.keys[layer], self.values[layer]
+        if self.length == self.width:
+            return self.keys[layer], self.values[layer]
+        return self.keys[layer][:, :, :self.length], self.values[layer][:, :, :self.length]
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.keys + self.values if t is not None)
@@ -55,22 +61,28 @@ def static_hidden(
     key_positions: torch.Tensor | None = None,
     block_size: int | None = None,
     backend: str = "sdpa",
+    kv_length: int | None = None,
 ) -> torch.Tensor:
     """Final hidden states ``[B, W, D]`` of the query ``ids [B, W]`` at RoPE ``positions [B, W]``.
 
     Without a cache the query attends to itself (``key_mask [B, W]``); with one it is written at ``slots [W]``
     and attends to every cache column (``key_mask``/``key_positions`` ``[B, width]``). ``block_size`` applies the
-    family's block-causal rule (block-causal families only).
+    family's block-causal rule (block-causal families only). ``kv_length`` attends over the first cache columns
+    only (a host int; every written slot and every key the step may see must lie before it).
     """
     batch, width = ids.shape
     x = model.embed(ids)
     keys_at = positions if cache is None else key_positions
     kv_len = width if cache is None else cache.width
+    if cache is not None and kv_length is not None and kv_length < kv_len:
+        kv_len = kv_length
+        keys_at = keys_at[:, :kv_len]
+        key_mask = None if key_mask is None else key_mask[:, :kv_len]
     rules = model.layout_rules(positions, keys_at, block_size) if block_size is not None else {}
     layout = AttentionLayout(batch, width, kv_len, ids.device, key_mask=key_mask, **rules)
     rope = rope_angles(positions, model.rope_dim, model.rope_theta)
     if cache is not None:
-        cache.slots = slots
+        cache.slots, cache.length = slots, kv_len
     for block in model.blocks:
         x = block(x, rope, layout, cache, backend)
     return model.final_norm(x)
