@@ -287,6 +287,9 @@ def add_engine_arguments(p) -> None:
                    help="regional torch.compile of every block (dare.models.compile_blocks) before decoding, with "
                         "dynamic shapes (the default) or one static graph per step shape (faster kernels, longer "
                         "warm-up); engine records are labelled '<engine>+compile' / '<engine>+compile-static'")
+    p.add_argument("--compile-mode", default="default", choices=["default", "max-autotune-no-cudagraphs"],
+                   help="torch.compile mode of --compile-blocks (max-autotune: matmul kernels benchmarked per shape; "
+                        "records get '+autotune')")
 
 
 def default_engines(device: str) -> list[str]:
@@ -299,7 +302,7 @@ def apply_compile(model, args) -> None:
     if args.compile_blocks:
         from dare.models.compile import compile_blocks
 
-        compile_blocks(model, dynamic=args.compile_blocks != "static")
+        compile_blocks(model, dynamic=args.compile_blocks != "static", mode=args.compile_mode)
 
 
 def warm_seconds(run, args) -> float:
@@ -310,7 +313,8 @@ def warm_seconds(run, args) -> float:
 
 
 def engine_label(engine: str, args) -> str:
-    return engine + {None: "", "dynamic": "+compile", "static": "+compile-static"}[args.compile_blocks]
+    label = engine + {None: "", "dynamic": "+compile", "static": "+compile-static"}[args.compile_blocks]
+    return label + ("+autotune" if args.compile_blocks and args.compile_mode != "default" else "")
 
 
 def write_engine_records(args, bandwidth: float, wbytes: int, roofline: Roofline, records: list[dict]) -> None:

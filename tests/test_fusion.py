@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from dare.errors import ConfigError
 from dare.models.fusion import FusedProjections
 from dare.models.lora import apply_lora
 from dare.models.tiny import tiny_model
@@ -70,6 +71,12 @@ def test_only_small_steps_are_fused(monkeypatch):
     config = SamplerConfig(sampler="fastdllm", cache="dual", gen_length=256, block_length=32)
     assert wants_fusion(1, config) and wants_fusion(FUSE_MAX_ROWS // 32, config)
     assert not wants_fusion(16, config)
+    monkeypatch.setenv("DARE_FUSE_MAX_ROWS", "512")
+    assert wants_fusion(16, config) and not wants_fusion(32, config)
+    monkeypatch.setenv("DARE_FUSE_MAX_ROWS", "lots")
+    with pytest.raises(ConfigError, match="DARE_FUSE_MAX_ROWS"):
+        wants_fusion(1, config)
+    monkeypatch.delenv("DARE_FUSE_MAX_ROWS")
     monkeypatch.setenv("DARE_FUSE_PROJECTIONS", "0")
     assert not wants_fusion(1, config)
 

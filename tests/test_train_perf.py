@@ -170,6 +170,8 @@ def test_compile_and_chunk_options_are_validated(tmp_path):
         small_config(tmp_path, "model.logits_chunk_size=-1")
     with pytest.raises(ConfigError, match="unknown compile backend"):
         compile_blocks(tiny_model("llada"), backend="nope")
+    with pytest.raises(ConfigError, match="unknown compile mode"):  # its own CUDA graphs would nest in the engine's
+        compile_blocks(tiny_model("llada"), mode="reduce-overhead")
 
 
 def test_cpu_optimizer_is_not_fused():

@@ -22,12 +22,15 @@ from __future__ import annotations
 from dare.errors import ConfigError
 
 COMPILE_BACKENDS = ("inductor", "aot_eager", "eager")
+COMPILE_MODES = ("default", "max-autotune-no-cudagraphs")
+"""``torch.compile`` modes for blocks: the ones that record CUDA graphs themselves (``reduce-overhead``,
+``max-autotune``) would nest inside the rollout engine's graphs and are not offered."""
 STATIC_RECOMPILE_LIMIT = 64
 """Shapes one static compilation may specialise on (dynamo's default limit is 8; a prefix-cache rollout of 8
 blocks alone has 9 step shapes)."""
 
 
-def compile_blocks(model, backend: str = "inductor", dynamic: bool | None = True):
+def compile_blocks(model, backend: str = "inductor", dynamic: bool | None = True, mode: str = "default"):
     """Compile each block of ``model`` (a DARE model, possibly peft-wrapped) in place; returns ``model``.
 
     Args:
@@ -36,6 +39,8 @@ def compile_blocks(model, backend: str = "inductor", dynamic: bool | None = True
         dynamic: ``torch.compile``'s ``dynamic``: True (default) = symbolic lengths from the first compile; None =
             specialise on the first shapes, recompile once with symbolic ones when they change; False = one
             static graph per shape (the recompile limit is raised to :data:`STATIC_RECOMPILE_LIMIT` shapes).
+        mode: ``default`` or ``max-autotune-no-cudagraphs`` (inductor benchmarks matmul kernels per shape at
+            compile time: minutes of warm-up; with ``dynamic=False`` each step shape gets its own choice).
     """
     import torch._dynamo.config
 
@@ -44,6 +49,8 @@ def compile_blocks(model, backend: str = "inductor", dynamic: bool | None = True
 
     if backend not in COMPILE_BACKENDS:
         raise unknown_choice("compile backend", backend, COMPILE_BACKENDS)
+    if mode not in COMPILE_MODES:
+        raise unknown_choice("compile mode", mode, COMPILE_MODES)
     base = unwrap(model)
     blocks = getattr(base, "blocks", None)
     if blocks is None:
@@ -53,7 +60,7 @@ def compile_blocks(model, backend: str = "inductor", dynamic: bool | None = True
     if dynamic is False:  # past the limit dynamo would silently run the remaining shapes eagerly
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, STATIC_RECOMPILE_LIMIT)
     for block in blocks:
-        block.compile(backend=backend, dynamic=dynamic)
+        block.compile(backend=backend, dynamic=dynamic, mode=None if mode == "default" or backend != "inductor" else mode)
     return model
 
 

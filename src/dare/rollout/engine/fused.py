@@ -3,7 +3,8 @@
 Fusing q/k/v and gate/up pays where a step's matmuls are bound by reading the weights, i.e. at few query rows:
 a step is fused when ``batch bucket x block length <= FUSE_MAX_ROWS``. The copies cost the fused weights' size
 once per model and dtype (LLaDA-8B: 9.7 GB in bf16; reported as ``EngineStats.fused_bytes``); LoRA-wrapped
-projections are never fused. ``DARE_FUSE_PROJECTIONS=0`` turns fusion off.
+projections are never fused. ``DARE_FUSE_PROJECTIONS=0`` turns fusion off; ``DARE_FUSE_MAX_ROWS=N`` moves the
+row limit (for measuring other shapes and models).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import weakref
 
 import torch
 
+from dare.errors import ConfigError
 from dare.models.fusion import FusedProjections
 
 FUSE_MAX_ROWS = 128
@@ -26,7 +28,16 @@ def wants_fusion(batch: int, config) -> bool:
     """Whether steps of ``batch`` (bucketed) rows under ``config`` decode with fused projections."""
     if os.environ.get("DARE_FUSE_PROJECTIONS", "1") == "0":
         return False
-    return batch * (config.block_length or config.gen_length) <= FUSE_MAX_ROWS
+    return batch * (config.block_length or config.gen_length) <= _max_rows()
+
+
+def _max_rows() -> int:
+    value = os.environ.get("DARE_FUSE_MAX_ROWS")
+    if value is None:
+        return FUSE_MAX_ROWS
+    if not value.isdigit():
+        raise ConfigError(f"DARE_FUSE_MAX_ROWS must be a whole number of rows, got {value!r}")
+    return int(value)
 
 
 def fused_projections(model, dtype: torch.dtype | None) -> tuple[FusedProjections | None, bool]:
