@@ -13,23 +13,15 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-def _us(fn, reps: int = 200) -> float:
-    for _ in range(5):
-        fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(reps):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / reps * 1000
+from common import cuda_ms  # noqa: E402
 
 
 def variants(q, k, v, mask, valid):
@@ -88,7 +80,7 @@ def main(argv=None) -> int:
         for name, fn in variants(q, k, v, mask, args.valid).items():
             try:
                 out = fn()
-                us = _us(fn)
+                us = cuda_ms(fn, reps=200, warmup=5) * 1000
             except RuntimeError as e:
                 print(f"  {name:36s} failed: {str(e).splitlines()[0][:80]}")
                 continue

@@ -79,6 +79,19 @@ def clock(device: torch.device) -> float:
     return time.perf_counter()
 
 
+def cuda_ms(fn, reps: int = 50, warmup: int = 3) -> float:
+    """Milliseconds per call of ``fn`` on the current CUDA stream (launch overhead included: eager calls)."""
+    for _ in range(warmup):
+        fn()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / reps
+
+
 def weight_bytes(model) -> int:
     """Bytes of the weights a forward reads in full (the input embedding is only gathered row-wise)."""
     embedding = model.get_input_embeddings().weight

@@ -6,6 +6,7 @@ kernels of a whole decode (graph replays included). Diagnostic companion of roll
     python benchmarks/engine_profile.py --family sdar --batch 1
     python benchmarks/engine_profile.py --family llada --batch 1 --compile static   # blocks compiled first
     python benchmarks/engine_profile.py --gemm-only --batch 1 16                      # projection GEMMs only
+    python benchmarks/engine_profile.py --gemm-only --family sdar --rows 4 --batch 64  # SDAR-8B shapes
 
 ``--gemm-only`` times one layer's projection matmuls at a step's row count (``batch x block``): q/k/v and
 gate/up as separate matmuls (as the checkpoints store them) vs one matmul over the concatenated weights.
@@ -22,7 +23,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import build_llada, build_sdar  # noqa: E402
+from common import build_llada, build_sdar, cuda_ms  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -40,7 +41,7 @@ def main(argv=None) -> int:
     if args.gemm_only:
         batches = [args.batch] + [int(x) for x in extra]
         for batch in batches:
-            gemm_fusion(batch * args.rows)
+            gemm_fusion(batch * args.rows, **GEMM_SHAPES[args.family])
         return 0
     from dare.rollout import SamplerConfig, generate
     from dare.rollout.engine import _STATES
@@ -93,38 +94,33 @@ def main(argv=None) -> int:
     return 0
 
 
-def _ms(fn, reps: int = 50) -> float:
-    for _ in range(3):
-        fn()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(reps):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / reps
+GEMM_SHAPES = {"llada": dict(hidden=4096, kv=4096, ffn=12288, layers=32),  # LLaDA-8B
+               "sdar": dict(hidden=4096, kv=1024, ffn=12288, layers=36)}  # SDAR-8B: 8 KV heads of 128
+"""``--gemm-only --family F``: the projection shapes of each family's 8B model."""
 
 
-def gemm_fusion(rows: int, hidden: int = 4096, ffn: int = 12288, layers: int = 32) -> None:
-    """One LLaDA-8B layer's projections at ``rows`` query rows, x ``layers``: separate vs concatenated weights."""
+def gemm_fusion(rows: int, hidden: int = 4096, kv: int = 4096, ffn: int = 12288, layers: int = 32) -> None:
+    """One layer's projections at ``rows`` query rows (``kv`` = key/value width), x ``layers``: separate vs
+    concatenated weights."""
     dev, dt = torch.device("cuda"), torch.bfloat16
     x = torch.randn(rows, hidden, device=dev, dtype=dt)
     h = torch.randn(rows, ffn, device=dev, dtype=dt)
     # one set of weights per layer so that nothing stays in L2 between matmuls
-    q, k, v, o = ([torch.randn(hidden, hidden, device=dev, dtype=dt) * 0.02 for _ in range(layers)] for _ in range(4))
+    q, o = ([torch.randn(hidden, hidden, device=dev, dtype=dt) * 0.02 for _ in range(layers)] for _ in range(2))
+    k, v = ([torch.randn(kv, hidden, device=dev, dtype=dt) * 0.02 for _ in range(layers)] for _ in range(2))
     gate, up = ([torch.randn(ffn, hidden, device=dev, dtype=dt) * 0.02 for _ in range(layers)] for _ in range(2))
     down = [torch.randn(hidden, ffn, device=dev, dtype=dt) * 0.02 for _ in range(layers)]
     qkv = [torch.cat([a, b, c]) for a, b, c in zip(q, k, v)]
     gate_up = [torch.cat([a, b]) for a, b in zip(gate, up)]
     lin = torch.nn.functional.linear
-    weight_gb = layers * (4 * hidden * hidden + 3 * hidden * ffn) * 2 / 1e9
+    weight_gb = layers * (2 * hidden * hidden + 2 * kv * hidden + 3 * hidden * ffn) * 2 / 1e9
     rows_ms = {
-        "q,k,v separate": _ms(lambda: [lin(x, w) for i in range(layers) for w in (q[i], k[i], v[i])]),
-        "qkv fused": _ms(lambda: [lin(x, qkv[i]) for i in range(layers)]),
-        "gate,up separate": _ms(lambda: [lin(x, w) for i in range(layers) for w in (gate[i], up[i])]),
-        "gate_up fused": _ms(lambda: [lin(x, gate_up[i]) for i in range(layers)]),
-        "o": _ms(lambda: [lin(x, o[i]) for i in range(layers)]),
-        "down": _ms(lambda: [lin(h, down[i]) for i in range(layers)]),
+        "q,k,v separate": cuda_ms(lambda: [lin(x, w) for i in range(layers) for w in (q[i], k[i], v[i])]),
+        "qkv fused": cuda_ms(lambda: [lin(x, qkv[i]) for i in range(layers)]),
+        "gate,up separate": cuda_ms(lambda: [lin(x, w) for i in range(layers) for w in (gate[i], up[i])]),
+        "gate_up fused": cuda_ms(lambda: [lin(x, gate_up[i]) for i in range(layers)]),
+        "o": cuda_ms(lambda: [lin(x, o[i]) for i in range(layers)]),
+        "down": cuda_ms(lambda: [lin(h, down[i]) for i in range(layers)]),
     }
     print(f"\nprojection matmuls at M={rows}, {layers} layers ({weight_gb:.1f} GB of weights):")
     for name, ms in rows_ms.items():
