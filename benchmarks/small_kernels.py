@@ -66,7 +66,8 @@ def main() -> int:
         for kind, fn in compiled.items():
             row.append(f"compiled {kind} {graph_us(lambda fn=fn: fn(q, cos, sin, full)):.1f}")
         print(" | ".join(row), flush=True)
-        # the KV-cache write: [B, Hkv, W, d] cache, slots along dim 2 (today) vs a [B, W, Hkv, d] cache along dim 1
+        # the KV-cache write: [B, Hkv, W, d] cache, slots along dim 2 (today) vs a [B, W, Hkv, d] cache along dim 1,
+        # and a plain copy into a slice (possible where a recorded step's columns are fixed, e.g. per-block graphs)
         k = torch.randn(b, kv_heads, length, d, device=dev, dtype=dt)
         k_rows = k.transpose(1, 2).contiguous()
         slots = torch.arange(length, device=dev) + 8
@@ -77,7 +78,8 @@ def main() -> int:
               f"index_copy_ dim 2 (today) {graph_us(lambda: cache_hl.index_copy_(2, slots, k)):.1f} | "
               f"index_copy_ dim 1 of [B,W,H,d] {graph_us(lambda: cache_lh.index_copy_(1, slots, k_rows)):.1f} | "
               f"transposed source into dim 1 {graph_us(lambda: cache_lh.index_copy_(1, slots, k.transpose(1, 2))):.1f} | "
-              f"setitem dim 2 {graph_us(lambda: cache_hl.__setitem__((slice(None), slice(None), slots), k)):.1f}",
+              f"setitem dim 2 {graph_us(lambda: cache_hl.__setitem__((slice(None), slice(None), slots), k)):.1f} | "
+              f"copy_ into a static slice {graph_us(lambda: cache_hl[:, :, 8:8 + length].copy_(k)):.1f}",
               flush=True)
     return 0
 
