@@ -606,7 +606,23 @@ def test_generate_cli_with_block_samplers(capsys):
     assert result["config"]["cache"] == "block" and result["config"]["block_steps"] == 2
     assert all(len(r["tokens"]) <= 10 for r in result["results"]) and result["nfe"] >= 2
     assert main(["generate", "--model", "tiny:llada2", "--prompt", "Hi", "--gen-length", "8", "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["sampler"] == "llada2"  # the family's default sampler
+    result = json.loads(capsys.readouterr().out)
+    assert result["sampler"] == "llada2" and result["compile_blocks"] is False  # the family's default sampler
+
+
+def test_generate_cli_compiles_the_blocks_when_asked(capsys, monkeypatch):
+    import dare.models.compile as compile_module
+
+    calls, real = [], compile_module.compile_blocks
+    monkeypatch.setattr(compile_module, "compile_blocks",
+                        lambda model, **kw: calls.append(model) or real(model, backend="eager", **kw))
+    args = ["generate", "--model", "tiny:sdar", "--prompt", "Hi", "--gen-length", "8", "--json"]
+    assert main(args) == 0
+    plain = json.loads(capsys.readouterr().out)
+    assert main(args + ["--compile-blocks"]) == 0
+    compiled = json.loads(capsys.readouterr().out)
+    assert len(calls) == 1 and compiled["compile_blocks"] is True
+    assert compiled["results"][0]["tokens"] == plain["results"][0]["tokens"]
 
 
 def test_benchmark_tiny_smoke(tmp_path, capsys):

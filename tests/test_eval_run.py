@@ -161,6 +161,32 @@ def test_eval_run_generation_records_every_setting(data, tmp_path, capsys):
         assert record["gold"] in {"2", "4", "6"} and isinstance(record["correct"], bool)
 
 
+def test_eval_run_compiles_the_blocks_when_asked_and_records_it(data, tmp_path, capsys, monkeypatch):
+    import dare.models.compile as compile_module
+    from dare.models.compile import is_compiled
+    from dare.models.loading import unwrap
+
+    compiled_models, real = [], compile_module.compile_blocks
+
+    def capture_only(model, **kwargs):  # the real function without code generation (fast on a CPU)
+        compiled_models.append(real(model, backend="eager", **kwargs))
+        return model
+
+    monkeypatch.setattr(compile_module, "compile_blocks", capture_only)
+    out = tmp_path / "results.json"
+    args = ["eval", "run", "--model", "tiny:llada", "--benchmark", "gsm8k", "--data", str(data["gsm8k"]),
+            "--limit", "2", "--gen-length", "8", "--block-length", "8", "--out", str(out), "--json"]
+    assert main(args) == 0 and not compiled_models
+    assert EvalResults.read(out).model["compile_blocks"] is False
+    plain = [r["prediction"] for r in EvalResults.read(out).samples]
+    assert main(args + ["--compile-blocks"]) == 0
+    assert len(compiled_models) == 1 and all(is_compiled(b) for b in unwrap(compiled_models[0]).blocks)
+    results = EvalResults.read(out)
+    assert results.model["compile_blocks"] is True
+    assert [r["prediction"] for r in results.samples] == plain  # same decoding
+    capsys.readouterr()
+
+
 def test_eval_run_multiple_choice_defaults_to_likelihood(data, tmp_path, capsys):
     out = tmp_path / "mc.json"
     args = ["eval", "run", "--model", "tiny:dream", "--benchmark", "mmlu", "--data", str(data["mmlu"]), "--shots", "1",

@@ -91,6 +91,9 @@ def add_model_data_arguments(run: argparse.ArgumentParser) -> None:
     run.add_argument("--dtype", default=None, choices=["bfloat16", "float16", "float32", "auto"],
                      help="weights dtype (default: bfloat16 on GPU, float32 on CPU)")
     run.add_argument("--no-progress", action="store_true", help="no progress bars")
+    from dare.commands.generate import add_compile_argument
+
+    add_compile_argument(run)
 
 
 def configure_run(run: argparse.ArgumentParser) -> None:
@@ -159,8 +162,10 @@ def _run_configs(args: argparse.Namespace, bench):
     return config, values, None
 
 
-def load_for_eval(path: str, adapter: str | None, device: str | None, dtype: str | None):
-    """``(model, tokenizer, model_info)``; a missing or unreadable checkpoint is a one-line error."""
+def load_for_eval(path: str, adapter: str | None, device: str | None, dtype: str | None,
+                  compile_blocks: bool = False):
+    """``(model, tokenizer, model_info)``; a missing or unreadable checkpoint is a one-line error. With
+    ``compile_blocks`` every transformer block is compiled in place (recorded in ``model_info``)."""
     from dare.devices import resolve_device
     from dare.errors import DareError, InputError
     from dare.models.loading import load_model, load_tokenizer, parse_tiny
@@ -175,7 +180,12 @@ def load_for_eval(path: str, adapter: str | None, device: str | None, dtype: str
     except (OSError, ValueError) as err:
         kind = "tiny model" if parse_tiny(path) else "model"
         raise InputError(f"cannot load {kind} {path}: {str(err).strip().splitlines()[0]}") from None
-    return model, tokenizer, {"path": path, "adapter": adapter, "requested_dtype": dtype}
+    if compile_blocks:
+        from dare.models.compile import compile_blocks as compile_model_blocks
+
+        compile_model_blocks(model)
+    return model, tokenizer, {"path": path, "adapter": adapter, "requested_dtype": dtype,
+                              "compile_blocks": compile_blocks}
 
 
 def _load_samples(bench, args: argparse.Namespace):
@@ -214,7 +224,8 @@ def run_run(args: argparse.Namespace) -> int:
     bench = get_benchmark(args.benchmark)
     config, sampler_values_, likelihood = _run_configs(args, bench)
     samples, pool, data = _load_samples(bench, args)
-    model, tokenizer, model_info = load_for_eval(args.model, args.adapter, args.device, args.dtype)
+    model, tokenizer, model_info = load_for_eval(args.model, args.adapter, args.device, args.dtype,
+                                                 compile_blocks=args.compile_blocks)
     sampler = None
     if sampler_values_ is not None:
         sampler = SamplerConfig.from_dict({"sampler": default_sampler(model), **sampler_values_})

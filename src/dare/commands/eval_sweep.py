@@ -82,7 +82,8 @@ def run(args: argparse.Namespace) -> int:
         if "sampler" in merged:
             SamplerConfig.from_dict(merged).resolved()
     samples, pool, data = _load_samples(bench, args)
-    model, tokenizer, model_info = load_for_eval(args.model, args.adapter, args.device, args.dtype)
+    model, tokenizer, model_info = load_for_eval(args.model, args.adapter, args.device, args.dtype,
+                                                 compile_blocks=args.compile_blocks)
     progress = not args.no_progress and sys.stderr.isatty()
 
     def evaluate_point(fields):
