@@ -146,6 +146,23 @@ def test_wrong_model_args_are_one_line_errors():
         DareLM(pretrained="tiny:llada", batch_size="0")
     with pytest.raises(ConfigError, match="needs pretrained="):
         DareLM()
+    with pytest.raises(ConfigError, match="compile_blocks must be true or false; got 'maybe'"):
+        DareLM(pretrained="tiny:llada", compile_blocks="maybe")
+
+
+def test_compile_blocks_model_arg_compiles_every_block_and_is_recorded(monkeypatch):
+    import dare.models.compile as compile_module
+    from dare.eval.lm_harness import DareLM
+    from dare.models.compile import is_compiled
+
+    real = compile_module.compile_blocks
+    monkeypatch.setattr(compile_module, "compile_blocks", lambda model, **kw: real(model, backend="eager", **kw))
+    lm = DareLM(pretrained="tiny:llada", compile_blocks="true")  # model args arrive as strings
+    assert all(is_compiled(b) for b in lm.model.blocks)
+    assert lm.get_model_info()["dare"]["model"]["compile_blocks"] is True
+    plain = DareLM(pretrained="tiny:llada")
+    assert not any(is_compiled(b) for b in plain.model.blocks)
+    assert plain.get_model_info()["dare"]["model"]["compile_blocks"] is False
 
 
 def run_cli_error(capsys, *args: str) -> str:

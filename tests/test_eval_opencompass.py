@@ -105,6 +105,19 @@ def test_loading_errors_are_one_line(oc, tmp_path):
         module.DareDiffusionModel(path="tiny:llada", smapler={"sampler": "fastdllm"})
     with pytest.raises(ConfigError, match="unknown sampler 'fastdlm'"):
         module.DareDiffusionModel(path="tiny:llada", sampler={"sampler": "fastdlm"})
+    with pytest.raises(ConfigError, match="compile_blocks must be true or false"):
+        module.DareDiffusionModel(path="tiny:llada", compile_blocks="maybe")
+
+
+def test_compile_blocks_argument_compiles_every_block(oc, monkeypatch):
+    import dare.models.compile as compile_module
+    from dare.models.compile import is_compiled
+
+    module, _ = oc
+    real = compile_module.compile_blocks
+    monkeypatch.setattr(compile_module, "compile_blocks", lambda model, **kw: real(model, backend="eager", **kw))
+    assert all(is_compiled(b) for b in module.DareDiffusionModel(path="tiny:llada", compile_blocks=True).model.blocks)
+    assert not any(is_compiled(b) for b in module.DareDiffusionModel(path="tiny:llada").model.blocks)
 
 
 def test_generate_matches_dare_rollout_and_cuts_stop_words(oc, tiny):

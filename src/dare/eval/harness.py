@@ -85,4 +85,25 @@ def positive_int(name: str, value: Any) -> int:
     return number
 
 
-__all__ = ["completion_text", "cut_at_stop", "positive_int", "request_sampler", "split_options"]
+def boolean(name: str, value: Any) -> bool:
+    """``value`` as a bool (``true``/``false``/``1``/``0``/``yes``/``no`` when it arrives as a string); a
+    one-line error otherwise."""
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("true", "1", "yes"):
+        return True
+    if text in ("false", "0", "no"):
+        return False
+    raise ConfigError(f"{name} must be true or false; got {value!r}")
+
+
+def compile_model_blocks(model) -> None:
+    """Compile every transformer block of ``model`` in place (the adapters' ``compile_blocks`` argument)."""
+    from dare.models.compile import compile_blocks
+
+    compile_blocks(model)
+
+
+__all__ = ["boolean", "compile_model_blocks", "completion_text", "cut_at_stop", "positive_int", "request_sampler",
+           "split_options"]

@@ -54,7 +54,7 @@ else:
     _IMPORT_ERROR = None
 
 OWN_ARGS = ("pretrained", "adapter", "dtype", "device", "batch_size", "max_batch_size", "seed", "mc_batch_size",
-            "trust_remote_code")
+            "trust_remote_code", "compile_blocks")
 """Model args that are not SamplerConfig / LikelihoodConfig fields (``trust_remote_code`` is accepted and
 ignored: DARE's models are native)."""
 SAMPLING_KEYS = ("temperature", "top_p", "top_k")
@@ -72,10 +72,11 @@ class DareLM(_LM):
 
     def __init__(self, pretrained: str | None = None, adapter: str | None = None, dtype: str | None = None,
                  device: str | None = None, batch_size: int | str = 8, seed: int = 0,
-                 mc_batch_size: int | str | None = None, model=None, tokenizer=None, **options: Any):
+                 mc_batch_size: int | str | None = None, compile_blocks: bool | str = False, model=None, tokenizer=None,
+                 **options: Any):
         require_lm_eval()
         super().__init__()
-        from dare.eval.harness import positive_int, split_options
+        from dare.eval.harness import boolean, compile_model_blocks, positive_int, split_options
         from dare.eval.likelihood import LikelihoodConfig
         from dare.rollout import SamplerConfig
 
@@ -86,6 +87,7 @@ class DareLM(_LM):
         self.batch_size = positive_int("batch_size", batch_size)
         self.mc_batch_size = positive_int("mc_batch_size", mc_batch_size or self.batch_size)
         self.seed = int(seed)
+        compile_blocks = boolean("compile_blocks", compile_blocks)
         self.sampler_fields, likelihood = split_options(options, OWN_ARGS, "dare model arg")
         SamplerConfig.from_dict(self.sampler_fields)  # field types are checked per request, names here
         if "sampler" in self.sampler_fields:
@@ -104,8 +106,10 @@ class DareLM(_LM):
         elif tokenizer is None:
             raise ConfigError("DareLM(model=...) needs its tokenizer too")
         self.model = model.eval()
+        if compile_blocks:
+            compile_model_blocks(self.model)
         self.tokenizer = tokenizer
-        self.model_info = info
+        self.model_info = {**info, "compile_blocks": compile_blocks}
         self.chat_applied = False
         self.resolved_samplers: list[dict[str, Any]] = []
 

@@ -71,6 +71,8 @@ class DareDiffusionModel(_BaseModel):
         stop_words: extra stop strings for generation.
         seed: seeds sampling and the MC corruptions.
         mc_batch_size: corrupted rows per forward in likelihood scoring.
+        compile_blocks: compile every transformer block once before decoding (``torch.compile``, dynamic
+            shapes; faster generation on CUDA).
         model / tokenizer: an already loaded DARE model and tokenizer (in-process use; ``path`` is then only
             recorded).
     """
@@ -81,15 +83,17 @@ class DareDiffusionModel(_BaseModel):
                  likelihood: dict | None = None, dtype: str | None = None, device: str | None = None,
                  max_seq_len: int = 4096, chat: bool | None = None, meta_template: dict | None = None,
                  generation_kwargs: dict | None = None, stop_words: Sequence[str] = (), seed: int = 0,
-                 mc_batch_size: int = 16, tokenizer_only: bool = False, model=None, tokenizer=None,
-                 **unknown: Any):
+                 mc_batch_size: int = 16, compile_blocks: bool = False, tokenizer_only: bool = False, model=None,
+                 tokenizer=None, **unknown: Any):
         require_opencompass()
+        from dare.eval.harness import boolean, compile_model_blocks
         from dare.eval.likelihood import LikelihoodConfig
         from dare.eval.opencompass_checks import check_model_args
 
         # OpenCompass passes every key of the model entry: a misspelt one is a one-line error, as are unknown
         # sampler / likelihood fields and an unknown sampler preset
         check_model_args({"sampler": sampler, "likelihood": likelihood, **unknown})
+        compile_blocks = boolean("compile_blocks", compile_blocks)
         super().__init__(path=path, max_seq_len=max_seq_len, tokenizer_only=tokenizer_only,
                          meta_template=meta_template, generation_kwargs=dict(generation_kwargs or {}))
         self.sampler_fields = dict(sampler or {})
@@ -107,6 +111,8 @@ class DareDiffusionModel(_BaseModel):
             tokenizer = _load_tokenizer(path)
         self.tokenizer = tokenizer
         self.model = None if tokenizer_only else model.eval()
+        if compile_blocks and self.model is not None:
+            compile_model_blocks(self.model)
         self.chat = getattr(tokenizer, "chat_template", None) is not None if chat is None else bool(chat)
         self.chat_parser = None
         if self.chat and not meta_template:  # gen prompts keep their roles (PromptList of role dicts)
