@@ -5,6 +5,7 @@ SDAR-8B shape (32 query / 8 KV heads, head 128), a block-cache step: ``--query``
 static KV cache of ``--keys`` slots, of which the first ``--valid`` are attendable (the rest are future blocks)::
 
     python benchmarks/attention_shapes.py --batch 1 64
+    python benchmarks/attention_shapes.py --batch 64 --keys 2560 --valid 2400   # a long reasoning rollout
 
 Prints microseconds per call for each variant and the KV-read floor (valid keys only / all slots).
 """
@@ -22,6 +23,9 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import cuda_ms  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+from dare.models.decode_attention import decode_attention  # noqa: E402
 
 
 def variants(q, k, v, mask, valid):
@@ -52,6 +56,7 @@ def variants(q, k, v, mask, valid):
         "repeat kv, efficient": only(SDPBackend.EFFICIENT_ATTENTION, lambda: F.scaled_dot_product_attention(q, kr, vr, attn_mask=mask)),
         "enable_gqa + mask (math)": lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True),
         "valid keys only, no mask (flash)": lambda: F.scaled_dot_product_attention(folded, k[:, :, :valid], v[:, :, :valid]),
+        "split-KV kernel (decode_attention)": lambda: decode_attention(q, k, v, mask, d ** -0.5),
     }
 
 

@@ -344,3 +344,55 @@ def test_graph_engine_under_autocast_decodes_with_the_current_weights(overrides)
         outputs.append(graph.completion)
     assert engine_stats(model).captures >= 1 and engine_stats(model).replays >= 1
     assert not torch.equal(outputs[0], outputs[1])  # the update changed what is decoded
+
+
+def test_decode_attention_kernels_equal_sdpa_at_decoding_shapes_and_record_in_graphs():
+    import torch.nn.functional as F
+
+    from dare.models.decode_attention import decode_attention
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    for batch, queries, keys in [(64, 4, 388), (1, 8, 260), (16, 4, 1030)]:  # SDAR-8B heads: 32 query, 8 KV
+        q = torch.randn(batch, 32, queries, 128, device="cuda", generator=gen).bfloat16()
+        cache = torch.randn(2, batch, 8, keys + 20, 128, device="cuda", generator=gen).bfloat16()
+        k, v = cache[0, :, :, :keys], cache[1, :, :, :keys]
+        mask = torch.rand(batch, 1, queries, keys, device="cuda", generator=gen) < 0.7
+        mask[..., 0] = True
+        expected = F.scaled_dot_product_attention(q.float(), k.float().repeat_interleave(4, 1),
+                                                  v.float().repeat_interleave(4, 1), attn_mask=mask)
+        out = decode_attention(q, k, v, mask, 128 ** -0.5)
+        torch.testing.assert_close(out.float(), expected, atol=2e-2, rtol=2e-2)
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            decode_attention(q, k, v, mask, 128 ** -0.5)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            recorded = decode_attention(q, k, v, mask, 128 ** -0.5)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(recorded, out)
+
+
+def test_graph_engine_decodes_with_the_decode_attention_kernels_when_opted_in(monkeypatch):
+    from dare.models import decode_attention as kernels
+    from dare.rollout import SamplerConfig, generate
+
+    model = tiny_model("sdar", seed=1, head_dim=64, num_attention_heads=8, num_key_value_heads=2).cuda()
+    model = model.to(torch.bfloat16)
+    with torch.no_grad():
+        model.get_output_embeddings().weight.mul_(50.0)
+    ids, mask = padded(seqs([9, 14, 5]))
+    config = SamplerConfig(sampler="sdar", cache="block", gen_length=32, block_length=4)
+    plain = generate(model, ids, mask, config, engine="graph")
+    calls, real = [], kernels.decode_attention
+    monkeypatch.setattr(kernels, "decode_attention", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    monkeypatch.setenv("DARE_DECODE_ATTENTION", "triton")
+    from dare.rollout.engine import _STATES
+
+    _STATES.pop(model, None)  # record the steps again, now with the kernels
+    opted = generate(model, ids, mask, config, engine="graph")
+    assert calls  # recorded into the steps' graphs
+    assert opted.nfe == plain.nfe
+    assert (opted.completion == plain.completion).float().mean() > 0.9  # bf16: near-ties may differ

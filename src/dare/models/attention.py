@@ -294,6 +294,11 @@ def _eager(q, k, v, layout: AttentionLayout, scale: float) -> torch.Tensor:
 
 def _sdpa(q, k, v, layout: AttentionLayout, scale: float) -> torch.Tensor:
     mask = layout.dense_mask()
+    if mask is not None and q.is_cuda:  # decoding steps: split-KV kernel when opted in (dare.models.decode_attention)
+        from dare.models import decode_attention
+
+        if decode_attention.applies(q, k, mask):
+            return decode_attention.decode_attention(q, k, v, mask, scale)
     groups = q.shape[1] // k.shape[1]
     if groups == 1 or mask is None:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=groups > 1)

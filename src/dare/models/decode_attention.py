@@ -1,0 +1,166 @@
+"""Split-KV attention for decoding steps: a few query rows per KV head against a long, masked KV cache (Triton).
+
+A block-cache decoding step (SDAR, LLaDA2) runs 4-8 query tokens per row against every cached key under a mask;
+with grouped-query attention the query heads of one KV head together are ``groups x queries`` rows (16-64).
+Flash kernels tile queries by 64-128 rows and give each (row, KV head) one program that walks all keys, so at
+these shapes they read the cache far below the memory bandwidth. Here each program takes the query heads of one
+KV head and one slice of the keys (flash-decoding): ``B x Hkv x splits`` programs each read their slice of K and
+V once, keep an online softmax in float32, and a second kernel merges the slices (skipped with one slice).
+
+Opt-in while unmeasured: ``DARE_DECODE_ATTENTION=triton`` routes masked attention with at most
+:data:`MAX_ROWS` rows per KV head on CUDA here (:func:`applies`); everything else keeps SDPA. The mask is the
+layout's boolean ``[B, 1, Q, K]`` (broadcastable) mask, the same for all heads; rows that would see no key are
+opened by the layout, so every row has at least one key.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - CPU-only installs
+    triton = None
+
+MAX_ROWS = 64
+"""Most query rows per KV head (``groups x queries``) one program holds."""
+BLOCK_N = 64
+"""Keys per tile."""
+
+
+def available() -> bool:
+    return triton is not None
+
+
+def applies(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None) -> bool:
+    """Whether :func:`decode_attention` serves this call: opt-in, CUDA, fp16/bf16, head size 64/128, few rows
+    per KV head, and no gradient wanted (the kernels have no backward)."""
+    if os.environ.get("DARE_DECODE_ATTENTION") != "triton" or triton is None or mask is None or not q.is_cuda:
+        return False
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad):
+        return False
+    groups = q.shape[1] // k.shape[1]
+    return (q.dtype in (torch.bfloat16, torch.float16) and q.shape[-1] in (64, 128) and mask.dtype == torch.bool
+            and groups * q.shape[2] <= MAX_ROWS and mask.shape[1] == 1)
+
+
+def num_splits(programs: int, keys: int, processors: int) -> int:
+    """Key slices per (row, KV head): enough programs for two waves over ``processors``, whole tiles each."""
+    tiles = -(-keys // BLOCK_N)
+    return max(1, min(tiles, -(-2 * processors // programs)))
+
+
+def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float,
+                     processors: int | None = None) -> torch.Tensor:
+    """``softmax(q k^T x scale, masked) v`` for ``q [B, H, Q, D]``, ``k, v [B, Hkv, K, D]`` (query head ``j``
+    reads KV head ``j // (H / Hkv)``) and a boolean ``mask`` broadcastable to ``[B, 1, Q, K]``; ``[B, H, Q, D]``.
+
+    ``processors`` (default: the GPU's multiprocessor count) sets how many key slices are used."""
+    b, h, n, d = q.shape
+    hkv, keys = k.shape[1], k.shape[2]
+    groups = h // hkv
+    rows = groups * n
+    block_m = max(16, triton.next_power_of_2(rows))
+    if processors is None:
+        processors = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 8
+    tiles = -(-keys // BLOCK_N)
+    per_split = -(-tiles // num_splits(b * hkv, keys, processors)) * BLOCK_N  # whole tiles per slice
+    splits = -(-keys // per_split)
+    allowed = mask.expand(b, 1, n, keys)[:, 0].view(torch.uint8)
+    out = torch.empty((b, h, n, d), dtype=q.dtype, device=q.device)
+    final = splits == 1
+    acc = out if final else torch.empty((b * hkv, splits, block_m, d), dtype=torch.float32, device=q.device)
+    stats = torch.empty((2, b * hkv, splits, block_m), dtype=torch.float32, device=q.device)
+    _partial_kernel[(b * hkv, splits)](
+        q, k, v, allowed, acc, stats, out,
+        *q.stride(), *k.stride(), *v.stride(), *allowed.stride(), *out.stride(),
+        hkv, groups, n, keys, scale * math.log2(math.e),
+        PER_SPLIT=per_split, SPLITS=splits, BLOCK_M=block_m, BLOCK_N=BLOCK_N, HEAD=d, FINAL=final,
+    )
+    if not final:
+        _merge_kernel[(b * hkv,)](acc, stats, out, *out.stride(), hkv, groups, n, SPLITS=splits,
+                                  BLOCK_M=block_m, HEAD=d)
+    return out
+
+
+if triton is not None:
+
+    @triton.jit
+    def _partial_kernel(Q, K, V, Mask, Acc, Stats, Out,
+                        sqb, sqh, sqn, sqd, skb, skh, skn, skd, svb, svh, svn, svd, smb, smn, smk,
+                        sob, soh, son, sod,
+                        HKV, GROUPS, QLEN, KLEN, SCALE_LOG2, PER_SPLIT: tl.constexpr, SPLITS: tl.constexpr,
+                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD: tl.constexpr, FINAL: tl.constexpr):
+        bh = tl.program_id(0)
+        split = tl.program_id(1)
+        b = bh // HKV
+        kvh = bh % HKV
+        r = tl.arange(0, BLOCK_M)
+        real = r < GROUPS * QLEN
+        g = r // QLEN
+        qi = r % QLEN
+        head = kvh * GROUPS + g
+        dims = tl.arange(0, HEAD)
+        q = tl.load(Q + b * sqb + head[:, None] * sqh + qi[:, None] * sqn + dims[None, :] * sqd,
+                    mask=real[:, None], other=0.0)
+        m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
+        l_i = tl.zeros((BLOCK_M,), tl.float32)
+        acc = tl.zeros((BLOCK_M, HEAD), tl.float32)
+        begin = split * PER_SPLIT
+        for offset in range(0, PER_SPLIT, BLOCK_N):  # tiles past KLEN (in the last slice) load nothing
+            cols = begin + offset + tl.arange(0, BLOCK_N)
+            inside = cols < KLEN
+            kt = tl.load(K + b * skb + kvh * skh + cols[None, :] * skn + dims[:, None] * skd,
+                         mask=inside[None, :], other=0.0)
+            scores = tl.dot(q, kt) * SCALE_LOG2
+            seen = tl.load(Mask + b * smb + qi[:, None] * smn + cols[None, :] * smk,
+                           mask=real[:, None] & inside[None, :], other=0)
+            scores = tl.where((seen != 0) | (~real[:, None] & inside[None, :]), scores, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(scores, 1))
+            base = tl.where(m_new == float("-inf"), 0.0, m_new)
+            p = tl.exp2(scores - base[:, None])
+            alpha = tl.exp2(m_i - base)
+            l_i = l_i * alpha + tl.sum(p, 1)
+            vt = tl.load(V + b * svb + kvh * svh + cols[:, None] * svn + dims[None, :] * svd,
+                         mask=inside[:, None], other=0.0)
+            acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt)
+            m_i = m_new
+        if FINAL:
+            out = acc / l_i[:, None]
+            tl.store(Out + b * sob + head[:, None] * soh + qi[:, None] * son + dims[None, :] * sod,
+                     out.to(Out.dtype.element_ty), mask=real[:, None])
+        else:
+            slot = bh * SPLITS + split
+            tl.store(Acc + (slot * BLOCK_M + r[:, None]) * HEAD + dims[None, :], acc)
+            tl.store(Stats + slot * BLOCK_M + r, m_i)
+            tl.store(Stats + (tl.num_programs(0) * SPLITS + slot) * BLOCK_M + r, l_i)
+
+    @triton.jit
+    def _merge_kernel(Acc, Stats, Out, sob, soh, son, sod, HKV, GROUPS, QLEN, SPLITS: tl.constexpr,
+                      BLOCK_M: tl.constexpr, HEAD: tl.constexpr):
+        bh = tl.program_id(0)
+        b = bh // HKV
+        kvh = bh % HKV
+        r = tl.arange(0, BLOCK_M)
+        real = r < GROUPS * QLEN
+        dims = tl.arange(0, HEAD)
+        m = tl.full((BLOCK_M,), float("-inf"), tl.float32)
+        for s in range(0, SPLITS):
+            m = tl.maximum(m, tl.load(Stats + (bh * SPLITS + s) * BLOCK_M + r))
+        m = tl.where(m == float("-inf"), 0.0, m)
+        total = tl.zeros((BLOCK_M,), tl.float32)
+        acc = tl.zeros((BLOCK_M, HEAD), tl.float32)
+        for s in range(0, SPLITS):
+            slot = bh * SPLITS + s
+            w = tl.exp2(tl.load(Stats + slot * BLOCK_M + r) - m)
+            total += w * tl.load(Stats + (tl.num_programs(0) * SPLITS + slot) * BLOCK_M + r)
+            acc += w[:, None] * tl.load(Acc + (slot * BLOCK_M + r[:, None]) * HEAD + dims[None, :])
+        g = r // QLEN
+        qi = r % QLEN
+        head = kvh * GROUPS + g
+        tl.store(Out + b * sob + head[:, None] * soh + qi[:, None] * son + dims[None, :] * sod,
+                 (acc / total[:, None]).to(Out.dtype.element_ty), mask=real[:, None])

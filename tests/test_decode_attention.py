@@ -1,0 +1,75 @@
+"""The split-KV decoding attention kernels (dare.models.decode_attention) against a float64 reference.
+
+The kernels are Triton; without a GPU they run in Triton's interpreter (``TRITON_INTERPRET=1``, in a subprocess
+because the interpreter is chosen when the kernels are defined; float16, which NumPy can represent). Skipped where
+Triton is not installed (the CPU-only CI); ``tests/test_gpu.py`` runs them compiled, in bfloat16, and inside the
+rollout engine.
+"""
+
+import importlib.util
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from dare.models.decode_attention import BLOCK_N, num_splits
+
+CHECK = textwrap.dedent("""
+    import torch
+    from dare.models.decode_attention import decode_attention
+
+    torch.manual_seed(0)
+    # (batch, query heads, KV heads, queries, keys, head size, processors, mask shape)
+    cases = [(2, 8, 2, 4, 100, 64, 8, "query"),    # GQA 4, two key slices merged, the last one partial
+             (3, 4, 4, 5, 130, 128, 1, "query"),   # no GQA, one slice (normalised in the first kernel)
+             (1, 32, 8, 2, 200, 64, 64, "keys"),   # four slices, a [B, 1, 1, K] key mask
+             (2, 4, 1, 3, 70, 64, 4, "one")]       # rows that see a single key
+    worst = 0.0
+    for b, h, hkv, n, keys, d, processors, kind in cases:
+        q = torch.randn(b, h, n, d).half()
+        cache = torch.randn(2, b, hkv, keys + 9, d).half()
+        k, v = cache[0, :, :, :keys], cache[1, :, :, :keys]  # strided views of a longer cache, as in decoding
+        if kind == "keys":
+            mask = torch.rand(b, 1, 1, keys) < 0.5
+        else:
+            mask = torch.rand(b, 1, n, keys) < (0.6 if kind == "query" else 0.0)
+        mask[..., keys // 2] = True
+        out = decode_attention(q, k, v, mask, d ** -0.5, processors=processors)
+        groups = h // hkv
+        kk, vv = k.double().repeat_interleave(groups, 1), v.double().repeat_interleave(groups, 1)
+        scores = (q.double() @ kk.transpose(-1, -2) * d ** -0.5).masked_fill(~mask, float("-inf"))
+        expected = scores.softmax(-1) @ vv
+        assert out.shape == q.shape and out.dtype == q.dtype
+        worst = max(worst, (out.double() - expected).abs().max().item())
+    print("max error", worst)
+    assert worst < 2e-3, worst
+""")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="Triton is not installed")
+def test_kernels_equal_a_float64_reference_in_the_interpreter():
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    run = subprocess.run([sys.executable, "-c", CHECK], env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout + run.stderr
+
+
+def test_key_slices_fill_two_waves_and_stay_whole_tiles():
+    assert num_splits(programs=512, keys=388, processors=132) == 1  # SDAR B=64: enough programs already
+    assert num_splits(programs=8, keys=388, processors=132) == -(-388 // BLOCK_N)  # B=1: one tile per slice
+    assert num_splits(programs=8, keys=4096, processors=132) == 33
+    assert num_splits(programs=1, keys=10, processors=132) == 1
+
+
+def test_not_used_unless_opted_in_on_cuda(monkeypatch):
+    import torch
+
+    from dare.models.decode_attention import applies
+
+    q, k = torch.zeros(1, 4, 2, 64, dtype=torch.bfloat16), torch.zeros(1, 1, 10, 64, dtype=torch.bfloat16)
+    mask = torch.ones(1, 1, 2, 10, dtype=torch.bool)
+    monkeypatch.setenv("DARE_DECODE_ATTENTION", "triton")
+    assert not applies(q, k, mask)  # CPU tensors
+    monkeypatch.delenv("DARE_DECODE_ATTENTION")
+    assert not applies(q, k, mask)
