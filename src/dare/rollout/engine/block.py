@@ -17,7 +17,7 @@ under the block-causal rule (:mod:`dare.rollout.engine.forward`), so later colum
 
 With the block cache a step of block ``k`` attends over the cache columns up to the block's end rounded up to
 :data:`KV_BUCKET` (the later columns are masked by the block-causal rule anyway): a step is recorded once per
-bucket instead of once, and the attention reads ~(prompt + generation) / 2 columns on average instead of all.
+bucket instead of once, and the attention reads ~prompt + generation / 2 columns on average instead of all.
 """
 
 from __future__ import annotations
