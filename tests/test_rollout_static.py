@@ -112,6 +112,27 @@ def test_block_cache_steps_attend_over_their_bucket_of_columns_only(family, samp
     assert all(n % 8 == 0 for n in lengths) and all(b - a == 8 for a, b in zip(lengths, lengths[1:]))
 
 
+def test_a_long_generation_records_at_most_the_bucket_limit(monkeypatch):
+    from dare.rollout.engine import block as block_engine
+    from dare.rollout.engine.forward import StaticKVCache
+
+    monkeypatch.setattr(block_engine, "KV_BUCKET", 4)
+    seen, update = set(), StaticKVCache.update
+
+    def spy(self, layer, key, value):
+        keys, values = update(self, layer, key, value)
+        seen.add(keys.shape[2])
+        return keys, values
+
+    monkeypatch.setattr(StaticKVCache, "update", spy)
+    model = sharp_model("sdar")
+    ids, mask = padded([11, 4, 17])
+    config = SamplerConfig(sampler="sdar", cache="block", gen_length=96, block_length=4, eos_early_stop=False)
+    eager, static = decode_both(model, ids, mask, config)
+    assert_same(eager, static, block=True)
+    assert 2 < len(seen) <= block_engine.MAX_KV_BUCKETS + 1  # 24 blocks, one bucket per ~3 of them
+
+
 def test_static_decoding_builds_no_autograd_graph():
     """Like the eager loops, the static steps run without autograd even when the caller has gradients on (an
     autograd graph kept every layer's activations alive: 40 GB of graph memory at batch 16 on LLaDA-8B)."""

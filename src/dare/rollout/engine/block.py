@@ -15,9 +15,11 @@ under the block-causal rule (:mod:`dare.rollout.engine.forward`), so later colum
 * ``cache="none"``: every step runs the whole canvas (one shape for every block; the columns after the current
   block cannot influence it under the block-causal rule, so the tokens are the full recompute's).
 
-With the block cache a step of block ``k`` attends over the cache columns up to the block's end rounded up to
-:data:`KV_BUCKET` (the later columns are masked by the block-causal rule anyway): a step is recorded once per
-bucket instead of once, and the attention reads ~prompt + generation / 2 columns on average instead of all.
+With the block cache a step of block ``k`` attends over the cache columns up to the block's end rounded up to a
+bucket (the later columns are masked by the block-causal rule anyway): a step is recorded once per bucket instead
+of once, and the attention reads ~prompt + generation / 2 columns on average instead of all. Buckets are
+:data:`KV_BUCKET` columns, widened so that one shape has at most :data:`MAX_KV_BUCKETS` of them (long
+generations would otherwise record dozens of graphs per shape).
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ from dare.rollout.output import RolloutOutput, completion_mask, finished_rows
 
 KV_BUCKET = 64
 """Granularity of the cache columns a block-cache step attends over (steps are recorded per bucket)."""
+MAX_KV_BUCKETS = 8
+"""Most buckets of one shape (the bucket widens in multiples of :data:`KV_BUCKET` for wide canvases)."""
 
 
 class BlockState(StaticState):
@@ -118,8 +122,9 @@ class BlockState(StaticState):
         """Cache columns the steps of block ``k`` attend over (None: all; the whole canvas without a cache)."""
         if self.config.cache == "none":
             return None
+        bucket = -(-self.width // (MAX_KV_BUCKETS * KV_BUCKET)) * KV_BUCKET
         end = self.prefix + (k + 1) * self.lb
-        return min(self.width, -(-end // KV_BUCKET) * KV_BUCKET)
+        return min(self.width, -(-end // bucket) * bucket)
 
     def step(self, first: bool, k: int) -> None:
         layout, lb = self.layout, self.lb
