@@ -70,33 +70,8 @@ def take_extra(args: argparse.Namespace, extra: list[str]) -> bool:
 
 # ------------------------------------------------------------------------------------------- run
 
-def add_model_data_arguments(run: argparse.ArgumentParser) -> None:
-    """The model, data and prompt flags shared by ``dare eval run`` and ``dare eval sweep``."""
-    run.add_argument("--model", required=True, help="checkpoint directory / hub name, or tiny:FAMILY[:SEED]")
-    run.add_argument("--adapter", default=None, help="LoRA adapter directory to apply on top of --model")
-    run.add_argument("--benchmark", required=True, help="benchmark name (gsm8k, math500, humaneval, mmlu, ...)")
-    run.add_argument("--data", default=None,
-                     help="local file/directory in the dataset's schema, or a HF dataset name (default: packaged/HF)")
-    run.add_argument("--split", default=None, help="split of a HF dataset (default: the benchmark's)")
-    run.add_argument("--limit", type=int, default=None, help="evaluate only the first N problems")
-    run.add_argument("--shots", type=int, default=None, help="few-shot exemplars (default: the benchmark's)")
-    run.add_argument("--template", default=None, help="prompt template (zero_shot, few_shot, cot, ...)")
-    run.add_argument("--fewshot-data", default=None,
-                     help="exemplar pool (default: the benchmark's few-shot split, else the evaluated data)")
-    chat = run.add_mutually_exclusive_group()
-    chat.add_argument("--chat", dest="chat", action="store_true", default=None,
-                      help="apply the tokenizer's chat template (default: for generation when it has one)")
-    chat.add_argument("--no-chat", dest="chat", action="store_false", help="plain-text prompts")
-    run.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
-    run.add_argument("--dtype", default=None, choices=["bfloat16", "float16", "float32", "auto"],
-                     help="weights dtype (default: bfloat16 on GPU, float32 on CPU)")
-    run.add_argument("--no-progress", action="store_true", help="no progress bars")
-    from dare.commands.generate import add_compile_argument
-
-    add_compile_argument(run)
-
-
 def configure_run(run: argparse.ArgumentParser) -> None:
+    from dare.commands.eval_inputs import add_model_data_arguments
     from dare.commands.generate import add_sampler_arguments
 
     add_model_data_arguments(run)
@@ -162,59 +137,14 @@ def _run_configs(args: argparse.Namespace, bench):
     return config, values, None
 
 
-def load_for_eval(path: str, adapter: str | None, device: str | None, dtype: str | None,
-                  compile_blocks: bool = False):
-    """``(model, tokenizer, model_info)``; a missing or unreadable checkpoint is a one-line error. With
-    ``compile_blocks`` every transformer block is compiled in place (recorded in ``model_info``)."""
-    from dare.devices import resolve_device
-    from dare.errors import DareError, InputError
-    from dare.models.loading import load_model, load_tokenizer, parse_tiny
-
-    device = resolve_device(device)
-    dtype = dtype or ("bfloat16" if device.type == "cuda" else "float32")
-    try:
-        model = load_model(path, adapter, dtype=dtype, device=device)
-        tokenizer = load_tokenizer(path)
-    except DareError:
-        raise
-    except (OSError, ValueError) as err:
-        kind = "tiny model" if parse_tiny(path) else "model"
-        raise InputError(f"cannot load {kind} {path}: {str(err).strip().splitlines()[0]}") from None
-    if compile_blocks:
-        from dare.models.compile import compile_blocks as compile_model_blocks
-
-        compile_model_blocks(model)
-    return model, tokenizer, {"path": path, "adapter": adapter, "requested_dtype": dtype,
-                              "compile_blocks": compile_blocks}
-
-
-def _load_samples(bench, args: argparse.Namespace):
-    """``(samples, fewshot pool or None, data record)``."""
-    samples = bench.load(args.data, split=args.split, limit=args.limit)
-    shots = bench.default_shots if args.shots is None else args.shots
-    pool, pool_source = None, None
-    if shots > 0:
-        if args.fewshot_data:
-            pool, pool_source = bench.load(args.fewshot_data), args.fewshot_data
-        elif args.data is None and bench.hf is not None and bench.hf.fewshot_split and bench.packaged is None:
-            pool, pool_source = bench.load(None, split=bench.hf.fewshot_split), f"{bench.hf.path}:{bench.hf.fewshot_split}"
-        else:
-            pool = bench.load(args.data, split=args.split)  # the whole file, not only --limit rows
-            pool_source = args.data
-    source = args.data or (bench.packaged() if bench.packaged else None) or (bench.hf.path if bench.hf else None)
-    data = {"source": source, "split": args.split or (bench.hf.split if bench.hf and args.data is None else None),
-            "limit": args.limit, "fewshot_source": pool_source}
-    return samples, pool, data
-
-
 def run_run(args: argparse.Namespace) -> int:
+    from dare.commands.eval_inputs import load_samples
+    from dare.devices import resolve_device
     from dare.errors import ConfigError
     from dare.eval import evaluate, get_benchmark
-    from dare.rollout import default_sampler
-    from dare.rollout import SamplerConfig
-
-    from dare.devices import resolve_device
+    from dare.eval.run import load_for_eval
     from dare.outputs import check_file_target
+    from dare.rollout import SamplerConfig, default_sampler
 
     if args.limit is not None and args.limit < 1:
         raise ConfigError(f"--limit must be positive (omit it to evaluate every problem); got {args.limit}")
@@ -223,7 +153,7 @@ def run_run(args: argparse.Namespace) -> int:
     resolve_device(args.device)  # before the data and the model are loaded
     bench = get_benchmark(args.benchmark)
     config, sampler_values_, likelihood = _run_configs(args, bench)
-    samples, pool, data = _load_samples(bench, args)
+    samples, pool, data = load_samples(bench, args)
     model, tokenizer, model_info = load_for_eval(args.model, args.adapter, args.device, args.dtype,
                                                  compile_blocks=args.compile_blocks)
     sampler = None
@@ -323,7 +253,6 @@ def samples_for(bench, lines, path: str, data_samples=None, data_name: str = "--
 
 def run_score(args: argparse.Namespace) -> int:
     from dare.eval import get_benchmark, score_predictions
-
     from dare.outputs import check_file_target
 
     if args.out:

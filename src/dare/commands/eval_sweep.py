@@ -16,7 +16,7 @@ HELP = "evaluate one benchmark under several decoder settings: accuracy vs token
 
 
 def configure(sweep: argparse.ArgumentParser) -> None:
-    from dare.commands.eval import add_model_data_arguments
+    from dare.commands.eval_inputs import add_model_data_arguments
     from dare.commands.generate import add_sampler_arguments
 
     add_model_data_arguments(sweep)
@@ -56,10 +56,11 @@ def expand_grid(text: str) -> list[dict[str, Any]]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from dare.commands.eval import _load_samples, load_for_eval
+    from dare.commands.eval_inputs import load_samples
     from dare.commands.generate import sampler_values
     from dare.errors import ConfigError
     from dare.eval import EvalConfig, evaluate, get_benchmark
+    from dare.eval.run import load_for_eval
     from dare.eval.sweep import run_sweep
     from dare.rollout import SamplerConfig, default_sampler
 
@@ -81,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
         SamplerConfig.from_dict(merged)
         if "sampler" in merged:
             SamplerConfig.from_dict(merged).resolved()
-    samples, pool, data = _load_samples(bench, args)
+    samples, pool, data = load_samples(bench, args)
     model, tokenizer, model_info = load_for_eval(args.model, args.adapter, args.device, args.dtype,
                                                  compile_blocks=args.compile_blocks)
     progress = not args.no_progress and sys.stderr.isatty()

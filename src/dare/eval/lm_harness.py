@@ -97,7 +97,7 @@ class DareLM(_LM):
         if model is None:
             import torch
 
-            from dare.commands.eval import load_for_eval
+            from dare.eval.run import load_for_eval
 
             if str(device or "").startswith("cuda") and not torch.cuda.is_available():
                 device = "cpu"  # lm-eval's CLI asks for cuda:0 unless told otherwise

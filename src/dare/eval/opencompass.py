@@ -103,7 +103,7 @@ class DareDiffusionModel(_BaseModel):
         self.mc_batch_size = mc_batch_size
         self._calls = 0
         if model is None and not tokenizer_only:  # a missing or unreadable checkpoint is a one-line error
-            from dare.commands.eval import load_for_eval
+            from dare.eval.run import load_for_eval
 
             model, loaded_tokenizer, _ = load_for_eval(path, adapter, device, dtype)
             tokenizer = tokenizer or loaded_tokenizer

@@ -86,6 +86,32 @@ class EvalConfig:
         return benchmark.default_template
 
 
+def load_for_eval(path: str, adapter: str | None, device: str | None, dtype: str | None,
+                  compile_blocks: bool = False):
+    """``(model, tokenizer, model_info)``; a missing or unreadable checkpoint is a one-line error. With
+    ``compile_blocks`` every transformer block is compiled in place (recorded in ``model_info``)."""
+    from dare.devices import resolve_device
+    from dare.errors import DareError, InputError
+    from dare.models.loading import load_model, load_tokenizer, parse_tiny
+
+    device = resolve_device(device)
+    dtype = dtype or ("bfloat16" if device.type == "cuda" else "float32")
+    try:
+        model = load_model(path, adapter, dtype=dtype, device=device)
+        tokenizer = load_tokenizer(path)
+    except DareError:
+        raise
+    except (OSError, ValueError) as err:
+        kind = "tiny model" if parse_tiny(path) else "model"
+        raise InputError(f"cannot load {kind} {path}: {str(err).strip().splitlines()[0]}") from None
+    if compile_blocks:
+        from dare.models.compile import compile_blocks as compile_model_blocks
+
+        compile_model_blocks(model)
+    return model, tokenizer, {"path": path, "adapter": adapter, "requested_dtype": dtype,
+                              "compile_blocks": compile_blocks}
+
+
 def model_record(model, **extra: Any) -> dict[str, Any]:
     """What the results file says about the model: family, dtype, device, parameter count (+ ``extra``)."""
     from dare.models.spec import family_of
