@@ -17,6 +17,22 @@ def _seed():
     torch.manual_seed(0)
 
 
+@pytest.fixture
+def compiled_models(monkeypatch):
+    """Models passed to ``dare.models.compile.compile_blocks`` during the test, which compiles them for real but
+    with the ``eager`` backend (graph capture without code generation: fast on a CPU)."""
+    import dare.models.compile as compile_module
+
+    models, real = [], compile_module.compile_blocks
+
+    def capture_only(model, **kwargs):
+        models.append(real(model, **{**kwargs, "backend": "eager"}))
+        return model
+
+    monkeypatch.setattr(compile_module, "compile_blocks", capture_only)
+    return models
+
+
 @pytest.fixture(scope="session")
 def tiny_dirs(tmp_path_factory):
     """A tiny checkpoint directory per family (written once per session)."""

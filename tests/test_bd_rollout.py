@@ -610,18 +610,13 @@ def test_generate_cli_with_block_samplers(capsys):
     assert result["sampler"] == "llada2" and result["compile_blocks"] is False  # the family's default sampler
 
 
-def test_generate_cli_compiles_the_blocks_when_asked(capsys, monkeypatch):
-    import dare.models.compile as compile_module
-
-    calls, real = [], compile_module.compile_blocks
-    monkeypatch.setattr(compile_module, "compile_blocks",
-                        lambda model, **kw: calls.append(model) or real(model, backend="eager", **kw))
+def test_generate_cli_compiles_the_blocks_when_asked(capsys, compiled_models):
     args = ["generate", "--model", "tiny:sdar", "--prompt", "Hi", "--gen-length", "8", "--json"]
     assert main(args) == 0
     plain = json.loads(capsys.readouterr().out)
     assert main(args + ["--compile-blocks"]) == 0
     compiled = json.loads(capsys.readouterr().out)
-    assert len(calls) == 1 and compiled["compile_blocks"] is True
+    assert len(compiled_models) == 1 and compiled["compile_blocks"] is True
     assert compiled["results"][0]["tokens"] == plain["results"][0]["tokens"]
 
 

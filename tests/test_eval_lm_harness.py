@@ -150,13 +150,10 @@ def test_wrong_model_args_are_one_line_errors():
         DareLM(pretrained="tiny:llada", compile_blocks="maybe")
 
 
-def test_compile_blocks_model_arg_compiles_every_block_and_is_recorded(monkeypatch):
-    import dare.models.compile as compile_module
+def test_compile_blocks_model_arg_compiles_every_block_and_is_recorded(compiled_models):
     from dare.eval.lm_harness import DareLM
     from dare.models.compile import is_compiled
 
-    real = compile_module.compile_blocks
-    monkeypatch.setattr(compile_module, "compile_blocks", lambda model, **kw: real(model, backend="eager", **kw))
     lm = DareLM(pretrained="tiny:llada", compile_blocks="true")  # model args arrive as strings
     assert all(is_compiled(b) for b in lm.model.blocks)
     assert lm.get_model_info()["dare"]["model"]["compile_blocks"] is True

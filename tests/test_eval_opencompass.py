@@ -109,13 +109,10 @@ def test_loading_errors_are_one_line(oc, tmp_path):
         module.DareDiffusionModel(path="tiny:llada", compile_blocks="maybe")
 
 
-def test_compile_blocks_argument_compiles_every_block(oc, monkeypatch):
-    import dare.models.compile as compile_module
+def test_compile_blocks_argument_compiles_every_block(oc, compiled_models):
     from dare.models.compile import is_compiled
 
     module, _ = oc
-    real = compile_module.compile_blocks
-    monkeypatch.setattr(compile_module, "compile_blocks", lambda model, **kw: real(model, backend="eager", **kw))
     assert all(is_compiled(b) for b in module.DareDiffusionModel(path="tiny:llada", compile_blocks=True).model.blocks)
     assert not any(is_compiled(b) for b in module.DareDiffusionModel(path="tiny:llada").model.blocks)
 

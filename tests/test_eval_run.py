@@ -161,18 +161,10 @@ def test_eval_run_generation_records_every_setting(data, tmp_path, capsys):
         assert record["gold"] in {"2", "4", "6"} and isinstance(record["correct"], bool)
 
 
-def test_eval_run_compiles_the_blocks_when_asked_and_records_it(data, tmp_path, capsys, monkeypatch):
-    import dare.models.compile as compile_module
+def test_eval_run_compiles_the_blocks_when_asked_and_records_it(data, tmp_path, capsys, compiled_models):
     from dare.models.compile import is_compiled
     from dare.models.loading import unwrap
 
-    compiled_models, real = [], compile_module.compile_blocks
-
-    def capture_only(model, **kwargs):  # the real function without code generation (fast on a CPU)
-        compiled_models.append(real(model, backend="eager", **kwargs))
-        return model
-
-    monkeypatch.setattr(compile_module, "compile_blocks", capture_only)
     out = tmp_path / "results.json"
     args = ["eval", "run", "--model", "tiny:llada", "--benchmark", "gsm8k", "--data", str(data["gsm8k"]),
             "--limit", "2", "--gen-length", "8", "--block-length", "8", "--out", str(out), "--json"]

@@ -389,9 +389,9 @@ def test_graph_engine_decodes_with_the_decode_attention_kernels_when_opted_in(mo
     calls, real = [], kernels.decode_attention
     monkeypatch.setattr(kernels, "decode_attention", lambda *a, **kw: calls.append(1) or real(*a, **kw))
     monkeypatch.setenv("DARE_DECODE_ATTENTION", "triton")
-    from dare.rollout.engine import _STATES
+    from dare.rollout.engine import release
 
-    _STATES.pop(model, None)  # record the steps again, now with the kernels
+    release(model)  # record the steps again, now with the kernels
     opted = generate(model, ids, mask, config, engine="graph")
     assert calls  # recorded into the steps' graphs
     assert opted.nfe == plain.nfe

@@ -172,6 +172,8 @@ def test_compile_and_chunk_options_are_validated(tmp_path):
         compile_blocks(tiny_model("llada"), backend="nope")
     with pytest.raises(ConfigError, match="unknown compile mode"):  # its own CUDA graphs would nest in the engine's
         compile_blocks(tiny_model("llada"), mode="reduce-overhead")
+    with pytest.raises(ConfigError, match="needs the inductor backend"):
+        compile_blocks(tiny_model("llada"), backend="eager", mode="max-autotune-no-cudagraphs")
 
 
 def test_cpu_optimizer_is_not_fused():

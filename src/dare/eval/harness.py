@@ -98,12 +98,4 @@ def boolean(name: str, value: Any) -> bool:
     raise ConfigError(f"{name} must be true or false; got {value!r}")
 
 
-def compile_model_blocks(model) -> None:
-    """Compile every transformer block of ``model`` in place (the adapters' ``compile_blocks`` argument)."""
-    from dare.models.compile import compile_blocks
-
-    compile_blocks(model)
-
-
-__all__ = ["boolean", "compile_model_blocks", "completion_text", "cut_at_stop", "positive_int", "request_sampler",
-           "split_options"]
+__all__ = ["boolean", "completion_text", "cut_at_stop", "positive_int", "request_sampler", "split_options"]

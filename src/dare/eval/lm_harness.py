@@ -76,7 +76,7 @@ class DareLM(_LM):
                  **options: Any):
         require_lm_eval()
         super().__init__()
-        from dare.eval.harness import boolean, compile_model_blocks, positive_int, split_options
+        from dare.eval.harness import boolean, positive_int, split_options
         from dare.eval.likelihood import LikelihoodConfig
         from dare.rollout import SamplerConfig
 
@@ -107,6 +107,8 @@ class DareLM(_LM):
             raise ConfigError("DareLM(model=...) needs its tokenizer too")
         self.model = model.eval()
         if compile_blocks:
+            from dare.models.compile import compile_blocks as compile_model_blocks
+
             compile_model_blocks(self.model)
         self.tokenizer = tokenizer
         self.model_info = {**info, "compile_blocks": compile_blocks}

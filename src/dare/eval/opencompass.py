@@ -86,7 +86,7 @@ class DareDiffusionModel(_BaseModel):
                  mc_batch_size: int = 16, compile_blocks: bool = False, tokenizer_only: bool = False, model=None,
                  tokenizer=None, **unknown: Any):
         require_opencompass()
-        from dare.eval.harness import boolean, compile_model_blocks
+        from dare.eval.harness import boolean
         from dare.eval.likelihood import LikelihoodConfig
         from dare.eval.opencompass_checks import check_model_args
 
@@ -112,6 +112,8 @@ class DareDiffusionModel(_BaseModel):
         self.tokenizer = tokenizer
         self.model = None if tokenizer_only else model.eval()
         if compile_blocks and self.model is not None:
+            from dare.models.compile import compile_blocks as compile_model_blocks
+
             compile_model_blocks(self.model)
         self.chat = getattr(tokenizer, "chat_template", None) is not None if chat is None else bool(chat)
         self.chat_parser = None

@@ -51,6 +51,8 @@ def compile_blocks(model, backend: str = "inductor", dynamic: bool | None = True
         raise unknown_choice("compile backend", backend, COMPILE_BACKENDS)
     if mode not in COMPILE_MODES:
         raise unknown_choice("compile mode", mode, COMPILE_MODES)
+    if mode != "default" and backend != "inductor":
+        raise ConfigError(f"compile mode {mode} needs the inductor backend (it tunes generated kernels); got {backend}")
     base = unwrap(model)
     blocks = getattr(base, "blocks", None)
     if blocks is None:
@@ -60,7 +62,7 @@ def compile_blocks(model, backend: str = "inductor", dynamic: bool | None = True
     if dynamic is False:  # past the limit dynamo would silently run the remaining shapes eagerly
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, STATIC_RECOMPILE_LIMIT)
     for block in blocks:
-        block.compile(backend=backend, dynamic=dynamic, mode=None if mode == "default" or backend != "inductor" else mode)
+        block.compile(backend=backend, dynamic=dynamic, mode=None if mode == "default" else mode)
     return model
 
 

@@ -32,10 +32,6 @@ BLOCK_N = 64
 """Keys per tile."""
 
 
-def available() -> bool:
-    return triton is not None
-
-
 def applies(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None) -> bool:
     """Whether :func:`decode_attention` serves this call: opt-in, CUDA, fp16/bf16, head size 64/128, few rows
     per KV head, and no gradient wanted (the kernels have no backward)."""
