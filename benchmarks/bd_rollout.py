@@ -49,6 +49,7 @@ from common import (  # noqa: E402
     add_engine_arguments,
     apply_compile,
     build_sdar,
+    check_engine_arguments,
     default_engines,
     engine_label,
     engine_record,
@@ -85,6 +86,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     add_engine_arguments(p)
     p.add_argument("--json", help="write all results to this file")
     args = p.parse_args(argv)
+    check_engine_arguments(p, args)
     args.device = args.device or ("cpu" if args.tiny or not torch.cuda.is_available() else "cuda")
     args.engines = args.engines or default_engines(args.device)
     args.batch = args.batch or ([1, 4] if args.tiny else [1, 16])

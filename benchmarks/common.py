@@ -305,6 +305,12 @@ def add_engine_arguments(p) -> None:
                         "records get '+autotune')")
 
 
+def check_engine_arguments(p, args) -> None:
+    """One-line errors for engine options that would otherwise be ignored."""
+    if args.compile_mode != "default" and not args.compile_blocks:
+        p.error("--compile-mode applies to compiled blocks: add --compile-blocks [dynamic|static]")
+
+
 def default_engines(device: str) -> list[str]:
     """``--engines`` default: eager vs graph on CUDA, eager vs static elsewhere."""
     return ["eager", "graph"] if device.startswith("cuda") else ["eager", "static"]

@@ -48,6 +48,7 @@ from common import (  # noqa: E402,F401
     add_engine_arguments,
     apply_compile,
     build_llada,
+    check_engine_arguments,
     default_engines,
     engine_label,
     engine_record,
@@ -87,6 +88,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     add_engine_arguments(p)
     p.add_argument("--json", help="write all results to this file")
     args = p.parse_args(argv)
+    check_engine_arguments(p, args)
     tiny = args.tiny
     args.device = args.device or ("cpu" if tiny or not torch.cuda.is_available() else "cuda")
     args.engines = args.engines or default_engines(args.device)

@@ -14,6 +14,7 @@ import textwrap
 
 import pytest
 
+from dare.errors import ConfigError
 from dare.models.decode_attention import BLOCK_N, num_splits
 
 CHECK = textwrap.dedent("""
@@ -73,3 +74,6 @@ def test_not_used_unless_opted_in_on_cuda(monkeypatch):
     assert not applies(q, k, mask)  # CPU tensors
     monkeypatch.delenv("DARE_DECODE_ATTENTION")
     assert not applies(q, k, mask)
+    monkeypatch.setenv("DARE_DECODE_ATTENTION", "trition")
+    with pytest.raises(ConfigError, match="DARE_DECODE_ATTENTION must be sdpa"):
+        applies(q, k, mask)

@@ -20,6 +20,8 @@ import os
 
 import torch
 
+from dare.errors import ConfigError
+
 try:
     import triton
     import triton.language as tl
@@ -35,7 +37,10 @@ BLOCK_N = 64
 def applies(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None) -> bool:
     """Whether :func:`decode_attention` serves this call: opt-in, CUDA, fp16/bf16, head size 64/128, few rows
     per KV head, and no gradient wanted (the kernels have no backward)."""
-    if os.environ.get("DARE_DECODE_ATTENTION") != "triton" or triton is None or mask is None or not q.is_cuda:
+    choice = os.environ.get("DARE_DECODE_ATTENTION") or "sdpa"
+    if choice not in ("sdpa", "triton"):
+        raise ConfigError(f"DARE_DECODE_ATTENTION must be sdpa (the default) or triton, got {choice!r}")
+    if choice != "triton" or triton is None or mask is None or not q.is_cuda:
         return False
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad):
         return False
