@@ -6,8 +6,12 @@ static KV cache of ``--keys`` slots, of which the first ``--valid`` are attendab
 
     python benchmarks/attention_shapes.py --batch 1 64
     python benchmarks/attention_shapes.py --batch 64 --keys 2560 --valid 2400   # a long reasoning rollout
+    python benchmarks/attention_shapes.py --batch 16 --heads 32 --kv-heads 32 --query 32 --keys 384 --valid 384
+        # LLaDA-8B dual-cache window step
 
-Prints microseconds per call for each variant and the KV-read floor (valid keys only / all slots).
+Prints microseconds per call, timed inside a CUDA graph as a recorded step runs them (no launch overhead), for
+each variant and for the split-KV kernel's launch settings (``--sweep``), and the KV-read floor (valid keys
+only / all slots).
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import cuda_ms  # noqa: E402
+from common import graph_us  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from dare.models.decode_attention import decode_attention  # noqa: E402
@@ -56,8 +60,21 @@ def variants(q, k, v, mask, valid):
         "repeat kv, efficient": only(SDPBackend.EFFICIENT_ATTENTION, lambda: F.scaled_dot_product_attention(q, kr, vr, attn_mask=mask)),
         "enable_gqa + mask (math)": lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True),
         "valid keys only, no mask (flash)": lambda: F.scaled_dot_product_attention(folded, k[:, :, :valid], v[:, :, :valid]),
-        "split-KV kernel (decode_attention)": lambda: decode_attention(q, k, v, mask, d ** -0.5),
+        "split-KV kernel (decode_attention)": lambda: decode_attention(q, k, v, kernel_mask(mask, valid), d ** -0.5),
     }
+
+
+def kernel_mask(mask, valid):
+    """The mask the engine passes: none where every key is attendable (a full-attention cache step)."""
+    return None if valid == mask.shape[-1] else mask
+
+
+def kernel_settings(q, k, v, mask, valid):
+    """The split-KV kernel under each launch setting (keys per tile, warps, pipeline stages)."""
+    d, mask = q.shape[-1], kernel_mask(mask, valid)
+    return {f"split-KV block_n={n} warps={w} stages={st}":
+            (lambda n=n, w=w, st=st: decode_attention(q, k, v, mask, d ** -0.5, block_n=n, num_warps=w, num_stages=st))
+            for n in (32, 64, 128) for w in (4, 8) for st in (1, 2, 3)}
 
 
 def main(argv=None) -> int:
@@ -69,6 +86,7 @@ def main(argv=None) -> int:
     p.add_argument("--heads", type=int, default=32)
     p.add_argument("--kv-heads", type=int, default=8)
     p.add_argument("--head-dim", type=int, default=128)
+    p.add_argument("--sweep", action="store_true", help="also time the split-KV kernel's launch settings")
     args = p.parse_args(argv)
     dev, dt = torch.device("cuda"), torch.bfloat16
     bw = 4.3e12
@@ -82,17 +100,20 @@ def main(argv=None) -> int:
         print(f"\nB={b}: query {args.query} x {args.heads} heads, {args.valid}/{args.keys} keys x {args.kv_heads} KV heads; "
               f"KV floor {kv_bytes * args.valid / args.keys / bw * 1e6:.1f} us (valid) / {kv_bytes / bw * 1e6:.1f} us (all)")
         ref = None
-        for name, fn in variants(q, k, v, mask, args.valid).items():
+        cases = variants(q, k, v, mask, args.valid)
+        if args.sweep:
+            cases.update(kernel_settings(q, k, v, mask, args.valid))
+        for name, fn in cases.items():
             try:
                 out = fn()
-                us = cuda_ms(fn, reps=200, warmup=5) * 1000
+                us = graph_us(fn, reps=50)
             except RuntimeError as e:
-                print(f"  {name:36s} failed: {str(e).splitlines()[0][:80]}")
+                print(f"  {name:44s} failed: {str(e).splitlines()[0][:80]}")
                 continue
             out = out.reshape(b, args.heads, args.query, args.head_dim)
             ref = out if ref is None else ref
             err = (out.float() - ref.float()).abs().max().item()
-            print(f"  {name:36s} {us:8.1f} us   x36 layers {us * 36 / 1000:6.3f} ms   max|diff| {err:.1e}", flush=True)
+            print(f"  {name:44s} {us:8.1f} us   x36 layers {us * 36 / 1000:6.3f} ms   max|diff| {err:.1e}", flush=True)
     return 0
 
 

@@ -92,6 +92,29 @@ def cuda_ms(fn, reps: int = 50, warmup: int = 3) -> float:
     return start.elapsed_time(end) / reps
 
 
+def graph_us(fn, reps: int = 50) -> float:
+    """Microseconds per call of ``fn`` replayed ``reps`` times inside one CUDA graph."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(reps):
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(5):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / (5 * reps) * 1000
+
+
 def weight_bytes(model) -> int:
     """Bytes of the weights a forward reads in full (the input embedding is only gathered row-wise)."""
     embedding = model.get_input_embeddings().weight
@@ -309,6 +332,8 @@ def check_engine_arguments(p, args) -> None:
     """One-line errors for engine options that would otherwise be ignored."""
     if args.compile_mode != "default" and not args.compile_blocks:
         p.error("--compile-mode applies to compiled blocks: add --compile-blocks [dynamic|static]")
+    if "graph" in args.engines and not args.device.startswith("cuda"):
+        p.error(f"the graph engine records CUDA graphs; on {args.device} compare eager with static (--engines eager static)")
 
 
 def default_engines(device: str) -> list[str]:

@@ -88,10 +88,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     add_engine_arguments(p)
     p.add_argument("--json", help="write all results to this file")
     args = p.parse_args(argv)
-    check_engine_arguments(p, args)
     tiny = args.tiny
     args.device = args.device or ("cpu" if tiny or not torch.cuda.is_available() else "cuda")
     args.engines = args.engines or default_engines(args.device)
+    check_engine_arguments(p, args)
     args.batch = args.batch or ([1, 4] if tiny else [1, 16])
     args.gen = args.gen or ([32, 64] if tiny else [256, 512])
     args.block = args.block or (8 if tiny else 32)

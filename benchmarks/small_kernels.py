@@ -15,34 +15,14 @@ from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
+from common import graph_us  # noqa: E402
 from dare.models.layers import apply_rope, rope_angles  # noqa: E402
+from dare.rollout.engine.forward import copy_rows  # noqa: E402
 
 BW = 4.3e12
-
-
-def graph_us(fn, reps: int = 50) -> float:
-    """Microseconds per call of ``fn`` replayed ``reps`` times inside one CUDA graph."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(reps):
-            fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(5):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / (5 * reps) * 1000
 
 
 def rope_fn(x, cos, sin, full):
@@ -75,7 +55,8 @@ def main() -> int:
         cache_lh = torch.zeros(b, width + length + 8, kv_heads, d, device=dev, dtype=dt)
         floor = 2 * k.numel() * 2 / BW * 1e6
         print(f"  cache write k [{b},{kv_heads},{length},{d}] floor {floor:.1f} us | "
-              f"index_copy_ dim 2 (today) {graph_us(lambda: cache_hl.index_copy_(2, slots, k)):.1f} | "
+              f"index_copy_ dim 2 {graph_us(lambda: cache_hl.index_copy_(2, slots, k)):.1f} | "
+              f"copy_rows (engine, transposed source) {graph_us(lambda: copy_rows(cache_hl, slots, k_rows.transpose(1, 2))):.1f} | "
               f"index_copy_ dim 1 of [B,W,H,d] {graph_us(lambda: cache_lh.index_copy_(1, slots, k_rows)):.1f} | "
               f"transposed source into dim 1 {graph_us(lambda: cache_lh.index_copy_(1, slots, k.transpose(1, 2))):.1f} | "
               f"setitem dim 2 {graph_us(lambda: cache_hl.__setitem__((slice(None), slice(None), slots), k)):.1f} | "

@@ -634,3 +634,17 @@ def test_benchmark_tiny_smoke(tmp_path, capsys):
         assert cached["nfe"] == full["nfe"] and cached["tokens"] == full["tokens"] == 32
         assert cached["same_tokens"] is True
     assert "x recompute" in printed
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--tiny", "--engines", "graph"], "graph engine records CUDA graphs; on cpu"),
+    (["--tiny", "--compile-mode", "max-autotune-no-cudagraphs"], "--compile-mode applies to compiled blocks"),
+])
+def test_benchmark_refuses_options_it_would_ignore_in_one_line(argv, message, capsys):
+    spec = importlib.util.spec_from_file_location("bd_rollout_benchmark", ROOT / "benchmarks" / "bd_rollout.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    with pytest.raises(SystemExit) as exit_:
+        bench.main(argv)
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and message in err and "Traceback" not in err

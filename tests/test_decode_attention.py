@@ -22,13 +22,15 @@ CHECK = textwrap.dedent("""
     from dare.models.decode_attention import decode_attention
 
     torch.manual_seed(0)
-    # (batch, query heads, KV heads, queries, keys, head size, processors, mask shape)
-    cases = [(2, 8, 2, 4, 100, 64, 8, "query"),    # GQA 4, two key slices merged, the last one partial
-             (3, 4, 4, 5, 130, 128, 1, "query"),   # no GQA, one slice (normalised in the first kernel)
-             (1, 32, 8, 2, 200, 64, 64, "keys"),   # four slices, a [B, 1, 1, K] key mask
-             (2, 4, 1, 3, 70, 64, 4, "one")]       # rows that see a single key
+    # (batch, query heads, KV heads, queries, keys, head size, processors, mask shape, keys per tile)
+    cases = [(2, 8, 2, 4, 100, 64, 8, "query", 64),    # GQA 4, two key slices merged, the last one partial
+             (3, 4, 4, 5, 130, 128, 1, "query", 64),   # no GQA, one slice (normalised in the first kernel)
+             (1, 32, 8, 2, 200, 64, 64, "keys", 64),   # four slices, a [B, 1, 1, K] key mask
+             (2, 4, 1, 3, 70, 64, 4, "one", 64),       # rows that see a single key
+             (2, 4, 4, 6, 90, 64, 2, "none", 32),      # no mask (every key), smaller tiles, two slices
+             (1, 8, 2, 3, 150, 64, 1, "query", 128)]   # one slice of larger tiles, the last one partial
     worst = 0.0
-    for b, h, hkv, n, keys, d, processors, kind in cases:
+    for b, h, hkv, n, keys, d, processors, kind, block_n in cases:
         q = torch.randn(b, h, n, d).half()
         cache = torch.randn(2, b, hkv, keys + 9, d).half()
         k, v = cache[0, :, :, :keys], cache[1, :, :, :keys]  # strided views of a longer cache, as in decoding
@@ -37,12 +39,16 @@ CHECK = textwrap.dedent("""
         else:
             mask = torch.rand(b, 1, n, keys) < (0.6 if kind == "query" else 0.0)
         mask[..., keys // 2] = True
-        out = decode_attention(q, k, v, mask, d ** -0.5, processors=processors)
+        if kind == "none":
+            mask[...] = True
+        out = decode_attention(q, k, v, None if kind == "none" else mask, d ** -0.5, processors=processors,
+                               block_n=block_n)
         groups = h // hkv
         kk, vv = k.double().repeat_interleave(groups, 1), v.double().repeat_interleave(groups, 1)
         scores = (q.double() @ kk.transpose(-1, -2) * d ** -0.5).masked_fill(~mask, float("-inf"))
         expected = scores.softmax(-1) @ vv
         assert out.shape == q.shape and out.dtype == q.dtype
+        assert out.transpose(1, 2).is_contiguous()  # [B, Q, H, D] memory: the attention output reshapes for free
         worst = max(worst, (out.double() - expected).abs().max().item())
     print("max error", worst)
     assert worst < 2e-3, worst
@@ -71,7 +77,7 @@ def test_not_used_unless_opted_in_on_cuda(monkeypatch):
     q, k = torch.zeros(1, 4, 2, 64, dtype=torch.bfloat16), torch.zeros(1, 1, 10, 64, dtype=torch.bfloat16)
     mask = torch.ones(1, 1, 2, 10, dtype=torch.bool)
     monkeypatch.setenv("DARE_DECODE_ATTENTION", "triton")
-    assert not applies(q, k, mask)  # CPU tensors
+    assert not applies(q, k, mask) and not applies(q, k, None)  # CPU tensors
     monkeypatch.delenv("DARE_DECODE_ATTENTION")
     assert not applies(q, k, mask)
     monkeypatch.setenv("DARE_DECODE_ATTENTION", "trition")

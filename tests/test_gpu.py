@@ -352,14 +352,18 @@ def test_decode_attention_kernels_equal_sdpa_at_decoding_shapes_and_record_in_gr
     from dare.models.decode_attention import decode_attention
 
     gen = torch.Generator(device="cuda").manual_seed(0)
-    for batch, queries, keys in [(64, 4, 388), (1, 8, 260), (16, 4, 1030)]:  # SDAR-8B heads: 32 query, 8 KV
+    # SDAR-8B heads (32 query, 8 KV) with a mask; LLaDA-8B heads (32, 32) without one (a dual-cache window step)
+    for batch, kv_heads, queries, keys, masked in [(64, 8, 4, 388, True), (1, 8, 8, 260, True),
+                                                   (16, 8, 4, 1030, True), (16, 32, 32, 384, False)]:
+        groups = 32 // kv_heads
         q = torch.randn(batch, 32, queries, 128, device="cuda", generator=gen).bfloat16()
-        cache = torch.randn(2, batch, 8, keys + 20, 128, device="cuda", generator=gen).bfloat16()
+        cache = torch.randn(2, batch, kv_heads, keys + 20, 128, device="cuda", generator=gen).bfloat16()
         k, v = cache[0, :, :, :keys], cache[1, :, :, :keys]
         mask = torch.rand(batch, 1, queries, keys, device="cuda", generator=gen) < 0.7
         mask[..., 0] = True
-        expected = F.scaled_dot_product_attention(q.float(), k.float().repeat_interleave(4, 1),
-                                                  v.float().repeat_interleave(4, 1), attn_mask=mask)
+        mask = mask if masked else None
+        expected = F.scaled_dot_product_attention(q.float(), k.float().repeat_interleave(groups, 1),
+                                                  v.float().repeat_interleave(groups, 1), attn_mask=mask)
         out = decode_attention(q, k, v, mask, 128 ** -0.5)
         torch.testing.assert_close(out.float(), expected, atol=2e-2, rtol=2e-2)
         stream = torch.cuda.Stream()

@@ -280,3 +280,28 @@ def test_a_non_numeric_setting_is_a_one_line_error():
         SamplerConfig(sampler="fastdllm", threshold="a").resolved()
     with pytest.raises(ConfigError, match="gen_length must be a number"):
         SamplerConfig(gen_length="long").resolved()
+
+
+@pytest.mark.parametrize("dtype,head_dim,wide", [(torch.bfloat16, 8, torch.int64), (torch.float16, 6, torch.int32),
+                                                 (torch.float32, 3, None), (torch.float32, 4, torch.int64)])
+def test_cache_writes_move_whole_rows_as_wide_elements_with_the_same_bytes(dtype, head_dim, wide, monkeypatch):
+    from dare.rollout.engine import forward
+
+    cache = torch.zeros(2, 3, 10, head_dim, dtype=dtype)
+    rows = torch.randn(2, 5, 3, head_dim).to(dtype).transpose(1, 2)  # a [B, L, H, d] projection seen as [B, H, L, d]
+    slots = torch.tensor([7, 1, 4, 2, 9])
+    expected = cache.clone().index_copy_(2, slots, rows)
+    copied, index_copy = [], torch.Tensor.index_copy_
+
+    def spy(self, *args):
+        copied.append(self.dtype)
+        return index_copy(self, *args)
+
+    monkeypatch.setattr(torch.Tensor, "index_copy_", spy)
+    forward.copy_rows(cache, slots, rows)
+    assert torch.equal(cache, expected)
+    assert copied == [wide or dtype]
+    # a source that cannot be viewed wider (an odd offset into its storage) is copied as is
+    odd = torch.randn(2, 3, 5, head_dim + 1).to(dtype)[..., 1:]
+    forward.copy_rows(cache, slots, odd)
+    assert torch.equal(cache, expected.index_copy_(2, slots, odd)) and copied[-1] == dtype

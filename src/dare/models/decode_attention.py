@@ -40,27 +40,32 @@ def applies(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None) -> bool
     choice = os.environ.get("DARE_DECODE_ATTENTION") or "sdpa"
     if choice not in ("sdpa", "triton"):
         raise ConfigError(f"DARE_DECODE_ATTENTION must be sdpa (the default) or triton, got {choice!r}")
-    if choice != "triton" or triton is None or mask is None or not q.is_cuda:
+    if choice != "triton" or triton is None or not q.is_cuda:
         return False
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad):
         return False
     groups = q.shape[1] // k.shape[1]
-    return (q.dtype in (torch.bfloat16, torch.float16) and q.shape[-1] in (64, 128) and mask.dtype == torch.bool
-            and groups * q.shape[2] <= MAX_ROWS and mask.shape[1] == 1)
+    mask_ok = mask is None or (mask.dtype == torch.bool and mask.shape[1] == 1)
+    return (q.dtype in (torch.bfloat16, torch.float16) and q.shape[-1] in (64, 128) and mask_ok
+            and groups * q.shape[2] <= MAX_ROWS)
 
 
-def num_splits(programs: int, keys: int, processors: int) -> int:
+def num_splits(programs: int, keys: int, processors: int, block_n: int = BLOCK_N) -> int:
     """Key slices per (row, KV head): enough programs for two waves over ``processors``, whole tiles each."""
-    tiles = -(-keys // BLOCK_N)
+    tiles = -(-keys // block_n)
     return max(1, min(tiles, -(-2 * processors // programs)))
 
 
-def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float,
-                     processors: int | None = None) -> torch.Tensor:
+def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float,
+                     processors: int | None = None, block_n: int = BLOCK_N, num_warps: int = 4,
+                     num_stages: int = 2) -> torch.Tensor:
     """``softmax(q k^T x scale, masked) v`` for ``q [B, H, Q, D]``, ``k, v [B, Hkv, K, D]`` (query head ``j``
-    reads KV head ``j // (H / Hkv)``) and a boolean ``mask`` broadcastable to ``[B, 1, Q, K]``; ``[B, H, Q, D]``.
+    reads KV head ``j // (H / Hkv)``) and a boolean ``mask`` broadcastable to ``[B, 1, Q, K]`` (None: every key);
+    ``[B, H, Q, D]``,
+    a transposed view of a ``[B, Q, H, D]`` tensor (the layout the attention output is read in next).
 
-    ``processors`` (default: the GPU's multiprocessor count) sets how many key slices are used."""
+    ``processors`` (default: the GPU's multiprocessor count) sets how many key slices are used; ``block_n``
+    (keys per tile), ``num_warps`` and ``num_stages`` are the kernel's launch settings (benchmarks sweep them)."""
     b, h, n, d = q.shape
     hkv, keys = k.shape[1], k.shape[2]
     groups = h // hkv
@@ -68,11 +73,12 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: to
     block_m = max(16, triton.next_power_of_2(rows))
     if processors is None:
         processors = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 8
-    tiles = -(-keys // BLOCK_N)
-    per_split = -(-tiles // num_splits(b * hkv, keys, processors)) * BLOCK_N  # whole tiles per slice
+    tiles = -(-keys // block_n)
+    per_split = -(-tiles // num_splits(b * hkv, keys, processors, block_n)) * block_n  # whole tiles per slice
     splits = -(-keys // per_split)
-    allowed = mask.expand(b, 1, n, keys)[:, 0].view(torch.uint8)
-    out = torch.empty((b, h, n, d), dtype=q.dtype, device=q.device)
+    masked = mask is not None
+    allowed = mask.expand(b, 1, n, keys)[:, 0].view(torch.uint8) if masked else q.new_ones((1, 1, 1), dtype=torch.uint8)
+    out = torch.empty((b, n, h, d), dtype=q.dtype, device=q.device).transpose(1, 2)
     final = splits == 1
     acc = out if final else torch.empty((b * hkv, splits, block_m, d), dtype=torch.float32, device=q.device)
     stats = torch.empty((2, b * hkv, splits, block_m), dtype=torch.float32, device=q.device)
@@ -80,7 +86,8 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: to
         q, k, v, allowed, acc, stats, out,
         *q.stride(), *k.stride(), *v.stride(), *allowed.stride(), *out.stride(),
         hkv, groups, n, keys, scale * math.log2(math.e),
-        PER_SPLIT=per_split, SPLITS=splits, BLOCK_M=block_m, BLOCK_N=BLOCK_N, HEAD=d, FINAL=final,
+        PER_SPLIT=per_split, SPLITS=splits, BLOCK_M=block_m, BLOCK_N=block_n, HEAD=d, FINAL=final, MASKED=masked,
+        num_warps=num_warps, num_stages=num_stages,
     )
     if not final:
         _merge_kernel[(b * hkv,)](acc, stats, out, *out.stride(), hkv, groups, n, SPLITS=splits,
@@ -95,7 +102,8 @@ if triton is not None:
                         sqb, sqh, sqn, sqd, skb, skh, skn, skd, svb, svh, svn, svd, smb, smn, smk,
                         sob, soh, son, sod,
                         HKV, GROUPS, QLEN, KLEN, SCALE_LOG2, PER_SPLIT: tl.constexpr, SPLITS: tl.constexpr,
-                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD: tl.constexpr, FINAL: tl.constexpr):
+                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD: tl.constexpr, FINAL: tl.constexpr,
+                        MASKED: tl.constexpr):
         bh = tl.program_id(0)
         split = tl.program_id(1)
         b = bh // HKV
@@ -115,12 +123,15 @@ if triton is not None:
         for offset in range(0, PER_SPLIT, BLOCK_N):  # tiles past KLEN (in the last slice) load nothing
             cols = begin + offset + tl.arange(0, BLOCK_N)
             inside = cols < KLEN
-            kt = tl.load(K + b * skb + kvh * skh + cols[None, :] * skn + dims[:, None] * skd,
-                         mask=inside[None, :], other=0.0)
-            scores = tl.dot(q, kt) * SCALE_LOG2
-            seen = tl.load(Mask + b * smb + qi[:, None] * smn + cols[None, :] * smk,
-                           mask=real[:, None] & inside[None, :], other=0)
-            scores = tl.where((seen != 0) | (~real[:, None] & inside[None, :]), scores, float("-inf"))
+            kt = tl.load(K + b * skb + kvh * skh + cols[:, None] * skn + dims[None, :] * skd,
+                         mask=inside[:, None], other=0.0)
+            scores = tl.dot(q, tl.trans(kt)) * SCALE_LOG2
+            if MASKED:
+                seen = tl.load(Mask + b * smb + qi[:, None] * smn + cols[None, :] * smk,
+                               mask=real[:, None] & inside[None, :], other=0)
+                scores = tl.where((seen != 0) | (~real[:, None] & inside[None, :]), scores, float("-inf"))
+            else:
+                scores = tl.where(inside[None, :], scores, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(scores, 1))
             base = tl.where(m_new == float("-inf"), 0.0, m_new)
             p = tl.exp2(scores - base[:, None])

@@ -40,14 +40,38 @@ class StaticKVCache:
             b, h, _, d = key.shape
             self.keys[layer] = key.new_zeros((b, h, self.width, d))
             self.values[layer] = value.new_zeros((b, value.shape[1], self.width, value.shape[-1]))
-        self.keys[layer].index_copy_(2, self.slots, key)
-        self.values[layer].index_copy_(2, self.slots, value)
+        copy_rows(self.keys[layer], self.slots, key)
+        copy_rows(self.values[layer], self.slots, value)
         if self.length == self.width:
             return self.keys[layer], self.values[layer]
         return self.keys[layer][:, :, :self.length], self.values[layer][:, :, :self.length]
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.keys + self.values if t is not None)
+
+
+_WIDE = (torch.int64, torch.int32, torch.int16)
+
+
+def copy_rows(cache: torch.Tensor, slots: torch.Tensor, rows: torch.Tensor) -> None:
+    """``cache.index_copy_(2, slots, rows)``, moving each head row as the widest integer elements that tile it.
+
+    PyTorch's index kernels move one element per thread step: copying bf16 rows as int64 moves 4x the bytes per
+    step (on an H200 the LLaDA-8B B=16 dual-cache writes took ~15 us per call as bf16 elements, ~5 % of a
+    window step). The bytes written are the same; without a legal wider view of both tensors it copies as is."""
+    for dtype in _WIDE:
+        if _views_as(cache, dtype) and _views_as(rows, dtype):
+            cache.view(dtype).index_copy_(2, slots, rows.view(dtype))
+            return
+    cache.index_copy_(2, slots, rows)
+
+
+def _views_as(t: torch.Tensor, dtype: torch.dtype) -> bool:
+    """Whether ``t.view(dtype)`` is legal and widens the element (PyTorch's rule for a wider dtype view)."""
+    ratio = dtype.itemsize // t.element_size()
+    if ratio <= 1 or dtype.itemsize % t.element_size() or t.shape[-1] % ratio:
+        return False
+    return t.stride(-1) == 1 and t.storage_offset() % ratio == 0 and all(st % ratio == 0 for st in t.stride()[:-1])
 
 
 def static_hidden(
