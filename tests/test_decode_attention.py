@@ -15,7 +15,7 @@ import textwrap
 import pytest
 
 from dare.errors import ConfigError
-from dare.models.decode_attention import BLOCK_N, num_splits
+from dare.models.decode_attention import BLOCK_N, num_splits, routes
 
 CHECK = textwrap.dedent("""
     import torch
@@ -65,21 +65,29 @@ def test_kernels_equal_a_float64_reference_in_the_interpreter():
 def test_key_slices_fill_two_waves_and_stay_whole_tiles():
     assert num_splits(programs=512, keys=388, processors=132) == 1  # SDAR B=64: enough programs already
     assert num_splits(programs=8, keys=388, processors=132) == -(-388 // BLOCK_N)  # B=1: one tile per slice
-    assert num_splits(programs=8, keys=4096, processors=132) == 33
+    assert num_splits(programs=8, keys=4096, processors=132, block_n=64) == 33
     assert num_splits(programs=1, keys=10, processors=132) == 1
 
 
-def test_not_used_unless_opted_in_on_cuda(monkeypatch):
+def test_masked_calls_are_routed_by_default_and_unmasked_ones_only_when_asked():
+    assert routes("auto", masked=True) and not routes("auto", masked=False)
+    assert routes("triton", masked=True) and routes("triton", masked=False)
+    assert not routes("sdpa", masked=True) and not routes("sdpa", masked=False)
+
+
+def test_never_used_off_cuda_and_a_misspelt_setting_is_a_one_line_error(monkeypatch):
     import torch
 
     from dare.models.decode_attention import applies
 
     q, k = torch.zeros(1, 4, 2, 64, dtype=torch.bfloat16), torch.zeros(1, 1, 10, 64, dtype=torch.bfloat16)
     mask = torch.ones(1, 1, 2, 10, dtype=torch.bool)
-    monkeypatch.setenv("DARE_DECODE_ATTENTION", "triton")
-    assert not applies(q, k, mask) and not applies(q, k, None)  # CPU tensors
-    monkeypatch.delenv("DARE_DECODE_ATTENTION")
-    assert not applies(q, k, mask)
+    for choice in ("triton", "auto", None):
+        if choice is None:
+            monkeypatch.delenv("DARE_DECODE_ATTENTION", raising=False)
+        else:
+            monkeypatch.setenv("DARE_DECODE_ATTENTION", choice)
+        assert not applies(q, k, mask) and not applies(q, k, None)  # CPU tensors
     monkeypatch.setenv("DARE_DECODE_ATTENTION", "trition")
-    with pytest.raises(ConfigError, match="DARE_DECODE_ATTENTION must be sdpa"):
+    with pytest.raises(ConfigError, match="DARE_DECODE_ATTENTION must be one of auto, triton, sdpa"):
         applies(q, k, mask)

@@ -379,24 +379,25 @@ def test_decode_attention_kernels_equal_sdpa_at_decoding_shapes_and_record_in_gr
         assert torch.equal(recorded, out)
 
 
-def test_graph_engine_decodes_with_the_decode_attention_kernels_when_opted_in(monkeypatch):
+def test_graph_engine_decodes_block_steps_with_the_decode_attention_kernels_by_default(monkeypatch):
     from dare.models import decode_attention as kernels
     from dare.rollout import SamplerConfig, generate
+    from dare.rollout.engine import release
 
     model = tiny_model("sdar", seed=1, head_dim=64, num_attention_heads=8, num_key_value_heads=2).cuda()
-    model = model.to(torch.bfloat16)
+    model = model.to(torch.float16)  # fp16's finer mantissa: fewer near-ties between the two attention kernels
     with torch.no_grad():
         model.get_output_embeddings().weight.mul_(50.0)
     ids, mask = padded(seqs([9, 14, 5]))
     config = SamplerConfig(sampler="sdar", cache="block", gen_length=32, block_length=4)
-    plain = generate(model, ids, mask, config, engine="graph")
     calls, real = [], kernels.decode_attention
     monkeypatch.setattr(kernels, "decode_attention", lambda *a, **kw: calls.append(1) or real(*a, **kw))
-    monkeypatch.setenv("DARE_DECODE_ATTENTION", "triton")
-    from dare.rollout.engine import release
-
-    release(model)  # record the steps again, now with the kernels
-    opted = generate(model, ids, mask, config, engine="graph")
+    monkeypatch.setenv("DARE_DECODE_ATTENTION", "sdpa")
+    plain = generate(model, ids, mask, config, engine="graph")
+    assert not calls
+    monkeypatch.delenv("DARE_DECODE_ATTENTION")  # the default: masked block steps use the kernels
+    release(model)  # record the steps again
+    routed = generate(model, ids, mask, config, engine="graph")
     assert calls  # recorded into the steps' graphs
-    assert opted.nfe == plain.nfe
-    assert (opted.completion == plain.completion).float().mean() > 0.9  # bf16: near-ties may differ
+    assert routed.nfe == plain.nfe
+    assert (routed.completion == plain.completion).float().mean() > 0.9  # near-ties may still differ

@@ -7,14 +7,19 @@ these shapes they read the cache far below the memory bandwidth. Here each progr
 KV head and one slice of the keys (flash-decoding): ``B x Hkv x splits`` programs each read their slice of K and
 V once, keep an online softmax in float32, and a second kernel merges the slices (skipped with one slice).
 
-Opt-in while unmeasured: ``DARE_DECODE_ATTENTION=triton`` routes masked attention with at most
-:data:`MAX_ROWS` rows per KV head on CUDA here (:func:`applies`); everything else keeps SDPA. The mask is the
-layout's boolean ``[B, 1, Q, K]`` (broadcastable) mask, the same for all heads; rows that would see no key are
-opened by the layout, so every row has at least one key.
+Routing (:func:`applies`, environment variable ``DARE_DECODE_ATTENTION``): ``auto`` (the default) sends masked
+calls with at most :data:`MAX_ROWS` rows per KV head on CUDA here - where SDPA's masked grouped-query paths are
+slow - and leaves unmasked ones to SDPA's flash kernel, which is as fast; ``triton`` sends unmasked calls too;
+``sdpa`` never uses the kernel. Measured on an H200 (``benchmarks/attention_shapes.py``, inside CUDA graphs): one
+SDAR-8B B=64 block step, 260 of 388 keys valid, 43 us against 65 us for cuDNN over the folded heads; a LLaDA-8B
+B=16 dual-cache window (unmasked) 35 us against flash's 33 us. An SDAR-8B B=64 rollout forward took 12.2 ms
+against 13.4 ms with SDPA (``benchmarks/RESULTS.md``). The mask is the layout's boolean ``[B, 1, Q, K]`` (broadcastable) mask, the same
+for all heads; rows that would see no key are opened by the layout, so every row has at least one key.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 
@@ -30,24 +35,47 @@ except ImportError:  # pragma: no cover - CPU-only installs
 
 MAX_ROWS = 64
 """Most query rows per KV head (``groups x queries``) one program holds."""
-BLOCK_N = 64
-"""Keys per tile."""
+BLOCK_N = 128
+"""Keys per tile on Hopper and newer (with 4 warps and 2 pipeline stages: the fastest setting of the H200 sweep
+at both shapes); 64 on older GPUs, whose shared memory is smaller."""
+CHOICES = ("auto", "triton", "sdpa")
+"""Values of ``DARE_DECODE_ATTENTION``."""
 
 
 def applies(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None) -> bool:
-    """Whether :func:`decode_attention` serves this call: opt-in, CUDA, fp16/bf16, head size 64/128, few rows
-    per KV head, and no gradient wanted (the kernels have no backward)."""
-    choice = os.environ.get("DARE_DECODE_ATTENTION") or "sdpa"
-    if choice not in ("sdpa", "triton"):
-        raise ConfigError(f"DARE_DECODE_ATTENTION must be sdpa (the default) or triton, got {choice!r}")
-    if choice != "triton" or triton is None or not q.is_cuda:
+    """Whether :func:`decode_attention` serves this call: routed by ``DARE_DECODE_ATTENTION``
+    (:func:`routes`), a CUDA GPU it suits (:func:`_generation`), fp16/bf16, head size 64/128, few rows per KV
+    head, and no gradient wanted (the kernels have no backward)."""
+    choice = os.environ.get("DARE_DECODE_ATTENTION") or "auto"
+    if not routes(choice, masked=mask is not None):
         return False
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad):
+    if triton is None or not q.is_cuda or (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad)):
+        return False
+    if _generation(q.device) < (9 if choice == "auto" else 8):
         return False
     groups = q.shape[1] // k.shape[1]
     mask_ok = mask is None or (mask.dtype == torch.bool and mask.shape[1] == 1)
     return (q.dtype in (torch.bfloat16, torch.float16) and q.shape[-1] in (64, 128) and mask_ok
             and groups * q.shape[2] <= MAX_ROWS)
+
+
+def _generation(device: torch.device) -> int:
+    """The GPU's compute capability major: ``auto`` routes on 9+ (Hopper and newer, where the kernels were
+    measured and 128-key tiles fit in shared memory); ``triton`` needs 8+ (bf16 tensor-core matmuls)."""
+    return _capability_major(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@functools.cache
+def _capability_major(index: int) -> int:
+    return torch.cuda.get_device_capability(index)[0]
+
+
+def routes(choice: str, masked: bool) -> bool:
+    """Whether the setting ``choice`` sends a masked / unmasked call to the kernel (one-line error if unknown)."""
+    if choice not in CHOICES:
+        raise ConfigError(f"DARE_DECODE_ATTENTION must be one of {', '.join(CHOICES)} (auto is the default), "
+                          f"got {choice!r}")
+    return choice == "triton" or (choice == "auto" and masked)
 
 
 def num_splits(programs: int, keys: int, processors: int, block_n: int = BLOCK_N) -> int:
@@ -57,7 +85,7 @@ def num_splits(programs: int, keys: int, processors: int, block_n: int = BLOCK_N
 
 
 def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float,
-                     processors: int | None = None, block_n: int = BLOCK_N, num_warps: int = 4,
+                     processors: int | None = None, block_n: int | None = None, num_warps: int = 4,
                      num_stages: int = 2) -> torch.Tensor:
     """``softmax(q k^T x scale, masked) v`` for ``q [B, H, Q, D]``, ``k, v [B, Hkv, K, D]`` (query head ``j``
     reads KV head ``j // (H / Hkv)``) and a boolean ``mask`` broadcastable to ``[B, 1, Q, K]`` (None: every key);
@@ -65,7 +93,8 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: to
     a transposed view of a ``[B, Q, H, D]`` tensor (the layout the attention output is read in next).
 
     ``processors`` (default: the GPU's multiprocessor count) sets how many key slices are used; ``block_n``
-    (keys per tile), ``num_warps`` and ``num_stages`` are the kernel's launch settings (benchmarks sweep them)."""
+    (keys per tile; default :data:`BLOCK_N`, 64 before Hopper), ``num_warps`` and ``num_stages`` are the
+    kernel's launch settings (benchmarks sweep them)."""
     b, h, n, d = q.shape
     hkv, keys = k.shape[1], k.shape[2]
     groups = h // hkv
@@ -73,6 +102,8 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: to
     block_m = max(16, triton.next_power_of_2(rows))
     if processors is None:
         processors = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 8
+    if block_n is None:
+        block_n = BLOCK_N if not q.is_cuda or _generation(q.device) >= 9 else 64
     tiles = -(-keys // block_n)
     per_split = -(-tiles // num_splits(b * hkv, keys, processors, block_n)) * block_n  # whole tiles per slice
     splits = -(-keys // per_split)
