@@ -294,7 +294,7 @@ def _eager(q, k, v, layout: AttentionLayout, scale: float) -> torch.Tensor:
 
 def _sdpa(q, k, v, layout: AttentionLayout, scale: float) -> torch.Tensor:
     mask = layout.dense_mask()
-    if q.is_cuda:  # decoding steps: split-KV kernel when opted in (dare.models.decode_attention)
+    if q.is_cuda:  # decoding steps: split-KV kernels where they serve (dare.models.decode_attention)
         from dare.models import decode_attention
 
         if decode_attention.applies(q, k, mask):

@@ -13,8 +13,9 @@ slow - and leaves unmasked ones to SDPA's flash kernel, which is as fast; ``trit
 ``sdpa`` never uses the kernel. Measured on an H200 (``benchmarks/attention_shapes.py``, inside CUDA graphs): one
 SDAR-8B B=64 block step, 260 of 388 keys valid, 43 us against 65 us for cuDNN over the folded heads; a LLaDA-8B
 B=16 dual-cache window (unmasked) 35 us against flash's 33 us. An SDAR-8B B=64 rollout forward took 12.2 ms
-against 13.4 ms with SDPA (``benchmarks/RESULTS.md``). The mask is the layout's boolean ``[B, 1, Q, K]`` (broadcastable) mask, the same
-for all heads; rows that would see no key are opened by the layout, so every row has at least one key.
+against 13.4 ms with SDPA (``benchmarks/RESULTS.md``). The mask is the layout's boolean ``[B, 1, Q, K]``
+(broadcastable) mask, the same for all heads; rows that would see no key are opened by the layout, so every row
+has at least one key.
 """
 
 from __future__ import annotations
@@ -89,8 +90,7 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: to
                      num_stages: int = 2) -> torch.Tensor:
     """``softmax(q k^T x scale, masked) v`` for ``q [B, H, Q, D]``, ``k, v [B, Hkv, K, D]`` (query head ``j``
     reads KV head ``j // (H / Hkv)``) and a boolean ``mask`` broadcastable to ``[B, 1, Q, K]`` (None: every key);
-    ``[B, H, Q, D]``,
-    a transposed view of a ``[B, Q, H, D]`` tensor (the layout the attention output is read in next).
+    returns ``[B, H, Q, D]``, a transposed view of a ``[B, Q, H, D]`` tensor (the layout read next).
 
     ``processors`` (default: the GPU's multiprocessor count) sets how many key slices are used; ``block_n``
     (keys per tile; default :data:`BLOCK_N`, 64 before Hopper), ``num_warps`` and ``num_stages`` are the
@@ -108,7 +108,8 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: to
     per_split = -(-tiles // num_splits(b * hkv, keys, processors, block_n)) * block_n  # whole tiles per slice
     splits = -(-keys // per_split)
     masked = mask is not None
-    allowed = mask.expand(b, 1, n, keys)[:, 0].view(torch.uint8) if masked else q.new_ones((1, 1, 1), dtype=torch.uint8)
+    allowed = mask.expand(b, 1, n, keys)[:, 0] if masked else q.new_ones((1, 1, 1), dtype=torch.bool)
+    allowed = allowed.view(torch.uint8)
     out = torch.empty((b, n, h, d), dtype=q.dtype, device=q.device).transpose(1, 2)
     final = splits == 1
     acc = out if final else torch.empty((b * hkv, splits, block_m, d), dtype=torch.float32, device=q.device)
