@@ -274,14 +274,18 @@ class Roofline:
 
 def engine_record(*, family: str, engine: str, sampler: str, cache: str, decoder: str, batch: int, gen_length: int,
                   steps, out, seconds: float, roofline: Roofline, forwards) -> dict:
-    """One record of ``benchmarks/results/*rollout_h200.json`` (fields named by the rollout-engine issue)."""
+    """One record of ``benchmarks/results/*rollout_h200.json`` (fields named by the rollout-engine issue, and the
+    kernel switches of ``dare.rollout.engine.kernel_settings``)."""
+    from dare.rollout.engine import kernel_settings
+
     decoded = int((out.step_map >= 0).sum())
     floor = roofline.weights_floor_s(out.nfe)
     bound = roofline.roofline_s(forwards) if forwards else None
     return dict(family=family, engine=engine, sampler=sampler, cache=cache, decoder=decoder, batch=batch,
                 gen_length=gen_length, steps=steps, tokens=decoded, seconds=seconds, tokens_per_s=decoded / seconds,
                 nfe=out.nfe, tokens_per_forward=decoded / batch / max(out.nfe, 1), ms_per_forward=seconds / out.nfe * 1e3,
-                floor_fraction=floor / seconds, roofline_fraction=None if bound is None else bound / seconds)
+                floor_fraction=floor / seconds, roofline_fraction=None if bound is None else bound / seconds,
+                kernels=kernel_settings())
 
 
 def print_engine_table(records: list[dict], title: str) -> None:

@@ -15,6 +15,7 @@ from dare.eval import EvalConfig, EvalResults, LikelihoodConfig, Request, contin
 from dare.eval.likelihood import LikelihoodStats
 from dare.eval.run import _finish
 from dare.models.block_diffusion import block_ids
+from dare.rollout.engine import kernel_settings
 from dare.models.spec import family_of
 from dare.models.tiny import tiny_model
 from dare.rollout import SamplerConfig, generate
@@ -133,7 +134,9 @@ def test_identical_corruptions_are_forwarded_once(tok):
 
 # ------------------------------------------------------------------------------------- CLI
 
-def test_eval_run_generation_records_every_setting(data, tmp_path, capsys):
+def test_eval_run_generation_records_every_setting(data, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("DARE_DECODE_ATTENTION", "sdpa")
+    monkeypatch.setenv("DARE_FUSE_PROJECTIONS", "0")
     out = tmp_path / "results.json"
     args = ["eval", "run", "--model", "tiny:llada", "--benchmark", "gsm8k", "--data", str(data["gsm8k"]),
             "--limit", "3", "--sampler", "fastdllm", "--cache", "dual", "--gen-length", "16", "--block-length", "8",
@@ -149,6 +152,7 @@ def test_eval_run_generation_records_every_setting(data, tmp_path, capsys):
     assert set(settings) == {f.name for f in dataclasses.fields(SamplerConfig)}  # every decoding setting
     assert (settings["cache"], settings["gen_length"], settings["block_length"], settings["threshold"],
             settings["decoder"], settings["seed"]) == ("dual", 16, 8, 0.7, "threshold", 3)
+    assert results.sampler["kernels"] == {"decode_attention": "sdpa", "fuse_max_rows": 0, "compile_sampling": True}
     assert results.seed == 3 and results.mode == "generate"
     assert results.prompt == {"template": "zero_shot", "shots": 0, "chat": True, "fewshot_seed": 3, "stop": []}
     assert results.data["source"] == str(data["gsm8k"]) and results.data["limit"] == 3
@@ -188,7 +192,7 @@ def test_eval_run_multiple_choice_defaults_to_likelihood(data, tmp_path, capsys)
     assert summary["mode"] == "likelihood" and set(summary["metrics"]) >= {"accuracy", "acc", "acc_norm"}
     results = EvalResults.read(out)
     assert results.sampler == {"name": "mc_elbo", "settings": dataclasses.asdict(
-        LikelihoodConfig(mc_samples=2, length_norm="tokens"))}
+        LikelihoodConfig(mc_samples=2, length_norm="tokens")), "kernels": kernel_settings()}
     assert results.prompt["template"] == "likelihood" and results.prompt["shots"] == 1
     for record, row in zip(results.samples, MMLU):
         assert record["prompt"].count("Answer:") == 2  # one exemplar, then the question
@@ -219,7 +223,7 @@ def test_eval_run_pass_at_k(data, tmp_path, capsys):
     assert len({r["prediction"] for r in records[:3]}) > 1  # temperature 1: the 3 samples differ
 
 
-def test_eval_run_errors_are_one_line(data, tmp_path, capsys):
+def test_eval_run_errors_are_one_line(data, tmp_path, capsys, monkeypatch):
     base = ["eval", "run", "--model", "tiny:llada"]
     cases = [
         (["--benchmark", "gsm9k", "--data", str(data["gsm8k"])], "unknown benchmark 'gsm9k' (did you mean 'gsm8k'?)"),
@@ -244,6 +248,11 @@ def test_eval_run_errors_are_one_line(data, tmp_path, capsys):
                  str(data["gsm8k"])]) == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and lines[0].endswith("nope: no such checkpoint directory"), lines
+    monkeypatch.setenv("DARE_DECODE_ATTENTION", "trition")
+    assert main(base + ["--benchmark", "gsm8k", "--data", str(data["gsm8k"]), "--limit", "1", "--gen-length", "8",
+                        "--block-length", "8"]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "DARE_DECODE_ATTENTION must be one of auto, triton, sdpa" in lines[0], lines
 
 
 # ------------------------------------------------------------------------------- Python API

@@ -148,12 +148,14 @@ class DareLM(_LM):
     def get_model_info(self) -> dict[str, Any]:
         """Stored by lm-eval under ``config``: the model record and every resolved decoding setting."""
         from dare.eval.run import model_record
+        from dare.rollout.engine import kernel_settings
 
         return {"dare": {
             "model": model_record(self.model, **self.model_info),
             "samplers": self.resolved_samplers,
             "sampler_args": dict(self.sampler_fields),
             "likelihood": dataclasses.asdict(self.likelihood),
+            "kernels": kernel_settings(),
             "seed": self.seed, "batch_size": self.batch_size, "mc_batch_size": self.mc_batch_size,
             "chat_template_applied": self.chat_applied,
         }}

@@ -37,6 +37,7 @@ from dare.eval.likelihood import LikelihoodConfig, LikelihoodStats, Request, con
 from dare.eval.results import EvalResults
 from dare.eval.scoring import score_predictions
 from dare.rollout import default_sampler
+from dare.rollout.engine import kernel_settings
 
 MODES = {
     "auto": "likelihood for multiple-choice benchmarks, generate otherwise",
@@ -190,6 +191,7 @@ def _generation(model, tokenizer, bench, samples, pool, shots, sampler, config, 
     if sampler is None:
         sampler = SamplerConfig(sampler=default_sampler(model), gen_length=defaults.max_new_tokens)
     resolved = sampler.replace(seed=config.seed).resolved()
+    kernels = kernel_settings()  # before decoding: a misspelt switch fails now, not after the run
     n = config.num_samples
     if n > 1 and resolved.temperature == 0 and resolved.confidence != "random":
         warnings.warn(f"{n} samples per problem with temperature 0 are identical; pass@k needs temperature > 0",
@@ -234,7 +236,8 @@ def _generation(model, tokenizer, bench, samples, pool, shots, sampler, config, 
     scoring_start = time.perf_counter()
     results = score_predictions(
         bench, samples, predictions, prompts=prompts, ks=config.ks, reward_options=reward_options,
-        model=info["model"], sampler={"name": resolved.sampler, "settings": dataclasses.asdict(resolved)},
+        model=info["model"], sampler={"name": resolved.sampler, "settings": dataclasses.asdict(resolved),
+                                      "kernels": kernels},
         seed=config.seed, prompt={"template": template, "shots": shots, "chat": chat, "fewshot_seed": config.seed,
                                   "stop": list(defaults.stop)},
         data=info["data"],
@@ -304,6 +307,7 @@ def split_whitespace(context: str, continuation: str) -> tuple[str, str]:
 
 def _likelihood(model, tokenizer, bench, samples, pool, shots, likelihood, config, info, progress):
     likelihood = likelihood.validated()
+    kernels = kernel_settings()
     chat = bool(config.chat)
     prompts, requests, spans, chars = choice_requests(tokenizer, bench, samples, pool, shots, config.seed, chat)
     stats = LikelihoodStats()
@@ -330,7 +334,8 @@ def _likelihood(model, tokenizer, bench, samples, pool, shots, likelihood, confi
 
     results = score_predictions(
         bench, samples, predictions, prompts=prompts, ks=config.ks,
-        model=info["model"], sampler={"name": "mc_elbo", "settings": dataclasses.asdict(likelihood)},
+        model=info["model"], sampler={"name": "mc_elbo", "settings": dataclasses.asdict(likelihood),
+                                      "kernels": kernels},
         seed=config.seed, prompt={"template": "likelihood", "shots": shots, "chat": chat, "fewshot_seed": config.seed},
         data=info["data"],
     )  # fmt: skip

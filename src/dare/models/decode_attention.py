@@ -47,7 +47,7 @@ def applies(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None) -> bool
     """Whether :func:`decode_attention` serves this call: routed by ``DARE_DECODE_ATTENTION``
     (:func:`routes`), a CUDA GPU it suits (:func:`_generation`), fp16/bf16, head size 64/128, few rows per KV
     head, and no gradient wanted (the kernels have no backward)."""
-    choice = os.environ.get("DARE_DECODE_ATTENTION") or "auto"
+    choice = setting()
     if not routes(choice, masked=mask is not None):
         return False
     if triton is None or not q.is_cuda or (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad)):
@@ -71,11 +71,17 @@ def _capability_major(index: int) -> int:
     return torch.cuda.get_device_capability(index)[0]
 
 
-def routes(choice: str, masked: bool) -> bool:
-    """Whether the setting ``choice`` sends a masked / unmasked call to the kernel (one-line error if unknown)."""
+def setting() -> str:
+    """``DARE_DECODE_ATTENTION`` (``auto`` when unset); a misspelt value is a one-line error."""
+    choice = os.environ.get("DARE_DECODE_ATTENTION") or "auto"
     if choice not in CHOICES:
         raise ConfigError(f"DARE_DECODE_ATTENTION must be one of {', '.join(CHOICES)} (auto is the default), "
                           f"got {choice!r}")
+    return choice
+
+
+def routes(choice: str, masked: bool) -> bool:
+    """Whether the setting ``choice`` sends a masked / unmasked call to the kernel."""
     return choice == "triton" or (choice == "auto" and masked)
 
 

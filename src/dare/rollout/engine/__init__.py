@@ -66,6 +66,18 @@ _FINGERPRINTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _UNCAPTURABLE: weakref.WeakSet = weakref.WeakSet()
 
 
+def kernel_settings() -> dict:
+    """The environment switches that choose a decode's kernels, as results files record them next to the
+    sampler settings: ``decode_attention`` (``DARE_DECODE_ATTENTION``), ``fuse_max_rows`` (largest step decoded
+    with fused projections; 0 = never) and ``compile_sampling`` (``DARE_COMPILE_SAMPLING``)."""
+    from dare.models.decode_attention import setting
+    from dare.rollout.engine.compiled import sampling_compiled
+    from dare.rollout.engine.fused import fusion_max_rows
+
+    return {"decode_attention": setting(), "fuse_max_rows": fusion_max_rows(),
+            "compile_sampling": sampling_compiled()}
+
+
 def check_engine(name: str) -> None:
     if name not in ENGINES:
         from dare.errors import unknown_choice

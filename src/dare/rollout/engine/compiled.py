@@ -19,13 +19,18 @@ import torch
 log = logging.getLogger("dare.rollout")
 
 
+def sampling_compiled() -> bool:
+    """Whether CUDA sampling math is compiled (``DARE_COMPILE_SAMPLING=0`` keeps the eager ops)."""
+    return os.environ.get("DARE_COMPILE_SAMPLING", "1") != "0"
+
+
 class CudaCompiled:
     """``fn`` compiled for CUDA tensors (the first positional argument decides), eager otherwise."""
 
     def __init__(self, fn):
         self.fn = fn
         self.compiled = None
-        self.enabled = os.environ.get("DARE_COMPILE_SAMPLING", "1") != "0"
+        self.enabled = sampling_compiled()
 
     def __call__(self, *args, **kwargs):
         if self.enabled and args[0].is_cuda:

@@ -26,9 +26,15 @@ _FUSED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 def wants_fusion(batch: int, config) -> bool:
     """Whether steps of ``batch`` (bucketed) rows under ``config`` decode with fused projections."""
+    return batch * (config.block_length or config.gen_length) <= fusion_max_rows()
+
+
+def fusion_max_rows() -> int:
+    """The largest fused step in rows: ``DARE_FUSE_MAX_ROWS`` or :data:`FUSE_MAX_ROWS`, 0 when
+    ``DARE_FUSE_PROJECTIONS=0``."""
     if os.environ.get("DARE_FUSE_PROJECTIONS", "1") == "0":
-        return False
-    return batch * (config.block_length or config.gen_length) <= _max_rows()
+        return 0
+    return _max_rows()
 
 
 def _max_rows() -> int:
