@@ -9,7 +9,9 @@ kernels of a whole decode (graph replays included). Diagnostic companion of roll
     python benchmarks/engine_profile.py --gemm-only --family sdar --rows 4 --batch 64  # SDAR-8B shapes
 
 ``--gemm-only`` times one layer's projection matmuls at a step's row count (``batch x block``): q/k/v and
-gate/up as separate matmuls (as the checkpoints store them) vs one matmul over the concatenated weights.
+gate/up as separate matmuls (as the checkpoints store them) vs one matmul over the concatenated weights, under
+each BLAS library PyTorch can call (``torch.backends.cuda.preferred_blas_library``: cuBLAS, cuBLASLt), with the
+TFLOP/s each reaches (the rollouts' 256-512-row steps run their 4096-wide projections well below the peak).
 """
 
 from __future__ import annotations
@@ -41,7 +43,10 @@ def main(argv=None) -> int:
     if args.gemm_only:
         batches = [args.batch] + [int(x) for x in extra]
         for batch in batches:
-            gemm_fusion(batch * args.rows, **GEMM_SHAPES[args.family])
+            for library in ("cublas", "cublaslt"):
+                torch.backends.cuda.preferred_blas_library(library)
+                print(f"\nBLAS library: {library}")
+                gemm_fusion(batch * args.rows, **GEMM_SHAPES[args.family])
         return 0
     from dare.rollout import SamplerConfig, generate
     from dare.rollout.engine import _STATES
@@ -122,9 +127,13 @@ def gemm_fusion(rows: int, hidden: int = 4096, kv: int = 4096, ffn: int = 12288,
         "o": cuda_ms(lambda: [lin(x, o[i]) for i in range(layers)]),
         "down": cuda_ms(lambda: [lin(h, down[i]) for i in range(layers)]),
     }
-    print(f"\nprojection matmuls at M={rows}, {layers} layers ({weight_gb:.1f} GB of weights):")
+    widths = {"q,k,v separate": hidden + 2 * kv, "qkv fused": hidden + 2 * kv, "gate,up separate": 2 * ffn,
+              "gate_up fused": 2 * ffn, "o": hidden, "down": hidden}
+    print(f"projection matmuls at M={rows}, {layers} layers ({weight_gb:.1f} GB of weights):")
     for name, ms in rows_ms.items():
-        print(f"  {name:18s} {ms:7.3f} ms")
+        depth = ffn if name == "down" else hidden
+        tflops = 2 * rows * depth * widths[name] * layers / (ms * 1e-3) / 1e12
+        print(f"  {name:18s} {ms:7.3f} ms  {tflops:6.0f} TFLOP/s")
     separate = rows_ms["q,k,v separate"] + rows_ms["gate,up separate"] + rows_ms["o"] + rows_ms["down"]
     fused = rows_ms["qkv fused"] + rows_ms["gate_up fused"] + rows_ms["o"] + rows_ms["down"]
     print(f"  all projections: separate {separate:.3f} ms, fused {fused:.3f} ms "
