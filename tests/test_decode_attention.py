@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from types import SimpleNamespace
 
 import pytest
 
@@ -91,3 +92,38 @@ def test_never_used_off_cuda_and_a_misspelt_setting_is_a_one_line_error(monkeypa
     monkeypatch.setenv("DARE_DECODE_ATTENTION", "trition")
     with pytest.raises(ConfigError, match="DARE_DECODE_ATTENTION must be one of auto, triton, sdpa"):
         applies(q, k, mask)
+
+
+def test_a_kernel_failure_under_auto_falls_back_to_sdpa_with_one_warning(monkeypatch, caplog):
+    import torch
+
+    from dare.models import decode_attention as kernels
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("ptxas fatal: unsupported GPU\nmore detail")
+
+    monkeypatch.setattr(kernels, "decode_attention", broken)
+    monkeypatch.setattr(kernels, "_FAILED", False)
+    monkeypatch.delenv("DARE_DECODE_ATTENTION", raising=False)
+    q, k = torch.zeros(1, 4, 2, 64), torch.zeros(1, 1, 10, 64)
+    with caplog.at_level("WARNING", logger="dare.models"):
+        assert kernels.attend_or_none(q, k, k, None, 0.125) is None
+    assert kernels._FAILED and "using SDPA" in caplog.text and "ptxas fatal: unsupported GPU" in caplog.text
+    assert "more detail" not in caplog.text  # one line
+    # every later call goes to SDPA (a stand-in for CUDA tensors on a Hopper GPU, which would otherwise qualify)
+    monkeypatch.setattr(kernels, "triton", object())
+    monkeypatch.setattr(kernels, "_generation", lambda device: 9)
+    cuda_q, cuda_k = (SimpleNamespace(is_cuda=True, requires_grad=False, device=None, dtype=torch.bfloat16,
+                                      shape=shape) for shape in ((1, 4, 2, 64), (1, 1, 10, 64)))
+    mask = torch.ones(1, 1, 2, 10, dtype=torch.bool)
+    assert not kernels.applies(cuda_q, cuda_k, mask)
+    monkeypatch.setattr(kernels, "_FAILED", False)
+    assert kernels.applies(cuda_q, cuda_k, mask)
+    monkeypatch.setattr(kernels, "_FAILED", True)
+    monkeypatch.setenv("DARE_DECODE_ATTENTION", "triton")  # asked for explicitly: the error is the user's to see
+    with pytest.raises(RuntimeError, match="ptxas"):
+        kernels.attend_or_none(q, k, k, None, 0.125)
+    monkeypatch.setattr(kernels, "decode_attention", lambda *a, **kw: (_ for _ in ()).throw(torch.OutOfMemoryError()))
+    monkeypatch.delenv("DARE_DECODE_ATTENTION")
+    with pytest.raises(torch.OutOfMemoryError):
+        kernels.attend_or_none(q, k, k, None, 0.125)

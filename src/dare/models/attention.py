@@ -298,7 +298,9 @@ def _sdpa(q, k, v, layout: AttentionLayout, scale: float) -> torch.Tensor:
         from dare.models import decode_attention
 
         if decode_attention.applies(q, k, mask):
-            return decode_attention.decode_attention(q, k, v, mask, scale)
+            out = decode_attention.attend_or_none(q, k, v, mask, scale)
+            if out is not None:
+                return out
     groups = q.shape[1] // k.shape[1]
     if groups == 1 or mask is None:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=groups > 1)

@@ -21,12 +21,15 @@ has at least one key.
 from __future__ import annotations
 
 import functools
+import logging
 import math
 import os
 
 import torch
 
 from dare.errors import ConfigError
+
+log = logging.getLogger("dare.models")
 
 try:
     import triton
@@ -41,6 +44,8 @@ BLOCK_N = 128
 at both shapes); 64 on older GPUs, whose shared memory is smaller."""
 CHOICES = ("auto", "triton", "sdpa")
 """Values of ``DARE_DECODE_ATTENTION``."""
+_FAILED = False
+"""Set when the kernels failed under ``auto`` routing: SDPA serves every later call."""
 
 
 def applies(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None) -> bool:
@@ -48,7 +53,7 @@ def applies(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None) -> bool
     (:func:`routes`), a CUDA GPU it suits (:func:`_generation`), fp16/bf16, head size 64/128, few rows per KV
     head, and no gradient wanted (the kernels have no backward)."""
     choice = setting()
-    if not routes(choice, masked=mask is not None):
+    if not routes(choice, masked=mask is not None) or (choice == "auto" and _FAILED):
         return False
     if triton is None or not q.is_cuda or (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad)):
         return False
@@ -83,6 +88,24 @@ def setting() -> str:
 def routes(choice: str, masked: bool) -> bool:
     """Whether the setting ``choice`` sends a masked / unmasked call to the kernel."""
     return choice == "triton" or (choice == "auto" and masked)
+
+
+def attend_or_none(q, k, v, mask, scale: float) -> torch.Tensor | None:
+    """:func:`decode_attention`, or None when the kernels cannot run here under the default ``auto`` routing
+    (e.g. Triton cannot compile them for this driver): a one-line warning, and SDPA serves this and every later
+    call. With ``DARE_DECODE_ATTENTION=triton`` the error is raised. Out-of-memory errors are always raised."""
+    global _FAILED
+    try:
+        return decode_attention(q, k, v, mask, scale)
+    except torch.OutOfMemoryError:
+        raise
+    except Exception as error:  # noqa: BLE001 - any kernel build/launch failure: SDPA computes the same attention
+        if setting() != "auto":
+            raise
+        _FAILED = True
+        log.warning("split-KV decoding attention unavailable, using SDPA (DARE_DECODE_ATTENTION=sdpa silences "
+                    "this): %s", str(error).splitlines()[0][:200] if str(error) else type(error).__name__)
+        return None
 
 
 def num_splits(programs: int, keys: int, processors: int, block_n: int = BLOCK_N) -> int:
