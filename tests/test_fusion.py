@@ -94,3 +94,30 @@ def test_static_engine_with_fused_projections_equals_without(family, overrides, 
     assert torch.equal(fused.completion, separate.completion)
     assert torch.equal(fused.step_map, separate.step_map)
     torch.testing.assert_close(fused.logprobs, separate.logprobs, atol=1e-5, rtol=0)
+
+
+def test_copies_that_do_not_fit_decode_unfused_with_one_warning(monkeypatch, caplog):
+    from dare.rollout import engine
+
+    model = sharp_model("llada")
+    ids, mask = padded([9, 14, 5])
+    config = SamplerConfig(gen_length=16, block_length=8, sampler="fastdllm", cache="dual")
+    calls = []
+
+    def out_of_memory(*args, **kwargs):
+        calls.append(1)
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 9.70 GiB")
+
+    monkeypatch.setattr(engine, "fused_projections", out_of_memory)
+    with caplog.at_level("WARNING", logger="dare.rollout"):
+        first = generate(model, ids, mask, config, engine="static")
+        again = generate(model, ids, mask, config, engine="static")
+    assert calls == [1]  # not retried on every call
+    assert caplog.text.count("no memory for the fused") == 1 and engine_stats(model).fused_bytes == 0
+    monkeypatch.setenv("DARE_FUSE_PROJECTIONS", "0")
+    separate = generate(model, ids, mask, config, engine="static")
+    assert torch.equal(first.completion, separate.completion) and torch.equal(again.completion, separate.completion)
+    engine.release(model)  # memory freed: the copies are tried again
+    monkeypatch.delenv("DARE_FUSE_PROJECTIONS")
+    generate(model, ids, mask, config, engine="static")
+    assert calls == [1, 1]

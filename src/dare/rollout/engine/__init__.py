@@ -64,6 +64,8 @@ _STATES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _STATS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _FINGERPRINTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _UNCAPTURABLE: weakref.WeakSet = weakref.WeakSet()
+_UNFUSABLE: weakref.WeakSet = weakref.WeakSet()
+"""Models whose fused projection copies did not fit in device memory (they decode unfused from then on)."""
 
 
 def kernel_settings() -> dict:
@@ -109,6 +111,7 @@ def release(model) -> None:
     base = _base(model)
     _STATES.pop(base, None)
     _FINGERPRINTS.pop(base, None)
+    _UNFUSABLE.discard(base)  # with the memory freed, the copies may fit again
     release_fused(base)
 
 
@@ -185,10 +188,17 @@ def run_static(sampler, model, input_ids: torch.Tensor, attention_mask: torch.Te
     has_padding = sampler.static_state.needs_padding(input_ids, attention_mask, prompt_width, config)
     states = _STATES.setdefault(base, OrderedDict())
     fused = None
-    fuse = wants_fusion(padded_rows, config)
+    fuse = wants_fusion(padded_rows, config) and base not in _UNFUSABLE
     if fuse:
         autocast = torch.is_autocast_enabled(device.type)
-        fused, replaced = fused_projections(base, torch.get_autocast_dtype(device.type) if autocast else None)
+        try:
+            fused, replaced = fused_projections(base, torch.get_autocast_dtype(device.type) if autocast else None)
+        except torch.OutOfMemoryError:  # the copies do not fit next to the model: decode with the separate weights
+            release_fused(base)
+            _UNFUSABLE.add(base)
+            fuse, replaced = False, False
+            log.warning("no memory for the fused q/k/v and gate/up copies; decoding with the separate projections "
+                        "(DARE_FUSE_PROJECTIONS=0 silences this)")
         if replaced:  # graphs recorded with the replaced copies would read freed memory
             states.clear()
         stats.fused_bytes = fused_bytes(base)
