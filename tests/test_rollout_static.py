@@ -305,3 +305,28 @@ def test_cache_writes_move_whole_rows_as_wide_elements_with_the_same_bytes(dtype
     odd = torch.randn(2, 3, 5, head_dim + 1).to(dtype)[..., 1:]
     forward.copy_rows(cache, slots, odd)
     assert torch.equal(cache, expected.index_copy_(2, slots, odd)) and copied[-1] == dtype
+
+
+@pytest.mark.parametrize("family", ["llada", "dream", "sdar", "llada2", "llada_moe"])
+def test_the_last_block_runs_only_the_rows_whose_logits_are_read(family):
+    from dare.models.tiny import tiny_model
+    from dare.rollout.engine.forward import StaticKVCache, static_hidden
+
+    model = tiny_model(family, seed=0).eval()
+    ids = torch.randint(0, 200, (2, 12))
+    positions = torch.arange(12).expand(2, 12)
+    block_size = model.block_size if model.family.attention == "block_causal" else None
+    keep = torch.tensor([4, 5, 6, 7])
+    shapes = []
+    model.blocks[-1].register_forward_hook(lambda module, args, out: shapes.append(tuple(out.shape[:2])))
+    caches = {}
+    with torch.no_grad():
+        for name, rows in (("all", None), ("kept", keep)):
+            caches[name] = StaticKVCache(len(model.blocks), 12)
+            hidden = static_hidden(model, ids, positions, key_mask=None, cache=caches[name], slots=torch.arange(12),
+                                   key_positions=positions, block_size=block_size, keep=rows)
+            caches[name + "_hidden"] = hidden
+    assert shapes == [(2, 12), (2, 4)]  # the last block's output: every row, then the kept rows only
+    torch.testing.assert_close(caches["kept_hidden"], caches["all_hidden"].index_select(1, keep), atol=1e-5, rtol=1e-5)
+    for stored, reference in zip(caches["kept"].keys + caches["kept"].values, caches["all"].keys + caches["all"].values):
+        torch.testing.assert_close(stored, reference, atol=1e-6, rtol=0)  # every row's keys/values, every layer

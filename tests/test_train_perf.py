@@ -157,7 +157,7 @@ def test_static_compilation_shares_one_graph_per_shape_across_blocks(family, sam
     try:
         tokens, graphs = decode(4, compiled=True)
         assert graphs > 0
-        assert decode(1, compiled=True)[1] == graphs
+        assert decode(2, compiled=True)[1] == graphs  # the last block, kept rows only on some steps, adds its own
         assert torch.equal(tokens, decode(4, compiled=False)[0])
     finally:
         torch._dynamo.reset()

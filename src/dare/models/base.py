@@ -133,17 +133,22 @@ def rotary_attention(
     layer,
     backend: str,
     rope_full_precision: bool = False,
+    keep: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """RoPE + cache + attention for ``q [B, L, H, d]`` and ``k, v [B, L, Hkv, d]`` -> ``[B, L, H*d]``.
 
     ``layer`` is the calling attention module; its ``layer_idx`` picks the cache entry. The index is read only
     inside :func:`cached_attend`, outside compiled code: a compiled block that read it would specialise on it and
-    compile once per layer when shapes are static.
+    compile once per layer when shapes are static. ``keep`` (query rows ``[Q]``) attends only those queries
+    (``layout`` describes them) while every row's keys and values are stored and attended: the output is
+    ``[B, Q, H*d]``.
     """
     q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
     cos, sin = rope
     q = apply_rope(q, cos, sin, full_precision=rope_full_precision)
     k = apply_rope(k, cos, sin, full_precision=rope_full_precision)
+    if keep is not None:
+        q = q.index_select(2, keep)
     return cached_attend(q, k, v, layout, cache, layer, backend)
 
 

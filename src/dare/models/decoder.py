@@ -45,7 +45,7 @@ class SelfAttention(nn.Module):
             self.q_norm = RMSNorm(head_dim, qk_norm_eps)
             self.k_norm = RMSNorm(head_dim, qk_norm_eps)
 
-    def forward(self, x, rope, layout, cache, backend):
+    def forward(self, x, rope, layout, cache, backend, keep=None):
         b, length, _ = x.shape
         q, k, v = project(self, "qkv", x)
         q = q.view(b, length, self.n_heads, self.head_dim)
@@ -55,7 +55,7 @@ class SelfAttention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         if self.clip_qkv is not None:
             q, k, v = (t.clamp(-self.clip_qkv, self.clip_qkv) for t in (q, k, v))
-        return self.o_proj(rotary_attention(q, k, v, rope, layout, cache, self, backend))
+        return self.o_proj(rotary_attention(q, k, v, rope, layout, cache, self, backend, keep=keep))
 
 
 class SoftmaxTopKMoE(nn.Module):
@@ -121,9 +121,11 @@ class DecoderLayer(nn.Module):
         if shared_expert is not None:
             self.shared_expert = shared_expert
 
-    def forward(self, x, rope, layout, cache, backend):
+    def forward(self, x, rope, layout, cache, backend, keep=None):
+        """``keep`` (query rows): only those rows come out (:func:`dare.models.base.rotary_attention`)."""
         attention = getattr(self, self.attention_name)
-        x = x + attention(self.input_layernorm(x), rope, layout, cache, backend)
+        attended = attention(self.input_layernorm(x), rope, layout, cache, backend, keep=keep)
+        x = (x if keep is None else x.index_select(1, keep)) + attended
         h = self.post_attention_layernorm(x)
         out = self.mlp(h)
         if hasattr(self, "shared_expert"):

@@ -176,15 +176,16 @@ class LLaDALlamaBlock(nn.Module):
         self.up_proj = nn.Linear(d, config.ffn_size, bias=config.include_bias)
         self.ff_out = nn.Linear(config.ffn_size, d, bias=config.include_bias)
 
-    def forward(self, x, rope, layout, cache, backend):
+    def forward(self, x, rope, layout, cache, backend, keep=None):
+        """``keep`` (query rows): only those rows come out (:func:`dare.models.base.rotary_attention`)."""
         b, length, _ = x.shape
         h = self.attn_norm(x)
         q, k, v = project(self, "qkv", h)
         q = q.view(b, length, self.n_heads, self.head_dim)
         k = k.view(b, length, self.n_kv, self.head_dim)
         v = v.view(b, length, self.n_kv, self.head_dim)
-        attn = rotary_attention(q, k, v, rope, layout, cache, self, backend, self.rope_full_precision)
-        x = x + self.attn_out(attn)
+        attn = rotary_attention(q, k, v, rope, layout, cache, self, backend, self.rope_full_precision, keep=keep)
+        x = (x if keep is None else x.index_select(1, keep)) + self.attn_out(attn)
         h = self.ff_norm(x)
         gate, up = project(self, "ff", h)
         return x + self.ff_out(F.silu(gate) * up)

@@ -180,12 +180,12 @@ class FusedQKVAttention(nn.Module):
         self.key_layernorm = RMSNorm(self.head_dim, config.rms_norm_eps)
         self.dense = nn.Linear(self.n_heads * self.head_dim, config.hidden_size, bias=config.use_bias)
 
-    def forward(self, x, rope, layout, cache, backend):
+    def forward(self, x, rope, layout, cache, backend, keep=None):
         b, length, _ = x.shape
         qkv = self.query_key_value(x).view(b, length, self.n_heads + 2 * self.n_kv, self.head_dim)
         q, k, v = qkv.split([self.n_heads, self.n_kv, self.n_kv], dim=2)
         q, k = self.query_layernorm(q), self.key_layernorm(k)
-        return self.dense(rotary_attention(q, k, v, rope, layout, cache, self, backend))
+        return self.dense(rotary_attention(q, k, v, rope, layout, cache, self, backend, keep=keep))
 
 
 class GroupLimitedRouter(nn.Linear):

@@ -136,11 +136,11 @@ class BlockState(StaticState):
             query = self.start - lb + torch.arange(2 * lb, device=self.device)
         else:
             query = self.start + self.block_range
+        rows = None if not first and self.config.cache != "none" else self.start - query[0] + self.block_range
         hidden = static_hidden(self.model, layout.canvas.index_select(1, query), layout.positions.index_select(1, query),
                                key_mask=layout.key_mask, cache=self.cache, slots=query, key_positions=layout.positions,
-                               block_size=lb, backend=self.backend, kv_length=self.kv_length(k))
-        rows = self.start - query[0] + self.block_range
-        self.commit(self.model.head(hidden.index_select(1, rows)))
+                               block_size=lb, backend=self.backend, kv_length=self.kv_length(k), keep=rows)
+        self.commit(self.model.head(hidden))
 
     def commit(self, logits: torch.Tensor) -> None:
         config, tok, layout = self.config, self.tok, self.layout

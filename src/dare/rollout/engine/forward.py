@@ -86,13 +86,17 @@ def static_hidden(
     block_size: int | None = None,
     backend: str = "sdpa",
     kv_length: int | None = None,
+    keep: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Final hidden states ``[B, W, D]`` of the query ``ids [B, W]`` at RoPE ``positions [B, W]``.
 
     Without a cache the query attends to itself (``key_mask [B, W]``); with one it is written at ``slots [W]``
     and attends to every cache column (``key_mask``/``key_positions`` ``[B, width]``). ``block_size`` applies the
     family's block-causal rule (block-causal families only). ``kv_length`` attends over the first cache columns
-    only (a host int; every written slot and every key the step may see must lie before it).
+    only (a host int; every written slot and every key the step may see must lie before it). ``keep`` (query rows
+    ``[Q]``, a device tensor) returns ``[B, Q, D]``, the rows whose logits the step reads: the last block stores
+    every row's keys and values but runs its attention output, MLP and residual for those rows only (the other
+    rows' last-layer outputs feed nothing).
     """
     batch, width = ids.shape
     x = model.embed(ids)
@@ -102,11 +106,20 @@ def static_hidden(
         kv_len = kv_length
         keys_at = keys_at[:, :kv_len]
         key_mask = None if key_mask is None else key_mask[:, :kv_len]
-    rules = model.layout_rules(positions, keys_at, block_size) if block_size is not None else {}
-    layout = AttentionLayout(batch, width, kv_len, ids.device, key_mask=key_mask, **rules)
+
+    def layout_of(query_positions):
+        rules = model.layout_rules(query_positions, keys_at, block_size) if block_size is not None else {}
+        return AttentionLayout(batch, query_positions.shape[1], kv_len, ids.device, key_mask=key_mask, **rules)
+
+    layout = layout_of(positions)
     rope = rope_angles(positions, model.rope_dim, model.rope_theta)
     if cache is not None:
         cache.slots, cache.length = slots, kv_len
-    for block in model.blocks:
+    *blocks, last = model.blocks
+    for block in blocks:
         x = block(x, rope, layout, cache, backend)
+    if keep is None:
+        x = last(x, rope, layout, cache, backend)
+    else:
+        x = last(x, rope, layout_of(positions.index_select(1, keep)), cache, backend, keep=keep)
     return model.final_norm(x)

@@ -94,17 +94,18 @@ class MdlmState(StaticState):
 
     # ---- one step -----------------------------------------------------------------------------------
     def step_full(self) -> None:
-        hidden = static_hidden(self.model, self.canvas, self.positions, key_mask=self.key_mask, cache=self.cache,
-                               slots=self.all_slots, key_positions=self.positions, backend=self.backend)
         rows = self.start - self.shift + self.block_range
-        self.commit(self.model.head(hidden.index_select(1, rows)))
+        hidden = static_hidden(self.model, self.canvas, self.positions, key_mask=self.key_mask, cache=self.cache,
+                               slots=self.all_slots, key_positions=self.positions, backend=self.backend, keep=rows)
+        self.commit(self.model.head(hidden))
 
     def step_window(self, length: int) -> None:
         query = self.start - self.shift + torch.arange(length, device=self.device)
+        keep = None if length == self.lb else self.block_range  # the block's rows lead the window
         hidden = static_hidden(self.model, self.canvas.index_select(1, query), self.positions.index_select(1, query),
                                key_mask=self.key_mask, cache=self.cache, slots=query, key_positions=self.positions,
-                               backend=self.backend)
-        self.commit(self.model.head(hidden[:, :self.lb]))
+                               backend=self.backend, keep=keep)
+        self.commit(self.model.head(hidden))
 
     def commit(self, logits: torch.Tensor) -> None:
         config, tok = self.config, self.tok
