@@ -164,3 +164,23 @@ def test_interrupted_gets_a_line_of_its_own_after_a_progress_bar(capsys, monkeyp
     assert main(["tiny", "--family", "llada", "--out", "x"]) == 130
     err = capsys.readouterr().err
     assert err.endswith("\ninterrupted\n") and "train" in err
+
+
+def test_an_error_is_quoted_by_its_first_line_or_its_type():
+    from dare.errors import first_line
+
+    assert first_line(OSError("  cannot open x\nTraceback detail")) == "cannot open x"
+    assert first_line(ValueError("")) == "ValueError" and first_line(RuntimeError("  \n ")) == "RuntimeError"
+
+
+def test_an_unreadable_checkpoint_with_an_empty_message_is_still_one_line(monkeypatch):
+    import dare.models.loading as loading
+    from dare.errors import InputError
+    from dare.eval.run import load_for_eval
+
+    def fails(*args, **kwargs):
+        raise OSError()
+
+    monkeypatch.setattr(loading, "load_model", fails)
+    with pytest.raises(InputError, match="cannot load model some/dir: OSError"):
+        load_for_eval("some/dir", None, "cpu", None)

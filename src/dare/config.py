@@ -20,7 +20,7 @@ import typing
 from pathlib import Path
 from typing import Any
 
-from dare.errors import ConfigError, closest
+from dare.errors import ConfigError, closest, first_line
 
 
 def _type_name(tp) -> str:
@@ -164,8 +164,7 @@ def load_yaml(path: str | Path) -> dict:
     try:
         data = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as err:
-        first = str(err).strip().splitlines()[0]
-        raise ConfigError(f"{path}: invalid YAML ({first})") from None
+        raise ConfigError(f"{path}: invalid YAML ({first_line(err)})") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of sections")
     return data

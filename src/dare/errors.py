@@ -23,6 +23,13 @@ class InputError(DareError):
     """Tensors or data passed to DARE are malformed."""
 
 
+def first_line(err: BaseException) -> str:
+    """The first line of ``err``'s message (stripped), or its type name when it has none: how a one-line error
+    quotes the exception it replaces."""
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
+
+
 def closest(name: str, choices: Iterable[str]) -> str | None:
     """Return the choice most similar to ``name`` (for 'did you mean' hints), or None."""
     matches = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.5)

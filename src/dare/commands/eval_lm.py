@@ -31,7 +31,7 @@ def take_extra(args: argparse.Namespace, extra: list[str]) -> bool:
 def loading_error(err: BaseException) -> str | None:
     """A one-line message for an exception lm-eval raises while loading tasks or data; None for anything else
     (a real failure keeps its traceback)."""
-    from dare.commands.passthrough import first_line
+    from dare.errors import first_line
 
     first = first_line(err)
     if isinstance(err, FileNotFoundError):  # also datasets' DataFilesNotFoundError / DatasetNotFoundError

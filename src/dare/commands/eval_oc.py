@@ -83,8 +83,8 @@ def load_config(path: str):
 
 
 def run(args: argparse.Namespace) -> int:
-    from dare.commands.passthrough import exit_status, first_line, program_argv
-    from dare.errors import DareError, InputError
+    from dare.commands.passthrough import exit_status, program_argv
+    from dare.errors import DareError, InputError, first_line
     from dare.eval.opencompass import require_opencompass
     from dare.eval.opencompass_checks import failure_message
 

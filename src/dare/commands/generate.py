@@ -115,14 +115,14 @@ def parse_options(items: list[str]) -> dict:
 
 def load_model(spec: str, device, dtype):
     """``(model, tokenizer)`` from a checkpoint directory, a hub name or ``tiny:FAMILY[:SEED]``."""
-    from dare.errors import InputError
+    from dare.errors import InputError, first_line
     from dare.models.loading import load_model as load, load_tokenizer
 
     model = load(spec, dtype=dtype, device=device)
     try:
         tokenizer = load_tokenizer(spec)
     except (OSError, ValueError) as err:
-        raise InputError(f"--model {spec}: no usable tokenizer ({str(err).splitlines()[0]})") from None
+        raise InputError(f"--model {spec}: no usable tokenizer ({first_line(err)})") from None
     return model, tokenizer
 
 

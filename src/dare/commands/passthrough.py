@@ -1,5 +1,5 @@
 """Running another tool's command line inside ``dare`` (``dare eval lm-eval``, ``dare eval opencompass``): its
-``sys.argv``, its exit status, and the first line of an error it raises."""
+``sys.argv`` and its exit status (the first line of an error it raises: :func:`dare.errors.first_line`)."""
 
 from __future__ import annotations
 
@@ -21,9 +21,3 @@ def program_argv(program: str, argv: list[str]):
 def exit_status(exit_: SystemExit) -> int:
     """The process status a ``SystemExit`` stands for: its int code, 0 for ``None``, 2 for a message."""
     return exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 2)
-
-
-def first_line(err: BaseException) -> str:
-    """The first line of ``err``'s message, or its type name when it has none."""
-    text = str(err).strip()
-    return text.splitlines()[0] if text else type(err).__name__

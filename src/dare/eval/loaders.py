@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from dare.errors import InputError
+from dare.errors import InputError, first_line
 
 SUFFIXES = (".jsonl", ".jsonl.gz", ".json", ".parquet", ".csv", ".tsv")
 
@@ -113,6 +113,5 @@ def load_hf(name: str, config: str | None, split: str) -> list[dict[str, Any]]:
         else:
             ds = datasets.load_dataset(name, config, split=split)
     except Exception as err:  # network, missing split/config: one line, not a stack trace
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise InputError(f"cannot load dataset '{name}' (config {config}, split {split}): {first}") from None
+        raise InputError(f"cannot load dataset '{name}' (config {config}, split {split}): {first_line(err)}") from None
     return [dict(row) for row in ds]

@@ -34,7 +34,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from dare.errors import ConfigError, InputError
+from dare.errors import ConfigError, InputError, first_line
 
 try:  # OpenCompass is optional: the class below subclasses its BaseModel only when it is installed.
     from opencompass.models.base import BaseModel as _BaseModel
@@ -245,7 +245,7 @@ def _load_tokenizer(path: str):
     try:
         return load_tokenizer(path)
     except (OSError, ValueError) as err:
-        raise InputError(f"cannot load the tokenizer of {path}: {str(err).strip().splitlines()[0]}") from None
+        raise InputError(f"cannot load the tokenizer of {path}: {first_line(err)}") from None
 
 
 def _plain(item) -> str:

@@ -92,7 +92,7 @@ def load_for_eval(path: str, adapter: str | None, device: str | None, dtype: str
     """``(model, tokenizer, model_info)``; a missing or unreadable checkpoint is a one-line error. With
     ``compile_blocks`` every transformer block is compiled in place (recorded in ``model_info``)."""
     from dare.devices import resolve_device
-    from dare.errors import DareError, InputError
+    from dare.errors import DareError, InputError, first_line
     from dare.models.loading import load_model, load_tokenizer, parse_tiny
 
     device = resolve_device(device)
@@ -104,7 +104,7 @@ def load_for_eval(path: str, adapter: str | None, device: str | None, dtype: str
         raise
     except (OSError, ValueError) as err:
         kind = "tiny model" if parse_tiny(path) else "model"
-        raise InputError(f"cannot load {kind} {path}: {str(err).strip().splitlines()[0]}") from None
+        raise InputError(f"cannot load {kind} {path}: {first_line(err)}") from None
     if compile_blocks:
         from dare.models.compile import compile_blocks as compile_model_blocks
 

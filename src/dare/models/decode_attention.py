@@ -27,7 +27,7 @@ import os
 
 import torch
 
-from dare.errors import ConfigError
+from dare.errors import ConfigError, first_line
 
 log = logging.getLogger("dare.models")
 
@@ -104,7 +104,7 @@ def attend_or_none(q, k, v, mask, scale: float) -> torch.Tensor | None:
             raise
         _FAILED = True
         log.warning("split-KV decoding attention unavailable, using SDPA (DARE_DECODE_ATTENTION=sdpa silences "
-                    "this): %s", str(error).splitlines()[0][:200] if str(error) else type(error).__name__)
+                    "this): %s", first_line(error)[:200])
         return None
 
 

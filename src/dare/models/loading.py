@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from dare.errors import ConfigError
+from dare.errors import ConfigError, first_line
 
 TINY_PREFIX = "tiny:"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -92,8 +92,8 @@ def load_model(path: str, adapter: str | None = None, *, dtype="float32", device
         try:
             model = AutoModel.from_pretrained(str(path), **kwargs)
         except OSError as err:  # a hub name that cannot be fetched (offline, private, misspelt)
-            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-            raise ConfigError(f"model {path}: no such local directory, and the hub did not provide it ({first})") from None
+            raise ConfigError(f"model {path}: no such local directory, and the hub did not provide it "
+                              f"({first_line(err)})") from None
     model = model.to(device)
     if adapter is not None:
         from peft import PeftModel

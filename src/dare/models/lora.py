@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dare.errors import ConfigError
+from dare.errors import ConfigError, first_line
 
 
 def apply_lora(model, r: int = 16, alpha: int = 32, dropout: float = 0.0, target_modules: str | None = None):
@@ -21,7 +21,7 @@ def apply_lora(model, r: int = 16, alpha: int = 32, dropout: float = 0.0, target
     try:
         return get_peft_model(model, config)
     except ValueError as err:
-        raise ConfigError(f"LoRA target_modules '{targets}' matches no module ({str(err).splitlines()[0]})") from None
+        raise ConfigError(f"LoRA target_modules '{targets}' matches no module ({first_line(err)})") from None
 
 
 def merge_adapter(adapter: str, out_dir: str, base: str | None = None, dtype="auto") -> Path:

@@ -35,7 +35,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from dare.errors import ConfigError
+from dare.errors import ConfigError, first_line
 from dare.rollout.engine.fused import fused_bytes, fused_projections, release_fused, wants_fusion
 
 log = logging.getLogger("dare.rollout")
@@ -224,7 +224,7 @@ def run_static(sampler, model, input_ids: torch.Tensor, attention_mask: torch.Te
         if not graphs:
             raise
         log.warning("rollout engine 'graph' falls back to eager: the step could not be recorded (%s)",
-                    str(error).splitlines()[0][:200])
+                    first_line(error)[:200])
         _UNCAPTURABLE.add(base)
         states.pop(key, None)
         stats.fallbacks += 1

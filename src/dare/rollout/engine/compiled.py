@@ -16,6 +16,8 @@ import os
 
 import torch
 
+from dare.errors import first_line
+
 log = logging.getLogger("dare.rollout")
 
 
@@ -43,5 +45,5 @@ class CudaCompiled:
             except Exception as error:  # noqa: BLE001 - any compiler failure: the same eager ops
                 self.enabled = False
                 log.warning("compiled sampling (%s) unavailable, using eager ops: %s", self.fn.__name__,
-                            str(error).splitlines()[0][:200])
+                            first_line(error)[:200])
         return self.fn(*args, **kwargs)
