@@ -6,8 +6,8 @@ static KV cache of ``--keys`` slots, of which the first ``--valid`` are attendab
 
     python benchmarks/attention_shapes.py --batch 1 64
     python benchmarks/attention_shapes.py --batch 64 --keys 2560 --valid 2400   # a long reasoning rollout
-    python benchmarks/attention_shapes.py --batch 16 --heads 32 --kv-heads 32 --query 32 --keys 384 --valid 384
-        # LLaDA-8B dual-cache window step
+    python benchmarks/attention_shapes.py --batch 16 --heads 32 --kv-heads 32 --query 32 --keys 384 --valid 384 \
+        --layers 32   # LLaDA-8B dual-cache window step
 
 Prints microseconds per call, timed inside a CUDA graph as a recorded step runs them (no launch overhead), for
 each variant and for the split-KV kernel's launch settings (``--sweep``), and the KV-read floor (valid keys
@@ -26,7 +26,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import graph_us  # noqa: E402
+from common import graph_us, require_cuda  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from dare.models.decode_attention import decode_attention  # noqa: E402
@@ -86,8 +86,10 @@ def main(argv=None) -> int:
     p.add_argument("--heads", type=int, default=32)
     p.add_argument("--kv-heads", type=int, default=8)
     p.add_argument("--head-dim", type=int, default=128)
+    p.add_argument("--layers", type=int, default=36, help="layers per forward in the per-forward column (SDAR-8B: 36)")
     p.add_argument("--sweep", action="store_true", help="also time the split-KV kernel's launch settings")
     args = p.parse_args(argv)
+    require_cuda("attention_shapes.py")
     dev, dt = torch.device("cuda"), torch.bfloat16
     bw = 4.3e12
     for b in args.batch:
@@ -113,7 +115,8 @@ def main(argv=None) -> int:
             out = out.reshape(b, args.heads, args.query, args.head_dim)
             ref = out if ref is None else ref
             err = (out.float() - ref.float()).abs().max().item()
-            print(f"  {name:44s} {us:8.1f} us   x36 layers {us * 36 / 1000:6.3f} ms   max|diff| {err:.1e}", flush=True)
+            print(f"  {name:44s} {us:8.1f} us   x{args.layers} layers {us * args.layers / 1000:6.3f} ms   "
+                  f"max|diff| {err:.1e}", flush=True)
     return 0
 
 

@@ -9,6 +9,7 @@ Import from a script in this directory (``benchmarks/`` is put on ``sys.path`` b
 from __future__ import annotations
 
 import contextlib
+import sys
 import time
 
 import torch
@@ -90,6 +91,13 @@ def cuda_ms(fn, reps: int = 50, warmup: int = 3) -> float:
     end.record()
     torch.cuda.synchronize()
     return start.elapsed_time(end) / reps
+
+
+def require_cuda(script: str) -> None:
+    """One line and exit status 2 where a GPU-only script runs without CUDA (instead of torch's traceback)."""
+    if not torch.cuda.is_available():
+        print(f"{script}: error: needs a CUDA GPU (it times GPU kernels); none is available here", file=sys.stderr)
+        raise SystemExit(2)
 
 
 def graph_us(fn, reps: int = 50) -> float:
@@ -204,14 +212,7 @@ def matmul_rate(device: torch.device, dtype: torch.dtype, n: int, iters: int) ->
     for _ in range(3):
         a @ b
     if device.type == "cuda":
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(iters):
-            a @ b
-        end.record()
-        torch.cuda.synchronize()
-        seconds = start.elapsed_time(end) / 1e3
+        seconds = cuda_ms(lambda: a @ b, reps=iters, warmup=0) * iters / 1e3
     else:
         begin = time.perf_counter()
         for _ in range(iters):

@@ -25,28 +25,29 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import build_llada, build_sdar, cuda_ms  # noqa: E402
+from common import build_llada, build_sdar, cuda_ms, require_cuda  # noqa: E402
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--family", choices=["llada", "sdar"], default="llada")
-    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--batch", type=int, nargs="+", default=[1], help="batch size (several with --gemm-only)")
     p.add_argument("--gen", type=int, default=256)
     p.add_argument("--prompt-length", type=int, default=128)
     p.add_argument("--compile", choices=["none", "dynamic", "static"], default="none",
                    help="regional torch.compile of every block before recording (dynamic or static shapes)")
-    p.add_argument("--cache", choices=["prefix", "dual"], default="dual", help="llada: Fast-dLLM cache")
+    p.add_argument("--cache", choices=["prefix", "dual"], help="llada: Fast-dLLM cache (default dual)")
     p.add_argument("--gemm-only", action="store_true", help="time the projection matmuls, separate vs fused")
-    p.add_argument("--rows", type=int, default=32, help="--gemm-only: query rows per batch row (the block)")
-    args, extra = p.parse_known_args(argv)
+    p.add_argument("--rows", type=int, help="--gemm-only: query rows per batch row (the block; default 32)")
+    args = p.parse_args(argv)
+    check_arguments(p, args)
+    require_cuda("engine_profile.py")
     if args.gemm_only:
-        batches = [args.batch] + [int(x) for x in extra]
-        for batch in batches:
+        for batch in args.batch:
             for library in ("cublas", "cublaslt"):
                 torch.backends.cuda.preferred_blas_library(library)
                 print(f"\nBLAS library: {library}")
-                gemm_fusion(batch * args.rows, **GEMM_SHAPES[args.family])
+                gemm_fusion(batch * (args.rows or 32), **GEMM_SHAPES[args.family])
         return 0
     from dare.rollout import SamplerConfig, generate
     from dare.rollout.engine import _STATES
@@ -58,12 +59,13 @@ def main(argv=None) -> int:
 
         compile_blocks(model, dynamic=args.compile == "dynamic")
     if args.family == "llada":
-        config = SamplerConfig(sampler="fastdllm", cache=args.cache, decoder="quota", gen_length=args.gen, block_length=32,
+        config = SamplerConfig(sampler="fastdllm", cache=args.cache or "dual", decoder="quota", gen_length=args.gen, block_length=32,
                                steps=args.gen, eos_early_stop=False, max_blocks=2, engine="graph")
     else:
         config = SamplerConfig(sampler="sdar", cache="block", decoder="quota", gen_length=args.gen, eos_early_stop=False,
                                max_blocks=4, engine="graph")
-    prompts = torch.randint(0, 100000, (args.batch, args.prompt_length), device=device)
+    (batch,) = args.batch
+    prompts = torch.randint(0, 100000, (batch, args.prompt_length), device=device)
     generate(model, prompts, None, config)  # records the graphs
     state = next(iter(_STATES[model].values()))
     # Time each recorded step during a real second decode (replaying a graph out of its decode order is not
@@ -97,6 +99,16 @@ def main(argv=None) -> int:
         torch.cuda.synchronize()
     print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=24, max_name_column_width=70), flush=True)
     return 0
+
+
+def check_arguments(p, args) -> None:
+    """One-line errors for options this run would ignore."""
+    if args.gemm_only and (args.compile != "none" or args.cache):
+        p.error("--gemm-only times bare matmuls: --compile and --cache apply to the profiled decode")
+    if not args.gemm_only and (args.rows is not None or len(args.batch) > 1):
+        p.error("--rows and several --batch sizes apply to --gemm-only; a profiled decode takes one batch size")
+    if args.cache and args.family != "llada":
+        p.error("--cache chooses LLaDA's Fast-dLLM cache; SDAR decodes with its block cache")
 
 
 GEMM_SHAPES = {"llada": dict(hidden=4096, kv=4096, ffn=12288, layers=32),  # LLaDA-8B

@@ -18,7 +18,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from common import graph_us  # noqa: E402
+from common import graph_us, require_cuda  # noqa: E402
 from dare.models.layers import apply_rope, rope_angles  # noqa: E402
 from dare.rollout.engine.forward import copy_rows  # noqa: E402
 
@@ -30,6 +30,7 @@ def rope_fn(x, cos, sin, full):
 
 
 def main() -> int:
+    require_cuda("small_kernels.py")
     dev, dt = torch.device("cuda"), torch.bfloat16
     cases = [("llada B=1 prefix", 1, 256, 32, 32, 4096), ("llada B=16 dual", 16, 32, 32, 32, 4096),
              ("sdar B=64 block", 64, 4, 32, 8, 388)]
