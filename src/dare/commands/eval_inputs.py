@@ -8,6 +8,8 @@ import argparse
 
 def add_model_data_arguments(run: argparse.ArgumentParser) -> None:
     """The model, data and prompt flags shared by ``dare eval run`` and ``dare eval sweep``."""
+    from dare.commands.generate import add_compile_argument
+
     run.add_argument("--model", required=True, help="checkpoint directory / hub name, or tiny:FAMILY[:SEED]")
     run.add_argument("--adapter", default=None, help="LoRA adapter directory to apply on top of --model")
     run.add_argument("--benchmark", required=True, help="benchmark name (gsm8k, math500, humaneval, mmlu, ...)")
@@ -27,8 +29,6 @@ def add_model_data_arguments(run: argparse.ArgumentParser) -> None:
     run.add_argument("--dtype", default=None, choices=["bfloat16", "float16", "float32", "auto"],
                      help="weights dtype (default: bfloat16 on GPU, float32 on CPU)")
     run.add_argument("--no-progress", action="store_true", help="no progress bars")
-    from dare.commands.generate import add_compile_argument
-
     add_compile_argument(run)
 
 

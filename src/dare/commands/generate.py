@@ -35,7 +35,7 @@ def add_compile_argument(parser: argparse.ArgumentParser) -> None:
 
 def compile_if_asked(model, args: argparse.Namespace) -> bool:
     """``--compile-blocks``: compile ``model``'s blocks in place; whether it did (for the results' settings)."""
-    if not getattr(args, "compile_blocks", False):
+    if not args.compile_blocks:
         return False
     from dare.models.compile import compile_blocks
 
