@@ -125,16 +125,17 @@ def run_once(model, prompts, args, decoder: str, cache: str, max_blocks: int | N
     return out, seconds
 
 
-def _forwards(shapes, args, cache: str) -> list[tuple[int, int, int]]:
-    """(batch, query tokens, cached keys attended) of each forward: with the block cache a query of ``w`` tokens
-    ending at column ``e`` attends ``e - w`` cached keys (the query's end is tracked from the block grid)."""
+def _forwards(shapes, args, cache: str) -> list[tuple[int, int, int, int]]:
+    """(batch, query tokens, cached keys attended, logit rows) of each forward: with the block cache a query of
+    ``w`` tokens ending at column ``e`` attends ``e - w`` cached keys (the query's end is tracked from the block
+    grid); a step reads the logits of one block's rows."""
     if cache == "none":
-        return [(b, w, 0) for b, w in shapes]
+        return [(b, w, 0, min(w, args.block)) for b, w in shapes]
     forwards, end = [], 0
     for b, w in shapes:
         if w > args.block:  # a block's first forward: prompt prefix (first block) or previous + current block
             end = w if end == 0 else end + args.block
-        forwards.append((b, w, max(end - w, 0)))
+        forwards.append((b, w, max(end - w, 0), min(w, args.block)))
     return forwards
 
 

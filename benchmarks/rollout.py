@@ -172,7 +172,8 @@ def main(argv=None) -> int:
                 out, decoded, seconds = run_once(model, prompts, gen_length, args, overrides, measured_blocks)
                 shapes.remove()
                 cached = overrides["cache"] != "none"
-                forwards = [(b, w, width - w if cached else 0) for b, w in shapes.shapes]
+                # a step reads the logits of its block's rows only
+                forwards = [(b, w, width - w if cached else 0, min(w, args.block)) for b, w in shapes.shapes]
                 floor = out.nfe * floor_forward
                 row = dict(batch=batch, gen_length=gen_length, config=name, blocks=measured_blocks, nfe=out.nfe,
                            tokens=decoded, seconds=seconds, tokens_per_s=decoded / seconds,

@@ -77,3 +77,28 @@ def test_option_values_parse_like_a_recipe():
     values = parse_options(["cache=none", "top_p=null", "threshold=0.5", "eos_early_stop=false"])
     assert values == {"cache": "none", "top_p": None, "threshold": 0.5, "eos_early_stop": False}
     assert SamplerConfig.from_dict({"sampler": "fastdllm", **values}).resolved().cache == "none"
+
+
+def test_roofline_counts_the_lm_head_only_on_the_rows_whose_logits_are_read():
+    import sys
+
+    import torch
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from common import Roofline, head_weight, weight_bytes
+
+    from dare.models.llada import LLaDAConfig, LLaDAModelLM, tiny_llada_config
+
+    for tied in (False, True):
+        model = LLaDAModelLM(LLaDAConfig(**tiny_llada_config(weight_tying=tied)))
+        head = head_weight(model)
+        body = sum(p.numel() for p in model.parameters() if p.ndim == 2) - head.numel() - (
+            0 if tied else model.get_input_embeddings().weight.numel())
+        roofline = Roofline(model, bandwidth=1e30, peak_flops=1e9)  # compute binds
+        assert roofline.head_params == head.numel() and roofline.body_params == body
+        expected = 2 * 3 * (body * 40 + head.numel() * 8) / 1e9
+        assert abs(roofline.roofline_s([(3, 40, 0, 8)]) - expected) < 1e-12 * expected
+        # a tied head reads the embedding matrix in full: it counts towards the weights floor
+        embedding_bytes = model.get_input_embeddings().weight.numel() * 4
+        total = sum(p.numel() * p.element_size() for p in model.parameters())
+        assert weight_bytes(model) == (total if tied else total - embedding_bytes)
