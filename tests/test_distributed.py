@@ -104,8 +104,12 @@ def test_rl_steps_under_torchrun_match_single_process(results, nproc, variant):
     assert single["params"].keys() == dist["params"].keys()
     for name, value in single["params"].items():  # Adam (lr 1e-3, eps 1e-8) divides a ~1e-8 gradient coordinate
         # (fp32 round-off of a 1e-2 gradient) by ~(|g| + eps): a 1 % relative difference there moves the weight by
-        # ~lr * 5e-3 (seen: <= 3e-6 in single coordinates, all others < 1e-6)
-        torch.testing.assert_close(dist["params"][name], value, atol=5e-6, rtol=1e-5, msg=name)
+        # ~lr * 5e-3. Seen: <= 3e-6 in single coordinates on the CI machine, 5.6e-6 in one of 8192 on another CPU
+        # (its vectorised reductions round differently); all others < 2e-6. The gradients above are held to 1e-6,
+        # so a real difference in the update (scaling, averaging) cannot hide in this tolerance.
+        diff = (dist["params"][name] - value).abs()
+        assert diff.max() <= 2e-5, (name, float(diff.max()))
+        assert (diff > 2e-6).float().mean() <= 1e-3, (name, int((diff > 2e-6).sum()))
     if variant == "rl_coupled_lora":
         assert all("lora_" in name for name in single["params"])
 
