@@ -401,3 +401,29 @@ def test_graph_engine_decodes_block_steps_with_the_decode_attention_kernels_by_d
     assert calls  # recorded into the steps' graphs
     assert routed.nfe == plain.nfe
     assert (routed.completion == plain.completion).float().mean() > 0.9  # near-ties may still differ
+
+
+@pytest.mark.parametrize("family,overrides", [("llada", dict(sampler="fastdllm", cache="dual", threshold=0.3)),
+                                              ("sdar", dict(sampler="sdar", cache="block"))])
+def test_compiled_blocks_that_write_their_own_cache_layer_decode_the_same_tokens(family, overrides, monkeypatch):
+    """DARE_FUSE_CACHE_WRITES=1 under the graph engine with statically compiled blocks (inductor: the key/value
+    writes join the generated kernels) decodes what the cache's own writes decode (fp32)."""
+    from dare.models.compile import compile_blocks
+    from dare.rollout import SamplerConfig, generate
+    from dare.rollout.engine import release
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    model = compile_blocks(sharp_cuda_model(family), dynamic=False)
+    ids, mask = padded(seqs([9, 14, 5]))
+    config = SamplerConfig(gen_length=32, block_length=8, **overrides)
+    outputs = {}
+    try:
+        for switch in ("0", "1"):
+            monkeypatch.setenv("DARE_FUSE_CACHE_WRITES", switch)
+            release(model)  # record the steps again
+            outputs[switch] = generate(model, ids, mask, config, engine="graph")
+    finally:
+        torch._dynamo.reset()
+    assert torch.equal(outputs["0"].completion, outputs["1"].completion)
+    assert outputs["0"].nfe == outputs["1"].nfe
+    torch.testing.assert_close(outputs["0"].logprobs, outputs["1"].logprobs, atol=1e-5, rtol=0)

@@ -282,6 +282,49 @@ def test_a_non_numeric_setting_is_a_one_line_error():
         SamplerConfig(gen_length="long").resolved()
 
 
+@pytest.mark.parametrize("family,sampler,overrides", [
+    ("llada", "fastdllm", dict(cache="dual", decoder="threshold", threshold=0.3)),
+    ("llada", "fastdllm", dict(cache="prefix", decoder="quota", refresh_every=3)),
+    ("dream", "fastdllm_dream", dict(cache="dual", decoder="threshold", threshold=0.3)),
+    ("sdar", "sdar", dict(cache="block")),
+    ("llada2", "llada21", dict(cache="block")),
+])
+def test_blocks_write_their_own_cache_layer_when_asked(family, sampler, overrides, monkeypatch):
+    """``DARE_FUSE_CACHE_WRITES=1``: after the first forward allocates the buffers, every block writes its own
+    layer (``StaticLayerKV``) and the cache's own write path is not used again; the decode is unchanged."""
+    from dare.rollout.engine.forward import StaticKVCache
+
+    calls = {}
+    for switch in ("0", "1"):
+        monkeypatch.setenv("DARE_FUSE_CACHE_WRITES", switch)
+        seen, update = [], StaticKVCache.update
+
+        def spy(self, layer, key, value, seen=seen, update=update):
+            seen.append(layer)
+            return update(self, layer, key, value)
+
+        monkeypatch.setattr(StaticKVCache, "update", spy)
+        model = sharp_model(family)
+        ids, mask = padded([11, 4, 17])
+        block = 8
+        config = SamplerConfig(sampler=sampler, gen_length=24, block_length=block, **overrides)
+        eager, static = decode_both(model, ids, mask, config)
+        assert_same(eager, static, block=family in ("sdar", "llada2"))
+        monkeypatch.setattr(StaticKVCache, "update", update)
+        calls[switch] = (len(seen), len(model.blocks), static.nfe)
+    (old, layers, nfe), (new, _, _) = calls["0"], calls["1"]
+    assert old >= layers * nfe > layers  # the cache wrote every layer of every forward
+    assert new == layers  # only the allocating first write of each layer
+
+
+def test_a_misspelt_cache_write_switch_is_a_one_line_error(monkeypatch):
+    from dare.rollout.engine import kernel_settings
+
+    monkeypatch.setenv("DARE_FUSE_CACHE_WRITES", "yes")
+    with pytest.raises(ConfigError, match="DARE_FUSE_CACHE_WRITES must be 0 or 1, got 'yes'"):
+        kernel_settings()
+
+
 @pytest.mark.parametrize("dtype,head_dim,wide", [(torch.bfloat16, 8, torch.int64), (torch.float16, 6, torch.int32),
                                                  (torch.float32, 3, None), (torch.float32, 4, torch.int64)])
 def test_cache_writes_move_whole_rows_as_wide_elements_with_the_same_bytes(dtype, head_dim, wide, monkeypatch):

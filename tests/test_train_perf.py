@@ -131,11 +131,16 @@ def test_all_blocks_and_lengths_share_one_compiled_graph():
         torch._dynamo.reset()
 
 
+@pytest.mark.parametrize("writes_in_blocks", ["0", "1"])
 @pytest.mark.parametrize("family,sampler,cache", [("llada", "fastdllm", "dual"), ("sdar", "sdar", "block")])
-def test_static_compilation_shares_one_graph_per_shape_across_blocks(family, sampler, cache):
+def test_static_compilation_shares_one_graph_per_shape_across_blocks(family, sampler, cache, writes_in_blocks,
+                                                                     monkeypatch):
     """dynamic=False: one graph per step shape for all blocks (a block must not read its layer index in compiled
-    code), and every block still reads and writes its own cache entry (same tokens as uncompiled decoding)."""
+    code), and every block still reads and writes its own cache entry (same tokens as uncompiled decoding) -
+    also when each block is handed its own cache layer and writes it in compiled code (DARE_FUSE_CACHE_WRITES)."""
     from torch._dynamo.utils import counters
+
+    monkeypatch.setenv("DARE_FUSE_CACHE_WRITES", writes_in_blocks)
 
     from dare.rollout import SamplerConfig, generate
 

@@ -26,7 +26,7 @@ from dare.models.attention import (
     check_backend,
     documents_from_cu_seqlens,
 )
-from dare.models.cache import KVCache
+from dare.models.cache import KVCache, StaticLayerKV
 from dare.models.layers import RMSNorm, apply_rope, default_positions, rope_angles
 from dare.models.moe import ExpertBank
 
@@ -149,6 +149,9 @@ def rotary_attention(
     k = apply_rope(k, cos, sin, full_precision=rope_full_precision)
     if keep is not None:
         q = q.index_select(2, keep)
+    if isinstance(cache, StaticLayerKV):  # a static step's own layer: written here, inside compiled code
+        k, v = cache.store(k, v)
+        cache = None
     return cached_attend(q, k, v, layout, cache, layer, backend)
 
 

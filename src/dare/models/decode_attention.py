@@ -41,7 +41,8 @@ MAX_ROWS = 64
 """Most query rows per KV head (``groups x queries``) one program holds."""
 BLOCK_N = 128
 """Keys per tile on Hopper and newer (with 4 warps and 2 pipeline stages: the fastest setting of the H200 sweep
-at both shapes); 64 on older GPUs, whose shared memory is smaller."""
+at both shapes; a whole SDAR-8B B=64 rollout decoded as fast as with 64-key tiles, 12.08 vs 12.03 ms per
+forward); 64 on older GPUs, whose shared memory is smaller."""
 CHOICES = ("auto", "triton", "sdpa")
 """Values of ``DARE_DECODE_ATTENTION``."""
 _FAILED = False

@@ -14,14 +14,20 @@ columns are never attended).
 
 from __future__ import annotations
 
+import os
+
 import torch
 
+from dare.errors import ConfigError
+
 from dare.models.attention import AttentionLayout
+from dare.models.cache import StaticLayerKV, copy_rows  # noqa: F401  (copy_rows: re-exported)
 from dare.models.layers import rope_angles
 
 
 class StaticKVCache:
-    """Keys/values ``[B, Hkv, width, d]`` per layer, allocated on the first write (zeros) and reused.
+    """Keys/values ``[B, Hkv, width, d]`` per layer (:class:`StaticLayerKV`), allocated on the first write
+    (zeros) and reused.
 
     ``length`` (a host int, set per step by :func:`static_hidden`) limits what a step attends over to the first
     ``length`` columns: views of the same buffers, so a recorded step reads only those."""
@@ -31,47 +37,45 @@ class StaticKVCache:
     def __init__(self, num_layers: int, width: int):
         self.width = width
         self.length = width
-        self.keys: list[torch.Tensor | None] = [None] * num_layers
-        self.values: list[torch.Tensor | None] = [None] * num_layers
+        self.layers: list[StaticLayerKV | None] = [None] * num_layers
         self.slots: torch.Tensor | None = None
 
+    @property
+    def keys(self) -> list[torch.Tensor | None]:
+        return [None if layer is None else layer.keys for layer in self.layers]
+
+    @property
+    def values(self) -> list[torch.Tensor | None]:
+        return [None if layer is None else layer.values for layer in self.layers]
+
     def update(self, layer: int, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.keys[layer] is None:
+        if self.layers[layer] is None:
             b, h, _, d = key.shape
-            self.keys[layer] = key.new_zeros((b, h, self.width, d))
-            self.values[layer] = value.new_zeros((b, value.shape[1], self.width, value.shape[-1]))
-        copy_rows(self.keys[layer], self.slots, key)
-        copy_rows(self.values[layer], self.slots, value)
-        if self.length == self.width:
-            return self.keys[layer], self.values[layer]
-        return self.keys[layer][:, :, :self.length], self.values[layer][:, :, :self.length]
+            self.layers[layer] = StaticLayerKV(key.new_zeros((b, h, self.width, d)),
+                                               value.new_zeros((b, value.shape[1], self.width, value.shape[-1])))
+        return self.for_layer(layer).store(key, value)
+
+    def for_layer(self, index: int):
+        """What block ``index`` is given: its :class:`StaticLayerKV` for this step (slots and length set), or
+        this cache before the layer's buffers exist (:meth:`update` allocates them on the first write)."""
+        layer = self.layers[index]
+        if layer is None:
+            return self
+        layer.slots, layer.length = self.slots, self.length
+        return layer
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.keys + self.values if t is not None)
 
 
-_WIDE = (torch.int64, torch.int32, torch.int16)
-
-
-def copy_rows(cache: torch.Tensor, slots: torch.Tensor, rows: torch.Tensor) -> None:
-    """``cache.index_copy_(2, slots, rows)``, moving each head row as the widest integer elements that tile it.
-
-    PyTorch's index kernels move one element per thread step: copying bf16 rows as int64 moves 4x the bytes per
-    step (on an H200 the LLaDA-8B B=16 dual-cache writes took ~15 us per call as bf16 elements, ~5 % of a
-    window step). The bytes written are the same; without a legal wider view of both tensors it copies as is."""
-    for dtype in _WIDE:
-        if _views_as(cache, dtype) and _views_as(rows, dtype):
-            cache.view(dtype).index_copy_(2, slots, rows.view(dtype))
-            return
-    cache.index_copy_(2, slots, rows)
-
-
-def _views_as(t: torch.Tensor, dtype: torch.dtype) -> bool:
-    """Whether ``t.view(dtype)`` is legal and widens the element (PyTorch's rule for a wider dtype view)."""
-    ratio = dtype.itemsize // t.element_size()
-    if ratio <= 1 or dtype.itemsize % t.element_size() or t.shape[-1] % ratio:
-        return False
-    return t.stride(-1) == 1 and t.storage_offset() % ratio == 0 and all(st % ratio == 0 for st in t.stride()[:-1])
+def cache_writes_in_blocks() -> bool:
+    """``DARE_FUSE_CACHE_WRITES=1``: static steps hand each block its own :class:`StaticLayerKV`, so the block
+    writes its keys/values itself (inside compiled blocks: fused into the generated kernels) instead of the
+    cache doing it outside them. Off by default until measured on a GPU; the tokens are the same either way."""
+    value = os.environ.get("DARE_FUSE_CACHE_WRITES", "0")
+    if value not in ("0", "1"):
+        raise ConfigError(f"DARE_FUSE_CACHE_WRITES must be 0 or 1, got {value!r}")
+    return value == "1"
 
 
 def static_hidden(
@@ -115,11 +119,13 @@ def static_hidden(
     rope = rope_angles(positions, model.rope_dim, model.rope_theta)
     if cache is not None:
         cache.slots, cache.length = slots, kv_len
+    in_blocks = cache is not None and cache_writes_in_blocks()
     *blocks, last = model.blocks
-    for block in blocks:
-        x = block(x, rope, layout, cache, backend)
+    for index, block in enumerate(blocks):
+        x = block(x, rope, layout, cache.for_layer(index) if in_blocks else cache, backend)
+    last_cache = cache.for_layer(len(blocks)) if in_blocks else cache
     if keep is None:
-        x = last(x, rope, layout, cache, backend)
+        x = last(x, rope, layout, last_cache, backend)
     else:
-        x = last(x, rope, layout_of(positions.index_select(1, keep)), cache, backend, keep=keep)
+        x = last(x, rope, layout_of(positions.index_select(1, keep)), last_cache, backend, keep=keep)
     return model.final_norm(x)
