@@ -407,10 +407,12 @@ def test_graph_engine_decodes_block_steps_with_the_decode_attention_kernels_by_d
                                               ("sdar", dict(sampler="sdar", cache="block"))])
 def test_compiled_blocks_that_write_their_own_cache_layer_decode_the_same_tokens(family, overrides, monkeypatch):
     """DARE_FUSE_CACHE_WRITES=1 under the graph engine with statically compiled blocks (inductor: the key/value
-    writes join the generated kernels) decodes what the cache's own writes decode (fp32)."""
+    writes join the generated kernels) records its steps - no fallback to the eager loop, which would decode the
+    same tokens slowly (seen once: the first run allocated the buffers, so the recording compiled again) - and
+    decodes what the cache's own writes decode (fp32)."""
     from dare.models.compile import compile_blocks
     from dare.rollout import SamplerConfig, generate
-    from dare.rollout.engine import release
+    from dare.rollout.engine import engine_stats, release
 
     torch.backends.cuda.matmul.allow_tf32 = False
     model = compile_blocks(sharp_cuda_model(family), dynamic=False)
@@ -421,7 +423,9 @@ def test_compiled_blocks_that_write_their_own_cache_layer_decode_the_same_tokens
         for switch in ("0", "1"):
             monkeypatch.setenv("DARE_FUSE_CACHE_WRITES", switch)
             release(model)  # record the steps again
+            fallbacks = engine_stats(model).fallbacks
             outputs[switch] = generate(model, ids, mask, config, engine="graph")
+            assert engine_stats(model).fallbacks == fallbacks and engine_stats(model).captures > 0, switch
     finally:
         torch._dynamo.reset()
     assert torch.equal(outputs["0"].completion, outputs["1"].completion)

@@ -290,8 +290,8 @@ def test_a_non_numeric_setting_is_a_one_line_error():
     ("llada2", "llada21", dict(cache="block")),
 ])
 def test_blocks_write_their_own_cache_layer_when_asked(family, sampler, overrides, monkeypatch):
-    """``DARE_FUSE_CACHE_WRITES=1``: after the first forward allocates the buffers, every block writes its own
-    layer (``StaticLayerKV``) and the cache's own write path is not used again; the decode is unchanged."""
+    """``DARE_FUSE_CACHE_WRITES=1``: a one-column probe allocates the buffers before the first forward (one write per
+    layer through the cache), then every block writes its own layer (``StaticLayerKV``); the decode is unchanged."""
     from dare.rollout.engine.forward import StaticKVCache
 
     calls = {}
@@ -314,7 +314,7 @@ def test_blocks_write_their_own_cache_layer_when_asked(family, sampler, override
         calls[switch] = (len(seen), len(model.blocks), static.nfe)
     (old, layers, nfe), (new, _, _) = calls["0"], calls["1"]
     assert old >= layers * nfe > layers  # the cache wrote every layer of every forward
-    assert new == layers  # only the allocating first write of each layer
+    assert new == layers  # the probe's writes only
 
 
 def test_a_misspelt_cache_write_switch_is_a_one_line_error(monkeypatch):

@@ -91,6 +91,7 @@ def static_hidden(
     backend: str = "sdpa",
     kv_length: int | None = None,
     keep: torch.Tensor | None = None,
+    _probe: bool = False,
 ) -> torch.Tensor:
     """Final hidden states ``[B, W, D]`` of the query ``ids [B, W]`` at RoPE ``positions [B, W]``.
 
@@ -117,9 +118,11 @@ def static_hidden(
 
     layout = layout_of(positions)
     rope = rope_angles(positions, model.rope_dim, model.rope_theta)
+    in_blocks = cache is not None and not _probe and cache_writes_in_blocks()
+    if in_blocks and any(layer is None for layer in cache.layers):
+        _allocate_by_probe(model, ids, positions, key_mask, cache, slots, key_positions, block_size, backend, kv_len)
     if cache is not None:
         cache.slots, cache.length = slots, kv_len
-    in_blocks = cache is not None and cache_writes_in_blocks()
     *blocks, last = model.blocks
     for index, block in enumerate(blocks):
         x = block(x, rope, layout, cache.for_layer(index) if in_blocks else cache, backend)
@@ -129,3 +132,17 @@ def static_hidden(
     else:
         x = last(x, rope, layout_of(positions.index_select(1, keep)), last_cache, backend, keep=keep)
     return model.final_norm(x)
+
+
+def _allocate_by_probe(model, ids, positions, key_mask, cache, slots, key_positions, block_size, backend, kv_length):
+    """Allocate ``cache``'s layers before a step hands blocks their own layers: one eager forward of the step's
+    first query column writes every layer through the cache (shapes and dtypes as the blocks produce them), then
+    the buffers are zeroed. A step's first run and its recording then take the same path; had the first run
+    allocated, a compiled block would compile again while being recorded, which a CUDA graph cannot hold."""
+    with torch.compiler.set_stance("force_eager"):
+        static_hidden(model, ids[:, :1], positions[:, :1], key_mask=key_mask, cache=cache, slots=slots[:1],
+                      key_positions=key_positions, block_size=block_size, backend=backend, kv_length=kv_length,
+                      _probe=True)
+    for layer in cache.layers:
+        layer.keys.zero_()
+        layer.values.zero_()
