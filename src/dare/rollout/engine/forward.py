@@ -91,7 +91,7 @@ def static_hidden(
     backend: str = "sdpa",
     kv_length: int | None = None,
     keep: torch.Tensor | None = None,
-    _probe: bool = False,
+    layer_writes: bool | None = None,
 ) -> torch.Tensor:
     """Final hidden states ``[B, W, D]`` of the query ``ids [B, W]`` at RoPE ``positions [B, W]``.
 
@@ -101,7 +101,8 @@ def static_hidden(
     only (a host int; every written slot and every key the step may see must lie before it). ``keep`` (query rows
     ``[Q]``, a device tensor) returns ``[B, Q, D]``, the rows whose logits the step reads: the last block stores
     every row's keys and values but runs its attention output, MLP and residual for those rows only (the other
-    rows' last-layer outputs feed nothing).
+    rows' last-layer outputs feed nothing). ``layer_writes`` hands each block its own cache layer
+    (:class:`StaticLayerKV`; default: :func:`cache_writes_in_blocks`).
     """
     batch, width = ids.shape
     x = model.embed(ids)
@@ -118,7 +119,7 @@ def static_hidden(
 
     layout = layout_of(positions)
     rope = rope_angles(positions, model.rope_dim, model.rope_theta)
-    in_blocks = cache is not None and not _probe and cache_writes_in_blocks()
+    in_blocks = cache is not None and (cache_writes_in_blocks() if layer_writes is None else layer_writes)
     if in_blocks and any(layer is None for layer in cache.layers):
         _allocate_by_probe(model, ids, positions, key_mask, cache, slots, key_positions, block_size, backend, kv_len)
     if cache is not None:
@@ -142,7 +143,7 @@ def _allocate_by_probe(model, ids, positions, key_mask, cache, slots, key_positi
     with torch.compiler.set_stance("force_eager"):
         static_hidden(model, ids[:, :1], positions[:, :1], key_mask=key_mask, cache=cache, slots=slots[:1],
                       key_positions=key_positions, block_size=block_size, backend=backend, kv_length=kv_length,
-                      _probe=True)
+                      layer_writes=False)
     for layer in cache.layers:
         layer.keys.zero_()
         layer.values.zero_()
