@@ -308,7 +308,8 @@ def engine_record(*, family: str, engine: str, sampler: str, cache: str, decoder
 
 
 def print_engine_table(records: list[dict], title: str) -> None:
-    """Eager vs graph side by side: tokens/s, graph/eager ratio, weights-floor and roofline fractions."""
+    """Engines side by side: tokens/s, the first non-eager engine's ratio to eager, weights-floor and roofline
+    fractions."""
     if not records:
         return
     key = lambda r: (r["batch"], r["gen_length"], r["sampler"], r["cache"], r["decoder"])  # noqa: E731
@@ -316,8 +317,9 @@ def print_engine_table(records: list[dict], title: str) -> None:
     engines = sorted({r["engine"] for r in records})
     by = {(key(r), r["engine"]): r for r in records}
     print(f"\n{title}")
+    compared = next((e for e in engines if e != "eager"), "-")  # the ratio column: first engine against eager
     print("| B | G | sampler | cache | decoder | TPF | " + " | ".join(
-        f"{e} tok/s (ms/fwd) [floor, roofline]" for e in engines) + " | graph / eager |")
+        f"{e} tok/s (ms/fwd) [floor, roofline]" for e in engines) + f" | {compared} / eager |")
     print("|---|---|---|---|---|---|" + "---|" * len(engines) + "---|")
     for shape in shapes:
         cells, first = [], None
@@ -330,8 +332,9 @@ def print_engine_table(records: list[dict], title: str) -> None:
             roof = "-" if r["roofline_fraction"] is None else f"{100 * r['roofline_fraction']:.0f}%"
             cells.append(f"{r['tokens_per_s']:.0f} ({r['ms_per_forward']:.2f}) "
                          f"[{100 * r['floor_fraction']:.0f}%, {roof}]")
-        eager, graph = by.get((shape, "eager")), by.get((shape, "graph"))
-        ratio = f"{graph['tokens_per_s'] / eager['tokens_per_s']:.2f}x" if eager and graph else "-"
+        eager = by.get((shape, "eager"))
+        fast = by.get((shape, compared))
+        ratio = f"{fast['tokens_per_s'] / eager['tokens_per_s']:.2f}x" if eager and fast else "-"
         b, g, sampler, cache, decoder = shape
         print(f"| {b} | {g} | {sampler} | {cache} | {decoder} | {first['tokens_per_forward']:.2f} | "
               + " | ".join(cells) + f" | {ratio} |")
@@ -346,15 +349,28 @@ def add_engine_arguments(p) -> None:
                    help="regional torch.compile of every block (dare.models.compile_blocks) before decoding, with "
                         "dynamic shapes (the default) or one static graph per step shape (faster kernels, longer "
                         "warm-up); engine records are labelled '<engine>+compile' / '<engine>+compile-static'")
+    p.add_argument("--switch", metavar="NAME=V1,V2",
+                   help="time every non-eager engine under each value of one DARE_* environment switch, side by side "
+                        "in this process (its steps recorded again per value), e.g. DARE_FUSE_CACHE_WRITES=0,1; "
+                        "records are labelled '<engine>[NAME=value]'")
     p.add_argument("--compile-mode", default="default", choices=["default", "max-autotune-no-cudagraphs"],
                    help="torch.compile mode of --compile-blocks (max-autotune: matmul kernels benchmarked per shape; "
                         "records get '+autotune')")
 
 
 def check_engine_arguments(p, args) -> None:
-    """One-line errors for engine options that would otherwise be ignored."""
+    """One-line errors for engine options that would otherwise be ignored, and ``--switch`` parsed into
+    ``(name, values)`` (None without it)."""
     if args.compile_mode != "default" and not args.compile_blocks:
         p.error("--compile-mode applies to compiled blocks: add --compile-blocks [dynamic|static]")
+    if args.switch is not None:
+        name, _, values = args.switch.partition("=")
+        values = [v for v in values.split(",") if v]
+        if not name.startswith("DARE_") or not values:
+            p.error(f"--switch takes NAME=V1,V2 with a DARE_* environment variable, got {args.switch!r}")
+        if not [e for e in args.engines if e != "eager"]:
+            p.error("--switch varies the static/graph engines' kernels: add --engines static or graph")
+        args.switch = (name, values)
     if "graph" in args.engines and not args.device.startswith("cuda"):
         p.error(f"the graph engine records CUDA graphs; on {args.device} compare eager with static (--engines eager static)")
 
@@ -377,6 +393,31 @@ def warm_seconds(run, args) -> float:
     also compiles, which would inflate the estimate many times over; it is run again and the second call counts."""
     seconds = run()[-1]
     return run()[-1] if args.compile_blocks else seconds
+
+
+def switch_runs(model, switch):
+    """Label suffixes of one engine's runs: ``""`` without ``--switch``; with it, ``"[NAME=value]"`` per value, with
+    the variable set and the engine's recorded steps released before each (restored afterwards)."""
+    import os
+
+    if switch is None:
+        yield ""
+        return
+    from dare.rollout.engine import release
+
+    name, values = switch
+    before = os.environ.get(name)
+    try:
+        for value in values:
+            os.environ[name] = value
+            release(model)
+            yield f"[{name}={value}]"
+    finally:
+        if before is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = before
+        release(model)
 
 
 def engine_label(engine: str, args) -> str:

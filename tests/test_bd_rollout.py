@@ -636,9 +636,35 @@ def test_benchmark_tiny_smoke(tmp_path, capsys):
     assert "x recompute" in printed
 
 
+def test_benchmark_times_each_value_of_a_switch_side_by_side(tmp_path, capsys, monkeypatch):
+    """``--switch NAME=V1,V2``: one record per value for every non-eager engine, the variable set during that
+    value's runs only (the records' kernel settings show it) and restored afterwards."""
+    import os
+
+    spec = importlib.util.spec_from_file_location("bd_rollout_benchmark", ROOT / "benchmarks" / "bd_rollout.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    monkeypatch.delenv("DARE_FUSE_CACHE_WRITES", raising=False)
+    out = tmp_path / "records.json"
+    assert bench.main(["--tiny", "--batch", "2", "--gen", "8", "--decoders", "static", "--caches", "block",
+                       "--engines", "eager", "static", "--switch", "DARE_FUSE_CACHE_WRITES=0,1",
+                       "--records", str(out)]) == 0
+    assert "DARE_FUSE_CACHE_WRITES" not in os.environ
+    records = {r["engine"]: r for r in json.loads(out.read_text())["records"]}
+    assert set(records) == {"eager", "static[DARE_FUSE_CACHE_WRITES=0]", "static[DARE_FUSE_CACHE_WRITES=1]"}
+    assert records["static[DARE_FUSE_CACHE_WRITES=0]"]["kernels"]["cache_writes_in_blocks"] is False
+    assert records["static[DARE_FUSE_CACHE_WRITES=1]"]["kernels"]["cache_writes_in_blocks"] is True
+    off, on = records["static[DARE_FUSE_CACHE_WRITES=0]"], records["static[DARE_FUSE_CACHE_WRITES=1]"]
+    assert (off["nfe"], off["tokens"], off["same_tokens_as_eager"]) == (on["nfe"], on["tokens"], on["same_tokens_as_eager"])
+    assert "static[DARE_FUSE_CACHE_WRITES=1] tok/s" in capsys.readouterr().out  # side by side in the table
+
+
 @pytest.mark.parametrize("argv,message", [
     (["--tiny", "--engines", "graph"], "graph engine records CUDA graphs; on cpu"),
     (["--tiny", "--compile-mode", "max-autotune-no-cudagraphs"], "--compile-mode applies to compiled blocks"),
+    (["--tiny", "--switch", "FUSE=0,1"], "--switch takes NAME=V1,V2 with a DARE_* environment variable"),
+    (["--tiny", "--switch", "DARE_FUSE_CACHE_WRITES="], "--switch takes NAME=V1,V2"),
+    (["--tiny", "--engines", "eager", "--switch", "DARE_FUSE_CACHE_WRITES=0,1"], "add --engines static or graph"),
 ])
 def test_benchmark_refuses_options_it_would_ignore_in_one_line(argv, message, capsys):
     spec = importlib.util.spec_from_file_location("bd_rollout_benchmark", ROOT / "benchmarks" / "bd_rollout.py")
