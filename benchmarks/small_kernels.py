@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from common import graph_us, require_cuda  # noqa: E402
 from dare.models.layers import apply_rope, rope_angles  # noqa: E402
-from dare.rollout.engine.forward import copy_rows  # noqa: E402
+from dare.models.cache import copy_rows  # noqa: E402
 
 BW = 4.3e12
 

@@ -328,7 +328,7 @@ def test_a_misspelt_cache_write_switch_is_a_one_line_error(monkeypatch):
 @pytest.mark.parametrize("dtype,head_dim,wide", [(torch.bfloat16, 8, torch.int64), (torch.float16, 6, torch.int32),
                                                  (torch.float32, 3, None), (torch.float32, 4, torch.int64)])
 def test_cache_writes_move_whole_rows_as_wide_elements_with_the_same_bytes(dtype, head_dim, wide, monkeypatch):
-    from dare.rollout.engine import forward
+    from dare.models.cache import copy_rows
 
     cache = torch.zeros(2, 3, 10, head_dim, dtype=dtype)
     rows = torch.randn(2, 5, 3, head_dim).to(dtype).transpose(1, 2)  # a [B, L, H, d] projection seen as [B, H, L, d]
@@ -341,12 +341,12 @@ def test_cache_writes_move_whole_rows_as_wide_elements_with_the_same_bytes(dtype
         return index_copy(self, *args)
 
     monkeypatch.setattr(torch.Tensor, "index_copy_", spy)
-    forward.copy_rows(cache, slots, rows)
+    copy_rows(cache, slots, rows)
     assert torch.equal(cache, expected)
     assert copied == [wide or dtype]
     # a source that cannot be viewed wider (an odd offset into its storage) is copied as is
     odd = torch.randn(2, 3, 5, head_dim + 1).to(dtype)[..., 1:]
-    forward.copy_rows(cache, slots, odd)
+    copy_rows(cache, slots, odd)
     assert torch.equal(cache, expected.index_copy_(2, slots, odd)) and copied[-1] == dtype
 
 

@@ -19,9 +19,8 @@ import os
 import torch
 
 from dare.errors import ConfigError
-
 from dare.models.attention import AttentionLayout
-from dare.models.cache import StaticLayerKV, copy_rows  # noqa: F401  (copy_rows: re-exported)
+from dare.models.cache import StaticLayerKV
 from dare.models.layers import rope_angles
 
 
@@ -55,12 +54,9 @@ class StaticKVCache:
                                                value.new_zeros((b, value.shape[1], self.width, value.shape[-1])))
         return self.for_layer(layer).store(key, value)
 
-    def for_layer(self, index: int):
-        """What block ``index`` is given: its :class:`StaticLayerKV` for this step (slots and length set), or
-        this cache before the layer's buffers exist (:meth:`update` allocates them on the first write)."""
+    def for_layer(self, index: int) -> StaticLayerKV:
+        """Layer ``index``'s buffers (allocated) with this step's slots and length set."""
         layer = self.layers[index]
-        if layer is None:
-            return self
         layer.slots, layer.length = self.slots, self.length
         return layer
 
