@@ -102,3 +102,21 @@ def test_roofline_counts_the_lm_head_only_on_the_rows_whose_logits_are_read():
         embedding_bytes = model.get_input_embeddings().weight.numel() * 4
         total = sum(p.numel() * p.element_size() for p in model.parameters())
         assert weight_bytes(model) == (total if tied else total - embedding_bytes)
+
+
+def test_recomputed_roofline_reproduces_the_recorded_sixth_session_fractions(tmp_path, capsys):
+    """``recompute_roofline.py`` (the command RESULTS.md gives for the stricter fractions) gives back the fraction
+    the sixth H200 session stored for a record, from its seconds, bandwidth and the session's best peak."""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import recompute_roofline
+
+    stored = json.loads((ROOT / "benchmarks" / "results" / "bd_rollout_h200.json").read_text())["records"]
+    record = next(r for r in stored if "sixth H200 session (commit f4b4e34" in (r.get("session") or "")
+                  and r["batch"] == 64)
+    path = tmp_path / "one.json"
+    path.write_text(json.dumps({"records": [record]}))
+    assert recompute_roofline.main([str(path), "--peak", "810.2221611809887"]) == 0
+    row = capsys.readouterr().out.strip().splitlines()[-1].split("|")
+    assert abs(float(row[8].strip(" %")) - 100 * record["roofline_fraction_head_on_logit_rows"]) < 0.05
