@@ -137,6 +137,7 @@ def test_identical_corruptions_are_forwarded_once(tok):
 def test_eval_run_generation_records_every_setting(data, tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("DARE_DECODE_ATTENTION", "sdpa")
     monkeypatch.setenv("DARE_FUSE_PROJECTIONS", "0")
+    monkeypatch.setenv("DARE_FUSE_CACHE_WRITES", "0")
     out = tmp_path / "results.json"
     args = ["eval", "run", "--model", "tiny:llada", "--benchmark", "gsm8k", "--data", str(data["gsm8k"]),
             "--limit", "3", "--sampler", "fastdllm", "--cache", "dual", "--gen-length", "16", "--block-length", "8",

@@ -431,3 +431,42 @@ def test_compiled_blocks_that_write_their_own_cache_layer_decode_the_same_tokens
     assert torch.equal(outputs["0"].completion, outputs["1"].completion)
     assert outputs["0"].nfe == outputs["1"].nfe
     torch.testing.assert_close(outputs["0"].logprobs, outputs["1"].logprobs, atol=1e-5, rtol=0)
+
+
+def test_steps_recorded_again_after_their_pool_lost_every_graph():
+    """A block of the old pool still held (here a tensor made during the recording), every graph gone: the allocator
+    asserts if the next recording reuses the pool's handle. The engine's pool hands out a fresh one, and a model
+    whose steps were released records them again without falling back."""
+    from dare.rollout import SamplerConfig, generate
+    from dare.rollout.engine import engine_stats, release
+    from dare.rollout.engine.graphs import GraphPool
+
+    x = torch.ones(1 << 20, device="cuda")
+
+    def record(pool):
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=pool.for_recording()):
+            made = x * 2
+        pool.add(graph)
+        return graph, made
+
+    pool = GraphPool()
+    graph, held = record(pool)
+    graph.replay()
+    first = pool.handle
+    del graph
+    torch.cuda.empty_cache()
+    graph, again = record(pool)
+    graph.replay()
+    assert pool.handle != first and torch.equal(again, x * 2) and torch.equal(held, x * 2)
+
+    model = sharp_cuda_model("llada")
+    ids, mask = padded(seqs([9, 14, 5]))
+    config = SamplerConfig(sampler="fastdllm", cache="dual", gen_length=32, block_length=8)
+    outputs = []
+    for _ in range(2):
+        release(model)
+        fallbacks, captures = engine_stats(model).fallbacks, engine_stats(model).captures
+        outputs.append(generate(model, ids, mask, config, engine="graph"))
+        assert engine_stats(model).fallbacks == fallbacks and engine_stats(model).captures > captures
+    assert torch.equal(outputs[0].completion, outputs[1].completion)

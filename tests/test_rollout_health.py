@@ -163,3 +163,26 @@ def test_confidence_map_of_a_row_does_not_depend_on_its_batch(case):
         alone = generate(model, ids[row:row + 1, -n:], None, example_ids=[10 + row], **options)
         torch.testing.assert_close(batched.confidence_map[row], alone.confidence_map[0])
         assert torch.equal(batched.step_map[row], alone.step_map[0])
+
+
+def test_rl_metrics_count_the_rollout_engines_recordings_and_fallbacks():
+    """``rollout/engine_fallbacks`` makes a silent slowdown visible: generation calls that fell back to the eager
+    loop (here the static engine of a model marked as not recordable, as after a failed CUDA-graph recording)."""
+    from dare.rollout import engine
+
+    model = policy(seed=6)
+    src = source("d1", model, n_prompts=2, group=4, gen_length=8, steps=4, inner_steps=1, kl_coef=0.0)
+    src.sampler = src.sampler.replace(engine="static")
+    src.config.chunk_size = 3  # three generation calls
+    src.batch(0)
+    assert src.step_metrics["rollout/engine_fallbacks"] == 0
+    assert src.step_metrics["rollout/graph_captures"] == 0  # no CUDA graphs on the CPU
+    assert src.step_metrics["rollout/weight_refresh_s"] >= 0
+    engine._UNCAPTURABLE.add(model)
+    try:
+        src.batch(1)
+        assert src.step_metrics["rollout/engine_fallbacks"] == 3
+    finally:
+        engine.release(model)
+    src.batch(2)
+    assert src.step_metrics["rollout/engine_fallbacks"] == 0

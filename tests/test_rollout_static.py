@@ -85,22 +85,37 @@ def test_block_diffusion_static_equals_eager(family, sampler, overrides):
     assert_same(eager, static, block=True)
 
 
+def spy_attended_columns(monkeypatch) -> list[tuple[int, int]]:
+    """Record ``(attended columns, cache width)`` of every static cache write: by each block into its own layer
+    (the default) or by the cache (``DARE_FUSE_CACHE_WRITES=0``, and the probe that allocates the layers)."""
+    from dare.models.cache import StaticLayerKV
+    from dare.rollout.engine.forward import StaticKVCache
+
+    seen, update, store = [], StaticKVCache.update, StaticLayerKV.store
+
+    def by_the_cache(self, layer, key, value):
+        keys, values = update(self, layer, key, value)
+        seen.append((keys.shape[2], self.width))
+        return keys, values
+
+    def by_the_block(self, key, value):
+        keys, values = store(self, key, value)
+        seen.append((keys.shape[2], self.keys.shape[2]))
+        return keys, values
+
+    monkeypatch.setattr(StaticKVCache, "update", by_the_cache)
+    monkeypatch.setattr(StaticLayerKV, "store", by_the_block)
+    return seen
+
+
 @pytest.mark.parametrize("family,sampler,overrides", [c for c in BLOCK_CASES if c[2].get("cache") == "block"])
 def test_block_cache_steps_attend_over_their_bucket_of_columns_only(family, sampler, overrides, monkeypatch):
     """With buckets of one block, each step attends over the columns up to its block's end (fewer than the canvas
     for every block but the last) and decodes exactly what the eager loop does."""
     from dare.rollout.engine import block as block_engine
-    from dare.rollout.engine.forward import StaticKVCache
 
     monkeypatch.setattr(block_engine, "KV_BUCKET", 8)
-    seen, update = [], StaticKVCache.update
-
-    def spy(self, layer, key, value):
-        keys, values = update(self, layer, key, value)
-        seen.append((keys.shape[2], self.width))
-        return keys, values
-
-    monkeypatch.setattr(StaticKVCache, "update", spy)
+    seen = spy_attended_columns(monkeypatch)
     model = sharp_model(family)
     ids, mask = padded([11, 4, 17])
     config = SamplerConfig(sampler=sampler, gen_length=20, block_length=8, **overrides)
@@ -114,22 +129,15 @@ def test_block_cache_steps_attend_over_their_bucket_of_columns_only(family, samp
 
 def test_a_long_generation_records_at_most_the_bucket_limit(monkeypatch):
     from dare.rollout.engine import block as block_engine
-    from dare.rollout.engine.forward import StaticKVCache
 
     monkeypatch.setattr(block_engine, "KV_BUCKET", 4)
-    seen, update = set(), StaticKVCache.update
-
-    def spy(self, layer, key, value):
-        keys, values = update(self, layer, key, value)
-        seen.add(keys.shape[2])
-        return keys, values
-
-    monkeypatch.setattr(StaticKVCache, "update", spy)
+    attended = spy_attended_columns(monkeypatch)
     model = sharp_model("sdar")
     ids, mask = padded([11, 4, 17])
     config = SamplerConfig(sampler="sdar", cache="block", gen_length=96, block_length=4, eos_early_stop=False)
     eager, static = decode_both(model, ids, mask, config)
     assert_same(eager, static, block=True)
+    seen = {length for length, _ in attended}
     assert 2 < len(seen) <= block_engine.MAX_KV_BUCKETS + 1  # 24 blocks, one bucket per ~3 of them
 
 
@@ -275,6 +283,46 @@ def test_refresh_weights_keeps_graphs_for_in_place_updates_only():
     assert engine_stats(model).recaptures == before + 1
 
 
+def test_a_graph_pool_is_shared_only_while_one_of_its_graphs_lives():
+    """The CUDA allocator refuses (an internal assert) to record into a pool whose graphs are all gone while one of
+    its blocks is still held: seen on an H200 when a benchmark released a model's steps and recorded them again,
+    which sent every later rollout of that model to the eager loop. A pool without live graphs is replaced."""
+    from dare.rollout.engine.graphs import GraphPool
+
+    class Graph:
+        pass
+
+    handles = iter(range(100))
+    pool = GraphPool(new_handle=lambda: next(handles))
+    first = pool.for_recording()
+    graphs = [Graph(), Graph()]
+    pool.add(graphs[0])
+    pool.add(graphs[1])
+    assert pool.for_recording() == first  # bucket after bucket, one pool
+    graphs.pop()
+    assert pool.for_recording() == first  # one graph still lives
+    graphs.clear()
+    second = pool.for_recording()
+    assert second != first
+    pool.add(Graph())  # dies at once: a failed or dropped recording leaves no live graph
+    assert pool.for_recording() not in (first, second)
+
+
+def test_release_lets_a_model_that_fell_back_record_again():
+    from dare.rollout import engine
+
+    model = sharp_model("llada")
+    ids, mask = padded([4, 6])
+    config = SamplerConfig(sampler="llada", gen_length=8, block_length=8, steps=2)
+    engine._UNCAPTURABLE.add(model)  # as after a failed recording
+    before = engine_stats(model).fallbacks
+    generate(model, ids, mask, config, engine="static")
+    assert engine_stats(model).fallbacks == before + 1
+    engine.release(model)
+    generate(model, ids, mask, config, engine="static")
+    assert engine_stats(model).fallbacks == before + 1
+
+
 def test_a_non_numeric_setting_is_a_one_line_error():
     with pytest.raises(ConfigError, match="threshold must be a number; got 'a'"):
         SamplerConfig(sampler="fastdllm", threshold="a").resolved()
@@ -351,7 +399,8 @@ def test_cache_writes_move_whole_rows_as_wide_elements_with_the_same_bytes(dtype
 
 
 @pytest.mark.parametrize("family", ["llada", "dream", "sdar", "llada2", "llada_moe"])
-def test_the_last_block_runs_only_the_rows_whose_logits_are_read(family):
+@pytest.mark.parametrize("layer_writes", [False, True])
+def test_the_last_block_runs_only_the_rows_whose_logits_are_read(family, layer_writes):
     from dare.models.tiny import tiny_model
     from dare.rollout.engine.forward import StaticKVCache, static_hidden
 
@@ -367,9 +416,10 @@ def test_the_last_block_runs_only_the_rows_whose_logits_are_read(family):
         for name, rows in (("all", None), ("kept", keep)):
             caches[name] = StaticKVCache(len(model.blocks), 12)
             hidden = static_hidden(model, ids, positions, key_mask=None, cache=caches[name], slots=torch.arange(12),
-                                   key_positions=positions, block_size=block_size, keep=rows)
+                                   key_positions=positions, block_size=block_size, keep=rows, layer_writes=layer_writes)
             caches[name + "_hidden"] = hidden
-    assert shapes == [(2, 12), (2, 4)]  # the last block's output: every row, then the kept rows only
+    steps = [shape for shape in shapes if shape[1] != 1]  # without the one-column probe that allocates layer buffers
+    assert steps == [(2, 12), (2, 4)]  # the last block's output: every row, then the kept rows only
     torch.testing.assert_close(caches["kept_hidden"], caches["all_hidden"].index_select(1, keep), atol=1e-5, rtol=1e-5)
     for stored, reference in zip(caches["kept"].keys + caches["kept"].values, caches["all"].keys + caches["all"].values):
         torch.testing.assert_close(stored, reference, atol=1e-6, rtol=0)  # every row's keys/values, every layer

@@ -31,7 +31,8 @@ Rollout health (threshold decoders tend to turn overconfident during online RL a
 Rollout engine (:mod:`dare.rollout.engine`; CUDA graphs by default on CUDA): ``rollout/weight_refresh_s`` (making
 the recorded graphs read the weights of the last optimizer step: they are updated in place, so this is an address
 check; a moved parameter drops the graphs), ``rollout/graph_captures`` and ``rollout/graph_capture_s`` (graphs
-recorded in this rollout: the first rollouts of each new batch/prompt-width shape).
+recorded in this rollout: the first rollouts of each new batch/prompt-width shape), ``rollout/engine_fallbacks``
+(generation calls of this rollout that fell back to the eager loop, each 2-15x slower; the log names the reason).
 
 With ``rollout.dynamic_sampling`` the step's groups whose rewards are all equal are replaced by groups of extra
 rounds of prompts (:mod:`dare.trainer.dynamic_sampling`; ``rollout/dynamic/*`` metrics); the health metrics then
@@ -201,7 +202,8 @@ class RolloutSource:
     def _engine_metrics(self, before: bool) -> None:
         """Rollout-engine costs of this rollout: ``rollout/weight_refresh_s`` (making recorded CUDA graphs read the
         updated weights: an address check, a re-recording only if a parameter moved), ``rollout/graph_captures`` and
-        ``rollout/graph_capture_s`` (graphs recorded during this rollout; 0 once every shape has been seen)."""
+        ``rollout/graph_capture_s`` (graphs recorded during this rollout; 0 once every shape has been seen) and
+        ``rollout/engine_fallbacks`` (generation calls that fell back to the eager loop)."""
         from dare.rollout.engine import engine_stats, refresh_weights
 
         stats = engine_stats(self.policy)
@@ -209,10 +211,11 @@ class RolloutSource:
             began = self._clock()
             refresh_weights(self.policy)
             self._engine = {"rollout/weight_refresh_s": self._clock() - began, "captures": stats.captures,
-                            "capture_s": stats.capture_s}
+                            "capture_s": stats.capture_s, "fallbacks": stats.fallbacks}
             return
         self._engine["rollout/graph_captures"] = float(stats.captures - self._engine.pop("captures"))
         self._engine["rollout/graph_capture_s"] = stats.capture_s - self._engine.pop("capture_s")
+        self._engine["rollout/engine_fallbacks"] = float(stats.fallbacks - self._engine.pop("fallbacks"))
 
     def _decode(self, completion: torch.Tensor, mask: torch.Tensor) -> list[str]:
         lengths = mask.sum(-1).tolist()

@@ -109,11 +109,13 @@ def engine_stats(model) -> EngineStats:
 
 
 def release(model) -> None:
-    """Free the buffers and graphs the engine keeps for ``model``."""
+    """Free the buffers and graphs the engine keeps for ``model``; its next rollout records afresh (also after an
+    earlier recording failed and sent it to the eager fallback)."""
     base = _base(model)
     _STATES.pop(base, None)
     _FINGERPRINTS.pop(base, None)
     _UNFUSABLE.discard(base)  # with the memory freed, the copies may fit again
+    _UNCAPTURABLE.discard(base)
     release_fused(base)
 
 
@@ -225,7 +227,8 @@ def run_static(sampler, model, input_ids: torch.Tensor, attention_mask: torch.Te
     except RuntimeError as error:
         if not graphs:
             raise
-        log.warning("rollout engine 'graph' falls back to eager: the step could not be recorded (%s)",
+        log.warning("rollout engine 'graph' falls back to eager: the step could not be recorded (%s); this "
+                    "model decodes eagerly from now on (dare.rollout.engine.release(model) lets it record again)",
                     first_line(error)[:200])
         _UNCAPTURABLE.add(base)
         states.pop(key, None)

@@ -5,7 +5,10 @@ With graphs enabled, the first call of each key executes ``fn`` eagerly (it is t
 lazily initialised kernels), then records it into a ``torch.cuda.CUDAGraph`` without executing it; later calls
 replay the graph. Every graph of a model shares one memory pool (:func:`shared_pool`): steps replay one at a
 time on one stream and keep nothing in pool memory between replays (their results live in the static buffers),
-so temporaries of one graph may reuse another's.
+so temporaries of one graph may reuse another's. A pool is shared only while one of its graphs lives: once the
+engine has dropped them all (``release``, new weight addresses, replaced fused copies) the next recording starts a
+fresh pool. The allocator refuses to record into a pool whose graphs are all gone while a block of it is still
+held (an internal assert), which would send every later rollout of the model to the eager fallback.
 
 ``captures`` counts recordings (a second call with the same shapes records nothing); ``graph_bytes`` the
 device memory reserved while recording.
@@ -27,10 +30,28 @@ import torch
 _POOLS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def shared_pool(model):
+class GraphPool:
+    """A model's CUDA graph memory pool: one handle, shared by every graph recorded while another still lives."""
+
+    def __init__(self, new_handle=None):
+        self.new_handle = new_handle or torch.cuda.graph_pool_handle
+        self.handle = None
+        self.graphs: weakref.WeakSet = weakref.WeakSet()
+
+    def for_recording(self):
+        """The handle the next recording should use: the live pool, or a fresh one when no graph holds it."""
+        if self.handle is None or not self.graphs:
+            self.handle = self.new_handle()
+        return self.handle
+
+    def add(self, graph) -> None:
+        self.graphs.add(graph)
+
+
+def shared_pool(model) -> GraphPool:
     """One CUDA graph memory pool per model, shared by every batch bucket and step kind."""
     if model not in _POOLS:
-        _POOLS[model] = torch.cuda.graph_pool_handle()
+        _POOLS[model] = GraphPool()
     return _POOLS[model]
 
 
@@ -65,8 +86,10 @@ class StepRunner:
         torch.cuda.empty_cache()
         before = torch.cuda.memory_reserved(self.device)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=shared_pool(self.model)), uncached_autocast(self.device):
+        pool = shared_pool(self.model)
+        with torch.cuda.graph(graph, pool=pool.for_recording()), uncached_autocast(self.device):
             fn()
+        pool.add(graph)
         torch.cuda.synchronize(self.device)
         self.graph_bytes += max(torch.cuda.memory_reserved(self.device) - before, 0)
         self.graphs[key] = graph
