@@ -426,10 +426,15 @@ def engine_label(engine: str, args) -> str:
 
 
 def write_engine_records(args, bandwidth: float, wbytes: int, roofline: Roofline, records: list[dict]) -> None:
-    """``--records``: the run's settings, bandwidth, weight bytes, peak FLOP/s and every engine record as JSON."""
+    """``--records``: the run's settings, bandwidth, weight bytes, peak FLOP/s and every engine record as JSON. Each
+    record also carries the run's measured peak and bandwidth (``run_peak_flops``, ``run_bandwidth``), so records
+    appended to ``benchmarks/results/*_h200.json`` from several runs keep their own denominators
+    (``recompute_roofline.py`` reads them)."""
     if args.records:
         import json
         from pathlib import Path
+
+        records = [{**r, "run_peak_flops": roofline.peak, "run_bandwidth": bandwidth} for r in records]
 
         Path(args.records).write_text(json.dumps(dict(args=vars(args), bandwidth=bandwidth, weight_bytes=wbytes,
                                                       peak_flops=roofline.peak, records=records), indent=2) + "\n")

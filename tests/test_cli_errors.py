@@ -148,6 +148,18 @@ def test_train_ends_with_a_summary(tmp_path, capsys):
     assert lines[1] == f"final weights (HF checkpoint): {out / 'final'}"
 
 
+def test_the_summary_notes_a_rollout_that_fell_back_to_the_eager_loop(tmp_path):
+    from dare.commands.train import run_summary
+    from dare.trainer import load_train_config
+
+    config = load_train_config(str(ROOT / "configs/llada/d1_tiny.yaml"), [f"trainer.output_dir={tmp_path}"])
+    record = {"step": 3, "loss": 0.1, "rollout/reward": 0.5, "rollout/engine_fallbacks": 0.0}
+    assert "eager loop" not in run_summary(config, record)
+    record["rollout/engine_fallbacks"] = 2.0
+    last = run_summary(config, record).splitlines()[-1]
+    assert last.startswith("note: the last step's rollout decoded 2 generation call(s) with the slow eager loop")
+
+
 def test_interrupted_gets_a_line_of_its_own_after_a_progress_bar(capsys, monkeypatch):
     import sys
 
