@@ -68,7 +68,7 @@ def cache_writes_in_blocks() -> bool:
     """``DARE_FUSE_CACHE_WRITES=1`` (the default): static steps hand each block its own :class:`StaticLayerKV`, so
     the block writes its keys/values itself (inside compiled blocks: fused into the generated kernels) instead of
     the cache doing it outside them; ``0`` leaves the writes to the cache. The tokens are the same either way; on an
-    H200 the writes in blocks saved 0.7-3 % per forward (benchmarks/RESULTS.md, "Seventh H200 session")."""
+    H200 the writes in blocks saved 0.8-3 % per forward (benchmarks/RESULTS.md, "Seventh H200 session")."""
     value = os.environ.get("DARE_FUSE_CACHE_WRITES", "1")
     if value not in ("0", "1"):
         raise ConfigError(f"DARE_FUSE_CACHE_WRITES must be 0 or 1, got {value!r}")
