@@ -210,3 +210,37 @@ def test_sharded_export_loads_and_matches(results, root, variant):
         with torch.no_grad():
             logits.append(model(ids).logits)
     torch.testing.assert_close(logits[1], logits[0], atol=1e-5, rtol=1e-5)
+
+
+def test_the_static_engine_decodes_an_fsdp_model_with_its_own_refreshed_copy(tmp_path):
+    """FSDP2 moves gathered parameters between addresses, so the engine decodes a sharded model with an unsharded
+    copy it owns (the addresses CUDA graphs read), refreshed at every call: 2 gloo processes decode exactly what the
+    unsharded model decodes, before and after an in-place update (the copy follows it), with no eager fallback."""
+    check_fsdp_rollout(run_fsdp_rollout_worker(tmp_path, nproc=2, device="cpu"))
+
+
+def run_fsdp_rollout_worker(tmp_path, nproc: int, device: str) -> dict:
+    """``tests/fsdp_rollout_worker.py`` under torchrun (gloo on the CPU, NCCL on CUDA); rank 0's result."""
+    out = tmp_path / "fsdp_rollout"
+    out.mkdir()
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_addr",
+           "127.0.0.1", "--master_port", str(free_port()), str(ROOT / "tests" / "fsdp_rollout_worker.py"), str(out),
+           device]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=dict(env(), NCCL_NVLS_ENABLE="0"),
+                          cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return torch.load(out / "result.pt", weights_only=False, map_location="cpu")
+
+
+def check_fsdp_rollout(result: dict) -> None:
+    """The sharded model decodes what its unsharded twin decodes, follows an update, and falls back cleanly."""
+    for sharded, reference in (("sharded", "reference"), ("sharded_updated", "reference_updated")):
+        for field in ("completion", "step_map", "logprobs"):
+            assert torch.equal(result[sharded][field], result[reference][field]), (sharded, field)
+        assert result[sharded]["nfe"] == result[reference]["nfe"]
+    assert not torch.equal(result["sharded"]["completion"], result["sharded_updated"]["completion"])
+    assert result["fallbacks"] == 0 and result["owned_refresh_s"] > 0
+    # when the copy cannot be made: two eager decodes, one attempt; release() lets the next call build it again
+    assert result["failed_builds"] == 1 and result["fallbacks_after_failure"] == 2
+    assert result["fallbacks_after_release"] == 2
+    assert torch.equal(result["after_release"]["completion"], result["sharded_updated"]["completion"])

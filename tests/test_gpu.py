@@ -470,3 +470,15 @@ def test_steps_recorded_again_after_their_pool_lost_every_graph():
         outputs.append(generate(model, ids, mask, config, engine="graph"))
         assert engine_stats(model).fallbacks == fallbacks and engine_stats(model).captures > captures
     assert torch.equal(outputs[0].completion, outputs[1].completion)
+
+
+def test_an_fsdp_model_decodes_with_recorded_graphs_of_its_own_copy(tmp_path):
+    """FSDP2 over NCCL on every visible GPU: the sharded model decodes with CUDA graphs of the engine's unsharded
+    copy, exactly what the unsharded model's graphs decode, before and after an in-place update; the update is
+    replayed by the graphs recorded before it (no new recording); a copy that cannot be made falls back cleanly."""
+    from test_distributed import check_fsdp_rollout, run_fsdp_rollout_worker
+
+    result = run_fsdp_rollout_worker(tmp_path, nproc=torch.cuda.device_count(), device="cuda")
+    check_fsdp_rollout(result)
+    assert result["twin_captures"] >= 1
+    assert result["twin_captures_after_update"] == result["twin_captures"]

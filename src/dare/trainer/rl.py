@@ -30,7 +30,8 @@ Rollout health (threshold decoders tend to turn overconfident during online RL a
 
 Rollout engine (:mod:`dare.rollout.engine`; CUDA graphs by default on CUDA): ``rollout/weight_refresh_s`` (making
 the recorded graphs read the weights of the last optimizer step: they are updated in place, so this is an address
-check; a moved parameter drops the graphs), ``rollout/graph_captures`` and ``rollout/graph_capture_s`` (graphs
+check; a moved parameter drops the graphs; for an FSDP policy the copy of the gathered weights into the engine's
+unsharded copy), ``rollout/graph_captures`` and ``rollout/graph_capture_s`` (graphs
 recorded in this rollout: the first rollouts of each new batch/prompt-width shape), ``rollout/engine_fallbacks``
 (generation calls of this rollout that fell back to the eager loop, each 2-15x slower; the log names the reason).
 
@@ -211,8 +212,11 @@ class RolloutSource:
             began = self._clock()
             refresh_weights(self.policy)
             self._engine = {"rollout/weight_refresh_s": self._clock() - began, "captures": stats.captures,
-                            "capture_s": stats.capture_s, "fallbacks": stats.fallbacks}
+                            "capture_s": stats.capture_s, "fallbacks": stats.fallbacks,
+                            "owned_s": stats.owned_refresh_s}
             return
+        # an FSDP policy's weights are copied into the engine's unsharded copy at each generation call
+        self._engine["rollout/weight_refresh_s"] += stats.owned_refresh_s - self._engine.pop("owned_s")
         self._engine["rollout/graph_captures"] = float(stats.captures - self._engine.pop("captures"))
         self._engine["rollout/graph_capture_s"] = stats.capture_s - self._engine.pop("capture_s")
         self._engine["rollout/engine_fallbacks"] = float(stats.fallbacks - self._engine.pop("fallbacks"))

@@ -15,8 +15,10 @@
 
 Shapes are bucketed so that graphs are reused across calls: the batch is padded with inactive filler rows to the
 next of :data:`BATCH_BUCKETS`, and the prompt width to a multiple of :data:`PROMPT_WIDTH_MULTIPLE` (left
-padding, never attended). A batch above the largest bucket, a model sharded by FSDP, or a model whose step
-cannot be recorded (e.g. one that reads device values on the host) falls back to ``eager`` with a logged note.
+padding, never attended). A batch above the largest bucket, a LoRA-wrapped model sharded by FSDP, or a model whose
+step cannot be recorded (e.g. one that reads device values on the host) falls back to ``eager`` with a logged note.
+A model sharded by FSDP2 decodes with an unsharded copy of its weights that the engine owns and refreshes at every
+call (:mod:`dare.rollout.engine.owned`).
 
 Recorded graphs and their buffers are kept per model (the last :data:`KEEP_STATES` shapes) and read the
 model's parameters at their addresses: optimizer steps update them in place, so graphs stay valid; if a
@@ -37,6 +39,7 @@ import torch
 
 from dare.errors import ConfigError, first_line
 from dare.rollout.engine.fused import fused_bytes, fused_projections, release_fused, wants_fusion
+from dare.rollout.engine.owned import is_sharded, refreshed_twin
 
 log = logging.getLogger("dare.rollout")
 
@@ -56,6 +59,8 @@ class EngineStats:
     fallbacks: int = 0
     recaptures: int = 0
     capture_s: float = 0.0
+    owned_refresh_s: float = 0.0
+    """Seconds spent copying an FSDP model's weights into the engine's unsharded copy (:mod:`.owned`)."""
     fused_bytes: int = 0
     """Device memory of the fused q/k/v and gate/up copies small steps decode with (:mod:`.fused`)."""
 
@@ -112,6 +117,7 @@ def release(model) -> None:
     """Free the buffers and graphs the engine keeps for ``model``; its next rollout records afresh (also after an
     earlier recording failed and sent it to the eager fallback)."""
     base = _base(model)
+    _drop_twin(base)
     _STATES.pop(base, None)
     _FINGERPRINTS.pop(base, None)
     _UNFUSABLE.discard(base)  # with the memory freed, the copies may fit again
@@ -125,7 +131,8 @@ def refresh_weights(model) -> bool:
     Optimizer steps (full fine-tuning, LoRA adapters) update parameters in place, so recorded graphs already read
     the new values and nothing is copied; a re-allocated parameter (new address) drops the model's graphs, which
     are recorded again at the next rollout (``EngineStats.recaptures``). Cost: one pass over the parameters'
-    addresses. FSDP-sharded models decode eagerly and are not affected.
+    addresses. FSDP-sharded models decode with the engine's own unsharded copy, refreshed by copying at every call
+    (:mod:`dare.rollout.engine.owned`).
     """
     base = _base(model)
     fingerprint = _fingerprint(base)
@@ -145,11 +152,27 @@ def _base(model):
 def _fallback_reason(model, batch: int) -> str | None:
     if bucket(batch) is None:
         return f"batch {batch} exceeds the largest graph bucket ({BATCH_BUCKETS[-1]})"
-    if any(type(m).__name__.startswith("FSDP") for m in model.modules()):
-        return "FSDP-wrapped models decode eagerly (their parameters move between gathers)"
+    if hasattr(model, "get_base_model") and is_sharded(model):
+        return "LoRA-wrapped FSDP models decode eagerly (the engine's unsharded weight copy serves plain models)"
     if _base(model) in _UNCAPTURABLE:
         return "this model's decoding step could not be recorded earlier"
     return None
+
+
+def _drop_twin(sharded) -> None:
+    """Free the unsharded copy of a sharded model, with its recorded steps (nothing for other models)."""
+    from dare.rollout.engine.owned import release_twin, twin_of
+
+    twin = twin_of(sharded)
+    if twin is not None:
+        release(twin)
+        release_twin(sharded)
+
+
+def _give_up_on(sharded) -> None:
+    """A sharded model whose unsharded copy could not be made or recorded: free the copy and decode eagerly."""
+    _drop_twin(sharded)
+    _UNCAPTURABLE.add(sharded)
 
 
 def _fingerprint(model) -> tuple:
@@ -174,10 +197,22 @@ def run_static(sampler, model, input_ids: torch.Tensor, attention_mask: torch.Te
     None when the batch must fall back to the eager loop (a note is logged)."""
     from dare.rollout.rng import derive_seed
 
-    base = _base(model)
     stats = engine_stats(model)
     rows = input_ids.shape[0]
+    owner = _base(model)  # the caller's model; a sharded one is decoded through its unsharded copy
     reason = _fallback_reason(model, rows)
+    if reason is None and is_sharded(model):  # decode with the engine's unsharded copy (its addresses are fixed)
+        try:
+            model, seconds = refreshed_twin(model)
+            stats.owned_refresh_s += seconds
+            reason = _fallback_reason(model, rows)
+        except torch.OutOfMemoryError:
+            reason = "no device memory for an unsharded copy of the FSDP model's weights"
+        except (RuntimeError, TypeError, ValueError, KeyError) as error:  # e.g. a class that cannot be rebuilt
+            reason = f"no unsharded copy of the FSDP model could be made ({first_line(error)[:200]})"
+        if reason is not None:  # eager from now on (release(model) retries): free the copy, never rebuild it
+            _give_up_on(owner)
+    base = _base(model)
     if reason is not None:
         log.warning("rollout engine '%s' falls back to eager: %s", engine, reason)
         stats.fallbacks += 1
@@ -232,6 +267,8 @@ def run_static(sampler, model, input_ids: torch.Tensor, attention_mask: torch.Te
                     first_line(error)[:200])
         _UNCAPTURABLE.add(base)
         states.pop(key, None)
+        if owner is not base:
+            _give_up_on(owner)
         stats.fallbacks += 1
         return None
     finally:
