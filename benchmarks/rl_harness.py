@@ -213,6 +213,7 @@ def run_variant(bench, name: str, args, prompts, log) -> dict:
             cycle = sum(walls)
             result = {
                 "phases_s": phases, "updates_s": updates, "cycle_s": cycle, "setup_s": setup_s, "warmup_s": warm_s,
+                "warmup_blocks": warm_blocks,
                 "rows": rows, "nfe": first["rollout/nfe"], "decoded_tokens": decoded,
                 "tokens_per_forward": decoded / rows / max(first["rollout/nfe"], 1),
                 "rollout_tokens_per_s": decoded / phases["rollout"], "step_tokens_per_s": decoded / cycle,

@@ -76,6 +76,7 @@ def test_bd_rl_step_benchmark_tiny(tmp_path, capsys):
         assert abs(sum(r["phases_s"].values()) - r["cycle_s"]) < 5e-3
         assert r["rows"] == 8 and 0 < r["decoded_tokens"] <= 8 * 16
         assert r["blocks_timed"] == r["blocks"] == 4 and r["projected_full_cycle_s"] == pytest.approx(r["cycle_s"])
+        assert r["warmup_blocks"] == [1, 4]  # engine auto records per shape: a second warm-up over the timed blocks
         scale = 16 / 2  # 2 MC terms timed, the recipe's 16 projected
         ph = r["phases_s"]
         assert r["projected_bgpo_mc16_s"] == pytest.approx(
