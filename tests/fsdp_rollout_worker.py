@@ -4,7 +4,9 @@ Run as ``torchrun --nproc_per_node 2 tests/fsdp_rollout_worker.py OUT_DIR [cuda]
 step runs eagerly, on CUDA (NCCL, ``tests/test_gpu.py``) it is recorded as CUDA graphs. Every rank builds the same tiny model,
 keeps an unsharded reference copy and shards the other; rank 0 writes ``OUT_DIR/result.pt`` with both models'
 static decodes before and after an in-place weight update (as an optimizer step makes), inside
-``gathered_parameters`` (as RL rollouts run) and outside it.
+``gathered_parameters`` (as RL rollouts run) and outside it. Two more cases: a LoRA-wrapped model (adapter on, and
+off inside peft's ``disable_adapter``) and fp32 master weights sharded with bf16 mixed precision (decoded as the
+reference cast to bf16).
 """
 
 import copy
@@ -14,6 +16,7 @@ from pathlib import Path
 import torch
 
 from dare.distributed import apply_fsdp, gathered_parameters, init_distributed, shutdown
+from dare.models.lora import apply_lora
 from dare.models.tiny import tiny_model
 from dare.rollout import SamplerConfig, generate
 from dare.rollout.engine import engine_stats, owned, release
@@ -67,9 +70,55 @@ def main(out_dir: Path, device: str) -> None:
     owned._build = real_build
     result["after_release"] = decode(model, ids, mask, config, engine)
     result["fallbacks_after_release"] = stats.fallbacks
+    result["lora"] = lora_case(info, ids, mask, config, engine)
+    result["bf16"] = mixed_precision_case(info, ids, mask, config, engine)
     if info.rank == 0:
         torch.save(result, out_dir / "result.pt")
     shutdown(info)
+
+
+def lora_case(info, ids, mask, config, engine) -> dict:
+    """A LoRA-wrapped model sharded as the trainer does it (peft wrapper at the root, blocks sharded)."""
+    torch.manual_seed(0)
+    model = tiny_model("llada", seed=2).to(info.device).eval()
+    with torch.no_grad():
+        model.get_output_embeddings().weight.mul_(20.0)
+    model = apply_lora(model, r=4, alpha=8)
+    with torch.no_grad():  # peft starts B at zero: make the adapter change the logits
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn_like(p))
+    reference = copy.deepcopy(model)
+    apply_fsdp(model, model.get_base_model().blocks, info, mixed_precision="fp32")
+    out = {}
+    with gathered_parameters(model):
+        out["sharded"] = decode(model, ids, mask, config, engine)
+        with model.disable_adapter():
+            out["sharded_off"] = decode(model, ids, mask, config, engine)
+        out["sharded_on_again"] = decode(model, ids, mask, config, engine)
+    out["reference"] = decode(reference, ids, mask, config, engine)
+    with reference.disable_adapter():
+        out["reference_off"] = decode(reference, ids, mask, config, engine)
+    out["fallbacks"] = engine_stats(model).fallbacks
+    out["twin_trainable"] = sum(p.requires_grad for p in owned.twin_of(model).parameters())
+    return out
+
+
+def mixed_precision_case(info, ids, mask, config, engine) -> dict:
+    """fp32 master weights sharded with bf16 mixed precision: the copy computes in bf16, as the sharded forwards."""
+    torch.manual_seed(0)
+    model = tiny_model("llada", seed=3).to(info.device).eval()
+    with torch.no_grad():
+        model.get_output_embeddings().weight.mul_(20.0)
+    reference = copy.deepcopy(model).to(torch.bfloat16)
+    apply_fsdp(model, model.blocks, info, mixed_precision="bf16")
+    unsharded_call = decode(model, ids, mask, config, engine)  # first call outside: the fp32 shards all-gathered
+    first_copy = owned.twin_of(model)
+    with gathered_parameters(model):  # inside: FSDP2's gathered bf16 parameters
+        sharded = decode(model, ids, mask, config, engine)
+    return {"sharded": sharded, "unsharded_call": unsharded_call, "reference": decode(reference, ids, mask, config,
+            engine), "dtypes": sorted({str(p.dtype) for p in owned.twin_of(model).parameters()}),
+            "same_copy": first_copy is owned.twin_of(model), "fallbacks": engine_stats(model).fallbacks}
 
 
 if __name__ == "__main__":

@@ -244,3 +244,15 @@ def check_fsdp_rollout(result: dict) -> None:
     assert result["failed_builds"] == 1 and result["fallbacks_after_failure"] == 2
     assert result["fallbacks_after_release"] == 2
     assert torch.equal(result["after_release"]["completion"], result["sharded_updated"]["completion"])
+    lora = result["lora"]  # a LoRA-wrapped sharded model: its copy carries the adapter, on and off as the model's
+    for sharded, reference in (("sharded", "reference"), ("sharded_on_again", "reference"),
+                               ("sharded_off", "reference_off")):
+        for field in ("completion", "step_map", "logprobs"):
+            assert torch.equal(lora[sharded][field], lora[reference][field]), (sharded, field)
+    assert not torch.equal(lora["reference"]["completion"], lora["reference_off"]["completion"])  # the adapter counts
+    assert lora["fallbacks"] == 0 and lora["twin_trainable"] == 0
+    bf16 = result["bf16"]  # fp32 masters, bf16 mixed precision: the copy decodes as the bf16 model
+    assert bf16["dtypes"] == ["torch.bfloat16"] and bf16["same_copy"] and bf16["fallbacks"] == 0
+    for call in ("sharded", "unsharded_call"):
+        for field in ("completion", "step_map", "logprobs"):
+            assert torch.equal(bf16[call][field], bf16["reference"][field]), (call, field)

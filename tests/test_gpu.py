@@ -482,3 +482,30 @@ def test_an_fsdp_model_decodes_with_recorded_graphs_of_its_own_copy(tmp_path):
     check_fsdp_rollout(result)
     assert result["twin_captures"] >= 1
     assert result["twin_captures_after_update"] == result["twin_captures"]
+
+
+def test_recorded_steps_of_a_lora_model_follow_its_adapter_state():
+    """Graphs recorded with the adapter on must not replay inside peft's disable_adapter: on, off and on again,
+    each graph decode equals the static steps run eagerly in the same adapter state, and off differs from on."""
+    from dare.models.lora import apply_lora
+    from dare.rollout import SamplerConfig, generate
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    model = apply_lora(sharp_cuda_model("llada"), r=4, alpha=8)
+    with torch.no_grad():  # peft starts B at zero: make the adapter change the logits
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn_like(p))
+    ids, mask = padded(seqs([9, 14, 5]))
+    config = SamplerConfig(sampler="fastdllm", cache="dual", gen_length=32, block_length=8)
+
+    def both():
+        return [generate(model, ids, mask, config, engine=e).completion for e in ("static", "graph")]
+
+    on = both()
+    with model.disable_adapter():
+        off = both()
+    on_again = both()
+    for static, graph in (on, off, on_again):
+        assert torch.equal(static, graph)
+    assert not torch.equal(on[1], off[1]) and torch.equal(on[1], on_again[1])

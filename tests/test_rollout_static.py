@@ -323,6 +323,31 @@ def test_release_lets_a_model_that_fell_back_record_again():
     assert engine_stats(model).fallbacks == before + 1
 
 
+def test_a_lora_model_keeps_its_steps_per_adapter_state():
+    """Steps recorded with the adapter on must never replay for a call inside peft's disable_adapter (on CUDA a
+    replay would silently decode with the adapter): the engine keeps one state per adapter state, and each call
+    decodes as the eager loop does with the adapter on or off."""
+    from dare.models.lora import apply_lora
+    from dare.rollout import engine
+
+    model = apply_lora(sharp_model("llada"), r=4, alpha=8)
+    with torch.no_grad():  # peft starts B at zero: make the adapter change the logits
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn_like(p))
+    ids, mask = padded([9, 14, 5])
+    config = SamplerConfig(sampler="fastdllm", cache="dual", gen_length=16, block_length=8)
+    on = decode_both(model, ids, mask, config)
+    with model.disable_adapter():
+        off = decode_both(model, ids, mask, config)
+        off_state = engine.adapter_state(model)
+    assert_same(*on)
+    assert_same(*off)
+    assert not torch.equal(on[0].completion, off[0].completion)  # the adapter changes the decode
+    assert off_state != engine.adapter_state(model) and engine.adapter_state(sharp_model("llada")) == ()
+    assert len(engine._STATES[model.get_base_model()]) == 2  # one state per adapter state
+
+
 def test_a_non_numeric_setting_is_a_one_line_error():
     with pytest.raises(ConfigError, match="threshold must be a number; got 'a'"):
         SamplerConfig(sampler="fastdllm", threshold="a").resolved()

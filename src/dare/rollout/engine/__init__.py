@@ -15,10 +15,11 @@
 
 Shapes are bucketed so that graphs are reused across calls: the batch is padded with inactive filler rows to the
 next of :data:`BATCH_BUCKETS`, and the prompt width to a multiple of :data:`PROMPT_WIDTH_MULTIPLE` (left
-padding, never attended). A batch above the largest bucket, a LoRA-wrapped model sharded by FSDP, or a model whose
-step cannot be recorded (e.g. one that reads device values on the host) falls back to ``eager`` with a logged note.
-A model sharded by FSDP2 decodes with an unsharded copy of its weights that the engine owns and refreshes at every
-call (:mod:`dare.rollout.engine.owned`).
+padding, never attended). A batch above the largest bucket or a model whose step cannot be recorded (e.g. one
+that reads device values on the host) falls back to ``eager`` with a logged note. A model sharded by FSDP2
+(LoRA-wrapped or not) decodes with an unsharded copy of its weights that the engine owns and refreshes at every
+call (:mod:`dare.rollout.engine.owned`). A peft model's steps are kept per adapter state (:func:`adapter_state`):
+a call inside ``disable_adapter`` never replays steps recorded with the adapters on.
 
 Recorded graphs and their buffers are kept per model (the last :data:`KEEP_STATES` shapes) and read the
 model's parameters at their addresses: optimizer steps update them in place, so graphs stay valid; if a
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import sys
 import weakref
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -152,8 +154,6 @@ def _base(model):
 def _fallback_reason(model, batch: int) -> str | None:
     if bucket(batch) is None:
         return f"batch {batch} exceeds the largest graph bucket ({BATCH_BUCKETS[-1]})"
-    if hasattr(model, "get_base_model") and is_sharded(model):
-        return "LoRA-wrapped FSDP models decode eagerly (the engine's unsharded weight copy serves plain models)"
     if _base(model) in _UNCAPTURABLE:
         return "this model's decoding step could not be recorded earlier"
     return None
@@ -179,14 +179,26 @@ def _fingerprint(model) -> tuple:
     return tuple(p.data_ptr() for p in model.parameters())
 
 
+def adapter_state(model) -> tuple:
+    """What decides a peft model's path through its LoRA layers: each layer's active adapters and whether its
+    adapters are disabled (peft's ``disable_adapter``); () for a model without LoRA layers. Part of the key of the
+    recorded steps, so graphs recorded with adapters on never replay for a call with them off."""
+    if "peft" not in sys.modules:  # no peft imported: no LoRA layers anywhere
+        return ()
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    layers = [m for m in model.modules() if isinstance(m, BaseTunerLayer)]
+    return tuple(sorted({(tuple(m.active_adapters), bool(m.disable_adapters)) for m in layers}))
+
+
 def _state_key(kind: str, config, batch: int, prompt_width: int, padded: bool, graphs: bool, device,
-               training: bool, fuse: bool) -> tuple:
+               training: bool, fuse: bool, adapters: tuple = ()) -> tuple:
     settings = asdict(config)
     for volatile in ("seed", "engine", "max_blocks"):  # the host loop's business, not the recorded steps'
         settings.pop(volatile, None)
     autocast = torch.is_autocast_enabled(device.type) if device.type in ("cuda", "cpu") else False
     dtype = torch.get_autocast_dtype(device.type) if autocast else None
-    return (kind, batch, prompt_width, padded, graphs, training, autocast, dtype, fuse,
+    return (kind, batch, prompt_width, padded, graphs, training, autocast, dtype, fuse, adapters,
             tuple(sorted(settings.items())))
 
 
@@ -242,7 +254,7 @@ def run_static(sampler, model, input_ids: torch.Tensor, attention_mask: torch.Te
             states.clear()
         stats.fused_bytes = fused_bytes(base)
     key = _state_key(sampler.attention, config, padded_rows, prompt_width, has_padding, graphs, device, base.training,
-                     fuse)
+                     fuse, adapter_state(base))
     state = states.get(key)
     if state is None:
         state = sampler.static_state(base, config, batch=padded_rows, prompt_width=prompt_width, padded=has_padding,
