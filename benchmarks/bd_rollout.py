@@ -51,12 +51,11 @@ from common import (  # noqa: E402
     build_sdar,
     check_engine_arguments,
     default_engines,
-    engine_label,
     engine_record,
     matmul_rate,
     print_engine_table,
-    switch_runs,
     sync,
+    time_engines,
     warm_seconds,
     weights_floor,
     write_engine_records,
@@ -202,18 +201,8 @@ def main(argv=None) -> int:
                 common = dict(family="sdar", sampler="sdar", cache=cache, decoder=DECODERS[decoder], batch=batch,
                               gen_length=args.gen, steps=args.steps, roofline=roofline, forwards=forwards)
                 records.append(engine_record(engine="eager", out=out, seconds=seconds, **common))
-                for engine in [e for e in args.engines if e != "eager"]:
-                    for suffix in switch_runs(model, args.switch):  # lazily: each value is set in turn
-                        run_once(model, prompts, args, decoder, cache, engine=engine)  # records the graphs
-                        fast, fast_s = run_once(model, prompts, args, decoder, cache, engine=engine)
-                        rec = engine_record(engine=engine_label(engine, args) + suffix, out=fast,
-                                            seconds=fast_s, **common)
-                        agrees = bool(torch.equal(fast.completion, out.completion)) and fast.nfe == out.nfe
-                        rec["same_tokens_as_eager"] = agrees
-                        records.append(rec)
-                        print(f"run   {label} {rec['tokens_per_s']:9.1f} tok/s  nfe={fast.nfe:<4d} engine={engine} "
-                              f"{fast_s:7.2f}s  floor {100 * rec['floor_fraction']:.0f}%  roofline "
-                              f"{100 * rec['roofline_fraction']:.0f}%  same tokens: {agrees}", flush=True)
+                records += time_engines(model, args, lambda e: run_once(model, prompts, args, decoder, cache, engine=e),
+                                        out, common, label)
 
     print_table(results, args)
     print_engine_table(records, f"engines (SDAR, block {args.block}, {args.steps} steps, prompt {args.prompt_length}, "

@@ -420,6 +420,25 @@ def switch_runs(model, switch):
         release(model)
 
 
+def time_engines(model, args, run, eager_out, common: dict, label: str) -> list[dict]:
+    """Records of every non-eager engine of ``args.engines`` (under each ``--switch`` value): ``run(engine)`` decodes
+    once and returns ``(output, seconds)``; the first call records the engine's steps, the second is timed. Each
+    record says whether the engine decoded the eager run's tokens and forward count; one line per run is printed."""
+    records = []
+    for engine in [e for e in args.engines if e != "eager"]:
+        for suffix in switch_runs(model, args.switch):  # lazily: each value is set in turn
+            run(engine)  # records the steps
+            fast, seconds = run(engine)
+            rec = engine_record(engine=engine_label(engine, args) + suffix, out=fast, seconds=seconds, **common)
+            rec["same_tokens_as_eager"] = bool(torch.equal(fast.completion, eager_out.completion)) and (
+                fast.nfe == eager_out.nfe)
+            records.append(rec)
+            print(f"run   {label} {rec['tokens_per_s']:9.1f} tok/s  nfe={fast.nfe:<4d} engine={engine}{suffix} "
+                  f"{seconds:7.2f}s  floor {100 * rec['floor_fraction']:.0f}%  roofline "
+                  f"{100 * rec['roofline_fraction']:.0f}%  same tokens: {rec['same_tokens_as_eager']}", flush=True)
+    return records
+
+
 def engine_label(engine: str, args) -> str:
     label = engine + {None: "", "dynamic": "+compile", "static": "+compile-static"}[args.compile_blocks]
     return label + ("+autotune" if args.compile_blocks and args.compile_mode != "default" else "")

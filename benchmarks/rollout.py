@@ -56,6 +56,7 @@ from common import (  # noqa: E402,F401
     print_engine_table,
     switch_runs,
     sync,
+    time_engines,
     warm_seconds,
     weights_floor,
     write_engine_records,
@@ -189,18 +190,11 @@ def main(argv=None) -> int:
                 print(f"run   B={batch:<3d} G={gen_length:<4d} {name:<17s} {row['tokens_per_s']:9.1f} tok/s  "
                       f"nfe={out.nfe:<4d} TPF={row['tokens_per_forward']:5.2f}  {seconds:7.2f}s  "
                       f"{row['gap_to_floor']:5.2f}x floor", flush=True)
-                for engine in [e for e in args.engines if e != "eager"]:
-                    for suffix in switch_runs(model, args.switch):  # lazily: each value is set in turn
-                        run_once(model, prompts, gen_length, args, overrides, measured_blocks, engine)  # records graphs
-                        fast, _, fast_s = run_once(model, prompts, gen_length, args, overrides, measured_blocks, engine)
-                        same = bool(torch.equal(fast.completion, out.completion)) and fast.nfe == out.nfe
-                        rec = engine_record(engine=engine_label(engine, args) + suffix, out=fast,
-                                            seconds=fast_s, **common)
-                        rec["same_tokens_as_eager"] = same
-                        records.append(rec)
-                        print(f"run   B={batch:<3d} G={gen_length:<4d} {name:<17s} {rec['tokens_per_s']:9.1f} tok/s  "
-                              f"nfe={fast.nfe:<4d} engine={engine}{suffix} {fast_s:7.2f}s  floor {100 * rec['floor_fraction']:.0f}%"
-                              f"  roofline {100 * rec['roofline_fraction']:.0f}%  same tokens: {same}", flush=True)
+                def timed(engine):  # (output, seconds)
+                    return run_once(model, prompts, gen_length, args, overrides, measured_blocks, engine)[::2]
+
+                label = f"B={batch:<3d} G={gen_length:<4d} {name:<17s}"
+                records += time_engines(model, args, timed, out, common, label)
 
     print_table(results, args)
     print_engine_table(records, f"engines (prompt {args.prompt_length}, block {args.block}, greedy, confident fraction "

@@ -1,12 +1,12 @@
-"""Worker for tests/test_distributed.py: the static rollout engine on an FSDP2-sharded model (gloo, CPU).
+"""Worker for tests/test_distributed.py and tests/test_gpu.py: the static rollout engine on FSDP2-sharded models.
 
 Run as ``torchrun --nproc_per_node 2 tests/fsdp_rollout_worker.py OUT_DIR [cuda]``: on the CPU (gloo) the static
-step runs eagerly, on CUDA (NCCL, ``tests/test_gpu.py``) it is recorded as CUDA graphs. Every rank builds the same tiny model,
-keeps an unsharded reference copy and shards the other; rank 0 writes ``OUT_DIR/result.pt`` with both models'
-static decodes before and after an in-place weight update (as an optimizer step makes), inside
-``gathered_parameters`` (as RL rollouts run) and outside it. Two more cases: a LoRA-wrapped model (adapter on, and
-off inside peft's ``disable_adapter``) and fp32 master weights sharded with bf16 mixed precision (decoded as the
-reference cast to bf16).
+step runs eagerly, on CUDA (NCCL) it is recorded as CUDA graphs. Every rank builds the same tiny model, keeps an
+unsharded reference copy and shards the other; rank 0 writes ``OUT_DIR/result.pt`` with both models' static decodes
+before and after an in-place weight update (as an optimizer step makes), inside ``gathered_parameters`` (as RL
+rollouts run) and outside it. Two more cases: a LoRA-wrapped model (adapter on, and off inside peft's
+``disable_adapter``) and fp32 master weights sharded with bf16 mixed precision (decoded as the reference cast to
+bf16).
 """
 
 import copy

@@ -74,7 +74,7 @@ def run_summary(config, record: dict) -> str:
         kind = "LoRA adapter" if config.lora.enabled else "HF checkpoint"
         lines.append(f"final weights ({kind}): {out / 'final'}")
     fallbacks = int(record.get("rollout/engine_fallbacks", 0))
-    if fallbacks:  # a 2-15x slower rollout that would otherwise show only as a log line (a failed recording, FSDP)
+    if fallbacks:  # a 2-15x slower rollout that would otherwise show only as a log line (e.g. a failed recording)
         lines.append(f"note: the last step's rollout decoded {fallbacks} generation call(s) with the slow eager loop "
                      "instead of CUDA graphs (the log says why; metric rollout/engine_fallbacks)")
     return "\n".join(lines)
