@@ -448,3 +448,34 @@ def test_the_last_block_runs_only_the_rows_whose_logits_are_read(family, layer_w
     torch.testing.assert_close(caches["kept_hidden"], caches["all_hidden"].index_select(1, keep), atol=1e-5, rtol=1e-5)
     for stored, reference in zip(caches["kept"].keys + caches["kept"].values, caches["all"].keys + caches["all"].values):
         torch.testing.assert_close(stored, reference, atol=1e-6, rtol=0)  # every row's keys/values, every layer
+
+
+@pytest.mark.parametrize("family,sampler,overrides", [("llada", "fastdllm", dict(cache="dual")),
+                                                      ("sdar", "sdar", dict(cache="block"))])
+def test_progress_shows_a_bar_of_blocks_and_changes_nothing_else(family, sampler, overrides, capsys, monkeypatch):
+    """``progress=True`` is honoured by the static engine (a bar of blocks, advanced once per block on the host),
+    not ignored; the decode is the same with and without it."""
+    import dare.rollout.mdlm as mdlm
+
+    model = sharp_model(family)
+    ids, mask = padded([9, 14, 5])
+    config = SamplerConfig(sampler=sampler, gen_length=16, block_length=4 if family == "sdar" else 8, **overrides)
+    quiet = generate(model, ids, mask, config, engine="static")
+    assert "decoding" not in capsys.readouterr().err
+    shown = generate(model, ids, mask, config, engine="static", progress=True)
+    assert "decoding:" in capsys.readouterr().err
+    assert torch.equal(quiet.completion, shown.completion) and quiet.nfe == shown.nfe
+
+    bars = []
+    real = mdlm.progress_bar
+
+    def recording_bar(total, enabled, unit="tok"):
+        bar = real(total, enabled, unit)
+        bars.append((total, unit, bar))
+        bar.update = bars.append  # every advance of the bar, in order
+        return bar
+
+    monkeypatch.setattr(mdlm, "progress_bar", recording_bar)
+    generate(model, ids, mask, config, engine="static", progress=True)
+    total, unit, _ = bars[0]  # SDAR: a prompt that ends inside a block adds one (16 / 4 + 1)
+    assert unit == "block" and total == 16 // config.block_length + (family == "sdar") and bars[1:] == [1] * total

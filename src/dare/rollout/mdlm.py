@@ -230,9 +230,10 @@ def _record(recorder, rows, step_index, state, lo, hi, eligible, chosen, proposa
     )
 
 
-def progress_bar(total: int, enabled: bool):
+def progress_bar(total: int, enabled: bool, unit: str = "tok"):
+    """A transient "decoding" bar of ``total`` units (committed tokens; the static engine counts blocks), or None."""
     if not enabled:
         return None
     from tqdm.auto import tqdm
 
-    return tqdm(total=total, desc="decoding", unit="tok", leave=False)
+    return tqdm(total=total, desc="decoding", unit=unit, leave=False)

@@ -270,7 +270,7 @@ def run_static(sampler, model, input_ids: torch.Tensor, attention_mask: torch.Te
     try:
         with fused.active() if fused is not None else contextlib.nullcontext():
             state.load(input_ids, attention_mask, seeds)
-            state.decode()
+            state.decode(progress)
     except RuntimeError as error:
         if not graphs:
             raise

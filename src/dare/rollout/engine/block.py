@@ -29,7 +29,7 @@ import torch
 from dare.rollout.block import BlockLayout
 from dare.rollout.engine.forward import StaticKVCache, static_hidden
 from dare.rollout.engine.sampling import propose_static
-from dare.rollout.engine.state import StaticState
+from dare.rollout.engine.state import StaticState, block_progress
 from dare.rollout.engine.trajectory import StaticTrajectory
 from dare.rollout.kernels import NEG_INF, linear_quota, select, select_edits
 from dare.rollout.output import RolloutOutput, completion_mask, finished_rows
@@ -206,20 +206,29 @@ class BlockState(StaticState):
         self.active &= ~done
 
     # ---- the host loop ------------------------------------------------------------------------------
-    def decode(self) -> None:
+    def step_key(self, first: bool, k: int) -> tuple:
+        """The recorded step that serves a forward of block ``k`` (one per KV-width bucket)."""
+        if self.config.cache == "none":
+            kind = ("none",)
+        else:
+            kind = ("first", 0 if k == 0 else 1) if first else ("inner",)
+        return kind + (self.kv_length(k),)
+
+    def decode(self, progress: bool = False) -> None:
         blocks = self.blocks_needed
         if self.config.max_blocks is not None:
             blocks = min(blocks, self.config.max_blocks)
-        for k in range(blocks):
-            self.begin_block(k)
-            first = True
-            while self.flag.read(self.more)[0]:
-                key = ("none",) if self.config.cache == "none" else ("first", 0 if k == 0 else 1) if first else ("inner",)
-                self.runner.run(key + (self.kv_length(k),), lambda first=first, k=k: self.step(first, k))
-                first = False
-            self.end_block(k)
-            if not self.flag.read(self.active.any().long())[0]:
-                break
+        with block_progress(blocks, progress) as advance:
+            for k in range(blocks):
+                self.begin_block(k)
+                first = True
+                while self.flag.read(self.more)[0]:
+                    self.runner.run(self.step_key(first, k), lambda first=first, k=k: self.step(first, k))
+                    first = False
+                self.end_block(k)
+                advance()
+                if not self.flag.read(self.active.any().long())[0]:
+                    break
 
     @staticmethod
     def needs_padding(input_ids, attention_mask, prompt_width: int, config) -> bool:

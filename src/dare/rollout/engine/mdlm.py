@@ -26,7 +26,7 @@ import torch
 from dare.models.spec import family_of
 from dare.rollout.engine.forward import StaticKVCache, static_hidden
 from dare.rollout.engine.sampling import propose_static
-from dare.rollout.engine.state import StaticState
+from dare.rollout.engine.state import StaticState, block_progress
 from dare.rollout.engine.trajectory import StaticTrajectory
 from dare.rollout.kernels import SCHEDULES, select
 from dare.rollout.output import RolloutOutput, completion_mask, finished_rows
@@ -153,28 +153,30 @@ class MdlmState(StaticState):
         )
 
     # ---- the host loop ------------------------------------------------------------------------------
-    def decode(self) -> None:
+    def decode(self, progress: bool = False) -> None:
         config = self.config
         cache, refresh = config.cache, config.refresh_every
         fixed = config.decoder in FIXED_COUNT_DECODERS
         num_blocks = config.num_blocks if config.max_blocks is None else min(config.num_blocks, config.max_blocks)
-        for b in range(num_blocks):
-            start = self.pw + b * self.lb
-            self.begin_block(start)
-            forward = 0
-            planned = min(self.steps_per_block, self.lb) if fixed else 1
-            while True:
-                full = cache == "none" or forward == 0 or (refresh > 0 and forward % refresh == 0)
-                if full:
-                    self.runner.run(("full",), self.step_full)
-                else:
-                    length = self.lb + self.shift if cache == "dual" else self.width - start + self.shift
-                    self.runner.run(("window", length), lambda: self.step_window(length))
-                forward += 1
-                if forward >= planned and not self.flag.read(self.more)[0]:
+        with block_progress(num_blocks, progress) as advance:
+            for b in range(num_blocks):
+                start = self.pw + b * self.lb
+                self.begin_block(start)
+                forward = 0
+                planned = min(self.steps_per_block, self.lb) if fixed else 1
+                while True:
+                    full = cache == "none" or forward == 0 or (refresh > 0 and forward % refresh == 0)
+                    if full:
+                        self.runner.run(("full",), self.step_full)
+                    else:
+                        length = self.lb + self.shift if cache == "dual" else self.width - start + self.shift
+                        self.runner.run(("window", length), lambda: self.step_window(length))
+                    forward += 1
+                    if forward >= planned and not self.flag.read(self.more)[0]:
+                        break
+                advance()
+                if config.eos_early_stop and not bool(self.flag.read(self.alive.any().long())[0]):
                     break
-            if config.eos_early_stop and not bool(self.flag.read(self.alive.any().long())[0]):
-                break
 
     @staticmethod
     def needs_padding(input_ids, attention_mask, prompt_width: int, config) -> bool:
