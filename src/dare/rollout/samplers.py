@@ -176,7 +176,7 @@ def generate(
             dataset indices so that samples do not depend on batching, ranks or resume. Several samples of
             one prompt need distinct ids (e.g. ``prompt_index * group_size + j``), and a training loop should
             vary ``config.seed`` per step (e.g. ``derive_seed(seed, step)``) so revisited prompts get new samples.
-        progress: show a progress bar of committed tokens.
+        progress: show a progress bar of committed tokens (the static and graph engines: of decoded blocks).
         canvas: ``[B, G]`` starting completion (masked-diffusion samplers): positions holding the mask id are
             decoded, every other position is **given** - kept as is, never rewritten, part of the completion
             (``RolloutOutput.given``). Inpainting (IGPO's hints) or resuming a partial decoding
