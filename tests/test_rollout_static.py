@@ -455,7 +455,7 @@ def test_the_last_block_runs_only_the_rows_whose_logits_are_read(family, layer_w
 def test_progress_shows_a_bar_of_blocks_and_changes_nothing_else(family, sampler, overrides, capsys, monkeypatch):
     """``progress=True`` is honoured by the static engine (a bar of blocks, advanced once per block on the host),
     not ignored; the decode is the same with and without it."""
-    import dare.rollout.mdlm as mdlm
+    import dare.rollout.progress as progress
 
     model = sharp_model(family)
     ids, mask = padded([9, 14, 5])
@@ -467,7 +467,7 @@ def test_progress_shows_a_bar_of_blocks_and_changes_nothing_else(family, sampler
     assert torch.equal(quiet.completion, shown.completion) and quiet.nfe == shown.nfe
 
     bars = []
-    real = mdlm.progress_bar
+    real = progress.progress_bar
 
     def recording_bar(total, enabled, unit="tok"):
         bar = real(total, enabled, unit)
@@ -475,7 +475,7 @@ def test_progress_shows_a_bar_of_blocks_and_changes_nothing_else(family, sampler
         bar.update = bars.append  # every advance of the bar, in order
         return bar
 
-    monkeypatch.setattr(mdlm, "progress_bar", recording_bar)
+    monkeypatch.setattr(progress, "progress_bar", recording_bar)
     generate(model, ids, mask, config, engine="static", progress=True)
     total, unit, _ = bars[0]  # SDAR: a prompt that ends inside a block adds one (16 / 4 + 1)
     assert unit == "block" and total == 16 // config.block_length + (family == "sdar") and bars[1:] == [1] * total

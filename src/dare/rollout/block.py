@@ -58,7 +58,8 @@ from dare.models.spec import family_of
 from dare.rollout.caching import window_logits
 from dare.rollout.config import SamplerConfig
 from dare.rollout.kernels import NEG_INF, linear_quota, propose, select, select_edits
-from dare.rollout.mdlm import check_prompts, progress_bar
+from dare.rollout.mdlm import check_prompts
+from dare.rollout.progress import progress_bar
 from dare.rollout.output import RolloutOutput, TrajectoryRecorder, completion_mask, finished_rows
 from dare.rollout.rng import example_generators
 

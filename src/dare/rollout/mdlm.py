@@ -23,6 +23,7 @@ from dare.rollout.caching import CACHES
 from dare.rollout.config import SamplerConfig
 from dare.rollout.kernels import SCHEDULES, propose, select
 from dare.rollout.output import RolloutOutput, TrajectoryRecorder, completion_mask, finished_rows
+from dare.rollout.progress import progress_bar
 from dare.rollout.rng import example_generators
 
 
@@ -228,12 +229,3 @@ def _record(recorder, rows, step_index, state, lo, hi, eligible, chosen, proposa
         rows[taking], step_index[taking], state[taking], predictions[taking], spread(confidence, 0.0)[taking],
         spread(proposal.logprob, 0.0)[taking], spread(eligible, False)[taking], spread(chosen, False)[taking],
     )
-
-
-def progress_bar(total: int, enabled: bool, unit: str = "tok"):
-    """A transient "decoding" bar of ``total`` units (committed tokens; the static engine counts blocks), or None."""
-    if not enabled:
-        return None
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, desc="decoding", unit=unit, leave=False)

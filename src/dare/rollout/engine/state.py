@@ -2,27 +2,11 @@
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 
 from dare.models.spec import family_of
 from dare.rollout.engine.graphs import HostFlag, StepRunner
 from dare.rollout.engine.noise import row_keys
-
-
-@contextlib.contextmanager
-def block_progress(blocks: int, enabled: bool):
-    """A "decoding" bar over ``blocks`` blocks for the static host loops (updated once per block, on the host);
-    yields the function that advances it (a no-op when ``enabled`` is False)."""
-    from dare.rollout.mdlm import progress_bar
-
-    bar = progress_bar(blocks, enabled, unit="block")
-    try:
-        yield (lambda: bar.update(1)) if bar is not None else (lambda: None)
-    finally:
-        if bar is not None:
-            bar.close()
 
 
 class StaticState:

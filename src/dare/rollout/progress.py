@@ -1,0 +1,26 @@
+"""Progress bars of decoding: committed tokens for the eager loops, decoded blocks for the static host loops."""
+
+from __future__ import annotations
+
+import contextlib
+
+
+def progress_bar(total: int, enabled: bool, unit: str = "tok"):
+    """A transient "decoding" bar of ``total`` units, or None when not ``enabled``."""
+    if not enabled:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc="decoding", unit=unit, leave=False)
+
+
+@contextlib.contextmanager
+def block_progress(blocks: int, enabled: bool):
+    """A bar over ``blocks`` blocks for the static host loops (advanced once per block, on the host); yields the
+    function that advances it (a no-op when not ``enabled``)."""
+    bar = progress_bar(blocks, enabled, unit="block")
+    try:
+        yield (lambda: bar.update(1)) if bar is not None else (lambda: None)
+    finally:
+        if bar is not None:
+            bar.close()
