@@ -268,6 +268,24 @@ def test_engine_errors_and_fallback(caplog):
     assert out.completion.shape == (BATCH_BUCKETS[-1] + 1, 8)
 
 
+def test_a_resumed_decoding_is_counted_and_noted_once_as_an_eager_call(caplog):
+    """canvas / step_range decode with the eager loop under every engine: the call counts as a fallback (RL's
+    rollout/engine_fallbacks, dare train's summary) and the reason is logged once per model, not at every call."""
+    model = sharp_model("llada")
+    ids, mask = padded([4, 6])
+    config = SamplerConfig(sampler="llada", gen_length=8, block_length=8, steps=4)
+    before = engine_stats(model).fallbacks
+    with caplog.at_level(logging.WARNING, logger="dare.rollout"):
+        for _ in range(2):
+            resumed = generate(model, ids, mask, config, engine="static", step_range=(0, None))
+    assert caplog.text.count("decodes eagerly: a starting canvas or a step_range") == 1
+    assert engine_stats(model).fallbacks == before + 2
+    eager = generate(model, ids, mask, config, engine="eager", step_range=(0, None))
+    assert torch.equal(resumed.completion, eager.completion)
+    generate(model, ids, mask, config, engine="eager", step_range=(0, None))
+    assert engine_stats(model).fallbacks == before + 2  # an eager engine asked for is no fallback
+
+
 def test_refresh_weights_keeps_graphs_for_in_place_updates_only():
     from dare.rollout.engine import refresh_weights
 

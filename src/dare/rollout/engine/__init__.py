@@ -71,6 +71,8 @@ _STATES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _STATS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _FINGERPRINTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _UNCAPTURABLE: weakref.WeakSet = weakref.WeakSet()
+_NOTED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+"""Per model, the reasons for eager calls already logged by :func:`note_eager_call`."""
 _UNFUSABLE: weakref.WeakSet = weakref.WeakSet()
 """Models whose fused projection copies did not fit in device memory (they decode unfused from then on)."""
 
@@ -125,6 +127,18 @@ def release(model) -> None:
     _UNFUSABLE.discard(base)  # with the memory freed, the copies may fit again
     _UNCAPTURABLE.discard(base)
     release_fused(base)
+
+
+def note_eager_call(model, engine: str, reason: str) -> None:
+    """Count a call that a non-eager engine hands to the eager loop by design (e.g. a resumed decoding) as a
+    fallback, so ``rollout/engine_fallbacks`` and ``dare train``'s summary show it; the reason is logged once per
+    model and reason (not at every call)."""
+    stats = engine_stats(model)
+    stats.fallbacks += 1
+    noted = _NOTED.setdefault(_base(model), set())
+    if reason not in noted:
+        noted.add(reason)
+        log.warning("rollout engine '%s' decodes eagerly: %s", engine, reason)
 
 
 def refresh_weights(model) -> bool:
