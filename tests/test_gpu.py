@@ -509,3 +509,32 @@ def test_recorded_steps_of_a_lora_model_follow_its_adapter_state():
     for static, graph in (on, off, on_again):
         assert torch.equal(static, graph)
     assert not torch.equal(on[1], off[1]) and torch.equal(on[1], on_again[1])
+
+
+def test_resumed_and_inpainted_decoding_records_and_replays():
+    """canvas / step_range on CUDA graphs: each call equals the static steps run eagerly; later calls with other
+    starts and stops replay (no recording beyond one per first-block budget)."""
+    from dare.models.spec import family_of
+    from dare.rollout import SamplerConfig, generate
+    from dare.rollout.engine import engine_stats
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    model = sharp_cuda_model("llada")
+    mask_id = family_of(model).token_ids(model.config).mask
+    ids, mask = padded(seqs([9, 14, 5]))
+    config = SamplerConfig(sampler="fastdllm", cache="dual", gen_length=24, block_length=8, steps=12,
+                           eos_early_stop=False)
+    head = generate(model, ids, mask, config, engine="graph", step_range=(0, 5))
+    state = head.state(mask_id)
+    canvas = torch.full((3, 24), mask_id, device="cuda")
+    canvas[:, 3] = 65
+    calls = [dict(step_range=(0, 5)), dict(canvas=state, step_range=(5, None)), dict(canvas=canvas),
+             dict(canvas=state, step_range=(5, 9))]
+    for resume in calls:
+        static = generate(model, ids, mask, config, engine="static", **resume)
+        graph = generate(model, ids, mask, config, engine="graph", **resume)
+        assert torch.equal(graph.completion, static.completion) and torch.equal(graph.step_map, static.step_map)
+        assert graph.nfe == static.nfe and engine_stats(model).fallbacks == 0
+    captures = engine_stats(model).captures
+    generate(model, ids, mask, config, engine="graph", canvas=state, step_range=(5, 7))
+    assert engine_stats(model).captures == captures

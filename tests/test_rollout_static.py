@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from dare.errors import ConfigError
+from dare.models.spec import family_of
 from dare.rollout import SamplerConfig, generate
 from dare.rollout.engine import BATCH_BUCKETS, bucket, engine_stats, resolve_engine
 from dare.rollout.engine.noise import gumbel_argmax, position_hash, row_keys
@@ -57,10 +58,6 @@ def assert_same(eager, static, block: bool = False):
     if block:
         assert torch.equal(eager.block_step_map, static.block_step_map)
     assert torch.equal(static.confidence_map != 0, static.step_map >= 0) or bool((static.step_map < 0).any())
-
-
-def decode_both(model, ids, mask, config):
-    return generate(model, ids, mask, config, engine="eager"), generate(model, ids, mask, config, engine="static")
 
 
 @pytest.mark.parametrize("sampler,overrides", MDLM_CASES + DREAM_CASES)
@@ -268,22 +265,70 @@ def test_engine_errors_and_fallback(caplog):
     assert out.completion.shape == (BATCH_BUCKETS[-1] + 1, 8)
 
 
-def test_a_resumed_decoding_is_counted_and_noted_once_as_an_eager_call(caplog):
-    """canvas / step_range decode with the eager loop under every engine: the call counts as a fallback (RL's
-    rollout/engine_fallbacks, dare train's summary) and the reason is logged once per model, not at every call."""
+RESUME_CASES = [
+    ("llada", dict(cache="none", decoder="quota", steps=12)),
+    ("fastdllm", dict(cache="dual", decoder="quota", steps=12)),
+    ("fastdllm", dict(cache="prefix", decoder="threshold", threshold=0.3)),
+    ("fastdllm", dict(cache="dual", decoder="dynamic", steps=12)),
+    ("fastdllm", dict(cache="none", decoder="quota", steps=12, eos_early_stop=True)),
+    ("dream", dict(cache="none", steps=12)),
+]
+
+
+@pytest.mark.parametrize("sampler,overrides", RESUME_CASES)
+def test_resumed_and_inpainted_decoding_static_equals_eager(sampler, overrides):
+    """canvas / step_range (IGPO's hints, d-TreeRPO's branches) through the static engine: the same tokens, step
+    maps, log-probs, given masks and forward counts as the eager loop - a stop inside a block, a start inside a
+    block (its remaining masks re-planned over its remaining steps), given tokens, padded prompts."""
+    family = "dream" if "dream" in sampler else "llada"
+    model = sharp_model(family)
+    ids, mask = padded([9, 14, 5])
+    config = SamplerConfig(sampler=sampler, gen_length=24, block_length=None if sampler == "dream" else 8,
+                           **{"eos_early_stop": False, **overrides})
+    tok = family_of(model).token_ids(model.config)
+    head = decode_both(model, ids, mask, config, step_range=(0, 5))  # stops inside the second block
+    assert_same(*head)
+    assert int(head[1].num_steps.max()) <= 5
+    state = head[0].state(tok.mask)
+    tail = decode_both(model, ids, mask, config, canvas=state, step_range=(5, None))  # resumes inside it
+    assert_same(*tail)
+    assert torch.equal(tail[0].given, tail[1].given) and torch.equal(tail[1].given, head[0].step_map >= 0)
+    window = decode_both(model, ids, mask, config, canvas=state, step_range=(5, 9))
+    assert_same(*window)
+    canvas = torch.full((3, 24), tok.mask)
+    canvas[:, 3], canvas[0, 12], canvas[2, 20] = 65, 66, 67  # inpainted hints
+    hinted = decode_both(model, ids, mask, config, canvas=canvas)
+    assert_same(*hinted)
+    assert torch.equal(hinted[1].given, canvas != tok.mask) and int(hinted[1].completion[0, 12]) == 66
+    plain = generate(model, ids, mask, config, engine="static")  # a plain call after resumed ones: its own state
+    assert torch.equal(plain.completion, generate(model, ids, mask, config, engine="eager").completion)
+    assert plain.given is None
+
+
+def test_resumed_decodings_share_one_state_and_record_per_first_block_budget(monkeypatch):
+    """Every start and stop of one shape reuses one resumable state (kept apart from the plain decodes'); only the
+    first block's remaining-step budget selects other recorded steps."""
+    from dare.rollout import engine
+    from dare.rollout.engine.graphs import StepRunner
+
+    keys, real = [], StepRunner.run
+    monkeypatch.setattr(StepRunner, "run", lambda runner, key, fn: (keys.append(key), real(runner, key, fn))[1])
     model = sharp_model("llada")
-    ids, mask = padded([4, 6])
-    config = SamplerConfig(sampler="llada", gen_length=8, block_length=8, steps=4)
-    before = engine_stats(model).fallbacks
-    with caplog.at_level(logging.WARNING, logger="dare.rollout"):
-        for _ in range(2):
-            resumed = generate(model, ids, mask, config, engine="static", step_range=(0, None))
-    assert caplog.text.count("decodes eagerly: a starting canvas or a step_range") == 1
-    assert engine_stats(model).fallbacks == before + 2
-    eager = generate(model, ids, mask, config, engine="eager", step_range=(0, None))
-    assert torch.equal(resumed.completion, eager.completion)
-    generate(model, ids, mask, config, engine="eager", step_range=(0, None))
-    assert engine_stats(model).fallbacks == before + 2  # an eager engine asked for is no fallback
+    ids, mask = padded([9, 14, 5])
+    config = SamplerConfig(sampler="fastdllm", cache="dual", gen_length=24, block_length=8, steps=12,
+                           eos_early_stop=False)
+    generate(model, ids, mask, config, engine="static")
+    for start, stop in ((0, 3), (3, None), (5, 7), (4, None)):
+        generate(model, ids, mask, config, engine="static", step_range=(start, stop))
+    assert len(engine._STATES[model]) == 2  # the plain state and one resumable state
+    # 4 steps per block: start 3 leaves block 0 one step, start 5 leaves block 1 three; start 4 is a block start
+    assert {key[1] for key in keys if key[0] == "full" and len(key) == 2} == {1, 3}
+    assert {key[2] for key in keys if key[0] == "window" and len(key) == 3} == {1, 3}
+
+
+def decode_both(model, ids, mask, config, **resume):
+    return (generate(model, ids, mask, config, engine="eager", **resume),
+            generate(model, ids, mask, config, engine="static", **resume))
 
 
 def test_refresh_weights_keeps_graphs_for_in_place_updates_only():

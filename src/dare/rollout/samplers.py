@@ -16,7 +16,7 @@ import torch
 from dare.errors import ConfigError, InputError, unknown_choice
 from dare.rollout import block, mdlm
 from dare.rollout.config import SamplerConfig
-from dare.rollout.engine import note_eager_call, resolve_engine, run_static
+from dare.rollout.engine import resolve_engine, run_static
 from dare.rollout.engine.block import BlockState
 from dare.rollout.engine.mdlm import MdlmState
 from dare.rollout.output import RolloutOutput
@@ -226,13 +226,10 @@ def generate(
         resume = {"canvas": _check_canvas(canvas, batch, config.gen_length, device),
                   "step_range": _check_step_range(step_range)}
     engine = resolve_engine(config.engine, device)
-    if engine != "eager" and resume:
-        note_eager_call(model, engine, "a starting canvas or a step_range (inpainting, resumed or tree decoding) runs "
-                                       "the eager loop (the static steps always start from a fully masked canvas)")
-    elif engine != "eager":
+    if engine != "eager":
         mdlm.check_prompts(prompts, attention_mask, family.token_ids(model.config).mask)
         out = run_static(sampler, model, prompts, attention_mask, config, example_ids=example_ids, engine=engine,
-                         progress=progress)
+                         progress=progress, **resume)
         if out is not None:
             return out
     return sampler.run(model, prompts, attention_mask, config, example_ids=example_ids, progress=progress, **resume)

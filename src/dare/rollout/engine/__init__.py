@@ -71,8 +71,6 @@ _STATES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _STATS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _FINGERPRINTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _UNCAPTURABLE: weakref.WeakSet = weakref.WeakSet()
-_NOTED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-"""Per model, the reasons for eager calls already logged by :func:`note_eager_call`."""
 _UNFUSABLE: weakref.WeakSet = weakref.WeakSet()
 """Models whose fused projection copies did not fit in device memory (they decode unfused from then on)."""
 
@@ -127,18 +125,6 @@ def release(model) -> None:
     _UNFUSABLE.discard(base)  # with the memory freed, the copies may fit again
     _UNCAPTURABLE.discard(base)
     release_fused(base)
-
-
-def note_eager_call(model, engine: str, reason: str) -> None:
-    """Count a call that a non-eager engine hands to the eager loop by design (e.g. a resumed decoding) as a
-    fallback, so ``rollout/engine_fallbacks`` and ``dare train``'s summary show it; the reason is logged once per
-    model and reason (not at every call)."""
-    stats = engine_stats(model)
-    stats.fallbacks += 1
-    noted = _NOTED.setdefault(_base(model), set())
-    if reason not in noted:
-        noted.add(reason)
-        log.warning("rollout engine '%s' decodes eagerly: %s", engine, reason)
 
 
 def refresh_weights(model) -> bool:
@@ -206,21 +192,22 @@ def adapter_state(model) -> tuple:
 
 
 def _state_key(kind: str, config, batch: int, prompt_width: int, padded: bool, graphs: bool, device,
-               training: bool, fuse: bool, adapters: tuple = ()) -> tuple:
+               training: bool, fuse: bool, adapters: tuple = (), resumable: bool = False) -> tuple:
     settings = asdict(config)
     for volatile in ("seed", "engine", "max_blocks"):  # the host loop's business, not the recorded steps'
         settings.pop(volatile, None)
     autocast = torch.is_autocast_enabled(device.type) if device.type in ("cuda", "cpu") else False
     dtype = torch.get_autocast_dtype(device.type) if autocast else None
-    return (kind, batch, prompt_width, padded, graphs, training, autocast, dtype, fuse, adapters,
+    return (kind, batch, prompt_width, padded, graphs, training, autocast, dtype, fuse, adapters, resumable,
             tuple(sorted(settings.items())))
 
 
 @torch.no_grad()
 def run_static(sampler, model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, config, *,
-               example_ids: Sequence[int], engine: str, progress: bool = False):
+               example_ids: Sequence[int], engine: str, progress: bool = False, **resume):
     """Decode with the static engine (``engine`` = ``static`` or ``graph``); returns a ``RolloutOutput``, or
-    None when the batch must fall back to the eager loop (a note is logged)."""
+    None when the batch must fall back to the eager loop (a note is logged). ``resume``: the ``canvas`` and
+    ``step_range`` of :func:`dare.rollout.generate` (masked-diffusion samplers), decoded by states of their own."""
     from dare.rollout.rng import derive_seed
 
     stats = engine_stats(model)
@@ -267,12 +254,14 @@ def run_static(sampler, model, input_ids: torch.Tensor, attention_mask: torch.Te
         if replaced:  # graphs recorded with the replaced copies would read freed memory
             states.clear()
         stats.fused_bytes = fused_bytes(base)
+    resumable = any(value is not None for value in resume.values())
     key = _state_key(sampler.attention, config, padded_rows, prompt_width, has_padding, graphs, device, base.training,
-                     fuse, adapter_state(base))
+                     fuse, adapter_state(base), resumable)
     state = states.get(key)
     if state is None:
         state = sampler.static_state(base, config, batch=padded_rows, prompt_width=prompt_width, padded=has_padding,
-                                     device=device, use_graphs=graphs, backend=config.attn_backend or "sdpa")
+                                     device=device, use_graphs=graphs, backend=config.attn_backend or "sdpa",
+                                     **({"resumable": True} if resumable else {}))
         states[key] = state
         while len(states) > KEEP_STATES:
             states.popitem(last=False)
@@ -283,7 +272,7 @@ def run_static(sampler, model, input_ids: torch.Tensor, attention_mask: torch.Te
     captures, replays, graph_bytes, capture_s = runner.captures, runner.replays, runner.graph_bytes, runner.capture_s
     try:
         with fused.active() if fused is not None else contextlib.nullcontext():
-            state.load(input_ids, attention_mask, seeds)
+            state.load(input_ids, attention_mask, seeds, **(resume if resumable else {}))
             state.decode(progress)
     except RuntimeError as error:
         if not graphs:

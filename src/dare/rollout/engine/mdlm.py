@@ -12,6 +12,12 @@ computation over preallocated buffers (:class:`MdlmState`):
   step for the data-dependent ones (``threshold``, ``factor``, ``dynamic``, ``entropy_bounded``); the step it
   waits for is already queued, so the device idles only for one graph launch.
 
+Resumed and inpainted decodings (``canvas`` / ``step_range`` of :func:`dare.rollout.generate`: IGPO's hints,
+d-TreeRPO's branches) get states of their own (``resumable``): the completion starts from the given canvas (its
+non-mask tokens are kept, never decoded), decoding starts in the block of ``start`` with that block's remaining
+steps (a host-side budget, recorded per value), and a row stops once it has taken ``stop - start`` steps (a device
+scalar, so one recording serves every ``stop``).
+
 Step kinds: ``full`` (the whole canvas: every step without a cache, the block-start and refresh forwards with
 one) and ``window`` (Fast-dLLM cached steps: the block for ``dual``, ``[start, L)`` for ``prefix``). With greedy
 decoding the tokens, log-probs and step maps equal the eager loop's (same ops, float32 confidences instead of
@@ -40,7 +46,7 @@ class MdlmState(StaticState):
     """Buffers and step functions of one (batch bucket, prompt width, config) shape."""
 
     def __init__(self, model, config, *, batch: int, prompt_width: int, padded: bool, device, use_graphs: bool,
-                 backend: str):
+                 backend: str, resumable: bool = False):
         super().__init__(model, config, batch=batch, device=device, use_graphs=use_graphs, backend=backend)
         self.shift = family_of(model).logit_shift
         self.pw = prompt_width
@@ -62,10 +68,19 @@ class MdlmState(StaticState):
             self.trajectory = StaticTrajectory(batch, config.gen_length, most, self.tok.mask, device)
         self.schedule = SCHEDULES[config.schedule]
         self.steps_per_block = max(config.steps // config.num_blocks, 1)
+        self.budget = self.steps_per_block  # steps of the current block's schedule (fewer in a resumed first block)
+        self.resumable = resumable
+        self.given = torch.zeros((batch, self.gen), dtype=torch.bool, device=device) if resumable else None
+        self.stop_after = torch.zeros((), **long)  # steps a row may take in this call (resumable states)
+        self.start_step, self.canvas_given = 0, False
 
     # ---- per call ----------------------------------------------------------------------------------
-    def load(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, seeds: list[int]) -> None:
-        """Reset every buffer in place for a new batch (rows past ``len(seeds)`` are inactive fillers)."""
+    def load(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, seeds: list[int],
+             canvas: torch.Tensor | None = None, step_range: tuple[int, int | None] | None = None) -> None:
+        """Reset every buffer in place for a new batch (rows past ``len(seeds)`` are inactive fillers); a resumable
+        state also takes the starting ``canvas`` ``[n, G]`` and ``step_range`` of :func:`dare.rollout.generate`."""
+        if (canvas is not None or step_range is not None) and not self.resumable:
+            raise ValueError("a canvas or step_range needs a resumable static state")
         n, p = input_ids.shape
         real = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
         fill = list(range(n)) + [0] * (self.batch - n)
@@ -77,6 +92,14 @@ class MdlmState(StaticState):
         mask[:, self.pw:] = True
         self.canvas[:, :self.pw] = prompt
         self.canvas[:, self.pw:] = self.tok.mask
+        if self.resumable:
+            self.canvas_given = canvas is not None
+            if canvas is not None:
+                self.canvas[:n, self.pw:] = canvas
+            self.given.copy_(self.canvas[:, self.pw:] != self.tok.mask)
+            start, stop = step_range if step_range is not None else (0, None)
+            self.start_step = start
+            self.stop_after.fill_(self.config.steps + self.gen + 1 if stop is None else stop - start)
         if self.key_mask is not None:
             self.key_mask.copy_(mask)
         self.positions.copy_((mask.long().cumsum(-1) - 1).clamp(min=0))
@@ -118,7 +141,7 @@ class MdlmState(StaticState):
         if config.suppress_eos:
             logits = logits.clone()
             logits[..., tok.eos] = float("-inf")
-        quota = self.schedule(self.block_steps, self.initial, eligible.sum(-1), self.steps_per_block, config.eps)
+        quota = self.schedule(self.block_steps, self.initial, eligible.sum(-1), self.budget, config.eps)
         proposal = propose_static(logits, eligible, config=config, banned=tok.mask, keys=self.keys,
                                   counters=self.num_steps, positions=gcols[None, :].expand_as(eligible))
         chosen = select(config.decoder, proposal.confidence, eligible, quota, threshold=config.threshold,
@@ -135,6 +158,8 @@ class MdlmState(StaticState):
         self.nfe.add_(taking.any().long())
         if config.eos_early_stop:
             self.alive &= ~finished_rows(self.canvas[:, self.pw:], tok.mask, self.stop_ids)
+        if self.resumable:  # the step window of this call ends: the row keeps its remaining masks
+            self.alive &= self.num_steps < self.stop_after
         left = (self.canvas.index_select(1, cols) == tok.mask) & self.alive[:, None]
         self.more.copy_(left.any().long())
 
@@ -159,24 +184,29 @@ class MdlmState(StaticState):
         cache, refresh = config.cache, config.refresh_every
         fixed = config.decoder in FIXED_COUNT_DECODERS
         num_blocks = config.num_blocks if config.max_blocks is None else min(config.num_blocks, config.max_blocks)
-        with block_progress(num_blocks, progress) as advance:
-            for b in range(num_blocks):
+        spb = self.steps_per_block
+        first_block = min(self.start_step // spb, num_blocks)  # a resumed decoding starts in the block of its start
+        with block_progress(num_blocks - first_block, progress) as advance:
+            for b in range(first_block, num_blocks):
                 start = self.pw + b * self.lb
                 self.begin_block(start)
+                # a decoding resumed inside this block spreads the block's remaining masks over its remaining steps
+                self.budget = spb - (self.start_step % spb if b == first_block else 0)
+                budget = () if self.budget == spb else (self.budget,)  # recorded per budget: it is baked in
                 forward = 0
-                planned = min(self.steps_per_block, self.lb) if fixed else 1
+                planned = min(self.budget, self.lb) if fixed else 1
                 while True:
                     full = cache == "none" or forward == 0 or (refresh > 0 and forward % refresh == 0)
                     if full:
-                        self.runner.run(("full",), self.step_full)
+                        self.runner.run(("full",) + budget, self.step_full)
                     else:
                         length = self.lb + self.shift if cache == "dual" else self.width - start + self.shift
-                        self.runner.run(("window", length), lambda: self.step_window(length))
+                        self.runner.run(("window", length) + budget, lambda: self.step_window(length))
                     forward += 1
                     if forward >= planned and not self.flag.read(self.more)[0]:
                         break
                 advance()
-                if config.eos_early_stop and not bool(self.flag.read(self.alive.any().long())[0]):
+                if (config.eos_early_stop or self.resumable) and not bool(self.flag.read(self.alive.any().long())[0]):
                     break
 
     @staticmethod
@@ -191,6 +221,8 @@ class MdlmState(StaticState):
         canvas = self.canvas[:rows, crop:].clone()
         step_map = self.step_map[:rows].clone()
         decoded = step_map >= 0
+        if self.resumable:  # given tokens are part of the completion
+            decoded = decoded | self.given[:rows]
         completion = canvas[:, prompt_length:]
         completion.masked_fill_(~decoded, tok.pad)
         full_mask = torch.ones_like(canvas)
@@ -209,4 +241,5 @@ class MdlmState(StaticState):
             nfe=int(self.nfe),
             trajectory=None if self.trajectory is None else self.trajectory.build(rows, num_steps),
             confidence_map=self.confidences[:rows].clone(),
+            given=self.given[:rows].clone() if self.resumable and self.canvas_given else None,
         )
