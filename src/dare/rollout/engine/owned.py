@@ -107,10 +107,11 @@ def refreshed_twin(model) -> tuple[torch.nn.Module, float]:
             if name in buffers:
                 buffer.copy_(_full(buffers[name]))
     if twin is not _key(twin):  # adapters on or off as the model's are now (e.g. inside peft's disable_adapter)
-        copies = _tuner_layers(twin)
-        switched = [copies[name].enable_adapters(not layer.disable_adapters)
-                    for name, layer in _tuner_layers(model).items()
-                    if copies[name].disable_adapters != layer.disable_adapters]
+        copies, switched = _tuner_layers(twin), False
+        for name, layer in _tuner_layers(model).items():
+            if copies[name].disable_adapters != layer.disable_adapters:
+                copies[name].enable_adapters(not layer.disable_adapters)
+                switched = True
         if switched:
             twin.requires_grad_(False)  # peft's enable_adapters marks the adapter weights trainable again
     if params and next(iter(params.values())).is_cuda:
