@@ -305,6 +305,23 @@ def test_resumed_and_inpainted_decoding_static_equals_eager(sampler, overrides):
     assert plain.given is None
 
 
+def test_resumed_decoding_trajectories_static_equal_eager():
+    model = sharp_model("llada")
+    ids, mask = padded([7, 12])
+    config = SamplerConfig(sampler="fastdllm", cache="dual", gen_length=16, block_length=8, steps=8,
+                           record_trajectory=True, eos_early_stop=False)
+    head = generate(model, ids, mask, config, engine="eager", step_range=(0, 3))
+    mask_id = family_of(model).token_ids(model.config).mask
+    for resume in (dict(step_range=(0, 3)), dict(canvas=head.state(mask_id), step_range=(3, None))):
+        eager, static = decode_both(model, ids, mask, config, **resume)
+        for name, value in eager.trajectory.to_dict().items():
+            other = getattr(static.trajectory, name)
+            if value.dtype.is_floating_point:
+                torch.testing.assert_close(value, other, atol=2e-5, rtol=0, msg=name)
+            else:
+                assert torch.equal(value, other), name
+
+
 def test_resumed_decodings_share_one_state_and_record_per_first_block_budget(monkeypatch):
     """Every start and stop of one shape reuses one resumable state (kept apart from the plain decodes'); only the
     first block's remaining-step budget selects other recorded steps."""
