@@ -60,6 +60,20 @@ def assert_same(eager, static, block: bool = False):
     assert torch.equal(static.confidence_map != 0, static.step_map >= 0) or bool((static.step_map < 0).any())
 
 
+def assert_same_trajectory(eager, static):
+    for name, value in eager.trajectory.to_dict().items():
+        other = getattr(static.trajectory, name)
+        if value.dtype.is_floating_point:
+            torch.testing.assert_close(value, other, atol=2e-5, rtol=0, msg=name)
+        else:
+            assert torch.equal(value, other), name
+
+
+def decode_both(model, ids, mask, config, **resume):
+    return (generate(model, ids, mask, config, engine="eager", **resume),
+            generate(model, ids, mask, config, engine="static", **resume))
+
+
 @pytest.mark.parametrize("sampler,overrides", MDLM_CASES + DREAM_CASES)
 def test_masked_diffusion_static_equals_eager(sampler, overrides):
     family = "dream" if "dream" in sampler else "llada"
@@ -183,13 +197,7 @@ def test_trajectory_static_equals_eager(family, sampler):
     model = sharp_model(family)
     ids, mask = padded([7, 12])
     config = SamplerConfig(sampler=sampler, gen_length=16, block_length=8, record_trajectory=True)
-    eager, static = decode_both(model, ids, mask, config)
-    for name, value in eager.trajectory.to_dict().items():
-        other = getattr(static.trajectory, name)
-        if value.dtype.is_floating_point:
-            torch.testing.assert_close(value, other, atol=2e-5, rtol=0, msg=name)
-        else:
-            assert torch.equal(value, other), name
+    assert_same_trajectory(*decode_both(model, ids, mask, config))
 
 
 def test_confidence_map_is_the_committed_probability():
@@ -313,13 +321,7 @@ def test_resumed_decoding_trajectories_static_equal_eager():
     head = generate(model, ids, mask, config, engine="eager", step_range=(0, 3))
     mask_id = family_of(model).token_ids(model.config).mask
     for resume in (dict(step_range=(0, 3)), dict(canvas=head.state(mask_id), step_range=(3, None))):
-        eager, static = decode_both(model, ids, mask, config, **resume)
-        for name, value in eager.trajectory.to_dict().items():
-            other = getattr(static.trajectory, name)
-            if value.dtype.is_floating_point:
-                torch.testing.assert_close(value, other, atol=2e-5, rtol=0, msg=name)
-            else:
-                assert torch.equal(value, other), name
+        assert_same_trajectory(*decode_both(model, ids, mask, config, **resume))
 
 
 def test_resumed_decodings_share_one_state_and_record_per_first_block_budget(monkeypatch):
@@ -341,11 +343,6 @@ def test_resumed_decodings_share_one_state_and_record_per_first_block_budget(mon
     # 4 steps per block: start 3 leaves block 0 one step, start 5 leaves block 1 three; start 4 is a block start
     assert {key[1] for key in keys if key[0] == "full" and len(key) == 2} == {1, 3}
     assert {key[2] for key in keys if key[0] == "window" and len(key) == 3} == {1, 3}
-
-
-def decode_both(model, ids, mask, config, **resume):
-    return (generate(model, ids, mask, config, engine="eager", **resume),
-            generate(model, ids, mask, config, engine="static", **resume))
 
 
 def test_refresh_weights_keeps_graphs_for_in_place_updates_only():

@@ -272,7 +272,7 @@ def run_static(sampler, model, input_ids: torch.Tensor, attention_mask: torch.Te
     captures, replays, graph_bytes, capture_s = runner.captures, runner.replays, runner.graph_bytes, runner.capture_s
     try:
         with fused.active() if fused is not None else contextlib.nullcontext():
-            state.load(input_ids, attention_mask, seeds, **(resume if resumable else {}))
+            state.load(input_ids, attention_mask, seeds, **resume)
             state.decode(progress)
     except RuntimeError as error:
         if not graphs:
