@@ -353,9 +353,11 @@ def add_engine_arguments(p) -> None:
                    help="time every non-eager engine under each value of one DARE_* environment switch, side by side "
                         "in this process (its steps recorded again per value), e.g. DARE_FUSE_CACHE_WRITES=0,1; "
                         "records are labelled '<engine>[NAME=value]'")
-    p.add_argument("--compile-mode", default="default", choices=["default", "max-autotune-no-cudagraphs"],
+    from dare.models.compile import COMPILE_MODES
+
+    p.add_argument("--compile-mode", default="default", choices=sorted(COMPILE_MODES),
                    help="torch.compile mode of --compile-blocks (max-autotune: matmul kernels benchmarked per shape; "
-                        "records get '+autotune')")
+                        "records get '+autotune', or '+autotune-tma' with the persistent TMA template)")
 
 
 def check_engine_arguments(p, args) -> None:
@@ -441,7 +443,9 @@ def time_engines(model, args, run, eager_out, common: dict, label: str) -> list[
 
 def engine_label(engine: str, args) -> str:
     label = engine + {None: "", "dynamic": "+compile", "static": "+compile-static"}[args.compile_blocks]
-    return label + ("+autotune" if args.compile_blocks and args.compile_mode != "default" else "")
+    if not args.compile_blocks or args.compile_mode == "default":
+        return label
+    return label + ("+autotune-tma" if args.compile_mode == "max-autotune-tma" else "+autotune")
 
 
 def write_engine_records(args, bandwidth: float, wbytes: int, roofline: Roofline, records: list[dict]) -> None:

@@ -10,8 +10,11 @@ kernels of a whole decode (graph replays included). Diagnostic companion of roll
 
 ``--gemm-only`` times one layer's projection matmuls at a step's row count (``batch x block``): q/k/v and
 gate/up as separate matmuls (as the checkpoints store them) vs one matmul over the concatenated weights, under
-each BLAS library PyTorch can call (``torch.backends.cuda.preferred_blas_library``: cuBLAS, cuBLASLt), with the
-TFLOP/s each reaches (the rollouts' 256-512-row steps run their 4096-wide projections well below the peak).
+each matmul library named by ``--libraries``: the BLAS libraries PyTorch can call
+(``torch.backends.cuda.preferred_blas_library``: ``cublas``, ``cublaslt``) and ``inductor-tma``, inductor's
+autotuned Triton templates with its persistent TMA matmul enabled (Hopper), with the TFLOP/s each reaches (the
+rollouts' 256-512-row steps run their 4096-wide projections well below the peak). Every variant is timed as
+CUDA-graph replays, as the engine runs it.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import build_llada, build_sdar, cuda_ms, require_cuda  # noqa: E402
+from common import build_llada, build_sdar, graph_us, require_cuda  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -39,15 +42,16 @@ def main(argv=None) -> int:
     p.add_argument("--cache", choices=["prefix", "dual"], help="llada: Fast-dLLM cache (default dual)")
     p.add_argument("--gemm-only", action="store_true", help="time the projection matmuls, separate vs fused")
     p.add_argument("--rows", type=int, help="--gemm-only: query rows per batch row (the block; default 32)")
+    p.add_argument("--libraries", nargs="+", choices=sorted(MATMULS),
+                   help="--gemm-only: matmul libraries to time side by side (default: cublas cublaslt)")
     args = p.parse_args(argv)
     check_arguments(p, args)
     require_cuda("engine_profile.py")
     if args.gemm_only:
         for batch in args.batch:
-            for library in ("cublas", "cublaslt"):
-                torch.backends.cuda.preferred_blas_library(library)
-                print(f"\nBLAS library: {library}")
-                gemm_fusion(batch * (args.rows or 32), **GEMM_SHAPES[args.family])
+            for library in args.libraries or ["cublas", "cublaslt"]:
+                print(f"\nmatmul library: {library}")
+                gemm_fusion(batch * (args.rows or 32), linear=MATMULS[library](), **GEMM_SHAPES[args.family])
         return 0
     from dare.rollout import SamplerConfig, generate
     from dare.rollout.engine import _STATES
@@ -105,8 +109,9 @@ def check_arguments(p, args) -> None:
     """One-line errors for options this run would ignore."""
     if args.gemm_only and (args.compile != "none" or args.cache):
         p.error("--gemm-only times bare matmuls: --compile and --cache apply to the profiled decode")
-    if not args.gemm_only and (args.rows is not None or len(args.batch) > 1):
-        p.error("--rows and several --batch sizes apply to --gemm-only; a profiled decode takes one batch size")
+    if not args.gemm_only and (args.rows is not None or len(args.batch) > 1 or args.libraries is not None):
+        p.error("--rows, --libraries and several --batch sizes apply to --gemm-only; a profiled decode takes one "
+                "batch size")
     if args.cache and args.family != "llada":
         p.error("--cache chooses LLaDA's Fast-dLLM cache; SDAR decodes with its block cache")
 
@@ -116,9 +121,31 @@ GEMM_SHAPES = {"llada": dict(hidden=4096, kv=4096, ffn=12288, layers=32),  # LLa
 """``--gemm-only --family F``: the projection shapes of each family's 8B model."""
 
 
-def gemm_fusion(rows: int, hidden: int = 4096, kv: int = 4096, ffn: int = 12288, layers: int = 32) -> None:
+def blas(library: str):
+    """``F.linear`` on one of PyTorch's BLAS libraries (a process-wide switch)."""
+
+    def make():
+        torch.backends.cuda.preferred_blas_library(library)
+        return torch.nn.functional.linear
+
+    return make
+
+
+def inductor_tma():
+    """``F.linear`` compiled with inductor's autotuned matmul templates, its persistent TMA kernel included."""
+    torch.backends.cuda.preferred_blas_library("cublas")
+    return torch.compile(torch.nn.functional.linear, dynamic=False,
+                         options={"max_autotune": True, "triton.enable_persistent_tma_matmul": True})
+
+
+MATMULS = {"cublas": blas("cublas"), "cublaslt": blas("cublaslt"), "inductor-tma": inductor_tma}
+"""``--libraries``: name -> a function returning the ``linear`` to time."""
+
+
+def gemm_fusion(rows: int, hidden: int = 4096, kv: int = 4096, ffn: int = 12288, layers: int = 32,
+                linear=torch.nn.functional.linear) -> None:
     """One layer's projections at ``rows`` query rows (``kv`` = key/value width), x ``layers``: separate vs
-    concatenated weights."""
+    concatenated weights, each set timed as the replay of one CUDA graph."""
     dev, dt = torch.device("cuda"), torch.bfloat16
     x = torch.randn(rows, hidden, device=dev, dtype=dt)
     h = torch.randn(rows, ffn, device=dev, dtype=dt)
@@ -129,15 +156,18 @@ def gemm_fusion(rows: int, hidden: int = 4096, kv: int = 4096, ffn: int = 12288,
     down = [torch.randn(hidden, ffn, device=dev, dtype=dt) * 0.02 for _ in range(layers)]
     qkv = [torch.cat([a, b, c]) for a, b, c in zip(q, k, v)]
     gate_up = [torch.cat([a, b]) for a, b in zip(gate, up)]
-    lin = torch.nn.functional.linear
+    lin = linear
     weight_gb = layers * (2 * hidden * hidden + 2 * kv * hidden + 3 * hidden * ffn) * 2 / 1e9
+    def ms(fn) -> float:
+        return graph_us(fn, reps=3) / 1000
+
     rows_ms = {
-        "q,k,v separate": cuda_ms(lambda: [lin(x, w) for i in range(layers) for w in (q[i], k[i], v[i])]),
-        "qkv fused": cuda_ms(lambda: [lin(x, qkv[i]) for i in range(layers)]),
-        "gate,up separate": cuda_ms(lambda: [lin(x, w) for i in range(layers) for w in (gate[i], up[i])]),
-        "gate_up fused": cuda_ms(lambda: [lin(x, gate_up[i]) for i in range(layers)]),
-        "o": cuda_ms(lambda: [lin(x, o[i]) for i in range(layers)]),
-        "down": cuda_ms(lambda: [lin(h, down[i]) for i in range(layers)]),
+        "q,k,v separate": ms(lambda: [lin(x, w) for i in range(layers) for w in (q[i], k[i], v[i])]),
+        "qkv fused": ms(lambda: [lin(x, qkv[i]) for i in range(layers)]),
+        "gate,up separate": ms(lambda: [lin(x, w) for i in range(layers) for w in (gate[i], up[i])]),
+        "gate_up fused": ms(lambda: [lin(x, gate_up[i]) for i in range(layers)]),
+        "o": ms(lambda: [lin(x, o[i]) for i in range(layers)]),
+        "down": ms(lambda: [lin(h, down[i]) for i in range(layers)]),
     }
     widths = {"q,k,v separate": hidden + 2 * kv, "qkv fused": hidden + 2 * kv, "gate,up separate": 2 * ffn,
               "gate_up fused": 2 * ffn, "o": hidden, "down": hidden}

@@ -22,9 +22,16 @@ from __future__ import annotations
 from dare.errors import ConfigError
 
 COMPILE_BACKENDS = ("inductor", "aot_eager", "eager")
-COMPILE_MODES = ("default", "max-autotune-no-cudagraphs")
-"""``torch.compile`` modes for blocks: the ones that record CUDA graphs themselves (``reduce-overhead``,
-``max-autotune``) would nest inside the rollout engine's graphs and are not offered."""
+COMPILE_MODES = {
+    "default": {},
+    "max-autotune-no-cudagraphs": {"max_autotune": True, "coordinate_descent_tuning": True},
+    "max-autotune-tma": {"max_autotune": True, "coordinate_descent_tuning": True,
+                         "triton.enable_persistent_tma_matmul": True},
+}
+"""Compile modes for blocks -> inductor options. ``max-autotune-no-cudagraphs`` is torch's mode of that name (its options);
+``max-autotune-tma`` adds inductor's persistent TMA matmul template (Hopper) to the autotuned choices. The torch
+modes that record CUDA graphs themselves (``reduce-overhead``, ``max-autotune``) would nest inside the rollout
+engine's graphs and are not offered."""
 STATIC_RECOMPILE_LIMIT = 64
 """Shapes one static compilation may specialise on (dynamo's default limit is 8; a prefix-cache rollout of 8
 blocks alone has 9 step shapes)."""
@@ -39,8 +46,9 @@ def compile_blocks(model, backend: str = "inductor", dynamic: bool | None = True
         dynamic: ``torch.compile``'s ``dynamic``: True (default) = symbolic lengths from the first compile; None =
             specialise on the first shapes, recompile once with symbolic ones when they change; False = one
             static graph per shape (the recompile limit is raised to :data:`STATIC_RECOMPILE_LIMIT` shapes).
-        mode: ``default`` or ``max-autotune-no-cudagraphs`` (inductor benchmarks matmul kernels per shape at
-            compile time: minutes of warm-up; with ``dynamic=False`` each step shape gets its own choice).
+        mode: a key of :data:`COMPILE_MODES`: ``default``, or an autotuning mode (inductor benchmarks matmul
+            kernels per shape at compile time: minutes of warm-up; with ``dynamic=False`` each step shape gets its
+            own choice).
     """
     import torch._dynamo.config
 
@@ -62,7 +70,7 @@ def compile_blocks(model, backend: str = "inductor", dynamic: bool | None = True
     if dynamic is False:  # past the limit dynamo would silently run the remaining shapes eagerly
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, STATIC_RECOMPILE_LIMIT)
     for block in blocks:
-        block.compile(backend=backend, dynamic=dynamic, mode=None if mode == "default" else mode)
+        block.compile(backend=backend, dynamic=dynamic, options=COMPILE_MODES[mode] or None)
     return model
 
 
