@@ -183,6 +183,23 @@ def test_compile_and_chunk_options_are_validated(tmp_path):
         compile_blocks(tiny_model("llada"), backend="eager", mode="max-autotune-no-cudagraphs")
 
 
+def test_compile_modes_reach_every_block_as_inductor_options(monkeypatch):
+    import torch._inductor
+
+    from dare.models.compile import COMPILE_MODES
+
+    assert COMPILE_MODES["max-autotune-no-cudagraphs"] == torch._inductor.list_mode_options()["max-autotune-no-cudagraphs"]
+    seen = []
+    monkeypatch.setattr(torch.nn.Module, "compile", lambda self, **kwargs: seen.append(kwargs))
+    model = tiny_model("llada")
+    compile_blocks(model, mode="max-autotune-tma")
+    assert len(seen) == len(model.blocks)
+    assert all(k["options"]["triton.enable_persistent_tma_matmul"] and k["options"]["max_autotune"] for k in seen)
+    seen.clear()
+    compile_blocks(model)
+    assert [k["options"] for k in seen] == [None] * len(model.blocks)
+
+
 def test_cpu_optimizer_is_not_fused():
     opt = build_optimizer([torch.nn.Parameter(torch.zeros(2))], load_train_config(None, []).optim)
     assert not opt.param_groups[0]["fused"]
