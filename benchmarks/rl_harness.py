@@ -76,7 +76,7 @@ def parity_reward():
 
 def make_prompts(n: int, length: int, spread: int, vocab_limit: int, seed: int = 0):
     """``n`` prompts of ``length +- spread`` random ids below ``vocab_limit`` (no special token)."""
-    from dare.data.prompts import PromptItem
+    from dare.trainer.prompts import PromptItem
 
     rng = random.Random(seed)
     out = []

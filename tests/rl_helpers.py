@@ -5,7 +5,7 @@ import copy
 import torch
 
 from dare.algorithms import get_algorithm, resolve_algorithm_config
-from dare.data.prompts import PromptItem
+from dare.trainer.prompts import PromptItem
 from dare.data.tokenizer import build_byte_tokenizer
 from dare.models import family_of
 from dare.models.tiny import tiny_model

@@ -13,7 +13,7 @@ from rl_helpers import TARGET, TargetFraction, Varied, algorithm, backward_all, 
 from rollout_helpers import bias_token, single_thread  # noqa: F401  (autouse fixture)
 
 from dare.algorithms.logprobs import denoising_logits, model_inputs
-from dare.data.prompts import PromptItem
+from dare.trainer.prompts import PromptItem
 from dare.data.tokenizer import build_byte_tokenizer
 from dare.errors import ConfigError
 from dare.models.tiny import tiny_model

@@ -271,7 +271,7 @@ def test_loss_and_gradient_do_not_depend_on_micro_batching(name):
 
 def test_vrpo_policy_equal_to_reference_gives_log_two(tmp_path):
     from dare.data.tokenizer import EOS_ID, PAD_ID, build_byte_tokenizer
-    from dare.data.prompts import build_pairs
+    from dare.trainer.prompts import build_pairs
     from dare.trainer.config import DataConfig
     from dare.trainer.preference import PairSource
     from dare.trainer.workflow import Reference

@@ -13,7 +13,7 @@ from test_bd_rl import TOK, TARGET_ID, bd_source, replay_logprobs, rollout_logpr
 
 from dare.algorithms.dtreerpo import branch_points, tree_advantages
 from dare.algorithms.igpo import hint_canvas, hint_source
-from dare.data.prompts import PromptItem
+from dare.trainer.prompts import PromptItem
 from dare.errors import ConfigError
 from dare.models import family_of
 from dare.models.tiny import tiny_model

@@ -20,8 +20,6 @@ from pathlib import Path
 
 from dare.errors import ConfigError, unknown_choice
 
-SCHEMA = "dare.demo.report/1"
-
 
 @dataclass
 class DemoConfig:

@@ -6,6 +6,8 @@ import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+SCHEMA = "dare.demo.report/1"
+"""``schema`` of ``report.json``."""
 REWARD_WINDOW = 5
 """Rollout batches averaged for the first / last reward in the table."""
 
@@ -16,8 +18,6 @@ def curve(records: Sequence[dict], key: str) -> list[list[float]]:
 
 
 def build_report(settings: dict, phases, totals: dict) -> dict:
-    from dare.demo.pipeline import SCHEMA
-
     initial, sft, rl = phases
     rewards = curve(rl.records, "rollout/reward")
     heldout = [[0, sft.accuracy], *curve(rl.records, "eval/heldout_accuracy"), [rl.steps, rl.accuracy]]

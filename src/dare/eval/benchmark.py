@@ -260,9 +260,8 @@ def register_benchmark(benchmark: Benchmark, aliases: Sequence[str] = ()) -> Ben
 
 
 def get_benchmark(name: str) -> Benchmark:
-    """A registered benchmark by name (case-insensitive; ``-`` and ``_`` interchangeable)."""
-    import dare.eval.benchmarks  # noqa: F401  (registers the built-ins)
-
+    """A registered benchmark by name (case-insensitive; ``-`` and ``_`` interchangeable). The built-ins are
+    registered when :mod:`dare.eval` is imported, which any import of this module does first."""
     key = name.strip().lower().replace("-", "_")
     key = ALIASES.get(key, key)
     if key not in BENCHMARKS:

@@ -31,10 +31,11 @@ The module imports without OpenCompass; creating the model without it raises a o
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import inspect
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from dare.errors import ConfigError, InputError, first_line
+from dare.errors import ConfigError, InputError, closest, first_line
 
 try:  # OpenCompass is optional: the class below subclasses its BaseModel only when it is installed.
     from opencompass.models.base import BaseModel as _BaseModel
@@ -46,6 +47,9 @@ else:
 
 ROLES = {"HUMAN": "user", "BOT": "assistant", "SYSTEM": "system"}
 """OpenCompass prompt roles -> chat-template roles."""
+OPENCOMPASS_MODEL_KEYS = ("type", "abbr", "run_cfg", "max_out_len", "batch_size", "summarizer_abbr",
+                          "pred_postprocessor", "min_out_len")
+"""Keys of a model entry that OpenCompass's tasks use and remove before they build the model."""
 
 
 def require_opencompass() -> None:
@@ -88,8 +92,6 @@ class DareDiffusionModel(_BaseModel):
         require_opencompass()
         from dare.eval.harness import boolean
         from dare.eval.likelihood import LikelihoodConfig
-        from dare.eval.opencompass_checks import check_model_args
-
         # OpenCompass passes every key of the model entry: a misspelt one is a one-line error, as are unknown
         # sampler / likelihood fields and an unknown sampler preset
         check_model_args({"sampler": sampler, "likelihood": likelihood, **unknown})
@@ -238,6 +240,38 @@ class DareDiffusionModel(_BaseModel):
         return terms.mean(1).tolist()
 
 
+def model_arguments() -> tuple[str, ...]:
+    """The keyword arguments ``DareDiffusionModel`` takes."""
+    parameters = inspect.signature(DareDiffusionModel.__init__).parameters.values()
+    return tuple(p.name for p in parameters if p.name != "self" and p.kind is not p.VAR_KEYWORD)
+
+
+def check_model_args(args: Mapping[str, Any], name: str = "DareDiffusionModel") -> None:
+    """Argument names, ``sampler`` fields (and the sampler preset) and ``likelihood`` fields of a
+    ``DareDiffusionModel``; ``name`` starts the messages."""
+    from dare.eval.harness import request_sampler
+    from dare.eval.likelihood import LikelihoodConfig
+    from dare.rollout import SamplerConfig
+
+    valid = model_arguments()
+    for key in args:
+        if key not in valid:
+            hint = closest(key, [*valid, *OPENCOMPASS_MODEL_KEYS])
+            raise ConfigError(f"{name}: unknown argument '{key}'" + (f" (did you mean '{hint}'?)" if hint else "")
+                              + f"; valid: {', '.join(valid)}")
+    for key in ("sampler", "likelihood"):
+        if args.get(key) is not None and not isinstance(args[key], Mapping):
+            raise ConfigError(f"{name}: {key} must be a dict of fields, e.g. {key}=dict(...); got {args[key]!r}")
+    try:
+        sampler = dict(args.get("sampler") or {})
+        SamplerConfig.from_dict(sampler)
+        if "sampler" in sampler:  # resolved as a request resolves it: an unknown preset, a wrong field type
+            request_sampler(sampler, sampler["sampler"], None, 0)
+        LikelihoodConfig.from_dict(dict(args.get("likelihood") or {}))
+    except ConfigError as err:
+        raise ConfigError(f"{name}: {err}") from None
+
+
 def _load_tokenizer(path: str):
     """The tokenizer of ``path`` alone (``tokenizer_only=True``), with a one-line error."""
     from dare.models.loading import load_tokenizer
@@ -279,4 +313,4 @@ if _IMPORT_ERROR is None:  # make ``type="DareDiffusionModel"`` work in OpenComp
     MODELS.register_module(name="DareDiffusionModel", module=DareDiffusionModel, force=True)
 
 
-__all__ = ["DareDiffusionModel", "require_opencompass"]
+__all__ = ["OPENCOMPASS_MODEL_KEYS", "DareDiffusionModel", "check_model_args", "model_arguments", "require_opencompass"]

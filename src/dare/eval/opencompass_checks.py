@@ -5,7 +5,7 @@ log and a summary of ``-`` cells. This module finds the mistakes before OpenComp
 that failed anyway into the one line that ended it:
 
 * :func:`check_config`: every ``DareDiffusionModel`` entry of a loaded config (known arguments, sampler and
-  likelihood fields, checkpoint path, adapter) and every dataset entry (a custom dataset's file, its
+  likelihood fields: the model's own :func:`dare.eval.opencompass.check_model_args`; checkpoint path, adapter) and every dataset entry (a custom dataset's file, its
   ``data_type`` / ``infer_method``; an absolute ``path`` of a typed dataset);
 * :func:`check_dataset_names`: ``--datasets NAME`` against OpenCompass's dataset config files;
 * :func:`missing_base_config`: a ``with read_base(): from opencompass.configs.datasets.X import ...`` of a
@@ -19,7 +19,6 @@ Everything here works on plain dicts, paths and text, with or without OpenCompas
 from __future__ import annotations
 
 import fnmatch
-import inspect
 import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -27,10 +26,12 @@ from pathlib import Path
 from typing import Any
 
 from dare.errors import ConfigError, InputError, closest
+from dare.eval.opencompass import (
+    OPENCOMPASS_MODEL_KEYS,
+    check_model_args,
+    model_arguments,
+)
 
-OPENCOMPASS_MODEL_KEYS = ("type", "abbr", "run_cfg", "max_out_len", "batch_size", "summarizer_abbr",
-                          "pred_postprocessor", "min_out_len")
-"""Keys of a model entry that OpenCompass's tasks use and remove before they build the model."""
 CUSTOM_DATASET_KINDS = {"mcq": ("gen", "ppl"), "circular-mcq": ("gen", "ppl"), "qa": ("gen",)}
 """``data_type`` -> supported ``infer_method`` values of an OpenCompass custom dataset (as of OpenCompass 0.5)."""
 CUSTOM_DATASET_SUFFIXES = (".jsonl", ".csv")
@@ -45,40 +46,6 @@ def is_dare_model(entry: Mapping[str, Any]) -> bool:
     kind = entry.get("type")
     name = kind if isinstance(kind, str) else getattr(kind, "__name__", "")
     return name.rpartition(".")[2] == "DareDiffusionModel"
-
-
-def model_arguments() -> tuple[str, ...]:
-    """The keyword arguments ``DareDiffusionModel`` takes."""
-    from dare.eval.opencompass import DareDiffusionModel
-
-    parameters = inspect.signature(DareDiffusionModel.__init__).parameters.values()
-    return tuple(p.name for p in parameters if p.name != "self" and p.kind is not p.VAR_KEYWORD)
-
-
-def check_model_args(args: Mapping[str, Any], name: str = "DareDiffusionModel") -> None:
-    """Argument names, ``sampler`` fields (and the sampler preset) and ``likelihood`` fields of a
-    ``DareDiffusionModel``; ``name`` starts the messages."""
-    from dare.eval.harness import request_sampler
-    from dare.eval.likelihood import LikelihoodConfig
-    from dare.rollout import SamplerConfig
-
-    valid = model_arguments()
-    for key in args:
-        if key not in valid:
-            hint = closest(key, [*valid, *OPENCOMPASS_MODEL_KEYS])
-            raise ConfigError(f"{name}: unknown argument '{key}'" + (f" (did you mean '{hint}'?)" if hint else "")
-                              + f"; valid: {', '.join(valid)}")
-    for key in ("sampler", "likelihood"):
-        if args.get(key) is not None and not isinstance(args[key], Mapping):
-            raise ConfigError(f"{name}: {key} must be a dict of fields, e.g. {key}=dict(...); got {args[key]!r}")
-    try:
-        sampler = dict(args.get("sampler") or {})
-        SamplerConfig.from_dict(sampler)
-        if "sampler" in sampler:  # resolved as a request resolves it: an unknown preset, a wrong field type
-            request_sampler(sampler, sampler["sampler"], None, 0)
-        LikelihoodConfig.from_dict(dict(args.get("likelihood") or {}))
-    except ConfigError as err:
-        raise ConfigError(f"{name}: {err}") from None
 
 
 def check_model_config(entry: Mapping[str, Any]) -> None:

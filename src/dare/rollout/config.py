@@ -27,6 +27,7 @@ from dare.rollout.kernels import (
     DECODERS,
     SCHEDULES,
 )
+from dare.rollout.registry import get_sampler
 
 
 _NUMERIC_TYPES = ("int", "float")
@@ -201,8 +202,6 @@ class SamplerConfig:
 
     def resolved(self) -> SamplerConfig:
         """Fill ``None`` fields from the sampler preset, normalise aliases and validate (``ConfigError``)."""
-        from dare.rollout.samplers import get_sampler
-
         preset = get_sampler(self.sampler)
         self.check_types()  # before the preset's defaults compare values
         values = dataclasses.asdict(self)
@@ -225,8 +224,6 @@ class SamplerConfig:
 
     def validate(self) -> None:
         """Check a resolved config; every problem is a one-line :class:`ConfigError`."""
-        from dare.rollout.samplers import get_sampler
-
         self.choice("confidence", CONFIDENCES)
         self.choice("confidence_source", CONFIDENCE_SOURCES)
         self.choice("confidence_dtype", CONFIDENCE_DTYPES)

@@ -1,68 +1,39 @@
-"""The sampler registry and :func:`generate`, the entry point every other area calls.
+"""The built-in samplers and :func:`generate`, the entry point every other area calls.
 
 A sampler is a named preset of orthogonal choices (confidence, schedule, selection rule, cache) plus the
-loop that runs them. Registering a new one is one :func:`register_sampler` call. Masked-diffusion samplers run
-:func:`dare.rollout.mdlm.denoise_mdlm`; block-diffusion samplers run :func:`dare.rollout.block.denoise_blocks`;
-both loops share :mod:`dare.rollout.kernels`.
+loop that runs them (:class:`dare.rollout.registry.Sampler`). Registering a new one is one
+:func:`register_sampler` call. Masked-diffusion samplers run :func:`dare.rollout.mdlm.denoise_mdlm`;
+block-diffusion samplers run :func:`dare.rollout.block.denoise_blocks`; both loops share
+:mod:`dare.rollout.kernels`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+import dataclasses
+from collections.abc import Sequence
 
 import torch
 
-from dare.errors import ConfigError, InputError, unknown_choice
+from dare.errors import ConfigError, InputError
 from dare.rollout import block, mdlm
 from dare.rollout.config import SamplerConfig
 from dare.rollout.engine import resolve_engine, run_static
 from dare.rollout.engine.block import BlockState
 from dare.rollout.engine.mdlm import MdlmState
 from dare.rollout.output import RolloutOutput
+from dare.rollout.registry import SAMPLERS, Sampler, get_sampler
 
 
-@dataclass(frozen=True)
-class Sampler:
-    """A named decoding recipe.
-
-    Attributes:
-        name: registry key (``SamplerConfig.sampler``).
-        description: one line for ``--help`` and docs.
-        defaults: values for the ``SamplerConfig`` fields the user leaves as ``None``.
-        run: ``run(model, input_ids, attention_mask, resolved_config, *, example_ids, progress) -> RolloutOutput``.
-        finalize: ``finalize(values, given)`` completes the field dict of :meth:`SamplerConfig.resolved` after the
-            preset defaults (loop-specific defaults).
-        check: ``check(config)`` loop-specific validation of a resolved config (one-line ``ConfigError``).
-        static_state: the fixed-shape twin of ``run`` for the ``static``/``graph`` engines
-            (:mod:`dare.rollout.engine`).
-        attention: the model attention the loop decodes (``full`` or ``block_causal``, ``FamilySpec.attention``).
-        families: model families this sampler is the default for (:func:`default_sampler`).
-    """
-
-    name: str
-    description: str
-    defaults: dict = field(default_factory=dict)
-    run: Callable[..., RolloutOutput] = mdlm.denoise_mdlm
-    finalize: Callable[[dict, SamplerConfig], None] = mdlm.finalize_config
-    check: Callable[[SamplerConfig], None] = mdlm.check_config
-    static_state: type = MdlmState
-    attention: str = "full"
-    families: tuple[str, ...] = ()
-
-
-SAMPLERS: dict[str, Sampler] = {}
+MDLM_HOOKS = dict(run=mdlm.denoise_mdlm, finalize=mdlm.finalize_config, check=mdlm.check_config,
+                  static_state=MdlmState)
+"""The hooks of a sampler that leaves them ``None``: the masked-diffusion loop."""
 
 
 def register_sampler(sampler: Sampler) -> Sampler:
+    """Register ``sampler`` (its ``None`` hooks filled with :data:`MDLM_HOOKS`); returns the registered one."""
+    sampler = dataclasses.replace(sampler, **{k: v for k, v in MDLM_HOOKS.items() if getattr(sampler, k) is None})
     SAMPLERS[sampler.name] = sampler
     return sampler
-
-
-def get_sampler(name: str) -> Sampler:
-    if name not in SAMPLERS:
-        raise unknown_choice("sampler", name, SAMPLERS)
-    return SAMPLERS[name]
 
 
 def default_sampler(model) -> str:

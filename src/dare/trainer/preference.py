@@ -9,7 +9,7 @@ import contextlib
 import torch
 from tensordict import TensorDict
 
-from dare.data.prompts import PairItem
+from dare.trainer.prompts import PairItem
 from dare.data.sft import Example, collate_padded
 from dare.distributed import DistInfo
 from dare.errors import ConfigError
@@ -71,7 +71,7 @@ class PairSource:
 
 
 def build_pair_source(trainer) -> PairSource:
-    from dare.data.prompts import build_pairs
+    from dare.trainer.prompts import build_pairs
 
     cfg = trainer.config
     pairs, dropped = build_pairs(cfg.data, trainer.tokenizer, trainer.token_ids.eos, cfg.trainer.seed)

@@ -54,7 +54,7 @@ import torch
 from tensordict import TensorDict
 
 from dare.algorithms.rl import RolloutContext
-from dare.data.prompts import PromptItem
+from dare.trainer.prompts import PromptItem
 from dare.distributed import DistInfo, all_reduce_dict, all_reduce_max_int, gathered_parameters
 from dare.errors import ConfigError
 from dare.rollout import derive_seed, left_pad
@@ -502,7 +502,7 @@ def health_sums(outputs, stop_ids) -> dict[str, torch.Tensor]:
 def build_rollout_source(trainer) -> RolloutSource:
     """The rollout source of a :class:`~dare.trainer.Trainer` (prompts from ``data``, reward and sampler from
     ``rollout``)."""
-    from dare.data.prompts import build_prompts
+    from dare.trainer.prompts import build_prompts
     from dare.rewards import get_reward
 
     cfg = trainer.config
