@@ -40,6 +40,7 @@ def main(argv=None) -> int:
     p.add_argument("--compile", choices=["none", "dynamic", "static"], default="none",
                    help="regional torch.compile of every block before recording (dynamic or static shapes)")
     p.add_argument("--cache", choices=["prefix", "dual"], help="llada: Fast-dLLM cache (default dual)")
+    p.add_argument("--max-blocks", type=int, help="blocks decoded (default: 2 for llada, 4 for sdar; 0 = all)")
     p.add_argument("--gemm-only", action="store_true", help="time the projection matmuls, separate vs fused")
     p.add_argument("--rows", type=int, help="--gemm-only: query rows per batch row (the block; default 32)")
     p.add_argument("--libraries", nargs="+", choices=sorted(MATMULS),
@@ -64,10 +65,10 @@ def main(argv=None) -> int:
         compile_blocks(model, dynamic=args.compile == "dynamic")
     if args.family == "llada":
         config = SamplerConfig(sampler="fastdllm", cache=args.cache or "dual", decoder="quota", gen_length=args.gen, block_length=32,
-                               steps=args.gen, eos_early_stop=False, max_blocks=2, engine="graph")
+                               steps=args.gen, eos_early_stop=False, max_blocks=blocks(args, 2), engine="graph")
     else:
         config = SamplerConfig(sampler="sdar", cache="block", decoder="quota", gen_length=args.gen, eos_early_stop=False,
-                               max_blocks=4, engine="graph")
+                               max_blocks=blocks(args, 4), engine="graph")
     (batch,) = args.batch
     prompts = torch.randint(0, 100000, (batch, args.prompt_length), device=device)
     generate(model, prompts, None, config)  # records the graphs
@@ -105,6 +106,11 @@ def main(argv=None) -> int:
     return 0
 
 
+def blocks(args, default: int) -> int | None:
+    """``--max-blocks`` as ``SamplerConfig.max_blocks`` (0: every block)."""
+    return default if args.max_blocks is None else (args.max_blocks or None)
+
+
 def check_arguments(p, args) -> None:
     """One-line errors for options this run would ignore."""
     if args.gemm_only and (args.compile != "none" or args.cache):
@@ -112,6 +118,8 @@ def check_arguments(p, args) -> None:
     if not args.gemm_only and (args.rows is not None or len(args.batch) > 1 or args.libraries is not None):
         p.error("--rows, --libraries and several --batch sizes apply to --gemm-only; a profiled decode takes one "
                 "batch size")
+    if args.max_blocks is not None and (args.gemm_only or args.max_blocks < 0):
+        p.error("--max-blocks takes a count >= 0 (0 = all) and applies to a profiled decode, not --gemm-only")
     if args.cache and args.family != "llada":
         p.error("--cache chooses LLaDA's Fast-dLLM cache; SDAR decodes with its block cache")
 

@@ -282,3 +282,27 @@ def test_config_and_input_errors():
     assert generate(model, ids, mask, gen_length=16, eos_early_stop=False).nfe == 16
     # steps need not divide for threshold decoding (it runs until each block is filled)
     assert generate(model, ids, mask, gen_length=16, block_length=8, steps=7, decoder="threshold").nfe >= 2
+
+
+# ------------------------------------------------------------------------------------------ registry
+
+def test_a_registered_preset_runs_the_masked_diffusion_loop_by_default(monkeypatch):
+    """A new sampler is one ``register_sampler`` call: hooks it leaves out are the masked-diffusion loop's, and it
+    decodes as the built-in it copies does, on the eager and the static engine."""
+    from dare.rollout import SAMPLERS, Sampler, get_sampler, mdlm, register_sampler
+    from dare.rollout.engine.mdlm import MdlmState
+
+    monkeypatch.setitem(SAMPLERS, "my_llada", None)  # restored (removed) after the test
+    registered = register_sampler(Sampler("my_llada", "LLaDA's preset under another name",
+                                          dict(get_sampler("llada").defaults)))
+    assert get_sampler("my_llada") is registered
+    assert (registered.run, registered.finalize, registered.check, registered.static_state) == (
+        mdlm.denoise_mdlm, mdlm.finalize_config, mdlm.check_config, MdlmState)
+    model = model_for("llada")
+    ids, mask = padded([5, 3])
+    for engine in ("eager", "static"):
+        config = SamplerConfig(gen_length=8, block_length=4, steps=8, engine=engine)
+        mine = generate(model, ids, mask, config, sampler="my_llada")
+        builtin = generate(model, ids, mask, config, sampler="llada")
+        assert torch.equal(mine.completion, builtin.completion)
+        assert torch.equal(mine.step_map, builtin.step_map)
