@@ -677,3 +677,20 @@ def test_benchmark_refuses_options_it_would_ignore_in_one_line(argv, message, ca
         bench.main(argv)
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and message in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--libraries", "cublas"], "--libraries and several --batch sizes apply to --gemm-only"),
+    (["--gemm-only", "--max-blocks", "2"], "--max-blocks takes a count >= 0"),
+    (["--max-blocks", "-1"], "--max-blocks takes a count >= 0"),
+    (["--gemm-only", "--libraries", "mkl"], "invalid choice: 'mkl'"),
+    (["--family", "sdar", "--cache", "dual"], "--cache chooses LLaDA's Fast-dLLM cache"),
+])
+def test_engine_profile_refuses_options_it_would_ignore_in_one_line(argv, message, capsys):
+    spec = importlib.util.spec_from_file_location("engine_profile_benchmark", ROOT / "benchmarks" / "engine_profile.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    with pytest.raises(SystemExit) as exit_:
+        bench.main(argv)
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and message in err and "Traceback" not in err
