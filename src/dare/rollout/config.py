@@ -17,7 +17,6 @@ import dataclasses
 from dataclasses import dataclass
 
 from dare.errors import ConfigError, closest
-from dare.rollout.engine import ENGINES
 from dare.rollout.kernels import (
     CONFIDENCE_ALIASES,
     CONFIDENCE_DTYPES,
@@ -30,6 +29,8 @@ from dare.rollout.kernels import (
 from dare.rollout.registry import get_sampler
 
 
+ENGINES = ("auto", "eager", "static", "graph")
+"""Values of :attr:`SamplerConfig.engine` (:mod:`dare.rollout.engine` runs them)."""
 _NUMERIC_TYPES = ("int", "float")
 """Annotated field types of :class:`SamplerConfig` whose values must be numbers."""
 

@@ -40,12 +40,12 @@ from dataclasses import asdict, dataclass
 import torch
 
 from dare.errors import ConfigError, first_line
+from dare.rollout.config import ENGINES
 from dare.rollout.engine.fused import fused_bytes, fused_projections, release_fused, wants_fusion
 from dare.rollout.engine.owned import is_sharded, refreshed_twin
 
 log = logging.getLogger("dare.rollout")
 
-ENGINES = ("auto", "eager", "static", "graph")
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 PROMPT_WIDTH_MULTIPLE = 64
 KEEP_STATES = 4
