@@ -67,7 +67,6 @@ def check_model_config(entry: Mapping[str, Any]) -> None:
 def check_model_path(path: str, adapter: str | None = None) -> None:
     """``tiny:FAMILY`` names a registered family; a local checkpoint holds a model (a hub name is left to the
     hub); an adapter directory holds ``adapter_config.json``."""
-    import dare  # noqa: F401  (registers the families)
     from dare.models.loading import check_checkpoint_path, parse_tiny
     from dare.models.spec import get_family
 

@@ -74,8 +74,6 @@ def load_model(path: str, adapter: str | None = None, *, dtype="float32", device
         trainable: keep the adapter trainable (resume LoRA training); default frozen (eval/rollout).
     Returns the model in eval mode (a ``peft.PeftModel`` when ``adapter`` is given).
     """
-    import dare  # noqa: F401  (registers the families)
-
     torch_dtype = resolve_dtype(dtype)
     tiny = parse_tiny(path)
     if tiny is not None:
