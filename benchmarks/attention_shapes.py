@@ -70,11 +70,20 @@ def kernel_mask(mask, valid):
 
 
 def kernel_settings(q, k, v, mask, valid):
-    """The split-KV kernel under each launch setting (keys per tile, warps, pipeline stages)."""
+    """The split-KV kernel under each launch setting (keys per tile, warps, pipeline stages), then under more key
+    slices than its default (``processors`` x 2 / x 4: at SDAR B=64 the default gives 512 programs one slice each,
+    every program walking all its tiles in turn)."""
     d, mask = q.shape[-1], kernel_mask(mask, valid)
-    return {f"split-KV block_n={n} warps={w} stages={st}":
-            (lambda n=n, w=w, st=st: decode_attention(q, k, v, mask, d ** -0.5, block_n=n, num_warps=w, num_stages=st))
-            for n in (32, 64, 128) for w in (4, 8) for st in (1, 2, 3)}
+    settings = {f"split-KV block_n={n} warps={w} stages={st}":
+                (lambda n=n, w=w, st=st: decode_attention(q, k, v, mask, d ** -0.5, block_n=n, num_warps=w,
+                                                          num_stages=st))
+                for n in (32, 64, 128) for w in (4, 8) for st in (1, 2, 3)}
+    sms = torch.cuda.get_device_properties(q.device).multi_processor_count
+    for scale in (2, 4):
+        for n in (64, 128):
+            settings[f"split-KV block_n={n} slices x{scale}"] = (
+                lambda n=n, scale=scale: decode_attention(q, k, v, mask, d ** -0.5, processors=scale * sms, block_n=n))
+    return settings
 
 
 def main(argv=None) -> int:
