@@ -42,7 +42,7 @@ import torch
 from dare.errors import ConfigError, first_line
 from dare.rollout.config import ENGINES
 from dare.rollout.engine.fused import fused_bytes, fused_projections, release_fused, wants_fusion
-from dare.rollout.engine.owned import is_sharded, refreshed_twin
+from dare.rollout.engine.owned import base_model, is_sharded, refreshed_twin
 
 log = logging.getLogger("dare.rollout")
 
@@ -112,13 +112,13 @@ def bucket(batch: int) -> int | None:
 
 
 def engine_stats(model) -> EngineStats:
-    return _STATS.setdefault(_base(model), EngineStats())
+    return _STATS.setdefault(base_model(model), EngineStats())
 
 
 def release(model) -> None:
     """Free the buffers and graphs the engine keeps for ``model``; its next rollout records afresh (also after an
     earlier recording failed and sent it to the eager fallback)."""
-    base = _base(model)
+    base = base_model(model)
     _drop_twin(base)
     _STATES.pop(base, None)
     _FINGERPRINTS.pop(base, None)
@@ -136,7 +136,7 @@ def refresh_weights(model) -> bool:
     addresses. FSDP-sharded models decode with the engine's own unsharded copy, refreshed by copying at every call
     (:mod:`dare.rollout.engine.owned`).
     """
-    base = _base(model)
+    base = base_model(model)
     fingerprint = _fingerprint(base)
     previous = _FINGERPRINTS.get(base)
     _FINGERPRINTS[base] = fingerprint
@@ -147,14 +147,10 @@ def refresh_weights(model) -> bool:
     return False
 
 
-def _base(model):
-    return model.get_base_model() if hasattr(model, "get_base_model") else model
-
-
 def _fallback_reason(model, batch: int) -> str | None:
     if bucket(batch) is None:
         return f"batch {batch} exceeds the largest graph bucket ({BATCH_BUCKETS[-1]})"
-    if _base(model) in _UNCAPTURABLE:
+    if base_model(model) in _UNCAPTURABLE:
         return "this model's decoding step could not be recorded earlier"
     return None
 
@@ -212,7 +208,7 @@ def run_static(sampler, model, input_ids: torch.Tensor, attention_mask: torch.Te
 
     stats = engine_stats(model)
     rows = input_ids.shape[0]
-    owner = _base(model)  # the caller's model; a sharded one is decoded through its unsharded copy
+    owner = base_model(model)  # the caller's model; a sharded one is decoded through its unsharded copy
     reason = _fallback_reason(model, rows)
     if reason is None and is_sharded(model):  # decode with the engine's unsharded copy (its addresses are fixed)
         try:
@@ -225,7 +221,7 @@ def run_static(sampler, model, input_ids: torch.Tensor, attention_mask: torch.Te
             reason = f"no unsharded copy of the FSDP model could be made ({first_line(error)[:200]})"
         if reason is not None:  # eager from now on (release(model) retries): free the copy, never rebuild it
             _give_up_on(owner)
-    base = _base(model)
+    base = base_model(model)
     if reason is not None:
         log.warning("rollout engine '%s' falls back to eager: %s", engine, reason)
         stats.fallbacks += 1

@@ -36,8 +36,9 @@ def _plain_class(model) -> type:
     return next(c for c in type(model).__mro__ if not c.__name__.startswith("FSDP"))
 
 
-def _key(model):
-    """Twins are kept per DARE model (the base of a peft wrapper), as the engine keeps its other state."""
+def base_model(model):
+    """The DARE model under a peft wrapper (the model itself otherwise): the engine keeps its recorded steps, stats
+    and twins per base model."""
     return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
@@ -66,7 +67,7 @@ def _build(model, params: dict[str, torch.Tensor]):
     """A plain model of ``model``'s class and config (peft-wrapped with its adapter config when ``model`` is) on the
     parameters' device; floating parameters in FSDP2's compute dtype, others in their own."""
     first = next(iter(params.values()))
-    base = _key(model)
+    base = base_model(model)
     with torch.device(first.device):
         twin = _plain_class(base)(base.config)
     if base is not model:  # peft: the same adapter on the copy, under the same name
@@ -92,10 +93,10 @@ def refreshed_twin(model) -> tuple[torch.nn.Module, float]:
     refresh took (the weight copy; a first call also builds the twin)."""
     began = time.perf_counter()
     params = {name: _full(p) for name, p in model.named_parameters()}
-    twin = _TWINS.get(_key(model))
+    twin = twin_of(model)
     if twin is None:
         twin = _build(model, params)
-        _TWINS[_key(model)] = twin
+        _TWINS[base_model(model)] = twin
         size = sum(p.numel() * p.element_size() for p in twin.parameters()) / 2**30
         log.info("rollout engine: decoding the FSDP-sharded model with an unsharded copy of its weights (%.2f GiB)",
                  size)
@@ -106,7 +107,7 @@ def refreshed_twin(model) -> tuple[torch.nn.Module, float]:
         for name, buffer in twin.named_buffers():
             if name in buffers:
                 buffer.copy_(_full(buffers[name]))
-    if twin is not _key(twin):  # adapters on or off as the model's are now (e.g. inside peft's disable_adapter)
+    if twin is not base_model(twin):  # adapters on or off as the model's are now (e.g. inside peft's disable_adapter)
         copies, switched = _tuner_layers(twin), False
         for name, layer in _tuner_layers(model).items():
             if copies[name].disable_adapters != layer.disable_adapters:
@@ -121,9 +122,9 @@ def refreshed_twin(model) -> tuple[torch.nn.Module, float]:
 
 def twin_of(model):
     """The twin the engine holds for ``model``, or None."""
-    return _TWINS.get(_key(model))
+    return _TWINS.get(base_model(model))
 
 
 def release_twin(model) -> None:
     """Free the twin of ``model`` (the next sharded rollout builds it again)."""
-    _TWINS.pop(_key(model), None)
+    _TWINS.pop(base_model(model), None)
