@@ -5,8 +5,9 @@ log and a summary of ``-`` cells. This module finds the mistakes before OpenComp
 that failed anyway into the one line that ended it:
 
 * :func:`check_config`: every ``DareDiffusionModel`` entry of a loaded config (known arguments, sampler and
-  likelihood fields: the model's own :func:`dare.eval.opencompass.check_model_args`; checkpoint path, adapter) and every dataset entry (a custom dataset's file, its
-  ``data_type`` / ``infer_method``; an absolute ``path`` of a typed dataset);
+  likelihood fields: the model's own :func:`dare.eval.opencompass.check_model_args`; checkpoint path, adapter)
+  and every dataset entry (a custom dataset's file, its ``data_type`` / ``infer_method``; an absolute ``path`` of
+  a typed dataset);
 * :func:`check_dataset_names`: ``--datasets NAME`` against OpenCompass's dataset config files;
 * :func:`missing_base_config`: a ``with read_base(): from opencompass.configs.datasets.X import ...`` of a
   config that does not exist;

@@ -28,10 +28,10 @@ COMPILE_MODES = {
     "max-autotune-tma": {"max_autotune": True, "coordinate_descent_tuning": True,
                          "triton.enable_persistent_tma_matmul": True},
 }
-"""Compile modes for blocks -> inductor options. ``max-autotune-no-cudagraphs`` is torch's mode of that name (its options);
-``max-autotune-tma`` adds inductor's persistent TMA matmul template (Hopper) to the autotuned choices. The torch
-modes that record CUDA graphs themselves (``reduce-overhead``, ``max-autotune``) would nest inside the rollout
-engine's graphs and are not offered."""
+"""Compile modes for blocks -> inductor options. ``max-autotune-no-cudagraphs`` is torch's mode of that name (its
+options); ``max-autotune-tma`` adds inductor's persistent TMA matmul template (Hopper) to the autotuned choices.
+The torch modes that record CUDA graphs themselves (``reduce-overhead``, ``max-autotune``) would nest inside the
+rollout engine's graphs and are not offered."""
 STATIC_RECOMPILE_LIMIT = 64
 """Shapes one static compilation may specialise on (dynamo's default limit is 8; a prefix-cache rollout of 8
 blocks alone has 9 step shapes)."""
