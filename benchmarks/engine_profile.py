@@ -52,7 +52,7 @@ def main(argv=None) -> int:
         for batch in args.batch:
             for library in args.libraries or ["cublas", "cublaslt"]:
                 print(f"\nmatmul library: {library}")
-                gemm_fusion(batch * (args.rows or 32), linear=MATMULS[library](), **GEMM_SHAPES[args.family])
+                gemm_fusion(batch * (args.rows or 32), lin=MATMULS[library](), **GEMM_SHAPES[args.family])
         return 0
     from dare.rollout import SamplerConfig, generate
     from dare.rollout.engine import _STATES
@@ -151,9 +151,9 @@ MATMULS = {"cublas": blas("cublas"), "cublaslt": blas("cublaslt"), "inductor-tma
 
 
 def gemm_fusion(rows: int, hidden: int = 4096, kv: int = 4096, ffn: int = 12288, layers: int = 32,
-                linear=torch.nn.functional.linear) -> None:
+                lin=torch.nn.functional.linear) -> None:
     """One layer's projections at ``rows`` query rows (``kv`` = key/value width), x ``layers``: separate vs
-    concatenated weights, each set timed as the replay of one CUDA graph."""
+    concatenated weights through ``lin`` (an ``F.linear``), each set timed as the replay of one CUDA graph."""
     dev, dt = torch.device("cuda"), torch.bfloat16
     x = torch.randn(rows, hidden, device=dev, dtype=dt)
     h = torch.randn(rows, ffn, device=dev, dtype=dt)
@@ -164,8 +164,8 @@ def gemm_fusion(rows: int, hidden: int = 4096, kv: int = 4096, ffn: int = 12288,
     down = [torch.randn(hidden, ffn, device=dev, dtype=dt) * 0.02 for _ in range(layers)]
     qkv = [torch.cat([a, b, c]) for a, b, c in zip(q, k, v)]
     gate_up = [torch.cat([a, b]) for a, b in zip(gate, up)]
-    lin = linear
     weight_gb = layers * (2 * hidden * hidden + 2 * kv * hidden + 3 * hidden * ffn) * 2 / 1e9
+
     def ms(fn) -> float:
         return graph_us(fn, reps=3) / 1000
 

@@ -50,11 +50,9 @@ from common import (  # noqa: E402,F401
     build_llada,
     check_engine_arguments,
     default_engines,
-    engine_label,
     engine_record,
     matmul_rate,
     print_engine_table,
-    switch_runs,
     sync,
     time_engines,
     warm_seconds,
@@ -190,8 +188,9 @@ def main(argv=None) -> int:
                 print(f"run   B={batch:<3d} G={gen_length:<4d} {name:<17s} {row['tokens_per_s']:9.1f} tok/s  "
                       f"nfe={out.nfe:<4d} TPF={row['tokens_per_forward']:5.2f}  {seconds:7.2f}s  "
                       f"{row['gap_to_floor']:5.2f}x floor", flush=True)
-                def timed(engine):  # (output, seconds)
-                    return run_once(model, prompts, gen_length, args, overrides, measured_blocks, engine)[::2]
+                def timed(engine):
+                    fast, _, fast_s = run_once(model, prompts, gen_length, args, overrides, measured_blocks, engine)
+                    return fast, fast_s
 
                 label = f"B={batch:<3d} G={gen_length:<4d} {name:<17s}"
                 records += time_engines(model, args, timed, out, common, label)
