@@ -27,13 +27,19 @@ def decode(model, ids, mask, config, engine):
     return {"completion": out.completion, "logprobs": out.logprobs, "step_map": out.step_map, "nfe": out.nfe}
 
 
+def sharp_model(seed: int, device):
+    """A tiny LLaDA with a scaled LM head: well-separated logits, so no near-ties between two decodes."""
+    torch.manual_seed(0)
+    model = tiny_model("llada", seed=seed).to(device).eval()
+    with torch.no_grad():
+        model.get_output_embeddings().weight.mul_(20.0)
+    return model
+
+
 def main(out_dir: Path, device: str) -> None:
     info = init_distributed(backend="gloo" if device == "cpu" else "nccl", device=device)
     engine = "static" if device == "cpu" else "graph"
-    torch.manual_seed(0)
-    model = tiny_model("llada", seed=1).to(info.device).eval()
-    with torch.no_grad():
-        model.get_output_embeddings().weight.mul_(20.0)  # well-separated logits: no near-ties between the two
+    model = sharp_model(1, info.device)
     reference = copy.deepcopy(model)
     apply_fsdp(model, model.blocks, info, mixed_precision="fp32")
     ids = torch.randint(5, 200, (3, 7)).to(info.device)
@@ -79,10 +85,7 @@ def main(out_dir: Path, device: str) -> None:
 
 def lora_case(info, ids, mask, config, engine) -> dict:
     """A LoRA-wrapped model sharded as the trainer does it (peft wrapper at the root, blocks sharded)."""
-    torch.manual_seed(0)
-    model = tiny_model("llada", seed=2).to(info.device).eval()
-    with torch.no_grad():
-        model.get_output_embeddings().weight.mul_(20.0)
+    model = sharp_model(2, info.device)
     model = apply_lora(model, r=4, alpha=8)
     with torch.no_grad():  # peft starts B at zero: make the adapter change the logits
         for name, p in model.named_parameters():
@@ -106,10 +109,7 @@ def lora_case(info, ids, mask, config, engine) -> dict:
 
 def mixed_precision_case(info, ids, mask, config, engine) -> dict:
     """fp32 master weights sharded with bf16 mixed precision: the copy computes in bf16, as the sharded forwards."""
-    torch.manual_seed(0)
-    model = tiny_model("llada", seed=3).to(info.device).eval()
-    with torch.no_grad():
-        model.get_output_embeddings().weight.mul_(20.0)
+    model = sharp_model(3, info.device)
     reference = copy.deepcopy(model).to(torch.bfloat16)
     apply_fsdp(model, model.blocks, info, mixed_precision="bf16")
     unsharded_call = decode(model, ids, mask, config, engine)  # first call outside: the fp32 shards all-gathered
