@@ -9,6 +9,12 @@ static KV cache of ``--keys`` slots, of which the first ``--valid`` are attendab
     python benchmarks/attention_shapes.py --batch 16 --heads 32 --kv-heads 32 --query 32 --keys 384 --valid 384 \
         --layers 32   # LLaDA-8B dual-cache window step
 
+Several cache widths in one run: ``--keys 192 256 320 384 --valid 136 200 264 328`` (pairs); ``--kernel-only`` leaves
+out the SDPA variants except the two references (SDPA's flash kernel over the valid keys, the split-KV kernel at its
+default settings)::
+
+    python benchmarks/attention_shapes.py --batch 64 --keys 192 256 320 384 --valid 136 200 264 328 --sweep --kernel-only
+
 Prints microseconds per call, timed inside a CUDA graph as a recorded step runs them (no launch overhead), for
 each variant and for the split-KV kernel's launch settings (``--sweep``), and the KV-read floor (valid keys
 only / all slots).
@@ -64,6 +70,10 @@ def variants(q, k, v, mask, valid):
     }
 
 
+REFERENCES = ("valid keys only, no mask (flash)", "split-KV kernel (decode_attention)")
+"""The variants ``--kernel-only`` keeps."""
+
+
 def kernel_mask(mask, valid):
     """The mask the engine passes: none where every key is attendable (a full-attention cache step)."""
     return None if valid == mask.shape[-1] else mask
@@ -90,30 +100,36 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--batch", type=int, nargs="+", default=[1, 64])
     p.add_argument("--query", type=int, default=4)
-    p.add_argument("--keys", type=int, default=388)
-    p.add_argument("--valid", type=int, default=260)
+    p.add_argument("--keys", type=int, nargs="+", default=[388], help="KV cache slots (one or more widths)")
+    p.add_argument("--valid", type=int, nargs="+", default=[260], help="attendable keys, one per --keys width")
     p.add_argument("--heads", type=int, default=32)
     p.add_argument("--kv-heads", type=int, default=8)
     p.add_argument("--head-dim", type=int, default=128)
     p.add_argument("--layers", type=int, default=36, help="layers per forward in the per-forward column (SDAR-8B: 36)")
     p.add_argument("--sweep", action="store_true", help="also time the split-KV kernel's launch settings")
+    p.add_argument("--kernel-only", action="store_true",
+                   help="of the SDPA variants, time only flash over the valid keys (a reference)")
     args = p.parse_args(argv)
+    if len(args.keys) != len(args.valid) or any(not 0 < v <= k for k, v in zip(args.keys, args.valid)):
+        p.error(f"--valid takes one count per --keys width, each in 1..width; got keys {args.keys}, valid {args.valid}")
     require_cuda("attention_shapes.py")
     dev, dt = torch.device("cuda"), torch.bfloat16
     bw = 4.3e12
-    for b in args.batch:
+    for b, (keys, valid) in ((b, kv) for b in args.batch for kv in zip(args.keys, args.valid)):
         q = torch.randn(b, args.heads, args.query, args.head_dim, device=dev, dtype=dt)
-        k = torch.randn(b, args.kv_heads, args.keys, args.head_dim, device=dev, dtype=dt)
+        k = torch.randn(b, args.kv_heads, keys, args.head_dim, device=dev, dtype=dt)
         v = torch.randn_like(k)
-        mask = torch.zeros(b, 1, args.query, args.keys, dtype=torch.bool, device=dev)
-        mask[..., :args.valid] = True
+        mask = torch.zeros(b, 1, args.query, keys, dtype=torch.bool, device=dev)
+        mask[..., :valid] = True
         kv_bytes = 2 * k.numel() * k.element_size()
-        print(f"\nB={b}: query {args.query} x {args.heads} heads, {args.valid}/{args.keys} keys x {args.kv_heads} KV heads; "
-              f"KV floor {kv_bytes * args.valid / args.keys / bw * 1e6:.1f} us (valid) / {kv_bytes / bw * 1e6:.1f} us (all)")
+        print(f"\nB={b}: query {args.query} x {args.heads} heads, {valid}/{keys} keys x {args.kv_heads} KV heads; "
+              f"KV floor {kv_bytes * valid / keys / bw * 1e6:.1f} us (valid) / {kv_bytes / bw * 1e6:.1f} us (all)")
         ref = None
-        cases = variants(q, k, v, mask, args.valid)
+        cases = variants(q, k, v, mask, valid)
+        if args.kernel_only:
+            cases = {name: fn for name, fn in cases.items() if name in REFERENCES}
         if args.sweep:
-            cases.update(kernel_settings(q, k, v, mask, args.valid))
+            cases.update(kernel_settings(q, k, v, mask, valid))
         for name, fn in cases.items():
             try:
                 out = fn()

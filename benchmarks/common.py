@@ -356,8 +356,9 @@ def add_engine_arguments(p) -> None:
     from dare.models.compile import COMPILE_MODES
 
     p.add_argument("--compile-mode", default="default", choices=sorted(COMPILE_MODES),
-                   help="torch.compile mode of --compile-blocks (max-autotune: matmul kernels benchmarked per shape; "
-                        "records get '+autotune', or '+autotune-tma' with the persistent TMA template)")
+                   help="torch.compile mode of --compile-blocks (dare.models.compile.COMPILE_MODES; max-autotune: matmul "
+                        "kernels benchmarked per shape, records get '+autotune', or '+autotune-tma' with the persistent "
+                        "TMA template; other modes '+<mode>')")
 
 
 def check_engine_arguments(p, args) -> None:
@@ -445,7 +446,11 @@ def engine_label(engine: str, args) -> str:
     label = engine + {None: "", "dynamic": "+compile", "static": "+compile-static"}[args.compile_blocks]
     if not args.compile_blocks or args.compile_mode == "default":
         return label
-    return label + ("+autotune-tma" if args.compile_mode == "max-autotune-tma" else "+autotune")
+    return label + MODE_LABELS.get(args.compile_mode, "+" + args.compile_mode)
+
+
+MODE_LABELS = {"max-autotune-no-cudagraphs": "+autotune", "max-autotune-tma": "+autotune-tma"}
+"""Record-label suffixes of compile modes whose labels predate the mode names (others: ``+<mode>``)."""
 
 
 def write_engine_records(args, bandwidth: float, wbytes: int, roofline: Roofline, records: list[dict]) -> None:

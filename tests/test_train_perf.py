@@ -200,6 +200,21 @@ def test_compile_modes_reach_every_block_as_inductor_options(monkeypatch):
     assert [k["options"] for k in seen] == [None] * len(model.blocks)
 
 
+def test_every_compile_mode_names_real_inductor_options():
+    import torch._inductor.config as inductor
+
+    from dare.models.compile import COMPILE_MODES
+
+    for mode, options in COMPILE_MODES.items():
+        for key, value in options.items():
+            owner = inductor
+            *path, name = key.split(".")
+            for part in path:
+                owner = getattr(owner, part)
+            assert hasattr(owner, name), f"compile mode {mode}: torch has no inductor option {key}"
+            assert type(getattr(owner, name)) is type(value), (mode, key)
+
+
 def test_cpu_optimizer_is_not_fused():
     opt = build_optimizer([torch.nn.Parameter(torch.zeros(2))], load_train_config(None, []).optim)
     assert not opt.param_groups[0]["fused"]

@@ -27,9 +27,16 @@ COMPILE_MODES = {
     "max-autotune-no-cudagraphs": {"max_autotune": True, "coordinate_descent_tuning": True},
     "max-autotune-tma": {"max_autotune": True, "coordinate_descent_tuning": True,
                          "triton.enable_persistent_tma_matmul": True},
+    "pdl": {"triton.enable_pdl": True},
+    "combo": {"combo_kernels": True},
+    "pointwise-tuned": {"coordinate_descent_tuning": True},
 }
 """Compile modes for blocks -> inductor options. ``max-autotune-no-cudagraphs`` is torch's mode of that name (its
 options); ``max-autotune-tma`` adds inductor's persistent TMA matmul template (Hopper) to the autotuned choices.
+Three modes target the many small generated kernels of a decoding step instead of its matmuls: ``pdl``
+(programmatic dependent launch, Hopper and newer: a generated kernel starts while its predecessor drains),
+``combo`` (independent kernels of a block horizontally fused into one launch) and ``pointwise-tuned`` (block sizes
+of the generated kernels tuned by coordinate descent, without matmul autotuning).
 The torch modes that record CUDA graphs themselves (``reduce-overhead``, ``max-autotune``) would nest inside the
 rollout engine's graphs and are not offered."""
 STATIC_RECOMPILE_LIMIT = 64

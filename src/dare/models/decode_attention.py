@@ -39,10 +39,11 @@ except ImportError:  # pragma: no cover - CPU-only installs
 
 MAX_ROWS = 64
 """Most query rows per KV head (``groups x queries``) one program holds."""
-BLOCK_N = 128
-"""Keys per tile on Hopper and newer (with 4 warps and 2 pipeline stages: the fastest setting of the H200 sweep
-at both shapes; a whole SDAR-8B B=64 rollout decoded as fast as with 64-key tiles, 12.08 vs 12.03 ms per
-forward); 64 on older GPUs, whose shared memory is smaller."""
+BLOCK_N = 64
+"""Keys per tile (with 4 warps and 2 pipeline stages). On an H200, SDAR-8B shapes (``attention_shapes.py --sweep
+--kernel-only``, tenth session): at B=64 and cache widths 192 / 256 / 320 / 384, 16.1 / 21.2 / 25.5 / 29.2 us per
+call against 21.6 / 24.7 / 31.6 / 32.5 us with 128-key tiles (the earlier default); at B=1 5.4-6.2 us against
+6.0-6.5 us."""
 CHOICES = ("auto", "triton", "sdpa")
 """Values of ``DARE_DECODE_ATTENTION``."""
 _FAILED = False
@@ -68,7 +69,7 @@ def applies(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None) -> bool
 
 def _generation(device: torch.device) -> int:
     """The GPU's compute capability major: ``auto`` routes on 9+ (Hopper and newer, where the kernels were
-    measured and 128-key tiles fit in shared memory); ``triton`` needs 8+ (bf16 tensor-core matmuls)."""
+    measured); ``triton`` needs 8+ (bf16 tensor-core matmuls)."""
     return _capability_major(device.index if device.index is not None else torch.cuda.current_device())
 
 
@@ -123,7 +124,7 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: to
     returns ``[B, H, Q, D]``, a transposed view of a ``[B, Q, H, D]`` tensor (the layout read next).
 
     ``processors`` (default: the GPU's multiprocessor count) sets how many key slices are used; ``block_n``
-    (keys per tile; default :data:`BLOCK_N`, 64 before Hopper), ``num_warps`` and ``num_stages`` are the
+    (keys per tile; default :data:`BLOCK_N`), ``num_warps`` and ``num_stages`` are the
     kernel's launch settings (benchmarks sweep them)."""
     b, h, n, d = q.shape
     hkv, keys = k.shape[1], k.shape[2]
@@ -133,7 +134,7 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: to
     if processors is None:
         processors = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 8
     if block_n is None:
-        block_n = BLOCK_N if not q.is_cuda or _generation(q.device) >= 9 else 64
+        block_n = BLOCK_N
     tiles = -(-keys // block_n)
     per_split = -(-tiles // num_splits(b * hkv, keys, processors, block_n)) * block_n  # whole tiles per slice
     splits = -(-keys // per_split)
