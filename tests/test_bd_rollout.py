@@ -673,6 +673,8 @@ def test_benchmark_times_each_value_of_a_switch_side_by_side(tmp_path, capsys, m
     ("engine_profile", ["--max-blocks", "-1"], "--max-blocks takes a count >= 0"),
     ("engine_profile", ["--gemm-only", "--libraries", "mkl"], "invalid choice: 'mkl'"),
     ("engine_profile", ["--family", "sdar", "--cache", "dual"], "--cache chooses LLaDA's Fast-dLLM cache"),
+    ("attention_shapes", ["--keys", "192", "256", "--valid", "136"], "--valid takes one count per --keys width"),
+    ("attention_shapes", ["--keys", "192", "--valid", "200"], "each in 1..width"),
 ])
 def test_benchmark_refuses_options_it_would_ignore_in_one_line(script, argv, message, capsys):
     spec = importlib.util.spec_from_file_location(f"{script}_benchmark", ROOT / "benchmarks" / f"{script}.py")
