@@ -148,6 +148,21 @@ def test_wrong_model_args_are_one_line_errors():
         DareLM()
     with pytest.raises(ConfigError, match="compile_blocks must be true or false; got 'maybe'"):
         DareLM(pretrained="tiny:llada", compile_blocks="maybe")
+    with pytest.raises(ConfigError, match=r"'schedule' is a SamplerConfig field and a LikelihoodConfig field with "
+                                          r"different meanings: write sampler.schedule=\.\.\. or likelihood.schedule"):
+        DareLM(pretrained="tiny:llada", schedule="continuous")
+    with pytest.raises(ConfigError, match=r"unknown dare model arg 'likelihood.temperature'"):
+        DareLM(pretrained="tiny:llada", **{"likelihood.temperature": 1.0})
+
+
+def test_prefixed_model_args_set_one_config_and_shared_ones_both():
+    from dare.eval.harness import split_options
+
+    sampler, likelihood = split_options({"likelihood.schedule": "continuous", "sampler.schedule": "timestep",
+                                         "full_logits": True, "mc_samples": 4, "steps": 8, "seed": 1},
+                                        own=("seed",), kind="dare model arg")
+    assert sampler == {"schedule": "timestep", "full_logits": True, "steps": 8}
+    assert likelihood == {"schedule": "continuous", "full_logits": True, "mc_samples": 4}
 
 
 def test_compile_blocks_model_arg_compiles_every_block_and_is_recorded(compiled_models):

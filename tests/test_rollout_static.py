@@ -467,12 +467,17 @@ def test_blocks_write_their_own_cache_layer_when_asked(family, sampler, override
     assert new == layers  # the probe's writes only
 
 
-def test_a_misspelt_cache_write_switch_is_a_one_line_error(monkeypatch):
+@pytest.mark.parametrize("switch", ["DARE_FUSE_CACHE_WRITES", "DARE_COMPILE_SAMPLING", "DARE_FUSE_PROJECTIONS"])
+def test_a_misspelt_kernel_switch_is_a_one_line_error(switch, monkeypatch):
     from dare.rollout.engine import kernel_settings
 
-    monkeypatch.setenv("DARE_FUSE_CACHE_WRITES", "yes")
-    with pytest.raises(ConfigError, match="DARE_FUSE_CACHE_WRITES must be 0 or 1, got 'yes'"):
+    monkeypatch.setenv(switch, "yes")
+    with pytest.raises(ConfigError, match=f"{switch} must be 0 or 1, got 'yes'"):
         kernel_settings()
+    monkeypatch.setenv(switch, "0")
+    settings = kernel_settings()
+    assert not settings[{"DARE_FUSE_CACHE_WRITES": "cache_writes_in_blocks", "DARE_COMPILE_SAMPLING": "compile_sampling",
+                         "DARE_FUSE_PROJECTIONS": "fuse_max_rows"}[switch]]
 
 
 @pytest.mark.parametrize("dtype,head_dim,wide", [(torch.bfloat16, 8, torch.int64), (torch.float16, 6, torch.int32),

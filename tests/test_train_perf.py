@@ -200,6 +200,12 @@ def test_compile_modes_reach_every_block_as_inductor_options(monkeypatch):
     assert [k["options"] for k in seen] == [None] * len(model.blocks)
 
 
+def test_compile_blocks_is_exported_where_the_readme_calls_it():
+    import dare.models
+
+    assert dare.models.compile_blocks is compile_blocks  # README: dare.models.compile_blocks(model)
+
+
 def test_every_compile_mode_names_real_inductor_options():
     import torch._inductor.config as inductor
 

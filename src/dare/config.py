@@ -14,6 +14,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import inspect
+import os
 import textwrap
 import types
 import typing
@@ -21,6 +22,15 @@ from pathlib import Path
 from typing import Any
 
 from dare.errors import ConfigError, closest, first_line
+
+
+def env_switch(name: str, default: bool) -> bool:
+    """The ``0``/``1`` environment switch ``name`` (``default`` when unset or empty); any other value is a one-line
+    ``ConfigError``, so that a misspelt switch fails before the work it would have changed."""
+    value = os.environ.get(name) or ("1" if default else "0")
+    if value not in ("0", "1"):
+        raise ConfigError(f"{name} must be 0 or 1, got {value!r}")
+    return value == "1"
 
 
 def _type_name(tp) -> str:
@@ -185,7 +195,16 @@ def save_yaml(data: dict, path: str | Path) -> None:
 
 
 def field_docs(cls) -> dict[str, str]:
-    """Attribute docstrings of a dataclass (the string literal right under each field)."""
+    """Attribute docstrings of a dataclass (the string literal right under each field), inherited ones included (a
+    subclass's own docstring for a field wins)."""
+    docs = {}
+    for klass in reversed(cls.__mro__):
+        if klass is not object:
+            docs.update(_own_field_docs(klass))
+    return docs
+
+
+def _own_field_docs(cls) -> dict[str, str]:
     try:
         source = textwrap.dedent(inspect.getsource(cls))
     except (OSError, TypeError):

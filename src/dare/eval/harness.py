@@ -16,29 +16,46 @@ from typing import Any
 from dare.errors import ConfigError, closest
 
 
+SHARED_OPTIONS = ("full_logits",)
+"""Keys that are a field of both configs with one meaning, so one value sets both."""
+TARGETS = ("sampler", "likelihood")
+"""Prefixes that send a key to one config: ``sampler.KEY`` / ``likelihood.KEY``."""
+
+
 def split_options(options: Mapping[str, Any], own: Sequence[str], kind: str) -> tuple[dict, dict]:
     """``(sampler fields, likelihood fields)`` of a flat option mapping: every key must be one of ``own`` (the
     adapter's own arguments, left out of both), a :class:`~dare.rollout.SamplerConfig` field or a
-    :class:`~dare.eval.likelihood.LikelihoodConfig` field (``full_logits`` belongs to both); anything else is a
-    one-line ``ConfigError`` naming the closest valid key (``kind`` names the options in the message)."""
+    :class:`~dare.eval.likelihood.LikelihoodConfig` field, optionally prefixed ``sampler.`` / ``likelihood.`` to
+    send it to that config only. A key of :data:`SHARED_OPTIONS` sets both; a key that both configs have with
+    different meanings (``schedule``: the unmasking schedule of the sampler, the masking schedule of the ELBO)
+    must carry a prefix. Anything else is a one-line ``ConfigError`` naming the closest valid key (``kind`` names
+    the options in the message)."""
     from dare.eval.likelihood import LikelihoodConfig
     from dare.rollout import SamplerConfig
 
-    sampler_names = {f.name for f in dataclasses.fields(SamplerConfig)}
-    likelihood_names = {f.name for f in dataclasses.fields(LikelihoodConfig)}
-    sampler, likelihood = {}, {}
+    names = {"sampler": {f.name for f in dataclasses.fields(SamplerConfig)},
+             "likelihood": {f.name for f in dataclasses.fields(LikelihoodConfig)}}
+    split = {"sampler": {}, "likelihood": {}}
     for key, value in options.items():
         if key in own:
             continue
-        if key not in sampler_names and key not in likelihood_names:
-            hint = closest(key, [*own, *sampler_names, *likelihood_names])
+        target, dot, name = key.partition(".")
+        if dot and target in TARGETS:
+            targets = [target] if name in names[target] else []
+        else:
+            name = key
+            targets = [t for t in TARGETS if name in names[t]]
+        if not targets:
+            valid = [*own, *names["sampler"], *names["likelihood"]] + [f"{t}.{n}" for t in TARGETS for n in names[t]]
+            hint = closest(key, valid)
             raise ConfigError(f"unknown {kind} '{key}'" + (f" (did you mean '{hint}'?)" if hint else "")
                               + "; valid: the adapter's own, any SamplerConfig or LikelihoodConfig field")
-        if key in sampler_names:
-            sampler[key] = value
-        if key in likelihood_names:
-            likelihood[key] = value
-    return sampler, likelihood
+        if len(targets) > 1 and name not in SHARED_OPTIONS:
+            raise ConfigError(f"{kind} '{key}' is a SamplerConfig field and a LikelihoodConfig field with different "
+                              f"meanings: write sampler.{name}=... or likelihood.{name}=...")
+        for target in targets:
+            split[target][name] = value
+    return split["sampler"], split["likelihood"]
 
 
 def request_sampler(fields: Mapping[str, Any], default: str, max_new_tokens: int | None, seed: int):

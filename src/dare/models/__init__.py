@@ -3,6 +3,7 @@
 from dare.models.attention import ATTENTION_BACKENDS, AttentionLayout, attend, build_layout
 from dare.models.base import DiffusionConfig, DiffusionLM, DiffusionLMOutput
 from dare.models.cache import KVCache
+from dare.models.compile import compile_blocks
 from dare.models.dream import DreamConfig, DreamModel
 from dare.models.llada import LLaDAConfig, LLaDAModelLM
 from dare.models.llada2 import LLaDA2MoeConfig, LLaDA2MoeModelLM
@@ -16,5 +17,5 @@ __all__ = [
     "DiffusionLMOutput", "KVCache", "DreamConfig", "DreamModel", "LLaDAConfig", "LLaDAModelLM",
     "LLaDAMoEConfig", "LLaDAMoEModelLM", "LLaDA2MoeConfig", "LLaDA2MoeModelLM", "SDARConfig", "SDARForCausalLM",
     "SDARMoeConfig", "SDARMoeForCausalLM", "FAMILIES", "FamilySpec", "TokenIds", "family_of", "get_family",
-    "register_family", "load_model", "load_tokenizer",
+    "register_family", "load_model", "load_tokenizer", "compile_blocks",
 ]

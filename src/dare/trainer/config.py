@@ -51,7 +51,8 @@ class LoraConfig:
 @dataclass
 class DataConfig:
     path: str = "synthetic:reverse"
-    """jsonl/parquet file of examples, or ``synthetic:TASK`` (copy, reverse, add) for a generated task."""
+    """jsonl/parquet file of examples, ``synthetic:TASK`` for a generated task (SFT: copy, reverse, add; RL prompts
+    also countdown, sudoku, sudoku9, gsm_symbolic) or, for RL prompts, ``benchmark:NAME[:PATH]``."""
     prompt_key: str = "prompt"
     """Field holding the prompt (prompt/response records)."""
     response_key: str = "response"

@@ -6,24 +6,24 @@ temporary. :class:`CudaCompiled` runs such a pure-tensor function through ``torc
 fuses the chain into a few reductions, and eagerly elsewhere. A compiler failure logs one warning and leaves the
 eager ops in place for the rest of the process (same numbers up to float rounding); running out of device memory
 is not a compiler failure and propagates (the eager ops need more memory, not less).
-``DARE_COMPILE_SAMPLING=0`` never compiles.
+``DARE_COMPILE_SAMPLING=0`` never compiles (``1``, the default, compiles; any other value is a one-line error).
 """
 
 from __future__ import annotations
 
 import logging
-import os
 
 import torch
 
+from dare.config import env_switch
 from dare.errors import first_line
 
 log = logging.getLogger("dare.rollout")
 
 
 def sampling_compiled() -> bool:
-    """Whether CUDA sampling math is compiled (``DARE_COMPILE_SAMPLING=0`` keeps the eager ops)."""
-    return os.environ.get("DARE_COMPILE_SAMPLING", "1") != "0"
+    """Whether CUDA sampling math is compiled (``DARE_COMPILE_SAMPLING=0`` keeps the eager ops; only ``0``/``1``)."""
+    return env_switch("DARE_COMPILE_SAMPLING", default=True)
 
 
 class CudaCompiled:
@@ -32,9 +32,11 @@ class CudaCompiled:
     def __init__(self, fn):
         self.fn = fn
         self.compiled = None
-        self.enabled = sampling_compiled()
+        self.enabled: bool | None = None  # read from the environment at the first CUDA call
 
     def __call__(self, *args, **kwargs):
+        if args[0].is_cuda and self.enabled is None:
+            self.enabled = sampling_compiled()
         if self.enabled and args[0].is_cuda:
             try:
                 if self.compiled is None:

@@ -14,11 +14,9 @@ columns are never attended).
 
 from __future__ import annotations
 
-import os
-
 import torch
 
-from dare.errors import ConfigError
+from dare.config import env_switch
 from dare.models.attention import AttentionLayout
 from dare.models.cache import StaticLayerKV
 from dare.models.layers import rope_angles
@@ -69,10 +67,7 @@ def cache_writes_in_blocks() -> bool:
     the block writes its keys/values itself (inside compiled blocks: fused into the generated kernels) instead of
     the cache doing it outside them; ``0`` leaves the writes to the cache. The tokens are the same either way; on an
     H200 the writes in blocks saved 0.8-3 % per forward (benchmarks/RESULTS.md, "Seventh H200 session")."""
-    value = os.environ.get("DARE_FUSE_CACHE_WRITES", "1")
-    if value not in ("0", "1"):
-        raise ConfigError(f"DARE_FUSE_CACHE_WRITES must be 0 or 1, got {value!r}")
-    return value == "1"
+    return env_switch("DARE_FUSE_CACHE_WRITES", default=True)
 
 
 def static_hidden(

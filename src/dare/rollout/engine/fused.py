@@ -14,6 +14,7 @@ import weakref
 
 import torch
 
+from dare.config import env_switch
 from dare.errors import ConfigError
 from dare.models.fusion import FusedProjections
 
@@ -32,7 +33,7 @@ def wants_fusion(batch: int, config) -> bool:
 def fusion_max_rows() -> int:
     """The largest fused step in rows: ``DARE_FUSE_MAX_ROWS`` or :data:`FUSE_MAX_ROWS`, 0 when
     ``DARE_FUSE_PROJECTIONS=0``."""
-    if os.environ.get("DARE_FUSE_PROJECTIONS", "1") == "0":
+    if not env_switch("DARE_FUSE_PROJECTIONS", default=True):
         return 0
     return _max_rows()
 
