@@ -104,10 +104,12 @@ def plot_sweep(rows: Sequence[Mapping[str, Any]], path: Path) -> Path | None:
         ax.plot([r["tokens_per_forward"] for r in members], [r["accuracy"] for r in members], marker="o", label=name)
         shared = {k for k in members[0]["settings"] if all(r["settings"].get(k) == members[0]["settings"][k]
                                                            for r in members)}
-        for r in members:  # label each point by what varies within its series, alternately above / below
+        side = 1 if number % 2 == 0 else -1  # series alternate above / below their points
+        for index, r in enumerate(members):  # label each point by what varies within its series, neighbours staggered
             varied = {k: v for k, v in r["settings"].items() if k not in shared or len(members) == 1}
+            offset = (6 if side > 0 else -11) + side * 9 * (index % 2)
             ax.annotate(_settings_text(varied), (r["tokens_per_forward"], r["accuracy"]), fontsize=7,
-                        textcoords="offset points", xytext=(2, 6 if number % 2 == 0 else -11))
+                        textcoords="offset points", xytext=(2, offset))
     ax.set_xlabel("tokens per forward")
     ax.set_ylabel("accuracy")
     ax.set_ylim(-0.02, 1.02)
