@@ -196,3 +196,108 @@ def test_an_unreadable_checkpoint_with_an_empty_message_is_still_one_line(monkey
     monkeypatch.setattr(loading, "load_model", fails)
     with pytest.raises(InputError, match="cannot load model some/dir: OSError"):
         load_for_eval("some/dir", None, "cpu", None)
+
+
+def test_merging_an_adapter_into_a_model_of_another_family_is_one_line(tmp_path, capsys):
+    from peft import LoraConfig, get_peft_model
+
+    from dare.models.spec import family_of
+    from dare.models.tiny import tiny_model
+
+    model = tiny_model("llada", seed=0)
+    adapter = tmp_path / "adapter"
+    get_peft_model(model, LoraConfig(r=2, target_modules=family_of(model).lora_targets)).save_pretrained(str(adapter))
+    line = one_line_error(capsys, "merge-lora", "--adapter", str(adapter), "--base", "tiny:sdar",
+                          "--out", str(tmp_path / "merged"))
+    assert line.startswith(f"error: cannot load tiny model tiny:sdar with adapter {adapter}: ")
+    assert "not found in the base model" in line and not (tmp_path / "merged").exists()
+
+
+def test_a_choice_answer_that_is_no_option_names_its_line(tmp_path, capsys):
+    preds = tmp_path / "preds.jsonl"
+    preds.write_text(json.dumps({"id": "a", "prediction": "B", "answer": "B"}) + "\n"
+                     + json.dumps({"id": "b", "prediction": "B", "answer": "27"}) + "\n")
+    line = one_line_error(capsys, "eval", "score", "--benchmark", "mmlu", "--predictions", str(preds))
+    assert line == f"error: {preds}:2: mmlu: 'answer' must be an option index 0-9 or a letter A-J; got '27'"
+
+
+def test_rows_of_another_benchmark_say_what_the_benchmark_expects(gsm8k, tmp_path, capsys):
+    line = one_line_error(capsys, "eval", "run", "--model", "tiny:llada", "--benchmark", "mmlu", "--data", str(gsm8k))
+    assert line == "error: mmlu: row 0 lacks column 'choices' (has: answer, question)"
+    mmlu = tmp_path / "mmlu.jsonl"
+    mmlu.write_text(json.dumps({"question": "1 + 1?", "choices": ["1", "2", "3", "4"], "answer": "2 of course"}) + "\n")
+    line = one_line_error(capsys, "eval", "run", "--model", "tiny:llada", "--benchmark", "mmlu", "--data", str(mmlu))
+    assert line == "error: mmlu: row 0 is malformed: 'answer' must be an option index 0-3 or a letter A-D; got '2 of course'"
+
+
+def test_gsm8k_rows_need_a_numeric_final_answer(tmp_path, capsys):
+    mmlu = tmp_path / "mmlu.jsonl"
+    mmlu.write_text(json.dumps({"question": "1 + 1?", "choices": ["1", "2", "3", "4"], "answer": 1}) + "\n")
+    line = one_line_error(capsys, *eval_args(mmlu))  # gsm8k scored the option index 1 as the gold number
+    assert line == ("error: gsm8k: row 0 is malformed: 'answer' must be a string ending in '#### <number>' "
+                    "(or the number alone); got 1")
+    from dare.eval import get_benchmark
+
+    shipped = ROOT / "configs/lm_eval/data/tiny_gen.jsonl"  # the shipped gsm8k-format fixture still loads
+    assert [s.answer for s in get_benchmark("gsm8k").load(str(shipped), limit=2)] == ["27", "11"]
+
+
+def test_a_sweep_output_that_is_a_file_fails_before_the_first_point(gsm8k, tmp_path, capsys, monkeypatch):
+    import dare.eval
+
+    def never(*args, **kwargs):
+        raise AssertionError("evaluated although --out cannot be written")
+
+    monkeypatch.setattr(dare.eval, "evaluate", never)
+    (tmp_path / "taken").write_text("")
+    line = one_line_error(capsys, "eval", "sweep", "--model", "tiny:llada", "--benchmark", "gsm8k", "--data",
+                          str(gsm8k), "--gen-length", "4", "--out", str(tmp_path / "taken"), "--point", "sampler=llada")
+    assert line == f"error: --out {tmp_path / 'taken'}: exists and is not a directory"
+
+
+def help_text(capsys, *command) -> str:
+    with pytest.raises(SystemExit):
+        main([*command, "--help"])
+    return " ".join(capsys.readouterr().out.split())
+
+
+def test_the_gen_length_help_states_each_commands_real_default(capsys):
+    from dare.rollout import SamplerConfig
+
+    assert f"--gen-length GEN_LENGTH generated tokens (default {SamplerConfig().gen_length})" in help_text(
+        capsys, "generate")
+    for command in (["eval", "run"], ["eval", "sweep"]):
+        text = help_text(capsys, *command)
+        assert "(default: the benchmark's max_new_tokens" in text and "default 128" not in text, command
+
+
+def test_every_command_has_a_description_and_every_option_a_help_text():
+    import argparse
+
+    from dare.cli import build_parser
+
+    missing = []
+
+    def walk(parser, name):
+        if not parser.description:
+            missing.append(name)
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for sub, subparser in action.choices.items():
+                    walk(subparser, f"{name} {sub}")
+            elif action.option_strings and not action.help:
+                missing.append(f"{name} {action.option_strings[-1]}")
+
+    walk(build_parser(), "dare")
+    assert missing == []
+
+
+def test_the_pass_at_k_warning_is_one_clean_line(gsm8k):
+    import os
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "dare.cli", *eval_args(gsm8k, "-n", "2", "--limit", "1", "--no-progress")],
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.splitlines() == ["2 samples per problem with temperature 0 are identical; pass@k needs temperature > 0"]

@@ -49,3 +49,40 @@ def test_the_nfe_difference_to_fast_dllm_is_documented_where_nfe_is_reported():
     output = (ROOT / "src" / "dare" / "rollout" / "output.py").read_text()
     assert "one more cached forward" in readme and "NFE here vs Fast-dLLM" in results
     assert "Fast-dLLM's prefix/dual loops" in output
+
+
+def bash_blocks(text: str) -> list[list[str]]:
+    """The commands of every ```bash block (continuation lines joined, comments dropped)."""
+    blocks = []
+    for block in re.findall(r"```bash\n(.*?)```", text, re.S):
+        joined = re.sub(r"\\\n\s*", " ", block)
+        blocks.append([line.split("  #")[0].strip() for line in joined.splitlines() if line.strip()])
+    return blocks
+
+
+def test_the_readme_cpu_smoke_test_reads_a_shipped_file():
+    from dare.eval import get_benchmark
+
+    readme = (ROOT / "README.md").read_text()
+    smoke = next(line for line in readme.splitlines() if "# CPU smoke test" in line)
+    data = re.search(r"--data (\S+)", smoke).group(1)
+    assert (ROOT / data).is_file(), data
+    assert len(get_benchmark("gsm8k").load(str(ROOT / data), limit=8)) == 8
+
+
+def test_train_commands_of_one_readme_block_write_different_runs():
+    import yaml
+
+    for commands in bash_blocks((ROOT / "README.md").read_text()):
+        outputs = []
+        for command in commands:
+            words = command.split()
+            if words[:2] != ["dare", "train"] or not words[2].endswith(".yaml"):
+                continue
+            given = [w.split("=", 1)[1] for w in words[3:] if w.startswith("trainer.output_dir=")]
+            outputs.append(given[-1] if given else yaml.safe_load((ROOT / words[2]).read_text())["trainer"]["output_dir"])
+        assert len(outputs) == len(set(outputs)), outputs  # a second run into the same directory fails
+
+
+def test_the_readme_says_how_to_skip_the_hub_when_offline():
+    assert "HF_HUB_OFFLINE=1" in (ROOT / "README.md").read_text()

@@ -30,11 +30,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="eval_command", metavar="SUBCOMMAND")
     from dare.commands import eval_lm, eval_oc, eval_sweep
 
-    configure_run(sub.add_parser("run", help="evaluate a model on a benchmark and print the metrics as JSON"))
+    run_help = "evaluate a model on a benchmark and print the metrics as JSON"
+    configure_run(sub.add_parser("run", help=run_help, description=run_help))
     eval_sweep.configure(sub.add_parser("sweep", help=eval_sweep.HELP, description=eval_sweep.HELP))
     eval_lm.configure(sub.add_parser("lm-eval", help=eval_lm.HELP, description=eval_lm.HELP, add_help=False))
     eval_oc.configure(sub.add_parser("opencompass", help=eval_oc.HELP, description=eval_oc.HELP, add_help=False))
-    score = sub.add_parser("score", help="score a predictions .jsonl file and print the metrics as JSON")
+    score_help = "score a predictions .jsonl file and print the metrics as JSON"
+    score = sub.add_parser("score", help=score_help, description=score_help)
     score.add_argument("--benchmark", required=True, help="benchmark name (gsm8k, math500, humaneval, mmlu, ...)")
     score.add_argument("--predictions", required=True, help='JSONL: {"id"|"question", "prediction", "answer"} or native fields')
     score.add_argument("--data", default=None, help="benchmark data (file, directory or HF name) to join predictions with by id")
@@ -71,7 +73,7 @@ def take_extra(args: argparse.Namespace, extra: list[str]) -> bool:
 # ------------------------------------------------------------------------------------------- run
 
 def configure_run(run: argparse.ArgumentParser) -> None:
-    from dare.commands.eval_inputs import add_model_data_arguments
+    from dare.commands.eval_inputs import GEN_LENGTH_HELP, add_model_data_arguments
     from dare.commands.generate import add_sampler_arguments
 
     add_model_data_arguments(run)
@@ -79,7 +81,8 @@ def configure_run(run: argparse.ArgumentParser) -> None:
                      help="auto: likelihood for multiple choice, generate otherwise")
     add_sampler_arguments(
         run, default=None, seed_help="seeds sampling, few-shot selection and the ELBO corruptions (default 0)",
-        option_help="any SamplerConfig field (generation) or LikelihoodConfig field (likelihood), e.g. -o cache=dual")
+        option_help="any SamplerConfig field (generation) or LikelihoodConfig field (likelihood), e.g. -o cache=dual",
+        gen_length_help=GEN_LENGTH_HELP)
     run.add_argument("--num-samples", "-n", type=int, default=1, help="completions per problem (pass@k)")
     run.add_argument("--k", type=int, nargs="*", default=None, help="pass@k values (default: 1,5,10,... up to n)")
     run.add_argument("--mc-samples", type=int, default=None, help="likelihood: Monte-Carlo ELBO samples per option")

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 
+GEN_LENGTH_HELP = "generated tokens (default: the benchmark's max_new_tokens, e.g. 256 for gsm8k)"
+
 
 def add_model_data_arguments(run: argparse.ArgumentParser) -> None:
     """The model, data and prompt flags shared by ``dare eval run`` and ``dare eval sweep``."""

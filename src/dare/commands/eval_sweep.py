@@ -16,12 +16,13 @@ HELP = "evaluate one benchmark under several decoder settings: accuracy vs token
 
 
 def configure(sweep: argparse.ArgumentParser) -> None:
-    from dare.commands.eval_inputs import add_model_data_arguments
+    from dare.commands.eval_inputs import GEN_LENGTH_HELP, add_model_data_arguments
     from dare.commands.generate import add_sampler_arguments
 
     add_model_data_arguments(sweep)
     add_sampler_arguments(sweep, default=None, seed_help="seeds sampling and few-shot selection (default 0)",
-                          option_help="any SamplerConfig field, common to every point, e.g. -o cache=dual")
+                          option_help="any SamplerConfig field, common to every point, e.g. -o cache=dual",
+                          gen_length_help=GEN_LENGTH_HELP)
     sweep.add_argument("--point", action="append", default=[], metavar="KEY=VALUE[,KEY=VALUE...]",
                        help="one decoder setting (SamplerConfig fields), e.g. sampler=fastdllm,threshold=0.7")
     sweep.add_argument("--grid", action="append", default=[], metavar="[KEY=VALUE,...:]KEY=V1,V2,...",
@@ -62,8 +63,10 @@ def run(args: argparse.Namespace) -> int:
     from dare.eval import EvalConfig, evaluate, get_benchmark
     from dare.eval.run import load_for_eval
     from dare.eval.sweep import run_sweep
+    from dare.outputs import ensure_dir
     from dare.rollout import SamplerConfig, default_sampler
 
+    ensure_dir(args.out, "--out")  # before the data and the model are loaded
     bench = get_benchmark(args.benchmark)
     if bench.kind == "choice":
         raise ConfigError(f"a sweep compares decoders; {bench.name} is scored by likelihood (use a free-form benchmark)")

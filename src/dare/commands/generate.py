@@ -45,11 +45,12 @@ def compile_if_asked(model, args: argparse.Namespace) -> bool:
 
 def add_sampler_arguments(parser: argparse.ArgumentParser, default: str | None = "llada",
                           seed_help: str = "sampling seed (default 0)",
-                          option_help: str = "any other SamplerConfig field, e.g. -o confidence=margin") -> None:
+                          option_help: str = "any other SamplerConfig field, e.g. -o confidence=margin",
+                          gen_length_help: str = "generated tokens (default 128)") -> None:
     """The decoding flags shared by ``dare generate`` and ``dare eval run`` (-> :func:`sampler_values`)."""
     parser.add_argument("--sampler", default=default,
                         help=f"sampler preset (default {default})" if default else "sampler preset (default: the family's)")
-    parser.add_argument("--gen-length", type=int, help="generated tokens (default 128)")
+    parser.add_argument("--gen-length", type=int, help=gen_length_help)
     parser.add_argument("--block-length", type=int, help="semi-autoregressive block length")
     parser.add_argument("--steps", type=int, help="denoising steps of masked diffusion (default: gen length)")
     parser.add_argument("--block-steps", type=int, help="denoising steps per block of block diffusion "

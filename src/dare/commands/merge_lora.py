@@ -13,15 +13,20 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--adapter", required=True, help="adapter directory (e.g. RUN/final)")
     parser.add_argument("--out", required=True, help="output checkpoint directory")
     parser.add_argument("--base", default=None, help="base model (default: the one recorded in the adapter)")
-    parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                        help="weights dtype of the merged checkpoint (default auto: the base checkpoint's)")
 
 
 def run(args: argparse.Namespace) -> int:
     from dare.outputs import ensure_dir
 
     ensure_dir(Path(args.out).parent, "--out")  # before the models are loaded
+    from dare.eval.run import load_errors
+    from dare.models.loading import adapter_base
     from dare.models.lora import merge_adapter
 
-    out = merge_adapter(args.adapter, args.out, base=args.base, dtype=args.dtype)
+    base = args.base or adapter_base(args.adapter)
+    with load_errors(base, args.adapter):  # e.g. an adapter trained on another family: one line
+        out = merge_adapter(args.adapter, args.out, base=base, dtype=args.dtype)
     print(json.dumps({"adapter": args.adapter, "out": str(out)}))
     return 0

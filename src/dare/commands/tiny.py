@@ -12,7 +12,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--family", required=True, help="model family: llada, dream, llada_moe, sdar, sdar_moe, llada2 (see dare.FAMILIES)")
     parser.add_argument("--out", required=True, help="output directory")
     parser.add_argument("--seed", type=int, default=0, help="weight initialisation seed (default 0)")
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                        help="weights dtype of the written checkpoint (default float32)")
 
 
 def run(args: argparse.Namespace) -> int:

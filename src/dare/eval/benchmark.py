@@ -106,7 +106,8 @@ class Benchmark:
     metrics: tuple[str, ...] = ("accuracy",)
     reward_options: Mapping[str, Any] = field(default_factory=dict)
     answer_to_target: Callable[[Any], dict[str, Any]] | None = None
-    """Generic ``{"answer": ...}`` prediction lines -> reward target (None: native rows required)."""
+    """Generic ``{"answer": ...}`` prediction lines -> reward target (None: native rows required); raises
+    ``ValueError`` for an answer of the wrong form."""
     packaged: Callable[[], str | None] | None = None
     """Path of data shipped by an installed package (tried before ``hf`` when no source is given)."""
 
@@ -144,7 +145,10 @@ class Benchmark:
             raise InputError(
                 f"{self.name}: prediction lines need the native fields ({', '.join(self.native_keys)}), not just 'answer'"
             )
-        target = self.answer_to_target(answer)
+        try:
+            target = self.answer_to_target(answer)
+        except ValueError as err:  # e.g. a choice answer that is no option
+            raise InputError(f"{self.name}: {err}") from None
         return Sample(id=id, question=question, target=target, answer=str(target.get("answer", answer)))
 
     def fewshot(self, pool: Sequence[Sample], k: int, *, seed: int = 0, exclude: str | None = None) -> list[Sample]:

@@ -23,9 +23,10 @@ Likelihood mode (multiple choice) scores every option's continuation with
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
-import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,6 +39,8 @@ from dare.eval.results import EvalResults
 from dare.eval.scoring import score_predictions
 from dare.rollout import default_sampler
 from dare.rollout.engine import kernel_settings
+
+log = logging.getLogger("dare.eval")
 
 MODES = {
     "auto": "likelihood for multiple-choice benchmarks, generate otherwise",
@@ -87,24 +90,35 @@ class EvalConfig:
         return benchmark.default_template
 
 
+@contextmanager
+def load_errors(path: str, adapter: str | None = None) -> Iterator[None]:
+    """Turn what loading model ``path`` (with ``adapter``) raises into a one-line :class:`InputError`: an
+    unreadable checkpoint, or an adapter whose target modules the model lacks (peft's error is a ValueError)."""
+    from dare.errors import DareError, InputError, first_line
+    from dare.models.loading import parse_tiny
+
+    try:
+        yield
+    except DareError:
+        raise
+    except (OSError, ValueError) as err:
+        kind = "tiny model" if parse_tiny(path) else "model"
+        with_adapter = f" with adapter {adapter}" if adapter else ""
+        raise InputError(f"cannot load {kind} {path}{with_adapter}: {first_line(err)}") from None
+
+
 def load_for_eval(path: str, adapter: str | None, device: str | None, dtype: str | None,
                   compile_blocks: bool = False):
     """``(model, tokenizer, model_info)``; a missing or unreadable checkpoint is a one-line error. With
     ``compile_blocks`` every transformer block is compiled in place (recorded in ``model_info``)."""
     from dare.devices import resolve_device
-    from dare.errors import DareError, InputError, first_line
-    from dare.models.loading import load_model, load_tokenizer, parse_tiny
+    from dare.models.loading import load_model, load_tokenizer
 
     device = resolve_device(device)
     dtype = dtype or ("bfloat16" if device.type == "cuda" else "float32")
-    try:
+    with load_errors(path, adapter):
         model = load_model(path, adapter, dtype=dtype, device=device)
         tokenizer = load_tokenizer(path)
-    except DareError:
-        raise
-    except (OSError, ValueError) as err:
-        kind = "tiny model" if parse_tiny(path) else "model"
-        raise InputError(f"cannot load {kind} {path}: {first_line(err)}") from None
     if compile_blocks:
         from dare.models.compile import compile_blocks as compile_model_blocks
 
@@ -194,8 +208,7 @@ def _generation(model, tokenizer, bench, samples, pool, shots, sampler, config, 
     kernels = kernel_settings()  # before decoding: a misspelt switch fails now, not after the run
     n = config.num_samples
     if n > 1 and resolved.temperature == 0 and resolved.confidence != "random":
-        warnings.warn(f"{n} samples per problem with temperature 0 are identical; pass@k needs temperature > 0",
-                      stacklevel=3)
+        log.warning("%d samples per problem with temperature 0 are identical; pass@k needs temperature > 0", n)
     chat = config.chat
     if chat is None:
         chat = getattr(tokenizer, "chat_template", None) is not None
