@@ -80,3 +80,16 @@ def test_shipped_recipes_validate():
     assert len(recipes) >= 4
     for recipe in recipes:
         load_train_config(recipe, [])
+
+
+def test_a_partial_sampler_section_keeps_the_rl_rollout_temperature():
+    """``rollout.sampler`` defaults to temperature 1 (greedy rollouts give GRPO no signal); setting another sampler
+    key, or writing an empty section, must not rebuild it from SamplerConfig's class defaults (temperature 0)."""
+    overrides = ["algorithm.name=d1", "rollout.sampler.steps=8"]
+    config = load_train_config(None, overrides)
+    assert (config.rollout.sampler.temperature, config.rollout.sampler.steps) == (1.0, 8)
+    assert load_train_config(None, ["algorithm.name=d1", "rollout.sampler.temperature=0.5"]).rollout.sampler.temperature == 0.5
+    from dare.config import from_dict
+    from dare.trainer.config import RolloutConfig
+
+    assert from_dict(RolloutConfig, {"sampler": None}).sampler.temperature == 1.0

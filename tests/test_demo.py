@@ -147,6 +147,22 @@ def test_without_matplotlib_the_report_is_written_and_the_plot_skipped_with_one_
     assert saved["curves"]["rl_heldout_accuracy"] == [[0, 0.25], [2, 0.5]]
 
 
+def test_the_first_and_last_reward_windows_never_share_a_batch():
+    from dare.demo.pipeline import Phase
+    from dare.demo.report import build_report
+
+    def first_last(batches):  # batch i has reward i
+        records = [{"step": step, "rollout/reward": float(step), "loss": 0.0} for step in range(1, batches + 1)]
+        phases = [Phase("init", accuracy=0.0), Phase("sft", steps=1, accuracy=0.0, records=[]),
+                  Phase("rl", steps=batches, accuracy=0.0, records=records)]
+        reward = build_report({}, phases, {})["reward"]
+        return reward["first"], reward["last"]
+
+    # fewer than 2 x REWARD_WINDOW (5) batches: the windows shrink; one batch: its reward twice
+    assert [first_last(n) for n in (1, 2, 3, 4, 9, 10, 12)] == [
+        (1.0, 1.0), (1.0, 2.0), (1.0, 3.0), (1.5, 3.5), (2.5, 7.5), (3.0, 8.0), (3.0, 10.0)]
+
+
 @pytest.mark.parametrize("algorithm", ["coupled_grpo", "sft"])
 def test_quick_demo_with_another_algorithm_and_the_sft_baseline(tmp_path, algorithm):
     out = tmp_path / algorithm

@@ -14,6 +14,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import inspect
+import math
 import os
 import textwrap
 import types
@@ -93,6 +94,13 @@ def _coerce(value, tp, key: str):
     if tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
+        if isinstance(value, str):  # YAML 1.1 reads ``3e-3`` (no dot) as a string
+            try:
+                number = float(value)
+            except ValueError:
+                number = None
+            if number is not None and math.isfinite(number):
+                return number
         raise ConfigError(f"config key '{key}': expected a number, got {value!r}")
     if tp is str:
         if isinstance(value, (str, int, float)) and not isinstance(value, bool):
@@ -112,7 +120,17 @@ def from_dict(cls, data: dict | None, prefix: str = ""):
             hint = closest(str(key), names)
             extra = f" (did you mean '{prefix}{hint}'?)" if hint else f"; valid keys: {', '.join(prefix + n for n in names)}"
             raise ConfigError(f"unknown config key '{full}'{extra}")
-    kwargs = {name: _coerce(data[name], hints[name], f"{prefix}{name}") for name in names if name in data}
+    factories = {f.name: f.default_factory for f in dataclasses.fields(cls)
+                 if f.init and f.default_factory is not dataclasses.MISSING and dataclasses.is_dataclass(hints[f.name])}
+    kwargs = {}
+    for name in (n for n in names if n in data):
+        value = data[name]
+        if name in factories and (value is None or isinstance(value, dict)):
+            # a partial (or empty) section starts from the field's own default, e.g. RL rollouts' temperature 1
+            default = factories[name]()
+            value = {**{f.name: getattr(default, f.name) for f in dataclasses.fields(default) if f.init},
+                     **(value or {})}
+        kwargs[name] = _coerce(value, hints[name], f"{prefix}{name}")
     try:
         return cls(**kwargs)
     except TypeError as err:  # a required field without default
@@ -169,12 +187,16 @@ def load_yaml(path: str | Path) -> dict:
     import yaml
 
     path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"config file {path} is a directory, not a YAML file")
     if not path.is_file():
         raise ConfigError(f"config file {path} does not exist")
     try:
         data = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as err:
-        raise ConfigError(f"{path}: invalid YAML ({first_line(err)})") from None
+        mark, problem = getattr(err, "problem_mark", None), getattr(err, "problem", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        raise ConfigError(f"{path}: invalid YAML{where} ({problem or first_line(err)})") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of sections")
     return data

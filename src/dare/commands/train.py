@@ -14,7 +14,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("overrides", nargs="*", help="key=value overrides, e.g. optim.lr=1e-5 trainer.max_steps=10")
     parser.add_argument("--show-config", action="store_true",
                         help="print every config key with its type, default and meaning, then exit")
-    parser.add_argument("--dry-run", action="store_true", help="validate and print the resolved config, then exit")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="validate (config, model and data paths, rollout sampler and reward, trainer.resume; "
+                             "loads nothing) and print the resolved config, then exit")
     parser.set_defaults(train_parser=parser)
 
 
@@ -48,27 +50,41 @@ def run(args: argparse.Namespace) -> int:
     if args.dry_run:
         import yaml
 
+        from dare.trainer.preflight import check_run
+
+        check_run(config)  # what a run checks before it loads the model and the data
         print(yaml.safe_dump(to_dict(config), sort_keys=False), end="")
         return 0
     from dare.trainer import run_training
 
-    record = run_training(config)
+    rewarded: dict = {}
+
+    def remember_reward(trainer, record: dict) -> None:
+        """Keep the latest step that rolled out: inner steps (algorithm.inner_steps > 1) log no reward."""
+        if "rollout/reward" in record:
+            rewarded.update(step=record["step"], reward=record["rollout/reward"])
+
+    record = run_training(config, on_step=remember_reward)
     if int(os.environ.get("RANK", "0")) == 0:
-        print(run_summary(config, record))
+        print(run_summary(config, record, rewarded or None))
     return 0
 
 
-def run_summary(config, record: dict) -> str:
-    """The end-of-run lines: output directory, steps, final loss / reward, where the weights are."""
+def run_summary(config, record: dict, rewarded: dict | None = None) -> str:
+    """The end-of-run lines: output directory, steps, final loss / reward, where the weights are. ``rewarded``
+    (``{"step", "reward"}``): the latest step with a rollout reward, when ``record`` (an inner step) has none."""
     from pathlib import Path
 
     out = Path(config.trainer.output_dir)
     parts = [f"step {record.get('step', 0)}"]
     if "time/elapsed_s" in record:
         parts.append(f"{record['time/elapsed_s']:.1f} s")
-    for key, label in (("loss", "loss"), ("rollout/reward", "reward")):
-        if key in record:
-            parts.append(f"{label} {record[key]:.4f}")
+    if "loss" in record:
+        parts.append(f"loss {record['loss']:.4f}")
+    if "rollout/reward" in record:
+        parts.append(f"reward {record['rollout/reward']:.4f}")
+    elif rewarded is not None:
+        parts.append(f"reward {rewarded['reward']:.4f} at step {rewarded['step']}")
     lines = [f"done: {out} ({', '.join(parts)}; metrics in {out / 'metrics.jsonl'})"]
     if config.trainer.export:
         kind = "LoRA adapter" if config.lora.enabled else "HF checkpoint"

@@ -35,15 +35,31 @@ class Example:
         return len(self.ids)
 
 
+def check_data_path(path: str) -> None:
+    """The checks of :func:`read_records` that read nothing: a known ``synthetic:TASK``, an existing file."""
+    if path.startswith(SYNTHETIC_PREFIX):
+        from dare.data.synthetic import check_task
+
+        check_task(path[len(SYNTHETIC_PREFIX):])
+        return
+    file = Path(path)
+    if file.is_dir():
+        raise ConfigError(f"data file {path} is a directory; expected a .jsonl, .json or .parquet file")
+    if not file.is_file():
+        raise ConfigError(f"data file {path} does not exist")
+
+
 def read_records(path: str, limit: int | None = None, seed: int = 0) -> list[dict]:
-    """Records from a ``.jsonl`` / ``.json`` / ``.parquet`` file or ``synthetic:TASK``."""
+    """Records from a ``.jsonl`` / ``.json`` / ``.parquet`` file or ``synthetic:TASK`` (the first ``limit``,
+    a positive number or None for all)."""
+    if limit is not None and limit < 1:
+        raise ConfigError(f"data.num_examples must be a positive integer or null; got {limit}")
+    check_data_path(path)
     if path.startswith(SYNTHETIC_PREFIX):
         from dare.data.synthetic import synthetic_records
 
         return synthetic_records(path[len(SYNTHETIC_PREFIX):], limit or DEFAULT_SYNTHETIC_SIZE, seed)
     file = Path(path)
-    if not file.is_file():
-        raise ConfigError(f"data file {path} does not exist")
     if file.suffix == ".parquet":
         try:
             import pyarrow.parquet as pq

@@ -35,9 +35,14 @@ def _add(rng):
 TASKS = {"copy": _copy, "reverse": _reverse, "add": _add}
 
 
-def synthetic_records(task: str, n: int, seed: int = 0) -> list[dict]:
-    """``n`` records of ``task`` (copy, reverse, add)."""
+def check_task(task: str) -> None:
+    """One-line error for a task that is not one of :data:`TASKS`."""
     if task not in TASKS:
         raise unknown_choice("synthetic task", task, TASKS)
+
+
+def synthetic_records(task: str, n: int, seed: int = 0) -> list[dict]:
+    """``n`` records of ``task`` (copy, reverse, add)."""
+    check_task(task)
     rng = random.Random(f"{task}:{seed}")
     return [TASKS[task](rng) for _ in range(n)]

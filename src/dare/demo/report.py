@@ -9,7 +9,8 @@ from pathlib import Path
 SCHEMA = "dare.demo.report/1"
 """``schema`` of ``report.json``."""
 REWARD_WINDOW = 5
-"""Rollout batches averaged for the first / last reward in the table."""
+"""Rollout batches averaged for the first / last reward in the table (fewer when there are under twice as many,
+so the two windows never share a batch)."""
 
 
 def curve(records: Sequence[dict], key: str) -> list[list[float]]:
@@ -26,8 +27,7 @@ def build_report(settings: dict, phases, totals: dict) -> dict:
         "settings": settings,
         "accuracy": {"init": initial.accuracy, "sft": sft.accuracy, "rl": rl.accuracy},
         "improvement": rl.accuracy - sft.accuracy,
-        "reward": ({"first": _mean(rewards[:REWARD_WINDOW]), "last": _mean(rewards[-REWARD_WINDOW:])}
-                   if rewards else None),
+        "reward": reward_change(rewards),
         "curves": {
             "sft_loss": curve(sft.records, "loss"),
             "sft_validation_accuracy": curve(sft.records, "eval/validation_accuracy"),
@@ -40,6 +40,15 @@ def build_report(settings: dict, phases, totals: dict) -> dict:
                     "cpu_seconds": round(p.cpu_seconds, 2), "results_file": p.results_file} for p in phases],
         "timings": {k: round(v, 2) for k, v in totals.items()},
     }
+
+
+def reward_change(rewards: list[list[float]]) -> dict | None:
+    """``{"first", "last"}``: mean reward of the first and of the last rollout batches, at most ``REWARD_WINDOW``
+    each and never the same batch in both (one batch: its reward twice); None without rewards."""
+    if not rewards:
+        return None
+    window = max(1, min(REWARD_WINDOW, len(rewards) // 2))
+    return {"first": _mean(rewards[:window]), "last": _mean(rewards[-window:])}
 
 
 def _mean(points: list[list[float]]) -> float | None:

@@ -84,7 +84,7 @@ class DataConfig:
     shuffle: bool = True
     """Shuffle examples every epoch (deterministic in trainer.seed and the epoch)."""
     num_examples: int | None = None
-    """Use only the first N examples (synthetic tasks: how many to generate; default 512)."""
+    """Use only the first N examples, N >= 1 (synthetic tasks: how many to generate; default 512)."""
     chosen_key: str = "chosen"
     """Preference pairs (DPO/VRPO): field holding the preferred response."""
     rejected_key: str = "rejected"
@@ -124,7 +124,7 @@ class OptimConfig:
     weight_decay: float = 0.0
     """AdamW weight decay."""
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
-    """AdamW betas."""
+    """AdamW betas: two numbers in [0, 1)."""
     eps: float = 1e-8
     """AdamW epsilon."""
     scheduler: str = "constant"
@@ -134,9 +134,9 @@ class OptimConfig:
     warmup_ratio: float = 0.0
     """Warm-up as a fraction of the total steps (used when warmup_steps is 0)."""
     min_lr_ratio: float = 0.0
-    """Final learning rate of cosine/linear decay, as a fraction of lr."""
+    """Final learning rate of cosine/linear decay, as a fraction of lr (in [0, 1])."""
     grad_clip: float | None = 1.0
-    """Clip the global gradient norm to this value (null = no clipping)."""
+    """Clip the global gradient norm to this positive value (null = no clipping)."""
 
 
 @dataclass
@@ -158,7 +158,7 @@ class TrainerConfig:
     save_every: int | None = None
     """Save a resumable checkpoint every N steps (and at the end); null = only at the end."""
     keep_last: int = 2
-    """Keep this many most recent checkpoints."""
+    """Keep this many most recent checkpoints (0 = keep all)."""
     resume: str = "auto"
     """auto (latest checkpoint in output_dir, if any), never, or a checkpoint directory."""
     export: bool = True
@@ -251,6 +251,42 @@ class TrainConfig:
             raise ConfigError(f"model.logits_chunk_size must be >= 0 (0 = full logits); got {self.model.logits_chunk_size}")
         if self.optim.lr <= 0:
             raise ConfigError(f"optim.lr must be positive; got {self.optim.lr}")
+        self._validate_numbers()
+
+    def _validate_numbers(self) -> None:
+        """One-line errors for numbers outside their range (they would otherwise fail deep inside torch, or train
+        silently wrong: a negative gradient clip reverses the update)."""
+        optim, data, rollout = self.optim, self.data, self.rollout
+        if optim.grad_clip is not None and optim.grad_clip <= 0:
+            raise ConfigError(f"optim.grad_clip must be positive (null disables clipping); got {optim.grad_clip}")
+        if optim.weight_decay < 0:
+            raise ConfigError(f"optim.weight_decay must be >= 0; got {optim.weight_decay}")
+        if optim.eps <= 0:
+            raise ConfigError(f"optim.eps must be positive; got {optim.eps}")
+        if len(optim.betas) != 2 or not all(0 <= b < 1 for b in optim.betas):
+            raise ConfigError(f"optim.betas must be two numbers in [0, 1), e.g. [0.9, 0.999]; got {optim.betas}")
+        if optim.warmup_steps < 0:
+            raise ConfigError(f"optim.warmup_steps must be >= 0 (0 = none); got {optim.warmup_steps}")
+        for key, value in (("optim.warmup_ratio", optim.warmup_ratio), ("optim.min_lr_ratio", optim.min_lr_ratio)):
+            if not 0 <= value <= 1:
+                raise ConfigError(f"{key} must be in [0, 1]; got {value}")
+        if self.lora.alpha <= 0:
+            raise ConfigError(f"lora.alpha must be positive; got {self.lora.alpha}")
+        if not 0 <= self.lora.dropout < 1:
+            raise ConfigError(f"lora.dropout must be in [0, 1); got {self.lora.dropout}")
+        optional = {"data.num_examples": (data.num_examples, "null = every record; synthetic tasks: 512"),
+                    "data.pack_length": (data.pack_length, "null = data.max_length"),
+                    "data.pad_response_to": (data.pad_response_to, "null = no padding"),
+                    "rollout.chunk_size": (rollout.chunk_size, "null = the rank's whole share of the step")}
+        for key, (value, meaning) in optional.items():
+            if value is not None and value < 1:
+                raise ConfigError(f"{key} must be a positive integer or null ({meaning}); got {value}")
+        at_least_zero = {"trainer.keep_last": (self.trainer.keep_last, "0 = keep every checkpoint"),
+                         "rollout.samples_per_step": (rollout.samples_per_step, "0 = none"),
+                         "rollout.dynamic_extra_rounds": (rollout.dynamic_extra_rounds, "0 = no extra rounds")}
+        for key, (value, meaning) in at_least_zero.items():
+            if value < 0:
+                raise ConfigError(f"{key} must be >= 0 ({meaning}); got {value}")
 
     def fixed_width(self) -> int | None:
         """Tokens of every micro-batch row under ``data.fixed_shapes`` (null: on for ``model.attn_backend=flex``):

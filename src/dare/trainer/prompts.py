@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from dare.errors import ConfigError, InputError
+from dare.errors import ConfigError, InputError, unknown_choice
 
 BENCHMARK_PREFIX = "benchmark:"
 
@@ -43,10 +43,29 @@ def _benchmark_records(name: str, source: str | None, limit: int | None) -> list
 
 def _eval_synthetic(task: str, n: int, seed: int) -> list[tuple[list[dict], dict]]:
     from dare.eval import get_benchmark
-    from dare.eval.benchmarks import synthetic
+    from dare.eval.benchmarks import SYNTHETIC_TASKS, synthetic
 
-    bench = get_benchmark("gsm8k" if task == "gsm_symbolic" else "countdown" if task == "countdown" else "sudoku")
+    bench = get_benchmark(SYNTHETIC_TASKS[task][1])
     return [(bench.messages(s), dict(s.target)) for s in synthetic(task, n, seed)]
+
+
+def check_prompt_path(path: str) -> None:
+    """The checks of :func:`prompt_records` that read nothing: a known benchmark or ``synthetic:TASK`` (every task
+    named in the error), an existing file."""
+    from dare.data.sft import SYNTHETIC_PREFIX, check_data_path
+    from dare.data.synthetic import TASKS
+    from dare.eval.benchmarks import SYNTHETIC_TASKS
+
+    if path.startswith(BENCHMARK_PREFIX):
+        from dare.eval import get_benchmark
+
+        get_benchmark(path[len(BENCHMARK_PREFIX):].partition(":")[0])
+        return
+    task = path[len(SYNTHETIC_PREFIX):] if path.startswith(SYNTHETIC_PREFIX) else None
+    if task is not None and task not in TASKS and task not in SYNTHETIC_TASKS:
+        raise unknown_choice("synthetic task", task, [*TASKS, *SYNTHETIC_TASKS])
+    if task is None:
+        check_data_path(path)
 
 
 def prompt_records(cfg, seed: int = 0) -> list[tuple[list[dict] | str, dict]]:
@@ -56,6 +75,7 @@ def prompt_records(cfg, seed: int = 0) -> list[tuple[list[dict] | str, dict]]:
 
     path = cfg.path
     limit = cfg.num_examples
+    check_prompt_path(path)
     if path.startswith(BENCHMARK_PREFIX):
         name, _, source = path[len(BENCHMARK_PREFIX):].partition(":")
         return _benchmark_records(name, source or None, limit)
@@ -152,4 +172,5 @@ def build_pairs(cfg, tokenizer, eos_id: int, seed: int = 0) -> tuple[list[PairIt
     return items, dropped
 
 
-__all__ = ["PairItem", "PromptItem", "build_pairs", "build_prompts", "encode_prompt", "prompt_records"]
+__all__ = ["PairItem", "PromptItem", "build_pairs", "build_prompts", "check_prompt_path",
+           "encode_prompt", "prompt_records"]

@@ -101,12 +101,24 @@ def saved_settings(output_dir: Path, checkpoint: Path | None) -> dict | None:
     return load_yaml(config_file)
 
 
+def check_resume(resume: str) -> None:
+    """One-line error unless ``trainer.resume`` is ``auto``, ``never`` or a complete checkpoint directory."""
+    from dare.trainer.checkpoint import STATE_FILE
+
+    if resume in ("auto", "never") or (Path(resume) / STATE_FILE).is_file():
+        return
+    problem = "is not a complete DARE checkpoint" if Path(resume).is_dir() else "is not a checkpoint directory"
+    raise ConfigError(f"trainer.resume={resume} {problem}; use auto, never or a checkpoint directory "
+                      "(OUTPUT_DIR/checkpoints/step_N)")
+
+
 def resume_point(output_dir: Path, resume: str, settings: dict) -> Path | None:
     """The checkpoint a run with ``settings`` continues from (None: it starts at step 0), for ``trainer.resume``
     = ``auto`` (the latest complete checkpoint in ``output_dir``), ``never`` or a checkpoint directory; raises the
     one-line error when the weights there were trained with other training-relevant settings."""
     from dare.trainer.checkpoint import list_checkpoints
 
+    check_resume(resume)
     if resume == "never":
         return None
     if resume == "auto":
@@ -125,5 +137,5 @@ def resume_point(output_dir: Path, resume: str, settings: dict) -> Path | None:
     return checkpoint
 
 
-__all__ = ["FREE_KEYS", "LENGTH_KEYS", "check_same_settings", "differing_keys", "relevant", "resume_point",
-           "saved_settings"]
+__all__ = ["FREE_KEYS", "LENGTH_KEYS", "check_resume", "check_same_settings", "differing_keys", "relevant",
+           "resume_point", "saved_settings"]

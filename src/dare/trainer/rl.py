@@ -100,8 +100,6 @@ class RolloutSource:
                               f"must be divisible by the number of processes ({self.info.world_size})")
         if self.prompts_per_step > len(prompts):
             raise ConfigError(f"{self.prompts_per_step} prompts per step but the dataset has only {len(prompts)}")
-        if config.sampler.temperature <= 0:
-            raise ConfigError("RL rollouts need rollout.sampler.temperature > 0 (a group of greedy rollouts is identical)")
         if config.dynamic_extra_rounds < 0:
             raise ConfigError(f"rollout.dynamic_extra_rounds must be >= 0; got {config.dynamic_extra_rounds}")
         if getattr(algorithm.config, "advantage", None) == "loo" and group < 2:
@@ -114,7 +112,7 @@ class RolloutSource:
         self.rollouts_per_epoch = len(prompts) // self.prompts_per_step
         self.steps_per_epoch = self.rollouts_per_epoch * self.mu
         self.token_ids = family_of(policy).token_ids(policy.config)
-        resolved = config.sampler.resolved()  # validate now (one-line errors before any work)
+        resolved = rollout_sampler(config)  # validate now (one-line errors before any work)
         if hasattr(algorithm, "check_rollout"):  # binds the model (may refine needs) and checks the block grid
             from dare.models.loading import unwrap
 
@@ -499,16 +497,29 @@ def health_sums(outputs, stop_ids) -> dict[str, torch.Tensor]:
     return sums
 
 
+def rollout_sampler(config):
+    """The resolved ``rollout.sampler`` of the ``rollout`` section ``config`` (one-line errors for a bad one)."""
+    if config.sampler.temperature <= 0:
+        raise ConfigError("RL rollouts need rollout.sampler.temperature > 0 (a group of greedy rollouts is identical)")
+    return config.sampler.resolved()
+
+
+def rollout_reward(config):
+    """The :class:`dare.rewards.Reward` of ``rollout.reward`` (one-line errors for a missing or unknown one)."""
+    from dare.rewards import get_reward
+
+    if config.reward is None:
+        raise ConfigError("RL needs a reward: set rollout.reward (e.g. gsm8k, d1_countdown, exact_match)")
+    return get_reward(config.reward)
+
+
 def build_rollout_source(trainer) -> RolloutSource:
     """The rollout source of a :class:`~dare.trainer.Trainer` (prompts from ``data``, reward and sampler from
     ``rollout``)."""
     from dare.trainer.prompts import build_prompts
-    from dare.rewards import get_reward
 
     cfg = trainer.config
-    if cfg.rollout.reward is None:
-        raise ConfigError("RL needs a reward: set rollout.reward (e.g. gsm8k, d1_countdown, exact_match)")
-    reward = get_reward(cfg.rollout.reward)
+    reward = rollout_reward(cfg.rollout)
     prompts, dropped = build_prompts(cfg.data, trainer.tokenizer, cfg.rollout.max_prompt_length, cfg.trainer.seed)
     if dropped and trainer.info.is_main:
         print(f"warning: dropped {dropped} of {dropped + len(prompts)} prompts longer than "
@@ -521,4 +532,4 @@ def build_rollout_source(trainer) -> RolloutSource:
     )
 
 
-__all__ = ["RolloutSource", "build_rollout_source", "health_sums"]
+__all__ = ["RolloutSource", "build_rollout_source", "health_sums", "rollout_reward", "rollout_sampler"]
