@@ -21,12 +21,8 @@ def run(args: argparse.Namespace) -> int:
     from dare.outputs import ensure_dir
 
     ensure_dir(Path(args.out).parent, "--out")  # before the models are loaded
-    from dare.eval.run import load_errors
-    from dare.models.loading import adapter_base
     from dare.models.lora import merge_adapter
 
-    base = args.base or adapter_base(args.adapter)
-    with load_errors(base, args.adapter):  # e.g. an adapter trained on another family: one line
-        out = merge_adapter(args.adapter, args.out, base=base, dtype=args.dtype)
+    out = merge_adapter(args.adapter, args.out, base=args.base, dtype=args.dtype)
     print(json.dumps({"adapter": args.adapter, "out": str(out)}))
     return 0

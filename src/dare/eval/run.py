@@ -25,8 +25,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -90,33 +89,16 @@ class EvalConfig:
         return benchmark.default_template
 
 
-@contextmanager
-def load_errors(path: str, adapter: str | None = None) -> Iterator[None]:
-    """Turn what loading model ``path`` (with ``adapter``) raises into a one-line :class:`InputError`: an
-    unreadable checkpoint, or an adapter whose target modules the model lacks (peft's error is a ValueError)."""
-    from dare.errors import DareError, InputError, first_line
-    from dare.models.loading import parse_tiny
-
-    try:
-        yield
-    except DareError:
-        raise
-    except (OSError, ValueError) as err:
-        kind = "tiny model" if parse_tiny(path) else "model"
-        with_adapter = f" with adapter {adapter}" if adapter else ""
-        raise InputError(f"cannot load {kind} {path}{with_adapter}: {first_line(err)}") from None
-
-
 def load_for_eval(path: str, adapter: str | None, device: str | None, dtype: str | None,
                   compile_blocks: bool = False):
     """``(model, tokenizer, model_info)``; a missing or unreadable checkpoint is a one-line error. With
     ``compile_blocks`` every transformer block is compiled in place (recorded in ``model_info``)."""
     from dare.devices import resolve_device
-    from dare.models.loading import load_model, load_tokenizer
+    from dare.models.loading import load_model, load_tokenizer, loading_errors
 
     device = resolve_device(device)
     dtype = dtype or ("bfloat16" if device.type == "cuda" else "float32")
-    with load_errors(path, adapter):
+    with loading_errors(path, adapter):
         model = load_model(path, adapter, dtype=dtype, device=device)
         tokenizer = load_tokenizer(path)
     if compile_blocks:

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 
-from dare.errors import ConfigError, first_line
+from dare.errors import ConfigError, DareError, InputError, first_line
 
 TINY_PREFIX = "tiny:"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -29,6 +31,20 @@ def resolve_dtype(dtype) -> torch.dtype | None:
 
         raise unknown_choice("dtype", dtype, [*DTYPES, "auto"])
     return DTYPES[dtype]
+
+
+@contextmanager
+def loading_errors(path: str, adapter: str | None = None) -> Iterator[None]:
+    """Turn what loading model ``path`` (with ``adapter``) raises into a one-line :class:`InputError`: an
+    unreadable checkpoint, or an adapter whose target modules the model lacks (peft's error is a ValueError)."""
+    try:
+        yield
+    except DareError:
+        raise
+    except (OSError, ValueError) as err:
+        kind = "tiny model" if parse_tiny(path) else "model"
+        with_adapter = f" with adapter {adapter}" if adapter else ""
+        raise InputError(f"cannot load {kind} {path}{with_adapter}: {first_line(err)}") from None
 
 
 def parse_tiny(path: str) -> tuple[str, int] | None:

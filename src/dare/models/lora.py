@@ -29,10 +29,11 @@ def merge_adapter(adapter: str, out_dir: str, base: str | None = None, dtype="au
 
     ``base`` defaults to the base model recorded in the adapter. The tokenizer is written too.
     """
-    from dare.models.loading import adapter_base, load_model, load_tokenizer
+    from dare.models.loading import adapter_base, load_model, load_tokenizer, loading_errors
 
     base = base or adapter_base(adapter)
-    model = load_model(base, adapter=adapter, dtype=dtype)
+    with loading_errors(base, adapter):  # e.g. an adapter trained on another family: one line
+        model = load_model(base, adapter=adapter, dtype=dtype)
     from dare.outputs import ensure_dir, publish_dir, staging_dir
 
     merged = model.merge_and_unload()
