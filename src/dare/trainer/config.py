@@ -116,6 +116,27 @@ class RolloutConfig:
     """Dynamic sampling: at most this many extra rounds of prompts per step; slots still open after them take the
     earliest flat groups (rollout/dynamic/filled)."""
 
+    def check_counts(self) -> None:
+        """One-line errors for this section's counts outside their range: :meth:`TrainConfig.validate` calls it, and
+        so does a :class:`~dare.trainer.rl.RolloutSource` built directly from a section."""
+        positive_or_null({"rollout.chunk_size": (self.chunk_size, "null = the rank's whole share of the step")})
+        at_least_zero({"rollout.samples_per_step": (self.samples_per_step, "0 = none"),
+                       "rollout.dynamic_extra_rounds": (self.dynamic_extra_rounds, "0 = no extra rounds")})
+
+
+def positive_or_null(values: dict[str, tuple[int | None, str]]) -> None:
+    """``{key: (value, what null means)}``: a one-line error for the first value below 1."""
+    for key, (value, meaning) in values.items():
+        if value is not None and value < 1:
+            raise ConfigError(f"{key} must be a positive integer or null ({meaning}); got {value}")
+
+
+def at_least_zero(values: dict[str, tuple[int, str]]) -> None:
+    """``{key: (value, what 0 means)}``: a one-line error for the first negative value."""
+    for key, (value, meaning) in values.items():
+        if value < 0:
+            raise ConfigError(f"{key} must be >= 0 ({meaning}); got {value}")
+
 
 @dataclass
 class OptimConfig:
@@ -256,7 +277,7 @@ class TrainConfig:
     def _validate_numbers(self) -> None:
         """One-line errors for numbers outside their range (they would otherwise fail deep inside torch, or train
         silently wrong: a negative gradient clip reverses the update)."""
-        optim, data, rollout = self.optim, self.data, self.rollout
+        optim, data = self.optim, self.data
         if optim.grad_clip is not None and optim.grad_clip <= 0:
             raise ConfigError(f"optim.grad_clip must be positive (null disables clipping); got {optim.grad_clip}")
         if optim.weight_decay < 0:
@@ -274,19 +295,11 @@ class TrainConfig:
             raise ConfigError(f"lora.alpha must be positive; got {self.lora.alpha}")
         if not 0 <= self.lora.dropout < 1:
             raise ConfigError(f"lora.dropout must be in [0, 1); got {self.lora.dropout}")
-        optional = {"data.num_examples": (data.num_examples, "null = every record; synthetic tasks: 512"),
-                    "data.pack_length": (data.pack_length, "null = data.max_length"),
-                    "data.pad_response_to": (data.pad_response_to, "null = no padding"),
-                    "rollout.chunk_size": (rollout.chunk_size, "null = the rank's whole share of the step")}
-        for key, (value, meaning) in optional.items():
-            if value is not None and value < 1:
-                raise ConfigError(f"{key} must be a positive integer or null ({meaning}); got {value}")
-        at_least_zero = {"trainer.keep_last": (self.trainer.keep_last, "0 = keep every checkpoint"),
-                         "rollout.samples_per_step": (rollout.samples_per_step, "0 = none"),
-                         "rollout.dynamic_extra_rounds": (rollout.dynamic_extra_rounds, "0 = no extra rounds")}
-        for key, (value, meaning) in at_least_zero.items():
-            if value < 0:
-                raise ConfigError(f"{key} must be >= 0 ({meaning}); got {value}")
+        positive_or_null({"data.num_examples": (data.num_examples, "null = every record; synthetic tasks: 512"),
+                          "data.pack_length": (data.pack_length, "null = data.max_length"),
+                          "data.pad_response_to": (data.pad_response_to, "null = no padding")})
+        at_least_zero({"trainer.keep_last": (self.trainer.keep_last, "0 = keep every checkpoint")})
+        self.rollout.check_counts()
 
     def fixed_width(self) -> int | None:
         """Tokens of every micro-batch row under ``data.fixed_shapes`` (null: on for ``model.attn_backend=flex``):

@@ -100,8 +100,7 @@ class RolloutSource:
                               f"must be divisible by the number of processes ({self.info.world_size})")
         if self.prompts_per_step > len(prompts):
             raise ConfigError(f"{self.prompts_per_step} prompts per step but the dataset has only {len(prompts)}")
-        if config.dynamic_extra_rounds < 0:
-            raise ConfigError(f"rollout.dynamic_extra_rounds must be >= 0; got {config.dynamic_extra_rounds}")
+        config.check_counts()
         if getattr(algorithm.config, "advantage", None) == "loo" and group < 2:
             raise ConfigError("leave-one-out advantages need rollout.group_size >= 2")
         self.prompts, self.policy, self.algorithm = prompts, policy, algorithm
