@@ -104,7 +104,8 @@ def build_model(tiny: bool, device: torch.device):
     return build_sdar(device)
 
 
-def run_once(model, prompts, args, decoder: str, cache: str, max_blocks: int | None = None, engine: str = "eager"):
+def run_once(model, prompts, args, decoder: str, cache: str, max_blocks: int | None = None, engine: str = "eager",
+             weights: str = "model"):
     """One timed rollout; the confidence injection restarts its random stream, so both cache modes see the same
     injected logits."""
     from dare.rollout import SamplerConfig, generate
@@ -113,7 +114,7 @@ def run_once(model, prompts, args, decoder: str, cache: str, max_blocks: int | N
 
     config = SamplerConfig(sampler="sdar", gen_length=args.gen, block_length=args.block, block_steps=args.steps,
                            decoder=DECODERS[decoder], threshold=args.threshold, cache=cache, temperature=0.0,
-                           eos_early_stop=False, max_blocks=max_blocks, engine=engine)
+                           eos_early_stop=False, max_blocks=max_blocks, engine=engine, weights=weights)
     device = prompts.device
     sync(device)
     start = time.perf_counter()
@@ -201,8 +202,8 @@ def main(argv=None) -> int:
                 common = dict(family="sdar", sampler="sdar", cache=cache, decoder=DECODERS[decoder], batch=batch,
                               gen_length=args.gen, steps=args.steps, roofline=roofline, forwards=forwards)
                 records.append(engine_record(engine="eager", out=out, seconds=seconds, **common))
-                records += time_engines(model, args, lambda e: run_once(model, prompts, args, decoder, cache, engine=e),
-                                        out, common, label)
+                timed = lambda e, w: run_once(model, prompts, args, decoder, cache, engine=e, weights=w)  # noqa: E731
+                records += time_engines(model, args, timed, out, common, label)
 
     print_table(results, args)
     print_engine_table(records, f"engines (SDAR, block {args.block}, {args.steps} steps, prompt {args.prompt_length}, "

@@ -353,6 +353,12 @@ def add_engine_arguments(p) -> None:
                    help="time every non-eager engine under each value of one DARE_* environment switch, side by side "
                         "in this process (its steps recorded again per value), e.g. DARE_FUSE_CACHE_WRITES=0,1; "
                         "records are labelled '<engine>[NAME=value]'")
+    from dare.rollout.config import WEIGHTS
+
+    p.add_argument("--weights", nargs="+", default=["model"], choices=WEIGHTS,
+                   help="SamplerConfig.weights of the non-eager engines, each timed side by side (default: model); "
+                        "records of other values are labelled '<engine>[<value>]' and carry token_agreement, the "
+                        "fraction of completion tokens equal to the eager run's")
     from dare.models.compile import COMPILE_MODES
 
     p.add_argument("--compile-mode", default="default", choices=sorted(COMPILE_MODES),
@@ -374,6 +380,8 @@ def check_engine_arguments(p, args) -> None:
         if not [e for e in args.engines if e != "eager"]:
             p.error("--switch varies the static/graph engines' kernels: add --engines static or graph")
         args.switch = (name, values)
+    if args.weights != ["model"] and not [e for e in args.engines if e != "eager"]:
+        p.error("--weights applies to the static/graph engines: add --engines static or graph")
     if "graph" in args.engines and not args.device.startswith("cuda"):
         p.error(f"the graph engine records CUDA graphs; on {args.device} compare eager with static (--engines eager static)")
 
@@ -424,21 +432,31 @@ def switch_runs(model, switch):
 
 
 def time_engines(model, args, run, eager_out, common: dict, label: str) -> list[dict]:
-    """Records of every non-eager engine of ``args.engines`` (under each ``--switch`` value): ``run(engine)`` decodes
-    once and returns ``(output, seconds)``; the first call records the engine's steps, the second is timed. Each
-    record says whether the engine decoded the eager run's tokens and forward count; one line per run is printed."""
+    """Records of every non-eager engine of ``args.engines`` (under each ``--switch`` value and ``--weights`` value):
+    ``run(engine, weights)`` decodes once and returns ``(output, seconds)``; the first call records the engine's steps,
+    the second is timed. Each record says whether the engine decoded the eager run's tokens and forward count, and
+    which fraction of the completion tokens agree with it; one line per run is printed."""
+    from dare.rollout.engine import engine_stats
+
     records = []
-    for engine in [e for e in args.engines if e != "eager"]:
+    for engine, weights in [(e, w) for e in args.engines if e != "eager" for w in args.weights]:
         for suffix in switch_runs(model, args.switch):  # lazily: each value is set in turn
-            run(engine)  # records the steps
-            fast, seconds = run(engine)
+            suffix += "" if weights == "model" else f"[{weights}]"
+            run(engine, weights)  # records the steps
+            refreshed = engine_stats(model).copies_refresh_s
+            fast, seconds = run(engine, weights)
+            refreshed = engine_stats(model).copies_refresh_s - refreshed
             rec = engine_record(engine=engine_label(engine, args) + suffix, out=fast, seconds=seconds, **common)
+            rec["weights"] = weights
+            rec["copies_refresh_s"] = refreshed  # part of seconds: fused / FP8 copies refreshed from the weights
             rec["same_tokens_as_eager"] = bool(torch.equal(fast.completion, eager_out.completion)) and (
                 fast.nfe == eager_out.nfe)
+            rec["token_agreement"] = float((fast.completion == eager_out.completion).float().mean())
             records.append(rec)
             print(f"run   {label} {rec['tokens_per_s']:9.1f} tok/s  nfe={fast.nfe:<4d} engine={engine}{suffix} "
                   f"{seconds:7.2f}s  floor {100 * rec['floor_fraction']:.0f}%  roofline "
-                  f"{100 * rec['roofline_fraction']:.0f}%  same tokens: {rec['same_tokens_as_eager']}", flush=True)
+                  f"{100 * rec['roofline_fraction']:.0f}%  same tokens: {rec['same_tokens_as_eager']} "
+                  f"(agreement {rec['token_agreement']:.3f}; copies refreshed in {1e3 * refreshed:.1f} ms)", flush=True)
     return records
 
 

@@ -41,6 +41,8 @@ def main(argv=None) -> int:
                    help="regional torch.compile of every block before recording (dynamic or static shapes)")
     p.add_argument("--cache", choices=["prefix", "dual"], help="llada: Fast-dLLM cache (default dual)")
     p.add_argument("--max-blocks", type=int, help="blocks decoded (default: 2 for llada, 4 for sdar; 0 = all)")
+    p.add_argument("--weights", choices=["model", "fp8"], default="model",
+                   help="SamplerConfig.weights of the profiled decode (fp8: FP8 projection copies)")
     p.add_argument("--gemm-only", action="store_true", help="time the projection matmuls, separate vs fused")
     p.add_argument("--rows", type=int, help="--gemm-only: query rows per batch row (the block; default 32)")
     p.add_argument("--libraries", nargs="+", choices=sorted(MATMULS),
@@ -65,10 +67,11 @@ def main(argv=None) -> int:
         compile_blocks(model, dynamic=args.compile == "dynamic")
     if args.family == "llada":
         config = SamplerConfig(sampler="fastdllm", cache=args.cache or "dual", decoder="quota", gen_length=args.gen, block_length=32,
-                               steps=args.gen, eos_early_stop=False, max_blocks=blocks(args, 2), engine="graph")
+                               steps=args.gen, eos_early_stop=False, max_blocks=blocks(args, 2), engine="graph",
+                               weights=args.weights)
     else:
         config = SamplerConfig(sampler="sdar", cache="block", decoder="quota", gen_length=args.gen, eos_early_stop=False,
-                               max_blocks=blocks(args, 4), engine="graph")
+                               max_blocks=blocks(args, 4), engine="graph", weights=args.weights)
     (batch,) = args.batch
     prompts = torch.randint(0, 100000, (batch, args.prompt_length), device=device)
     generate(model, prompts, None, config)  # records the graphs
@@ -113,8 +116,8 @@ def blocks(args, default: int) -> int | None:
 
 def check_arguments(p, args) -> None:
     """One-line errors for options this run would ignore."""
-    if args.gemm_only and (args.compile != "none" or args.cache):
-        p.error("--gemm-only times bare matmuls: --compile and --cache apply to the profiled decode")
+    if args.gemm_only and (args.compile != "none" or args.cache or args.weights != "model"):
+        p.error("--gemm-only times bare matmuls: --compile, --cache and --weights apply to the profiled decode")
     if not args.gemm_only and (args.rows is not None or len(args.batch) > 1 or args.libraries is not None):
         p.error("--rows, --libraries and several --batch sizes apply to --gemm-only; a profiled decode takes one "
                 "batch size")

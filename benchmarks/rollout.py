@@ -84,6 +84,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="fraction of positions made confident at each forward (0 = raw random weights)")
     p.add_argument("--max-blocks", type=int, help="decode only the first N blocks (default 4; tiny: all)")
     p.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
+    p.add_argument("--lora-rank", type=int, help="wrap the model in LoRA adapters of this rank on the family's default "
+                   "targets (alpha = 2 x rank), as an RL policy decodes (d1's recipe: 128)")
     p.add_argument("--budget-s", type=float, default=450.0, help="skip runs that would exceed this total time")
     add_engine_arguments(p)
     p.add_argument("--json", help="write all results to this file")
@@ -92,6 +94,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     args.device = args.device or ("cpu" if tiny or not torch.cuda.is_available() else "cuda")
     args.engines = args.engines or default_engines(args.device)
     check_engine_arguments(p, args)
+    if args.lora_rank is not None and args.lora_rank < 1:
+        p.error(f"--lora-rank must be >= 1, got {args.lora_rank}")
     args.batch = args.batch or ([1, 4] if tiny else [1, 16])
     args.gen = args.gen or ([32, 64] if tiny else [256, 512])
     args.block = args.block or (8 if tiny else 32)
@@ -115,14 +119,14 @@ def inject_confidence(model, fraction: float, device: torch.device, margin: floa
     return ConfidenceInjection(model, fraction, device, margin).handle
 
 
-def run_once(model, prompts, gen_length, args, overrides, max_blocks, engine="eager"):
+def run_once(model, prompts, gen_length, args, overrides, max_blocks, engine="eager", weights="model"):
     from dare.rollout import SamplerConfig, generate
 
     overrides = dict(overrides)
     steps = gen_length // overrides.pop("tokens_per_step", 1)
     config = SamplerConfig(sampler="fastdllm", gen_length=gen_length, block_length=args.block, steps=steps,
                            threshold=args.threshold, temperature=0.0, eos_early_stop=False,
-                           max_blocks=max_blocks, engine=engine, **overrides)
+                           max_blocks=max_blocks, engine=engine, weights=weights, **overrides)
     device = prompts.device
     sync(device)
     start = time.perf_counter()
@@ -142,6 +146,10 @@ def main(argv=None) -> int:
     model = build_model(args.tiny, device)
     vocab_hi = 256 if args.tiny else 126000  # prompt ids below every special token
     bandwidth, wbytes = weights_floor(model, device, t_start)
+    if args.lora_rank:
+        from dare.models.lora import apply_lora
+
+        model = apply_lora(model, r=args.lora_rank, alpha=2 * args.lora_rank)
     apply_compile(model, args)
     floor_forward = wbytes / bandwidth
     inject_confidence(model, args.confident_fraction, device)
@@ -188,8 +196,9 @@ def main(argv=None) -> int:
                 print(f"run   B={batch:<3d} G={gen_length:<4d} {name:<17s} {row['tokens_per_s']:9.1f} tok/s  "
                       f"nfe={out.nfe:<4d} TPF={row['tokens_per_forward']:5.2f}  {seconds:7.2f}s  "
                       f"{row['gap_to_floor']:5.2f}x floor", flush=True)
-                def timed(engine):
-                    fast, _, fast_s = run_once(model, prompts, gen_length, args, overrides, measured_blocks, engine)
+                def timed(engine, weights):
+                    fast, _, fast_s = run_once(model, prompts, gen_length, args, overrides, measured_blocks, engine,
+                                               weights)
                     return fast, fast_s
 
                 label = f"B={batch:<3d} G={gen_length:<4d} {name:<17s}"

@@ -65,7 +65,8 @@ def prompts(n: int = 2):
 
 def source(name: str, model=None, *, n_prompts: int = 2, group: int = 4, micro: int | None = None,
            gen_length: int = 8, steps: int = 4, reward=None, reference: bool = False, seed: int = 0,
-           temperature: float = 1.0, sampler_block: int | None = None, **options) -> RolloutSource:
+           temperature: float = 1.0, sampler_block: int | None = None, weights: str = "model",
+           **options) -> RolloutSource:
     model = model if model is not None else policy()
     algo = algorithm(name, model, seed=seed, **options)
     ref = None
@@ -76,7 +77,7 @@ def source(name: str, model=None, *, n_prompts: int = 2, group: int = 4, micro: 
             frozen = copy.deepcopy(model).eval().requires_grad_(False)
             ref = Reference(model, frozen)
     sampler = SamplerConfig(gen_length=gen_length, block_length=sampler_block or gen_length, steps=steps,
-                            temperature=temperature)
+                            temperature=temperature, weights=weights)
     config = RolloutConfig(group_size=group, sampler=sampler, reward=None)
     batch = n_prompts * group
     return RolloutSource(prompts(n_prompts), policy=model, algorithm=algo, tokenizer=build_byte_tokenizer(),

@@ -538,3 +538,60 @@ def test_resumed_and_inpainted_decoding_records_and_replays():
     captures = engine_stats(model).captures
     generate(model, ids, mask, config, engine="graph", canvas=state, step_range=(5, 7))
     assert engine_stats(model).captures == captures
+
+
+@pytest.mark.parametrize("family,overrides", [("llada", dict(sampler="fastdllm", cache="dual")),
+                                              ("sdar", dict(sampler="sdar", cache="block"))])
+def test_fp8_graph_engine_replays_its_static_steps_and_compiles(family, overrides):
+    """``weights='fp8'``: recorded steps equal the static steps they record (same FP8 kernels), stay close to the
+    bf16 decoding without equalling it, and statically compiled blocks record them too (no fallback)."""
+    from dare.models.compile import compile_blocks
+    from dare.rollout import SamplerConfig, generate
+    from dare.rollout.engine import engine_stats, release
+
+    model = sharp_cuda_model(family).to(torch.bfloat16)
+    ids, mask = padded(seqs([9, 14, 5]))
+    config = SamplerConfig(gen_length=32, block_length=8, weights="fp8", **overrides)
+    static = generate(model, ids, mask, config, engine="static")
+    graph = generate(model, ids, mask, config, engine="graph")
+    stats = engine_stats(model)
+    assert stats.fallbacks == 0 and stats.captures > 0 and stats.fused_bytes > 0
+    assert torch.equal(graph.completion, static.completion) and graph.nfe == static.nfe
+    torch.testing.assert_close(graph.logprobs, static.logprobs, atol=1e-5, rtol=0)
+    bf16 = generate(model, ids, mask, config.replace(weights="model"), engine="graph")
+    assert not torch.equal(bf16.logprobs, graph.logprobs)
+    assert float((bf16.completion == graph.completion).float().mean()) > 0.5
+    try:
+        compile_blocks(model, dynamic=False)
+        release(model)
+        compiled = generate(model, ids, mask, config, engine="graph")
+        assert engine_stats(model).fallbacks == 0
+        # inductor may round an activation's scaled value to the neighbouring FP8 value (x * (1 / s) for x / s):
+        # a perturbation of the size of the quantisation itself, so the bound is the bf16-vs-FP8 one
+        assert float((compiled.completion == graph.completion).float().mean()) > 0.5
+    finally:
+        torch._dynamo.reset()
+
+
+def test_fp8_graph_engine_decodes_a_lora_policy_with_its_adapters_merged():
+    """FP8 copies of LoRA-wrapped projections carry the adapters (merged at each refresh): recorded steps replay
+    the static ones, and turning the adapters off changes the decoding."""
+    from dare.models.lora import apply_lora
+    from dare.rollout import SamplerConfig, generate
+    from dare.rollout.engine import engine_stats
+
+    model = apply_lora(sharp_cuda_model("llada").to(torch.bfloat16), r=8)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.05)
+    ids, mask = padded(seqs([9, 14, 5]))
+    config = SamplerConfig(sampler="fastdllm", cache="dual", gen_length=32, block_length=8, weights="fp8")
+    static = generate(model, ids, mask, config, engine="static")
+    graph = generate(model, ids, mask, config, engine="graph")
+    assert engine_stats(model).fallbacks == 0
+    assert torch.equal(graph.completion, static.completion)
+    torch.testing.assert_close(graph.logprobs, static.logprobs, atol=1e-5, rtol=0)
+    with model.disable_adapter():
+        off = generate(model, ids, mask, config, engine="graph")
+    assert not torch.equal(off.logprobs, graph.logprobs)

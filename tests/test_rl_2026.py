@@ -191,6 +191,9 @@ def test_justgrpo_rejects_parallel_decoding_and_block_causal_families():
 
     with pytest.raises(ConfigError, match="block_length=1"):
         source("justgrpo", sampler_block=4)
+    for weights in ("merged", "fp8"):  # its old log-probs are the sampler's: they must come from the policy's weights
+        with pytest.raises(ConfigError, match="justgrpo takes the old policy's log-probs from the sampler"):
+            source("justgrpo", sampler_block=1, steps=8, weights=weights)
     with pytest.raises(ConfigError, match="justgrpo' needs a full model family"):
         source("justgrpo", tiny_model("sdar", seed=0), sampler_block=1, steps=8)
     for name in ("espo", "gdpo"):

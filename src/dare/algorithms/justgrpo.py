@@ -123,6 +123,9 @@ class JustGRPO(RLAlgorithm):
                               f"(got {sampler.block_length})")
         if (sampler.top_p or 1.0) < 1.0 or (sampler.top_k or 0) > 0:
             raise ConfigError("justgrpo scores the sampler's full softmax: unset rollout.sampler.top_p / top_k")
+        if sampler.weights != "model":
+            raise ConfigError(f"justgrpo takes the old policy's log-probs from the sampler: rollout.sampler.weights "
+                              f"must be 'model' (got '{sampler.weights}': other weights than the policy's)")
         if sampler.cache not in (None, "none"):
             raise ConfigError(f"justgrpo's likelihood is the uncached sampler's: set rollout.sampler.cache=none "
                               f"(got {sampler.cache})")

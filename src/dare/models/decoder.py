@@ -11,7 +11,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from dare.models.base import DiffusionConfig, DiffusionLM, rotary_attention
-from dare.models.fusion import project
+from dare.models.fusion import project, project_one
 from dare.models.layers import RMSNorm
 from dare.models.moe import ExpertBank
 
@@ -19,7 +19,7 @@ from dare.models.moe import ExpertBank
 class SelfAttention(nn.Module):
     """``q/k/v/o_proj`` attention with optional per-head q/k RMSNorm (``q_norm``/``k_norm``) and qkv clipping."""
 
-    fused_groups = {"qkv": ("q_proj", "k_proj", "v_proj")}
+    fused_groups = {"qkv": ("q_proj", "k_proj", "v_proj"), "o": ("o_proj",)}
 
     def __init__(
         self,
@@ -55,7 +55,7 @@ class SelfAttention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         if self.clip_qkv is not None:
             q, k, v = (t.clamp(-self.clip_qkv, self.clip_qkv) for t in (q, k, v))
-        return self.o_proj(rotary_attention(q, k, v, rope, layout, cache, self, backend, keep=keep))
+        return project_one(self, "o", rotary_attention(q, k, v, rope, layout, cache, self, backend, keep=keep))
 
 
 class SoftmaxTopKMoE(nn.Module):

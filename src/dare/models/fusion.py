@@ -9,8 +9,18 @@ Checkpoints, LoRA, FSDP and the optimizer see the projections as the separate pa
 :class:`FusedProjections` holds concatenated *copies* at fixed addresses (so recorded CUDA graphs can read
 them), refreshed from the parameters by :meth:`~FusedProjections.refresh` (one device copy), and makes the
 modules use them only inside :meth:`~FusedProjections.active`. A module opts in by naming its groups in
-``fused_groups`` and computing them with :func:`project`; a group whose members are not plain ``nn.Linear``
-(e.g. LoRA-wrapped) is left separate.
+``fused_groups`` and computing them with :func:`project` (:func:`project_one` for a group of one projection); a
+group whose members are not plain ``nn.Linear`` (e.g. LoRA-wrapped) is left separate.
+
+Three kinds of copies (``mode``):
+
+* ``fused`` (default): the groups of several plain ``nn.Linear``, concatenated in the model's dtype;
+* ``merged``: those, and every group with a peft LoRA-wrapped member, whose copy holds the base weight with the
+  active adapters merged in (one matmul per projection instead of the base one and the adapter's two);
+* ``fp8``: every group, single projections (``o``, ``down``, ...) included, as FP8 with one scale per output
+  channel (:mod:`dare.models.fp8`), LoRA adapters merged.
+
+A group of one plain projection is copied only as FP8: in the model's dtype the copy would gain nothing.
 """
 
 from __future__ import annotations
@@ -22,16 +32,23 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from dare.models.fp8 import FP8, fp8_linear, fp8_shape_ok, quantize_rows
+
 ATTRIBUTE = "_fused_projections"
+COPY_MODES = ("fused", "merged", "fp8")
+"""Kinds of :class:`FusedProjections` (module docstring)."""
 
 
 @dataclass
 class FusedWeight:
-    """One group's concatenated ``weight [sum(sizes), in]``, optional ``bias`` and the members' output sizes."""
+    """One group's concatenated ``weight [sum(sizes), in]``, optional ``bias``, the members' output sizes and, for
+    FP8 copies, the float32 ``scale [sum(sizes)]`` of each output channel and the matmul's ``out_dtype``."""
 
     weight: torch.Tensor
     bias: torch.Tensor | None
     sizes: tuple[int, ...]
+    scale: torch.Tensor | None = None
+    out_dtype: torch.dtype | None = None
 
 
 def project(module: nn.Module, group: str, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -40,55 +57,86 @@ def project(module: nn.Module, group: str, x: torch.Tensor) -> tuple[torch.Tenso
     fused = getattr(module, ATTRIBUTE, None)
     if fused is not None and group in fused:
         entry = fused[group]
-        return F.linear(x, entry.weight, entry.bias).split(entry.sizes, dim=-1)
+        if entry.scale is not None:
+            out = fp8_linear(x, entry.weight, entry.scale, entry.bias, out_dtype=entry.out_dtype)
+        else:
+            out = F.linear(x, entry.weight, entry.bias)
+        return out.split(entry.sizes, dim=-1) if len(entry.sizes) > 1 else (out,)
     return tuple(getattr(module, name)(x) for name in module.fused_groups[group])
+
+
+def project_one(module: nn.Module, group: str, x: torch.Tensor) -> torch.Tensor:
+    """The output of a group of one projection (``module.fused_groups[group] == (name,)``): the module's own call
+    unless FP8 copies are active (:meth:`FusedProjections.active`)."""
+    return project(module, group, x)[0]
 
 
 class FusedProjections:
     """Concatenated copies of every fusable projection group of ``model``, in ``dtype`` (default: the weights').
 
     ``dtype`` lets a model with fp32 master weights decoding under bf16 autocast keep bf16 copies: the same
-    rounding autocast applies to each weight, done once per refresh instead of once per forward.
+    rounding autocast applies to each weight, done once per refresh instead of once per forward. ``mode``: which
+    groups are copied, and how (module docstring); for ``fp8``, ``dtype`` is the biases' and the matmuls' output
+    dtype.
     """
 
-    def __init__(self, model: nn.Module, dtype: torch.dtype | None = None):
+    def __init__(self, model: nn.Module, dtype: torch.dtype | None = None, mode: str = "fused"):
+        if mode not in COPY_MODES:
+            raise ValueError(f"mode must be one of {COPY_MODES}, got {mode!r}")
+        self.mode = mode
+        fp8 = mode == "fp8"
         self.groups: list[tuple[nn.Module, str, list[nn.Linear], FusedWeight]] = []
         for module in model.modules():
             for group, names in getattr(module, "fused_groups", {}).items():
                 members = [getattr(module, name) for name in names]
-                if not _fusable(members):
+                if not _copied(members, mode):
                     continue
-                first = members[0].weight
-                weight = torch.empty((sum(m.out_features for m in members), first.shape[1]),
-                                     dtype=dtype or first.dtype, device=first.device)
-                bias = None if members[0].bias is None else weight.new_empty(weight.shape[0])
-                entry = FusedWeight(weight, bias, tuple(m.out_features for m in members))
+                first = _linear(members[0]).weight
+                rows = sum(_linear(m).out_features for m in members)
+                out_dtype = dtype or first.dtype
+                weight = torch.empty((rows, first.shape[1]), dtype=FP8 if fp8 else out_dtype, device=first.device)
+                bias = None if _linear(members[0]).bias is None else torch.empty(rows, dtype=out_dtype,
+                                                                                  device=first.device)
+                scale = torch.empty(rows, dtype=torch.float32, device=first.device) if fp8 else None
+                entry = FusedWeight(weight, bias, tuple(_linear(m).out_features for m in members), scale,
+                                    out_dtype if fp8 else None)
                 self.groups.append((module, group, members, entry))
         self.refresh()
 
     @property
     def nbytes(self) -> int:
-        return sum(e.weight.numel() * e.weight.element_size() for *_, e in self.groups)
+        return sum(t.numel() * t.element_size() for *_, e in self.groups for t in (e.weight, e.scale)
+                   if t is not None)
 
     def __bool__(self) -> bool:
         return bool(self.groups)
 
+    @property
+    def merges_lora(self) -> bool:
+        """Whether some copy merges a LoRA-wrapped projection."""
+        return any(type(m) is not nn.Linear for _, _, members, _ in self.groups for m in members)
+
     @torch.no_grad()
     def refresh(self) -> None:
-        """Copy the current parameters into the fused buffers (in place: their addresses never change)."""
+        """Copy the current parameters into the fused buffers (in place: their addresses never change); copies of
+        LoRA-wrapped projections get the base weight with the active adapters merged in."""
         for _, _, members, entry in self.groups:
             start = 0
             for member, size in zip(members, entry.sizes):
-                entry.weight[start:start + size].copy_(member.weight)
+                if entry.scale is not None:
+                    quantize_rows(_effective_weight(member), entry.weight[start:start + size],
+                                  entry.scale[start:start + size])
+                else:
+                    entry.weight[start:start + size].copy_(_effective_weight(member))
                 if entry.bias is not None:
-                    entry.bias[start:start + size].copy_(member.bias)
+                    entry.bias[start:start + size].copy_(_linear(member).bias)
                 start += size
 
     def matches(self, model: nn.Module) -> bool:
         """False once a member was re-wrapped (e.g. LoRA added) or re-shaped since these copies were made."""
         for module, group, members, _ in self.groups:
             names = module.fused_groups[group]
-            if [getattr(module, n) for n in names] != members or not _fusable(members):
+            if [getattr(module, n) for n in names] != members or not _fusable(members, self.mode):
                 return False
         return True
 
@@ -107,10 +155,51 @@ class FusedProjections:
                 module.__dict__.pop(ATTRIBUTE, None)
 
 
-def _fusable(members: list[nn.Module]) -> bool:
-    if not all(type(m) is nn.Linear for m in members):
+def _copied(members: list[nn.Module], mode: str) -> bool:
+    """Whether ``mode`` copies a group of these members (module docstring)."""
+    if not _fusable(members, mode):
         return False
-    first = members[0]
+    if mode == "fp8":
+        return True
+    if mode == "merged" and any(type(m) is not nn.Linear for m in members):
+        return True
+    return len(members) > 1
+
+
+def _fusable(members: list[nn.Module], mode: str = "fused") -> bool:
+    if not all(type(m) is nn.Linear or (mode != "fused" and _mergeable_lora(m)) for m in members):
+        return False
+    linears = [_linear(m) for m in members]
+    first = linears[0]
+    if mode == "fp8" and not fp8_shape_ok(first.in_features, sum(m.out_features for m in linears)):
+        return False
     return all(m.in_features == first.in_features and m.weight.dtype == first.weight.dtype
                and m.weight.device == first.weight.device and (m.bias is None) == (first.bias is None)
-               for m in members)
+               for m in linears)
+
+
+def _mergeable_lora(module: nn.Module) -> bool:
+    """A peft LoRA linear whose adapters are a plain low-rank delta of an ``nn.Linear`` (no DoRA, no LoRA bias):
+    ``merged`` and ``fp8`` copies merge it into the base weight."""
+    return (type(getattr(module, "base_layer", None)) is nn.Linear and hasattr(module, "get_delta_weight")
+            and not getattr(module, "fan_in_fan_out", False)
+            and not any(getattr(module, "use_dora", {}).values()) and not any(getattr(module, "lora_bias", {}).values()))
+
+
+def _linear(member: nn.Module) -> nn.Linear:
+    """The ``nn.Linear`` a group member computes with (a LoRA wrapper's base layer)."""
+    return member if type(member) is nn.Linear else member.base_layer
+
+
+def _effective_weight(member: nn.Module) -> torch.Tensor:
+    """The weight a member applies now: a LoRA wrapper's base weight plus its active, unmerged adapters (peft's
+    ``get_delta_weight``; LoRA dropout has no weight form and does not apply to the copies)."""
+    if type(member) is nn.Linear:
+        return member.weight
+    weight = member.base_layer.weight
+    if member.merged or member.disable_adapters:
+        return weight
+    for name in member.active_adapters:
+        if name in member.lora_A:
+            weight = weight + member.get_delta_weight(name)
+    return weight

@@ -6,7 +6,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from dare.models.fusion import project
+from dare.models.fusion import project, project_one
 
 
 class RMSNorm(nn.Module):
@@ -42,7 +42,7 @@ class RMSNorm(nn.Module):
 class SwiGLU(nn.Module):
     """``down(silu(gate(x)) * up(x))`` with the HF parameter names ``gate_proj/up_proj/down_proj``."""
 
-    fused_groups = {"gate_up": ("gate_proj", "up_proj")}
+    fused_groups = {"gate_up": ("gate_proj", "up_proj"), "down": ("down_proj",)}
 
     def __init__(self, hidden: int, inner: int, bias: bool = False):
         super().__init__()
@@ -52,7 +52,7 @@ class SwiGLU(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = project(self, "gate_up", x)
-        return self.down_proj(F.silu(gate) * up)
+        return project_one(self, "down", F.silu(gate) * up)
 
 
 def rope_angles(positions: torch.Tensor, rot_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from dare.errors import ConfigError
 from dare.models.base import DiffusionConfig, DiffusionLM, rotary_attention
-from dare.models.fusion import project
+from dare.models.fusion import project, project_one
 from dare.models.layers import RMSNorm
 from dare.models.spec import FamilySpec, register_family
 
@@ -157,7 +157,8 @@ class LLaDAConfig(DiffusionConfig):
 class LLaDALlamaBlock(nn.Module):
     """``x + attn_out(Attn(attn_norm x))`` then ``+ ff_out(silu(ff_proj h) * up_proj h)``."""
 
-    fused_groups = {"qkv": ("q_proj", "k_proj", "v_proj"), "ff": ("ff_proj", "up_proj")}
+    fused_groups = {"qkv": ("q_proj", "k_proj", "v_proj"), "ff": ("ff_proj", "up_proj"), "attn_out": ("attn_out",),
+                    "ff_out": ("ff_out",)}
 
     def __init__(self, config: LLaDAConfig, layer_idx: int):
         super().__init__()
@@ -185,10 +186,10 @@ class LLaDALlamaBlock(nn.Module):
         k = k.view(b, length, self.n_kv, self.head_dim)
         v = v.view(b, length, self.n_kv, self.head_dim)
         attn = rotary_attention(q, k, v, rope, layout, cache, self, backend, self.rope_full_precision, keep=keep)
-        x = (x if keep is None else x.index_select(1, keep)) + self.attn_out(attn)
+        x = (x if keep is None else x.index_select(1, keep)) + project_one(self, "attn_out", attn)
         h = self.ff_norm(x)
         gate, up = project(self, "ff", h)
-        return x + self.ff_out(F.silu(gate) * up)
+        return x + project_one(self, "ff_out", F.silu(gate) * up)
 
 
 class LLaDAModel(nn.Module):

@@ -25,6 +25,7 @@ import torch.nn as nn
 from dare.errors import ConfigError
 from dare.models.base import DiffusionConfig, reject_rope_scaling, rotary_attention
 from dare.models.decoder import DecoderLayer, DecoderLM
+from dare.models.fusion import project_one
 from dare.models.layers import RMSNorm, SwiGLU
 from dare.models.moe import ExpertBank, register_expert_checkpoint_names
 from dare.models.spec import FamilySpec, register_family
@@ -169,6 +170,8 @@ class LLaDA2MoeConfig(DiffusionConfig):
 class FusedQKVAttention(nn.Module):
     """``query_key_value`` -> per-head ``query_layernorm``/``key_layernorm`` -> partial RoPE -> attention -> ``dense``."""
 
+    fused_groups = {"qkv": ("query_key_value",), "dense": ("dense",)}  # groups of one: FP8 decoding copies them
+
     def __init__(self, config: LLaDA2MoeConfig, layer_idx: int):
         super().__init__()
         self.layer_idx = layer_idx
@@ -182,10 +185,10 @@ class FusedQKVAttention(nn.Module):
 
     def forward(self, x, rope, layout, cache, backend, keep=None):
         b, length, _ = x.shape
-        qkv = self.query_key_value(x).view(b, length, self.n_heads + 2 * self.n_kv, self.head_dim)
+        qkv = project_one(self, "qkv", x).view(b, length, self.n_heads + 2 * self.n_kv, self.head_dim)
         q, k, v = qkv.split([self.n_heads, self.n_kv, self.n_kv], dim=2)
         q, k = self.query_layernorm(q), self.key_layernorm(k)
-        return self.dense(rotary_attention(q, k, v, rope, layout, cache, self, backend, keep=keep))
+        return project_one(self, "dense", rotary_attention(q, k, v, rope, layout, cache, self, backend, keep=keep))
 
 
 class GroupLimitedRouter(nn.Linear):

@@ -31,6 +31,8 @@ from dare.rollout.registry import get_sampler
 
 ENGINES = ("auto", "eager", "static", "graph")
 """Values of :attr:`SamplerConfig.engine` (:mod:`dare.rollout.engine` runs them)."""
+WEIGHTS = ("model", "merged", "fp8")
+"""Values of :attr:`SamplerConfig.weights`."""
 _NUMERIC_TYPES = ("int", "float")
 """Annotated field types of :class:`SamplerConfig` whose values must be numbers."""
 
@@ -179,6 +181,17 @@ class SamplerConfig:
     static engines draw from counter-based per-row streams: batch-invariant, but other samples than ``eager``'s
     for the same seed."""
 
+    weights: str = "model"
+    """What the projection matmuls read: ``model`` (the model's own weights, the reference samplers' tokens),
+    ``merged`` (static and graph engines, LoRA policies): copies of the LoRA-wrapped projections in the model's dtype
+    with the active adapters merged in, one matmul where the adapter wrapper runs three (the tokens can differ from
+    the wrapper's by rounding), or ``fp8`` (static and graph engines): FP8 e4m3 copies of every dense projection inside the blocks, one
+    scale per output channel, activations quantised per row at each matmul (:mod:`dare.models.fp8`; GPUs of
+    compute capability 8.9+, bf16 models). Faster matmuls at some precision: the tokens are no longer the
+    reference samplers'. Embeddings, the LM head and MoE experts keep the model's weights; LoRA-wrapped
+    projections are copied with their active adapters merged in (LoRA dropout does not apply). The copies are
+    refreshed from the parameters at every call (``rollout/weight_refresh_s`` in RL)."""
+
     # ---------------------------------------------------------------------------------------------
 
     @classmethod
@@ -231,6 +244,10 @@ class SamplerConfig:
         self.choice("schedule", SCHEDULES)
         self.choice("decoder", DECODERS)
         self.choice("engine", ENGINES)
+        self.choice("weights", WEIGHTS)
+        if self.weights != "model" and self.engine == "eager":
+            raise ConfigError(f"weights '{self.weights}' decodes on the static engines: set engine to 'static' or "
+                              f"'graph' ('auto' picks 'graph' on CUDA); the eager loops read the model's weights")
         if self.gen_length < 1:
             raise ConfigError(f"gen_length must be >= 1; got {self.gen_length}")
         if self.block_length < 1:

@@ -197,6 +197,9 @@ def generate(
         resume = {"canvas": _check_canvas(canvas, batch, config.gen_length, device),
                   "step_range": _check_step_range(step_range)}
     engine = resolve_engine(config.engine, device)
+    if engine == "eager" and config.weights != "model":
+        raise ConfigError(f"weights '{config.weights}' decodes on the static engines; engine 'auto' is 'eager' on "
+                          f"{device.type}: set engine 'static'")
     if engine != "eager":
         mdlm.check_prompts(prompts, attention_mask, family.token_ids(model.config).mask)
         out = run_static(sampler, model, prompts, attention_mask, config, example_ids=example_ids, engine=engine,

@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import sys
+import time
 import weakref
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -64,7 +65,10 @@ class EngineStats:
     owned_refresh_s: float = 0.0
     """Seconds spent copying an FSDP model's weights into the engine's unsharded copy (:mod:`.owned`)."""
     fused_bytes: int = 0
-    """Device memory of the fused q/k/v and gate/up copies small steps decode with (:mod:`.fused`)."""
+    """Device memory of the fused q/k/v and gate/up copies small steps decode with, and of the FP8 copies
+    (``SamplerConfig.weights = "fp8"``) (:mod:`.fused`)."""
+    copies_refresh_s: float = 0.0
+    """Seconds spent refreshing those copies from the parameters (a copy, or FP8 quantisation; once per call)."""
 
 
 _STATES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -147,6 +151,32 @@ def refresh_weights(model) -> bool:
     return False
 
 
+def _synced_clock(device: torch.device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
+def check_copies(mode: str, fused) -> None:
+    """One-line error when ``SamplerConfig.weights`` asked for copies that this model does not have."""
+    if mode == "fp8" and fused is None:
+        raise ConfigError("weights 'fp8': no projection of this model can run in FP8 (sizes that are not multiples of "
+                          "16, or DoRA / bias-carrying LoRA adapters); decode with weights 'model'")
+    if mode == "merged" and (fused is None or not fused.merges_lora):
+        raise ConfigError("weights 'merged' merges LoRA adapters into copies of the projections, and this model has "
+                          "no mergeable LoRA layer (peft LoRA without DoRA or LoRA bias); decode with weights 'model'")
+
+
+def check_fp8(model, device: torch.device, dtype: torch.dtype | None) -> None:
+    """One-line error when ``model`` cannot decode with FP8 matmuls on ``device`` (activations in ``dtype``, or the
+    weights' dtype when None)."""
+    from dare.models.fp8 import check_fp8_device
+
+    reason = check_fp8_device(device, dtype or next(model.parameters()).dtype)
+    if reason is not None:
+        raise ConfigError(f"weights 'fp8': {reason}")
+
+
 def _fallback_reason(model, batch: int) -> str | None:
     if bucket(batch) is None:
         return f"batch {batch} exceeds the largest graph bucket ({BATCH_BUCKETS[-1]})"
@@ -222,8 +252,11 @@ def run_static(sampler, model, input_ids: torch.Tensor, attention_mask: torch.Te
         if reason is not None:  # eager from now on (release(model) retries): free the copy, never rebuild it
             _give_up_on(owner)
     base = base_model(model)
+    copies = config.weights != "model"  # merged or FP8 copies, whatever the step's size
     if reason is not None:
-        log.warning("rollout engine '%s' falls back to eager: %s", engine, reason)
+        log.warning("rollout engine '%s' falls back to eager: %s%s", engine, reason,
+                    f" (weights '{config.weights}' is not applied: the eager loops read the model's weights)"
+                    if copies else "")
         stats.fallbacks += 1
         return None
     graphs = engine == "graph"
@@ -236,17 +269,27 @@ def run_static(sampler, model, input_ids: torch.Tensor, attention_mask: torch.Te
     has_padding = sampler.static_state.needs_padding(input_ids, attention_mask, prompt_width, config)
     states = _STATES.setdefault(base, OrderedDict())
     fused = None
-    fuse = wants_fusion(padded_rows, config) and base not in _UNFUSABLE
+    fuse = copies or (wants_fusion(padded_rows, config) and base not in _UNFUSABLE)
     if fuse:
         autocast = torch.is_autocast_enabled(device.type)
+        dtype = torch.get_autocast_dtype(device.type) if autocast else None
+        mode = "fused" if not copies else config.weights
+        if mode == "fp8":
+            check_fp8(base, device, dtype)
         try:
-            fused, replaced = fused_projections(base, torch.get_autocast_dtype(device.type) if autocast else None)
+            began = _synced_clock(device)
+            fused, replaced = fused_projections(base, dtype, mode=mode)
+            stats.copies_refresh_s += _synced_clock(device) - began
         except torch.OutOfMemoryError:  # the copies do not fit next to the model: decode with the separate weights
             release_fused(base)
-            _UNFUSABLE.add(base)
             fuse, replaced = False, False
+            if copies:
+                raise ConfigError(f"no device memory for the '{mode}' copies of the projections; decode with "
+                                  f"weights 'model'") from None
+            _UNFUSABLE.add(base)
             log.warning("no memory for the fused q/k/v and gate/up copies; decoding with the separate projections "
                         "(DARE_FUSE_PROJECTIONS=0 silences this)")
+        check_copies(mode, fused)
         if replaced:  # graphs recorded with the replaced copies would read freed memory
             states.clear()
         stats.fused_bytes = fused_bytes(base)

@@ -5,6 +5,10 @@ a step is fused when ``batch bucket x block length <= FUSE_MAX_ROWS``. The copie
 once per model and dtype (LLaDA-8B: 9.7 GB in bf16; reported as ``EngineStats.fused_bytes``); LoRA-wrapped
 projections are never fused. ``DARE_FUSE_PROJECTIONS=0`` turns fusion off; ``DARE_FUSE_MAX_ROWS=N`` moves the
 row limit (for measuring other shapes and models).
+
+``SamplerConfig.weights`` ``merged`` / ``fp8`` make every step, whatever its row count, decode with ``merged`` /
+``fp8`` copies (:class:`~dare.models.fusion.FusedProjections`): LoRA adapters merged into bf16 copies, or FP8
+copies of every dense projection.
 """
 
 from __future__ import annotations
@@ -47,17 +51,17 @@ def _max_rows() -> int:
     return int(value)
 
 
-def fused_projections(model, dtype: torch.dtype | None) -> tuple[FusedProjections | None, bool]:
-    """``model``'s fused copies in ``dtype`` (weights' dtype if None), refreshed from the current parameters
-    (None when nothing is fusable), and whether older copies were replaced: graphs recorded with those read
-    freed memory and must be dropped."""
-    per_dtype = _FUSED.setdefault(model, {})
-    previous = per_dtype.get(dtype)
+def fused_projections(model, dtype: torch.dtype | None, mode: str = "fused") -> tuple[FusedProjections | None, bool]:
+    """``model``'s copies of kind ``mode`` in ``dtype`` (weights' dtype if None; for ``fp8``, the dtype its matmuls
+    write), refreshed from the current parameters (None when nothing is copied), and whether older copies were
+    replaced: graphs recorded with those read freed memory and must be dropped."""
+    per_kind = _FUSED.setdefault(model, {})
+    previous = per_kind.get((dtype, mode))
     if previous is not None and previous.matches(model):
         previous.refresh()
         return (previous or None), False
-    fused = FusedProjections(model, dtype)
-    per_dtype[dtype] = fused
+    fused = FusedProjections(model, dtype, mode=mode)
+    per_kind[(dtype, mode)] = fused
     return (fused or None), previous is not None
 
 
