@@ -67,7 +67,7 @@ def project(module: nn.Module, group: str, x: torch.Tensor) -> tuple[torch.Tenso
 
 def project_one(module: nn.Module, group: str, x: torch.Tensor) -> torch.Tensor:
     """The output of a group of one projection (``module.fused_groups[group] == (name,)``): the module's own call
-    unless FP8 copies are active (:meth:`FusedProjections.active`)."""
+    unless merged or FP8 copies are active (:meth:`FusedProjections.active`)."""
     return project(module, group, x)[0]
 
 

@@ -65,10 +65,11 @@ class EngineStats:
     owned_refresh_s: float = 0.0
     """Seconds spent copying an FSDP model's weights into the engine's unsharded copy (:mod:`.owned`)."""
     fused_bytes: int = 0
-    """Device memory of the fused q/k/v and gate/up copies small steps decode with, and of the FP8 copies
-    (``SamplerConfig.weights = "fp8"``) (:mod:`.fused`)."""
+    """Device memory of the fused q/k/v and gate/up copies small steps decode with, and of the merged or FP8
+    copies of ``SamplerConfig.weights`` (:mod:`.fused`)."""
     copies_refresh_s: float = 0.0
-    """Seconds spent refreshing those copies from the parameters (a copy, or FP8 quantisation; once per call)."""
+    """Seconds spent refreshing those copies from the parameters (a copy, a LoRA merge or an FP8 quantisation;
+    once per call)."""
 
 
 _STATES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
