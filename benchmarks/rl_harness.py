@@ -139,6 +139,8 @@ def train_overrides(bench, args, variant: dict, out_dir: str) -> list[str]:
     }
     values.update({f"rollout.sampler.{k}": v for k, v in sampler.items()})
     values.update(engine_overrides(args.engine))
+    if args.weights != "model" and variant is bench.VARIANTS.get("optimised"):
+        values["rollout.sampler.weights"] = args.weights
     return [f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in values.items()]
 
 
@@ -248,6 +250,9 @@ def parse_args(bench, argv=None) -> argparse.Namespace:
     p.add_argument("--engine", choices=ENGINES, default="auto",
                    help="rollout.sampler.engine of both variants (eager|static|graph|auto; applied only if this DARE's "
                         "SamplerConfig has an engine field)")
+    p.add_argument("--weights", choices=["model", "merged", "fp8"], default="model",
+                   help="rollout.sampler.weights of the optimised variant (merged: LoRA adapters merged into bf16 "
+                        "copies; fp8: FP8 copies; both need the static or graph engine)")
     p.add_argument("--prompts", type=int, help="prompts per step (default 4; tiny 2)")
     p.add_argument("--group", type=int, help="samples per prompt G (default 8; tiny 4)")
     p.add_argument("--prompt-length", type=int, help="mean prompt tokens (default 128; tiny 12)")
@@ -319,7 +324,7 @@ def main(workload, argv=None) -> int:
             f"{args.max_blocks or 'all'} blocks of {args.block} timed), mu {args.inner_steps}, micro-batch "
             f"{args.micro_batch}, {'full fine-tuning' if args.no_lora else f'LoRA r {args.lora_r}'}")
         engine = engine_overrides(args.engine)
-        log(f"rollout engine: {args.engine}" if engine else
+        log(f"rollout engine: {args.engine}; optimised variant's rollout weights: {args.weights}" if engine else
             f"rollout engine: --engine {args.engine} not applied (SamplerConfig has no engine field)")
         prompts = make_prompts(2 * args.prompts, args.prompt_length, args.prompt_spread, bench.vocab_limit(args))
         release(args.device)

@@ -85,7 +85,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--max-blocks", type=int, help="decode only the first N blocks (default 4; tiny: all)")
     p.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
     p.add_argument("--lora-rank", type=int, help="wrap the model in LoRA adapters of this rank on the family's default "
-                   "targets (alpha = 2 x rank), as an RL policy decodes (d1's recipe: 128)")
+                   "targets (alpha = 2 x rank), as an RL policy decodes (d1's recipe: 128); peft keeps the adapter "
+                   "weights in fp32, so add --autocast to decode them in bf16 as the RL trainer does")
+    p.add_argument("--autocast", action="store_true",
+                   help="decode under bf16 autocast (the RL trainer's rollouts on one GPU)")
     p.add_argument("--budget-s", type=float, default=450.0, help="skip runs that would exceed this total time")
     add_engine_arguments(p)
     p.add_argument("--json", help="write all results to this file")
@@ -130,7 +133,8 @@ def run_once(model, prompts, gen_length, args, overrides, max_blocks, engine="ea
     device = prompts.device
     sync(device)
     start = time.perf_counter()
-    out = generate(model, prompts, None, config)
+    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.autocast):
+        out = generate(model, prompts, None, config)
     sync(device)
     seconds = time.perf_counter() - start
     decoded = int((out.step_map >= 0).sum())

@@ -662,6 +662,23 @@ def test_benchmark_times_each_value_of_a_switch_side_by_side(tmp_path, capsys, m
     assert "static[DARE_FUSE_CACHE_WRITES=1] tok/s" in capsys.readouterr().out  # side by side in the table
 
 
+def test_benchmark_times_each_rollout_weights_value_side_by_side(tmp_path):
+    """``--weights model fp8``: one record per value for every non-eager engine, labelled by the value, with the
+    token agreement against the eager run and the copies' refresh time."""
+    spec = importlib.util.spec_from_file_location("bd_rollout_benchmark", ROOT / "benchmarks" / "bd_rollout.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "records.json"
+    assert bench.main(["--tiny", "--batch", "2", "--gen", "8", "--decoders", "static", "--caches", "block",
+                       "--engines", "eager", "static", "--weights", "model", "fp8", "--records", str(out)]) == 0
+    records = {r["engine"]: r for r in json.loads(out.read_text())["records"]}
+    assert set(records) == {"eager", "static", "static[fp8]"}
+    assert (records["static"]["weights"], records["static[fp8]"]["weights"]) == ("model", "fp8")
+    for name in ("static", "static[fp8]"):
+        assert 0.0 <= records[name]["token_agreement"] <= 1.0 and records[name]["copies_refresh_s"] >= 0.0
+    assert records["static[fp8]"]["copies_refresh_s"] > 0.0  # FP8 copies are made at every call
+
+
 @pytest.mark.parametrize("script,argv,message", [
     ("bd_rollout", ["--tiny", "--engines", "graph"], "graph engine records CUDA graphs; on cpu"),
     ("bd_rollout", ["--tiny", "--compile-mode", "max-autotune-no-cudagraphs"], "--compile-mode applies to compiled blocks"),
@@ -675,6 +692,9 @@ def test_benchmark_times_each_value_of_a_switch_side_by_side(tmp_path, capsys, m
     ("engine_profile", ["--family", "sdar", "--cache", "dual"], "--cache chooses LLaDA's Fast-dLLM cache"),
     ("attention_shapes", ["--keys", "192", "256", "--valid", "136"], "--valid takes one count per --keys width"),
     ("attention_shapes", ["--keys", "192", "--valid", "200"], "each in 1..width"),
+    ("bd_rollout", ["--tiny", "--engines", "eager", "--weights", "fp8"], "--weights applies to the static/graph engines"),
+    ("rollout", ["--tiny", "--lora-rank", "0"], "--lora-rank must be >= 1"),
+    ("engine_profile", ["--gemm-only", "--weights", "fp8"], "--compile, --cache and --weights apply to the profiled"),
 ])
 def test_benchmark_refuses_options_it_would_ignore_in_one_line(script, argv, message, capsys):
     spec = importlib.util.spec_from_file_location(f"{script}_benchmark", ROOT / "benchmarks" / f"{script}.py")

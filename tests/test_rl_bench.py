@@ -116,3 +116,12 @@ def test_engine_option_is_passed_only_to_a_sampler_config_with_an_engine_field(m
 
     monkeypatch.setattr("dare.rollout.SamplerConfig", WithEngine)
     assert harness.engine_overrides("eager") == {"rollout.sampler.engine": "eager"}
+
+
+def test_rl_step_benchmark_passes_rollout_weights_to_the_optimised_variant_only(bench, tmp_path):
+    out = tmp_path / "rl.json"
+    assert bench.main(["--tiny", "--engine", "static", "--weights", "merged", "--json", str(out)]) == 0
+    results = json.loads(out.read_text())["results"]
+    assert "error" not in results["optimised"] and "error" not in results["naive"]
+    assert "rollout.sampler.weights=merged" in results["optimised"]["config"]
+    assert not any("rollout.sampler.weights" in c for c in results["naive"]["config"])
