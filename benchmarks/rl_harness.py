@@ -251,8 +251,8 @@ def parse_args(bench, argv=None) -> argparse.Namespace:
                    help="rollout.sampler.engine of both variants (eager|static|graph|auto; applied only if this DARE's "
                         "SamplerConfig has an engine field)")
     p.add_argument("--weights", choices=["model", "merged", "fp8"], default="model",
-                   help="rollout.sampler.weights of the optimised variant (merged: LoRA adapters merged into bf16 "
-                        "copies; fp8: FP8 copies; both need the static or graph engine)")
+                   help="rollout.sampler.weights of the optimised variant (merged: LoRA adapters merged into copies "
+                        "in the model's dtype; fp8: FP8 copies; both need the static or graph engine)")
     p.add_argument("--prompts", type=int, help="prompts per step (default 4; tiny 2)")
     p.add_argument("--group", type=int, help="samples per prompt G (default 8; tiny 4)")
     p.add_argument("--prompt-length", type=int, help="mean prompt tokens (default 128; tiny 12)")

@@ -211,6 +211,8 @@ def main(argv=None) -> int:
     print_table(results, args)
     print_engine_table(records, f"engines (prompt {args.prompt_length}, block {args.block}, greedy, confident fraction "
                                 f"{args.confident_fraction}): tokens/s (ms per forward) [weights floor, roofline]")
+    for record in records:  # settings of the decoded model that the engine records do not name
+        record.update(lora_rank=args.lora_rank, autocast=args.autocast)
     write_engine_records(args, bandwidth, wbytes, roofline, records)
     if args.json:
         Path(args.json).write_text(json.dumps(dict(args=vars(args), bandwidth=bandwidth, weight_bytes=wbytes,

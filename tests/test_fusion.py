@@ -121,3 +121,28 @@ def test_copies_that_do_not_fit_decode_unfused_with_one_warning(monkeypatch, cap
     monkeypatch.delenv("DARE_FUSE_PROJECTIONS")
     generate(model, ids, mask, config, engine="static")
     assert calls == [1, 1]
+
+
+def test_steps_recorded_with_copies_are_dropped_when_the_copies_are_freed(monkeypatch):
+    """Running out of memory for one kind of copies frees every kind (``release_fused``): the states recorded with
+    the freed FP8 copies must not be replayed, and the next FP8 call decodes as before over new copies."""
+    from dare.rollout import engine
+
+    model = sharp_model("llada")
+    ids, mask = padded([9, 14, 5])
+    config = SamplerConfig(gen_length=16, block_length=8, sampler="fastdllm", cache="dual", weights="fp8")
+    before = generate(model, ids, mask, config, engine="static")
+    assert any(key for key in engine._STATES[model])
+    real = engine.fused_projections
+
+    def out_of_memory(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory")
+
+    monkeypatch.setattr(engine, "fused_projections", out_of_memory)
+    generate(model, ids, mask, config.replace(weights="model"), engine="static")
+    assert len(engine._STATES[model]) == 1  # only the state of this unfused call: the FP8 ones were dropped
+    monkeypatch.setattr(engine, "fused_projections", real)
+    after = generate(model, ids, mask, config, engine="static")
+    assert torch.equal(after.completion, before.completion)
+    torch.testing.assert_close(after.logprobs, before.logprobs, atol=0, rtol=0)
+    engine.release(model)

@@ -569,6 +569,7 @@ def test_fp8_graph_engine_replays_its_static_steps_and_compiles(family, override
         # inductor may round an activation's scaled value to the neighbouring FP8 value (x * (1 / s) for x / s):
         # a perturbation of the size of the quantisation itself, so the bound is the bf16-vs-FP8 one
         assert float((compiled.completion == graph.completion).float().mean()) > 0.5
+        assert not torch.equal(compiled.logprobs, bf16.logprobs)  # the compiled blocks read the FP8 copies
     finally:
         torch._dynamo.reset()
 

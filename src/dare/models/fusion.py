@@ -179,10 +179,12 @@ def _fusable(members: list[nn.Module], mode: str = "fused") -> bool:
 
 
 def _mergeable_lora(module: nn.Module) -> bool:
-    """A peft LoRA linear whose adapters are a plain low-rank delta of an ``nn.Linear`` (no DoRA, no LoRA bias):
-    ``merged`` and ``fp8`` copies merge it into the base weight."""
+    """A peft LoRA linear whose adapters are a plain low-rank delta of an ``nn.Linear`` (no DoRA, no LoRA bias, no
+    other peft LoRA variant such as aLoRA, not merged into its base by peft): ``merged`` and ``fp8`` copies merge it
+    into the base weight; any other wrapper keeps its own forward."""
     return (type(getattr(module, "base_layer", None)) is nn.Linear and hasattr(module, "get_delta_weight")
-            and not getattr(module, "fan_in_fan_out", False)
+            and not getattr(module, "fan_in_fan_out", False) and not getattr(module, "merged", False)
+            and not getattr(module, "lora_variant", {})
             and not any(getattr(module, "use_dora", {}).values()) and not any(getattr(module, "lora_bias", {}).values()))
 
 
@@ -197,7 +199,7 @@ def _effective_weight(member: nn.Module) -> torch.Tensor:
     if type(member) is nn.Linear:
         return member.weight
     weight = member.base_layer.weight
-    if member.merged or member.disable_adapters:
+    if member.disable_adapters:  # (a peft-merged layer is never copied: _mergeable_lora)
         return weight
     for name in member.active_adapters:
         if name in member.lora_A:

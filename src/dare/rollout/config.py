@@ -182,14 +182,19 @@ class SamplerConfig:
     for the same seed."""
 
     weights: str = "model"
-    """What the projection matmuls read: ``model`` (the model's own weights, the reference samplers' tokens),
-    ``merged`` (static and graph engines, LoRA policies): copies of the LoRA-wrapped projections in the model's dtype
-    with the active adapters merged in, one matmul where the adapter wrapper runs three (the tokens can differ from
-    the wrapper's by rounding), or ``fp8`` (static and graph engines): FP8 e4m3 copies of every dense projection inside the blocks, one
-    scale per output channel, activations quantised per row at each matmul (:mod:`dare.models.fp8`; GPUs of
-    compute capability 8.9+, bf16 models). Faster matmuls at some precision: the tokens are no longer the
-    reference samplers'. Embeddings, the LM head and MoE experts keep the model's weights; LoRA-wrapped
-    projections are copied with their active adapters merged in (LoRA dropout does not apply). The copies are
+    """What the projection matmuls read (static and graph engines; :mod:`dare.models.fusion`):
+
+    * ``model``: the model's own weights (the reference samplers' tokens);
+    * ``merged`` (LoRA policies): copies of the LoRA-wrapped projections in the model's dtype (the autocast dtype
+      under autocast) with the active adapters merged in, one matmul where the wrapper runs three; the tokens can
+      differ from the wrapper's by rounding;
+    * ``fp8``: FP8 e4m3 copies of the dense projections inside the blocks, one scale per output channel,
+      activations quantised per row at each matmul (:mod:`dare.models.fp8`; GPUs of compute capability 8.9+, bf16
+      models): faster matmuls at some precision, the tokens are no longer the reference samplers'.
+
+    Embeddings, the LM head and MoE experts keep the model's weights, and so does a projection whose sizes are not
+    multiples of 16 (``fp8``) or whose LoRA has no plain weight form (DoRA, LoRA bias, other peft variants); it is
+    an error when no projection is left to copy. LoRA dropout does not apply to merged adapters. The copies are
     refreshed from the parameters at every call (``rollout/weight_refresh_s`` in RL)."""
 
     # ---------------------------------------------------------------------------------------------

@@ -282,7 +282,8 @@ def run_static(sampler, model, input_ids: torch.Tensor, attention_mask: torch.Te
             fused, replaced = fused_projections(base, dtype, mode=mode)
             stats.copies_refresh_s += _synced_clock(device) - began
         except torch.OutOfMemoryError:  # the copies do not fit next to the model: decode with the separate weights
-            release_fused(base)
+            release_fused(base)  # every kind of copy is freed: no recorded step may read them again
+            states.clear()
             fuse, replaced = False, False
             if copies:
                 raise ConfigError(f"no device memory for the '{mode}' copies of the projections; decode with "
@@ -318,8 +319,10 @@ def run_static(sampler, model, input_ids: torch.Tensor, attention_mask: torch.Te
         if not graphs:
             raise
         log.warning("rollout engine 'graph' falls back to eager: the step could not be recorded (%s); this "
-                    "model decodes eagerly from now on (dare.rollout.engine.release(model) lets it record again)",
-                    first_line(error)[:200])
+                    "model decodes eagerly from now on (dare.rollout.engine.release(model) lets it record again)%s",
+                    first_line(error)[:200],
+                    f"; weights '{config.weights}' is not applied: the eager loops read the model's weights"
+                    if copies else "")
         _UNCAPTURABLE.add(base)
         states.pop(key, None)
         if owner is not base:

@@ -3,12 +3,12 @@
 Fusing q/k/v and gate/up pays where a step's matmuls are bound by reading the weights, i.e. at few query rows:
 a step is fused when ``batch bucket x block length <= FUSE_MAX_ROWS``. The copies cost the fused weights' size
 once per model and dtype (LLaDA-8B: 9.7 GB in bf16; reported as ``EngineStats.fused_bytes``); LoRA-wrapped
-projections are never fused. ``DARE_FUSE_PROJECTIONS=0`` turns fusion off; ``DARE_FUSE_MAX_ROWS=N`` moves the
-row limit (for measuring other shapes and models).
+projections are never fused into these copies. ``DARE_FUSE_PROJECTIONS=0`` turns fusion off; ``DARE_FUSE_MAX_ROWS=N``
+moves the row limit (for measuring other shapes and models).
 
 ``SamplerConfig.weights`` ``merged`` / ``fp8`` make every step, whatever its row count, decode with ``merged`` /
-``fp8`` copies (:class:`~dare.models.fusion.FusedProjections`): LoRA adapters merged into bf16 copies, or FP8
-copies of every dense projection.
+``fp8`` copies (:class:`~dare.models.fusion.FusedProjections`): LoRA adapters merged into copies in the model's
+(or autocast) dtype, or FP8 copies of the dense projections.
 """
 
 from __future__ import annotations
