@@ -264,13 +264,40 @@ def test_engine_errors_and_fallback(caplog):
     assert bucket(3) == 4 and bucket(BATCH_BUCKETS[-1] + 1) is None
     model = sharp_model("llada")
     ids, mask = padded([4] * (BATCH_BUCKETS[-1] + 1))
-    config = SamplerConfig(sampler="llada", gen_length=8, block_length=8, steps=2)
+    # a batch above the largest bucket decodes in chunks, except when it records trajectories: that one is eager
+    config = SamplerConfig(sampler="llada", gen_length=8, block_length=8, steps=2, record_trajectory=True)
     before = engine_stats(model).fallbacks
     with caplog.at_level(logging.WARNING, logger="dare.rollout"):
         out = generate(model, ids, mask, config, engine="static")
     assert "falls back to eager" in caplog.text
     assert engine_stats(model).fallbacks == before + 1
-    assert out.completion.shape == (BATCH_BUCKETS[-1] + 1, 8)
+    assert out.completion.shape == (BATCH_BUCKETS[-1] + 1, 8) and out.trajectory is not None
+
+
+@pytest.mark.parametrize("family,overrides", [
+    ("llada", dict(sampler="fastdllm", cache="dual", decoder="threshold", threshold=0.3, temperature=1.0)),
+    ("sdar", dict(sampler="sdar", cache="block", temperature=1.0)),
+])
+def test_a_batch_above_the_largest_bucket_decodes_in_chunks_as_one_batch(family, overrides, monkeypatch):
+    """Rows keep their own random streams (``example_ids``), so chunks of the largest bucket decode what one batch
+    decodes: tokens, log-probs, step maps; ``nfe`` is the largest chunk's; nothing falls back to eager."""
+    from dare.rollout import engine
+
+    model = sharp_model(family)
+    ids, mask = padded([5, 9, 3, 7, 6, 4])
+    config = SamplerConfig(gen_length=16, block_length=8, seed=3, **overrides)
+    whole = generate(model, ids, mask, config, engine="static")
+    monkeypatch.setattr(engine, "BATCH_BUCKETS", (1, 2, 4))  # 6 rows: chunks of 4 and 2
+    before = engine_stats(model).fallbacks
+    chunked = generate(model, ids, mask, config, engine="static")
+    assert engine_stats(model).fallbacks == before
+    assert torch.equal(chunked.completion, whole.completion) and torch.equal(chunked.step_map, whole.step_map)
+    assert torch.equal(chunked.sequences, whole.sequences)
+    assert torch.equal(chunked.attention_mask, whole.attention_mask)
+    torch.testing.assert_close(chunked.logprobs, whole.logprobs, atol=1e-6, rtol=0)
+    first = generate(model, ids[:4], mask[:4], config, engine="static")
+    second = generate(model, ids[4:], mask[4:], config, engine="static", example_ids=[4, 5])
+    assert chunked.nfe == max(first.nfe, second.nfe)
 
 
 RESUME_CASES = [

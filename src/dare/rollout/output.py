@@ -121,6 +121,26 @@ class RolloutOutput:
     confidence_map: torch.Tensor | None = None
     given: torch.Tensor | None = None
 
+    @classmethod
+    def concat(cls, outputs: list[RolloutOutput]) -> RolloutOutput:
+        """The rows of ``outputs`` (chunks of one batch, same prompt width) in order, as one output. ``nfe`` is the
+        largest chunk's: the forwards a row's batch took at most. Trajectories are not joined (a chunk carrying one
+        is a ``ValueError``)."""
+        first = outputs[0]
+        if any(o.prompt_length != first.prompt_length for o in outputs):
+            raise ValueError("chunks of one batch share its prompt width")
+        if any(o.trajectory is not None for o in outputs):
+            raise ValueError("trajectories of chunks are not joined")
+
+        def cat(name: str):
+            values = [getattr(o, name) for o in outputs]
+            return None if values[0] is None else torch.cat(values)
+
+        return cls(sequences=cat("sequences"), attention_mask=cat("attention_mask"), prompt_length=first.prompt_length,
+                   completion=cat("completion"), completion_mask=cat("completion_mask"), logprobs=cat("logprobs"),
+                   step_map=cat("step_map"), num_steps=cat("num_steps"), nfe=max(o.nfe for o in outputs),
+                   block_step_map=cat("block_step_map"), confidence_map=cat("confidence_map"), given=cat("given"))
+
     def state(self, mask_id: int) -> torch.Tensor:
         """``[B, G]`` the canvas this rollout left: given and decoded tokens, ``mask_id`` at undecoded positions
         (the ``canvas`` to resume it with, e.g. after a ``step_range`` window)."""

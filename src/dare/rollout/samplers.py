@@ -17,7 +17,7 @@ import torch
 from dare.errors import ConfigError, InputError
 from dare.rollout import block, mdlm
 from dare.rollout.config import SamplerConfig
-from dare.rollout.engine import resolve_engine, run_static
+from dare.rollout.engine import decode_static, resolve_engine
 from dare.rollout.engine.block import BlockState
 from dare.rollout.engine.mdlm import MdlmState
 from dare.rollout.output import RolloutOutput
@@ -202,8 +202,8 @@ def generate(
                           f"{device.type}: set engine 'static'")
     if engine != "eager":
         mdlm.check_prompts(prompts, attention_mask, family.token_ids(model.config).mask)
-        out = run_static(sampler, model, prompts, attention_mask, config, example_ids=example_ids, engine=engine,
-                         progress=progress, **resume)
+        out = decode_static(sampler, model, prompts, attention_mask, config, example_ids=example_ids, engine=engine,
+                            progress=progress, **resume)
         if out is not None:
             return out
     return sampler.run(model, prompts, attention_mask, config, example_ids=example_ids, progress=progress, **resume)
