@@ -448,7 +448,7 @@ def time_engines(model, args, run, eager_out, common: dict, label: str) -> list[
             refreshed = engine_stats(model).copies_refresh_s - refreshed
             rec = engine_record(engine=engine_label(engine, args) + suffix, out=fast, seconds=seconds, **common)
             rec["weights"] = weights
-            rec["copies_refresh_s"] = refreshed  # part of seconds: fused / FP8 copies refreshed from the weights
+            rec["copies_refresh_s"] = refreshed  # part of seconds: merged / FP8 copies refreshed (0 for weights=model)
             rec["same_tokens_as_eager"] = bool(torch.equal(fast.completion, eager_out.completion)) and (
                 fast.nfe == eager_out.nfe)
             rec["token_agreement"] = float((fast.completion == eager_out.completion).float().mean())

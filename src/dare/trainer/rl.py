@@ -200,7 +200,7 @@ class RolloutSource:
     def _engine_metrics(self, before: bool) -> None:
         """Rollout-engine costs of this rollout: ``rollout/weight_refresh_s`` (making recorded CUDA graphs read the
         updated weights: an address check, a re-recording only if a parameter moved, plus copying them into the
-        engine's unsharded FSDP copy and its fused / FP8 projection copies), ``rollout/graph_captures`` and
+        engine's unsharded FSDP copy and its merged / FP8 projection copies), ``rollout/graph_captures`` and
         ``rollout/graph_capture_s`` (graphs recorded during this rollout; 0 once every shape has been seen) and
         ``rollout/engine_fallbacks`` (generation calls that fell back to the eager loop)."""
         from dare.rollout.engine import engine_stats, refresh_weights
@@ -214,7 +214,7 @@ class RolloutSource:
                             "owned_s": stats.owned_refresh_s + stats.copies_refresh_s}
             return
         # an FSDP policy's weights are copied into the engine's unsharded copy at each generation call, and the
-        # fused / FP8 projection copies are refreshed from the parameters
+        # merged / FP8 projection copies (SamplerConfig.weights) are refreshed from the parameters
         copied = stats.owned_refresh_s + stats.copies_refresh_s
         self._engine["rollout/weight_refresh_s"] += copied - self._engine.pop("owned_s")
         self._engine["rollout/graph_captures"] = float(stats.captures - self._engine.pop("captures"))
