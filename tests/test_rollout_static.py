@@ -264,14 +264,12 @@ def test_engine_errors_and_fallback(caplog):
     assert bucket(3) == 4 and bucket(BATCH_BUCKETS[-1] + 1) is None
     model = sharp_model("llada")
     ids, mask = padded([4] * (BATCH_BUCKETS[-1] + 1))
-    # a batch above the largest bucket decodes in chunks, except when it records trajectories: that one is eager
-    config = SamplerConfig(sampler="llada", gen_length=8, block_length=8, steps=2, record_trajectory=True)
+    config = SamplerConfig(sampler="llada", gen_length=8, block_length=8, steps=2)
     before = engine_stats(model).fallbacks
-    with caplog.at_level(logging.WARNING, logger="dare.rollout"):
+    with caplog.at_level(logging.WARNING, logger="dare.rollout"):  # above the largest bucket: chunks, not eager
         out = generate(model, ids, mask, config, engine="static")
-    assert "falls back to eager" in caplog.text
-    assert engine_stats(model).fallbacks == before + 1
-    assert out.completion.shape == (BATCH_BUCKETS[-1] + 1, 8) and out.trajectory is not None
+    assert "falls back to eager" not in caplog.text and engine_stats(model).fallbacks == before
+    assert out.completion.shape == (BATCH_BUCKETS[-1] + 1, 8)
 
 
 @pytest.mark.parametrize("family,overrides", [
@@ -280,12 +278,13 @@ def test_engine_errors_and_fallback(caplog):
 ])
 def test_a_batch_above_the_largest_bucket_decodes_in_chunks_as_one_batch(family, overrides, monkeypatch):
     """Rows keep their own random streams (``example_ids``), so chunks of the largest bucket decode what one batch
-    decodes: tokens, log-probs, step maps; ``nfe`` is the largest chunk's; nothing falls back to eager."""
+    decodes: tokens, log-probs, step maps, trajectories; ``nfe`` is the largest chunk's; nothing falls back to
+    eager."""
     from dare.rollout import engine
 
     model = sharp_model(family)
     ids, mask = padded([5, 9, 3, 7, 6, 4])
-    config = SamplerConfig(gen_length=16, block_length=8, seed=3, **overrides)
+    config = SamplerConfig(gen_length=16, block_length=8, seed=3, record_trajectory=True, **overrides)
     whole = generate(model, ids, mask, config, engine="static")
     monkeypatch.setattr(engine, "BATCH_BUCKETS", (1, 2, 4))  # 6 rows: chunks of 4 and 2
     before = engine_stats(model).fallbacks
@@ -298,6 +297,11 @@ def test_a_batch_above_the_largest_bucket_decodes_in_chunks_as_one_batch(family,
     first = generate(model, ids[:4], mask[:4], config, engine="static")
     second = generate(model, ids[4:], mask[4:], config, engine="static", example_ids=[4, 5])
     assert chunked.nfe == max(first.nfe, second.nfe)
+    # trajectories padded to the longest chunk's steps as one recording pads its rows
+    if first.trajectory.step_mask.shape[1] != second.trajectory.step_mask.shape[1]:
+        assert chunked.trajectory.step_mask.shape == whole.trajectory.step_mask.shape
+    for name, value in chunked.trajectory.to_dict().items():
+        assert torch.equal(value, getattr(whole.trajectory, name)), name
 
 
 RESUME_CASES = [

@@ -82,6 +82,23 @@ class Trajectory:
     def to_dict(self) -> dict[str, torch.Tensor]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
+    @classmethod
+    def concat(cls, parts: list[Trajectory], mask_id: int) -> Trajectory:
+        """The rows of ``parts`` in order, each padded to the longest part's steps as a single recording pads
+        its rows (``mask_id`` in states and predictions, zeros elsewhere, ``step_mask`` False)."""
+        length = max(part.step_mask.shape[1] for part in parts)
+
+        def padded(part: Trajectory, name: str) -> torch.Tensor:
+            value = getattr(part, name)
+            missing = length - value.shape[1]
+            if missing == 0:
+                return value
+            fill = mask_id if name in ("states", "predictions") else 0
+            pad = value.new_full((value.shape[0], missing, *value.shape[2:]), fill)
+            return torch.cat([value, pad], dim=1)
+
+        return cls(**{f.name: torch.cat([padded(part, f.name) for part in parts]) for f in fields(cls)})
+
 
 @dataclass
 class RolloutOutput:
@@ -122,15 +139,18 @@ class RolloutOutput:
     given: torch.Tensor | None = None
 
     @classmethod
-    def concat(cls, outputs: list[RolloutOutput]) -> RolloutOutput:
+    def concat(cls, outputs: list[RolloutOutput], mask_id: int | None = None) -> RolloutOutput:
         """The rows of ``outputs`` (chunks of one batch, same prompt width) in order, as one output. ``nfe`` is the
-        largest chunk's: the forwards a row's batch took at most. Trajectories are not joined (a chunk carrying one
-        is a ``ValueError``)."""
+        largest chunk's: the forwards a row's batch took at most. Trajectories are joined with
+        :meth:`Trajectory.concat` (``mask_id`` needed then)."""
         first = outputs[0]
         if any(o.prompt_length != first.prompt_length for o in outputs):
             raise ValueError("chunks of one batch share its prompt width")
-        if any(o.trajectory is not None for o in outputs):
-            raise ValueError("trajectories of chunks are not joined")
+        trajectory = None
+        if first.trajectory is not None:
+            if mask_id is None or any(o.trajectory is None for o in outputs):
+                raise ValueError("joining trajectories needs every chunk's and the mask id")
+            trajectory = Trajectory.concat([o.trajectory for o in outputs], mask_id)
 
         def cat(name: str):
             values = [getattr(o, name) for o in outputs]
@@ -139,7 +159,8 @@ class RolloutOutput:
         return cls(sequences=cat("sequences"), attention_mask=cat("attention_mask"), prompt_length=first.prompt_length,
                    completion=cat("completion"), completion_mask=cat("completion_mask"), logprobs=cat("logprobs"),
                    step_map=cat("step_map"), num_steps=cat("num_steps"), nfe=max(o.nfe for o in outputs),
-                   block_step_map=cat("block_step_map"), confidence_map=cat("confidence_map"), given=cat("given"))
+                   trajectory=trajectory, block_step_map=cat("block_step_map"),
+                   confidence_map=cat("confidence_map"), given=cat("given"))
 
     def state(self, mask_id: int) -> torch.Tensor:
         """``[B, G]`` the canvas this rollout left: given and decoded tokens, ``mask_id`` at undecoded positions

@@ -16,9 +16,9 @@
 Shapes are bucketed so that graphs are reused across calls: the batch is padded with inactive filler rows to the
 next of :data:`BATCH_BUCKETS`, and the prompt width to a multiple of :data:`PROMPT_WIDTH_MULTIPLE` (left
 padding, never attended). A batch above the largest bucket decodes in chunks of that many rows
-(:func:`decode_static`; each row's random stream is its own, so the rows decode as in one batch), except when it
-records trajectories; such a batch, and a model whose step cannot be recorded (e.g. one that reads device values
-on the host), fall back to ``eager`` with a logged note. A model sharded by FSDP2
+(:func:`decode_static`; each row's random stream is its own, so the rows decode as in one batch). A model whose
+step cannot be recorded (e.g. one that reads device values on the host) falls back to ``eager`` with a logged
+note. A model sharded by FSDP2
 (LoRA-wrapped or not) decodes with an unsharded copy of its weights that the engine owns and refreshes at every
 call (:mod:`dare.rollout.engine.owned`). A peft model's steps are kept per adapter state (:func:`adapter_state`):
 a call inside ``disable_adapter`` never replays steps recorded with the adapters on.
@@ -234,11 +234,11 @@ def _state_key(kind: str, config, batch: int, prompt_width: int, padded: bool, g
 
 def decode_static(sampler, model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, config, *,
                   example_ids: Sequence[int], engine: str, progress: bool = False, canvas=None, step_range=None):
-    """:func:`run_static`, in chunks of the largest batch bucket when the batch is larger (not for trajectories,
-    which chunks would not join: that batch falls back to eager). None when some chunk falls back to eager."""
+    """:func:`run_static`, in chunks of the largest batch bucket when the batch is larger (joined with
+    :meth:`~dare.rollout.output.RolloutOutput.concat`). None when some chunk falls back to eager."""
     rows, size = input_ids.shape[0], BATCH_BUCKETS[-1]
     resume = {"canvas": canvas, "step_range": step_range} if canvas is not None or step_range is not None else {}
-    if rows <= size or config.record_trajectory:
+    if rows <= size:
         return run_static(sampler, model, input_ids, attention_mask, config, example_ids=example_ids, engine=engine,
                           progress=progress, **resume)
     outputs = []
@@ -251,7 +251,9 @@ def decode_static(sampler, model, input_ids: torch.Tensor, attention_mask: torch
         if out is None:
             return None
         outputs.append(out)
-    return RolloutOutput.concat(outputs)
+    from dare.models.spec import family_of
+
+    return RolloutOutput.concat(outputs, mask_id=family_of(model).token_ids(model.config).mask)
 
 
 @torch.no_grad()
