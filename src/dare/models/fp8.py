@@ -57,10 +57,9 @@ def quantize_rows(weight: torch.Tensor, out: torch.Tensor, scale: torch.Tensor) 
 
 
 def quantize_activation(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``x [M, K]`` as FP8 values and their per-row float32 scales ``[M, 1]``."""
-    xf = x.float()
-    scale = xf.abs().amax(dim=1, keepdim=True).clamp(min=TINY) / FP8_MAX
-    return (xf / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8), scale
+    """``x [M, K]`` as FP8 values and their per-row float32 scales ``[M, 1]`` (the weights' row quantisation)."""
+    values, scale = _quantize_rows_ops(x)
+    return values, scale[:, None]
 
 
 def fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None, *,

@@ -165,10 +165,19 @@ def check_copies(mode: str, fused) -> None:
     """One-line error when ``SamplerConfig.weights`` asked for copies that this model does not have."""
     if mode == "fp8" and fused is None:
         raise ConfigError("weights 'fp8': no projection of this model can run in FP8 (sizes that are not multiples of "
-                          "16, or DoRA / bias-carrying LoRA adapters); decode with weights 'model'")
+                          "16, or LoRA adapters without a plain weight form: DoRA, LoRA bias, other peft variants); "
+                          "decode with weights 'model'")
     if mode == "merged" and (fused is None or not fused.merges_lora):
         raise ConfigError("weights 'merged' merges LoRA adapters into copies of the projections, and this model has "
-                          "no mergeable LoRA layer (peft LoRA without DoRA or LoRA bias); decode with weights 'model'")
+                          "no mergeable LoRA layer (plain peft LoRA: not DoRA, LoRA bias, other peft variants or "
+                          "layers peft merged itself); decode with weights 'model'")
+
+
+def _weights_not_applied(config) -> str:
+    """The note a fallback to the eager loops adds when ``SamplerConfig.weights`` asked for copies."""
+    if config.weights == "model":
+        return ""
+    return f" (weights '{config.weights}' is not applied: the eager loops read the model's weights)"
 
 
 def check_fp8(model, device: torch.device, dtype: torch.dtype | None) -> None:
@@ -181,9 +190,7 @@ def check_fp8(model, device: torch.device, dtype: torch.dtype | None) -> None:
         raise ConfigError(f"weights 'fp8': {reason}")
 
 
-def _fallback_reason(model, batch: int) -> str | None:
-    if bucket(batch) is None:
-        return f"batch {batch} exceeds the largest graph bucket ({BATCH_BUCKETS[-1]})"
+def _fallback_reason(model) -> str | None:
     if base_model(model) in _UNCAPTURABLE:
         return "this model's decoding step could not be recorded earlier"
     return None
@@ -259,20 +266,21 @@ def decode_static(sampler, model, input_ids: torch.Tensor, attention_mask: torch
 @torch.no_grad()
 def run_static(sampler, model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, config, *,
                example_ids: Sequence[int], engine: str, progress: bool = False, **resume):
-    """Decode with the static engine (``engine`` = ``static`` or ``graph``); returns a ``RolloutOutput``, or
-    None when the batch must fall back to the eager loop (a note is logged). ``resume``: the ``canvas`` and
+    """Decode at most the largest bucket's rows (:func:`decode_static` splits larger batches) with the static engine
+    (``engine`` = ``static`` or ``graph``); returns a ``RolloutOutput``, or None when the batch must fall back to the
+    eager loop (a note is logged). ``resume``: the ``canvas`` and
     ``step_range`` of :func:`dare.rollout.generate` (masked-diffusion samplers), decoded by states of their own."""
     from dare.rollout.rng import derive_seed
 
     stats = engine_stats(model)
     rows = input_ids.shape[0]
     owner = base_model(model)  # the caller's model; a sharded one is decoded through its unsharded copy
-    reason = _fallback_reason(model, rows)
+    reason = _fallback_reason(model)
     if reason is None and is_sharded(model):  # decode with the engine's unsharded copy (its addresses are fixed)
         try:
             model, seconds = refreshed_twin(model)
             stats.owned_refresh_s += seconds
-            reason = _fallback_reason(model, rows)
+            reason = _fallback_reason(model)
         except torch.OutOfMemoryError:
             reason = "no device memory for an unsharded copy of the FSDP model's weights"
         except (RuntimeError, TypeError, ValueError, KeyError) as error:  # e.g. a class that cannot be rebuilt
@@ -282,9 +290,7 @@ def run_static(sampler, model, input_ids: torch.Tensor, attention_mask: torch.Te
     base = base_model(model)
     copies = config.weights != "model"  # merged or FP8 copies, whatever the step's size
     if reason is not None:
-        log.warning("rollout engine '%s' falls back to eager: %s%s", engine, reason,
-                    f" (weights '{config.weights}' is not applied: the eager loops read the model's weights)"
-                    if copies else "")
+        log.warning("rollout engine '%s' falls back to eager: %s%s", engine, reason, _weights_not_applied(config))
         stats.fallbacks += 1
         return None
     graphs = engine == "graph"
@@ -348,9 +354,7 @@ def run_static(sampler, model, input_ids: torch.Tensor, attention_mask: torch.Te
             raise
         log.warning("rollout engine 'graph' falls back to eager: the step could not be recorded (%s); this "
                     "model decodes eagerly from now on (dare.rollout.engine.release(model) lets it record again)%s",
-                    first_line(error)[:200],
-                    f"; weights '{config.weights}' is not applied: the eager loops read the model's weights"
-                    if copies else "")
+                    first_line(error)[:200], _weights_not_applied(config))
         _UNCAPTURABLE.add(base)
         states.pop(key, None)
         if owner is not base:
