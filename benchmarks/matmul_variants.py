@@ -1,0 +1,110 @@
+#!/usr/bin/env python
+"""Ways to run one projection matmul at a rollout step's row count (GPU): does another cuBLAS choice beat the
+default ``F.linear``? Per projection of the 8B shapes (fused q/k/v, o, fused gate/up, down; every layer's weights,
+so nothing stays in L2), microseconds per layer, timed inside a CUDA graph, median over ``--rounds`` interleaved
+rounds with the spread (max - min) beside it::
+
+    python benchmarks/matmul_variants.py --family llada --rows 224 256 192 160 512 384
+    python benchmarks/matmul_variants.py --family sdar --rows 256 512
+
+Variants: ``mm`` (``F.linear``, cuBLAS), ``lt`` (the same under ``preferred_blas_library('cublaslt')``), ``T``
+(``mm(W, x.T).T``: cuBLAS gets the other orientation) and ``splitK<s>`` (``bmm(..., out_dtype=float32)`` over ``s``
+slices of the inner dimension, then a sum and a cast; ``--split-k``, needs a PyTorch with ``bmm``'s ``out_dtype``),
+and with ``--fp8`` ``fp8`` (``torch._scaled_mm`` over operands quantised beforehand as ``SamplerConfig.weights =
+"fp8"`` quantises them, :mod:`dare.models.fp8`: the matmul alone). The best variant and its gain over ``mm`` close
+each line; with several projections a last line per row count sums each variant over them (one layer).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import graph_us, require_cuda  # noqa: E402
+from engine_profile import GEMM_SHAPES  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--family", choices=sorted(GEMM_SHAPES), default="llada", help="8B projection shapes (llada)")
+    p.add_argument("--rows", type=int, nargs="+", default=[256, 512], help="query rows of the step (256 512)")
+    p.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds per variant (5)")
+    p.add_argument("--split-k", type=int, nargs="*", default=[], help="also time split-K over these slice counts")
+    p.add_argument("--fp8", action="store_true", help="also time the FP8 matmul of pre-quantised operands")
+    args = p.parse_args(argv)
+    if min(args.rows) < 1 or args.rounds < 1 or any(s < 2 for s in args.split_k):
+        p.error("--rows and --rounds take counts >= 1, --split-k slice counts >= 2")
+    require_cuda("matmul_variants.py")
+    shape = GEMM_SHAPES[args.family]
+    hidden, kv, ffn, layers = shape["hidden"], shape["kv"], shape["ffn"], shape["layers"]
+    projections = {"qkv": (hidden, hidden + 2 * kv), "o": (hidden, hidden), "gate_up": (hidden, 2 * ffn),
+                   "down": (ffn, hidden)}
+    dev, dt = torch.device("cuda"), torch.bfloat16
+    weights = {name: [torch.randn(n, k, device=dev, dtype=dt) * 0.02 for _ in range(layers)]
+               for name, (k, n) in projections.items()}
+    for rows in args.rows:
+        per_variant: dict[str, list[float]] = {}
+        for name, (k, n) in projections.items():
+            x = torch.randn(rows, k, device=dev, dtype=dt)
+            variants = variants_of(x, weights[name], [s for s in args.split_k if k % s == 0], args.fp8)
+            times = {v: [] for v in variants}
+            for _ in range(args.rounds):
+                for v, fn in variants.items():
+                    torch.backends.cuda.preferred_blas_library("cublaslt" if v == "lt" else "cublas")
+                    times[v].append(graph_us(fn, reps=4) / layers)
+            torch.backends.cuda.preferred_blas_library("cublas")
+            median = {v: statistics.median(t) for v, t in times.items()}
+            best = min(median, key=median.get)
+            cells = "  ".join(f"{v} {median[v]:7.2f} +-{max(t) - min(t):5.2f}" for v, t in times.items())
+            print(f"{args.family} M={rows:<4d} {name:8s} {cells}  best {best} "
+                  f"({100 * (1 - median[best] / median['mm']):.1f} % under mm)", flush=True)
+            for v, us in median.items():
+                per_variant.setdefault(v, []).append(us)
+        # variants that ran for every projection (a split-K slice count must divide each inner size)
+        layer = {v: sum(us) for v, us in per_variant.items() if len(us) == len(projections)}
+        ratio = f"  (mm / fp8 {layer['mm'] / layer['fp8']:.2f}x)" if "fp8" in layer else ""
+        print(f"{args.family} M={rows:<4d} one layer: " + "  ".join(f"{v} {us:7.1f}" for v, us in layer.items())
+              + ratio, flush=True)
+    return 0
+
+
+def variants_of(x: torch.Tensor, weights: list[torch.Tensor], splits: list[int], fp8: bool) -> dict:
+    """name -> a function running the projection of ``x`` by every layer's weight one way."""
+    linear = torch.nn.functional.linear
+    variants = {"mm": lambda: [linear(x, w) for w in weights],
+                "lt": lambda: [linear(x, w) for w in weights],  # timed under cuBLASLt
+                "T": lambda: [torch.mm(w, x.t()).t() for w in weights]}
+    for s in splits:
+        variants[f"splitK{s}"] = lambda s=s: [split_k(x, w, s) for w in weights]
+    if fp8:
+        from dare.models.fp8 import FP8, quantize_activation, quantize_rows
+
+        xq, x_scale = quantize_activation(x)
+        quantised = []
+        for w in weights:
+            q, scale = torch.empty(w.shape, dtype=FP8, device=w.device), torch.empty(w.shape[0], device=w.device)
+            quantize_rows(w, q, scale)
+            quantised.append((q, scale[None, :]))
+        variants["fp8"] = lambda: [torch._scaled_mm(xq, q.t(), scale_a=x_scale, scale_b=s, out_dtype=x.dtype)
+                                   for q, s in quantised]
+    return variants
+
+
+def split_k(x: torch.Tensor, w: torch.Tensor, slices: int) -> torch.Tensor:
+    """``x @ w.T`` as ``slices`` partial products over the inner dimension, summed in float32."""
+    rows, k = x.shape
+    xs = x.view(rows, slices, k // slices).transpose(0, 1)
+    ws = w.view(w.shape[0], slices, k // slices).permute(1, 2, 0)
+    return torch.bmm(xs, ws, out_dtype=torch.float32).sum(0).to(x.dtype)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
