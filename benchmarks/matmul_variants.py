@@ -11,8 +11,10 @@ Variants: ``mm`` (``F.linear``, cuBLAS), ``lt`` (the same under ``preferred_blas
 (``mm(W, x.T).T``: cuBLAS gets the other orientation) and ``splitK<s>`` (``bmm(..., out_dtype=float32)`` over ``s``
 slices of the inner dimension, then a sum and a cast; ``--split-k``, needs a PyTorch with ``bmm``'s ``out_dtype``),
 and with ``--fp8`` ``fp8`` (``torch._scaled_mm`` over operands quantised beforehand as ``SamplerConfig.weights =
-"fp8"`` quantises them, :mod:`dare.models.fp8`: the matmul alone). The best variant and its gain over ``mm`` close
-each line; with several projections a last line per row count sums each variant over them (one layer).
+"fp8"`` quantises them, :mod:`dare.models.fp8`: the matmul alone), and with ``--quack`` ``quack`` (the CuTe-DSL GEMMs
+of the ``quack-kernels`` package, autotuned per shape by an eager call before the graph is recorded; not a DARE
+dependency: ``pip install quack-kernels 'nvidia-cutlass-dsl[cu13]'``). The best variant and its gain over ``mm``
+close each line; with several projections a last line per row count sums each variant over them (one layer).
 """
 
 from __future__ import annotations
@@ -39,9 +41,11 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds per variant (5)")
     p.add_argument("--split-k", type=int, nargs="*", default=[], help="also time split-K over these slice counts")
     p.add_argument("--fp8", action="store_true", help="also time the FP8 matmul of pre-quantised operands")
+    p.add_argument("--quack", action="store_true", help="also time quack's autotuned CuTe-DSL GEMM (quack-kernels)")
     args = p.parse_args(argv)
     if min(args.rows) < 1 or args.rounds < 1 or any(s < 2 for s in args.split_k):
         p.error("--rows and --rounds take counts >= 1, --split-k slice counts >= 2")
+    quack_gemm = load_quack(p) if args.quack else None
     require_cuda("matmul_variants.py")
     shape = GEMM_SHAPES[args.family]
     hidden, kv, ffn, layers = shape["hidden"], shape["kv"], shape["ffn"], shape["layers"]
@@ -54,7 +58,7 @@ def main(argv=None) -> int:
         per_variant: dict[str, list[float]] = {}
         for name, (k, n) in projections.items():
             x = torch.randn(rows, k, device=dev, dtype=dt)
-            variants = variants_of(x, weights[name], [s for s in args.split_k if k % s == 0], args.fp8)
+            variants = variants_of(x, weights[name], [s for s in args.split_k if k % s == 0], args.fp8, quack_gemm)
             times = {v: [] for v in variants}
             for _ in range(args.rounds):
                 for v, fn in variants.items():
@@ -76,7 +80,17 @@ def main(argv=None) -> int:
     return 0
 
 
-def variants_of(x: torch.Tensor, weights: list[torch.Tensor], splits: list[int], fp8: bool) -> dict:
+def load_quack(p: argparse.ArgumentParser):
+    """quack's ``gemm(A, B)`` (``A @ B``, B of shape (K, N)), or a one-line error when the package is missing."""
+    try:
+        from quack.gemm_interface import gemm
+    except Exception as e:  # noqa: BLE001 - any import failure of the optional package ends the same way
+        p.error(f"--quack needs the quack-kernels package (pip install quack-kernels 'nvidia-cutlass-dsl[cu13]'): "
+                f"{type(e).__name__}: {e}")
+    return gemm
+
+
+def variants_of(x: torch.Tensor, weights: list[torch.Tensor], splits: list[int], fp8: bool, quack_gemm=None) -> dict:
     """name -> a function running the projection of ``x`` by every layer's weight one way."""
     linear = torch.nn.functional.linear
     variants = {"mm": lambda: [linear(x, w) for w in weights],
@@ -95,6 +109,9 @@ def variants_of(x: torch.Tensor, weights: list[torch.Tensor], splits: list[int],
             quantised.append((q, scale[None, :]))
         variants["fp8"] = lambda: [torch._scaled_mm(xq, q.t(), scale_a=x_scale, scale_b=s, out_dtype=x.dtype)
                                    for q, s in quantised]
+    if quack_gemm is not None:
+        quack_gemm(x, weights[0].t())  # autotunes this shape eagerly; the recorded calls reuse its plan
+        variants["quack"] = lambda: [quack_gemm(x, w.t()) for w in weights]
     return variants
 
 

@@ -698,6 +698,8 @@ def test_benchmark_times_each_rollout_weights_value_side_by_side(tmp_path):
     ("engine_profile", ["--gemm-only", "--weights", "fp8"], "--compile, --cache and --weights apply to the profiled"),
     ("matmul_variants", ["--rows", "0"], "--rows and --rounds take counts >= 1"),
     ("matmul_variants", ["--split-k", "1"], "--split-k slice counts >= 2"),
+    pytest.param("matmul_variants", ["--quack"], "--quack needs the quack-kernels package",
+                 marks=pytest.mark.skipif(importlib.util.find_spec("quack") is not None, reason="quack is installed")),
 ])
 def test_benchmark_refuses_options_it_would_ignore_in_one_line(script, argv, message, capsys):
     spec = importlib.util.spec_from_file_location(f"{script}_benchmark", ROOT / "benchmarks" / f"{script}.py")
