@@ -76,7 +76,9 @@ def test_bd_rl_step_benchmark_tiny(tmp_path, capsys):
         assert abs(sum(r["phases_s"].values()) - r["cycle_s"]) < 5e-3
         assert r["rows"] == 8 and 0 < r["decoded_tokens"] <= 8 * 16
         assert r["blocks_timed"] == r["blocks"] == 4 and r["projected_full_cycle_s"] == pytest.approx(r["cycle_s"])
-        assert r["warmup_blocks"] == [1, 4]  # engine auto records per shape: a second warm-up over the timed blocks
+        # engine auto records per shape: warm-ups over the timed blocks, one per prompt batch, so the timed cycle
+        # records nothing
+        assert r["warmup_blocks"] == [1, 4, 4] and r["graph_captures"] == 0 and r["discarded_cycles"] == []
         scale = 16 / 2  # 2 MC terms timed, the recipe's 16 projected
         ph = r["phases_s"]
         assert r["projected_bgpo_mc16_s"] == pytest.approx(
@@ -125,3 +127,43 @@ def test_rl_step_benchmark_passes_rollout_weights_to_the_optimised_variant_only(
     assert "error" not in results["optimised"] and "error" not in results["naive"]
     assert "rollout.sampler.weights=merged" in results["optimised"]["config"]
     assert not any("rollout.sampler.weights" in c for c in results["naive"]["config"])
+
+
+def test_warm_ups_reach_every_step_shape_of_the_timed_cycle(tmp_path, monkeypatch):
+    """The static engine records one step per (kind, KV-width bucket); the timed cycle must find them all recorded.
+    A row whose prompt ends inside a block decodes one block more than gen / block, so a warm-up capped at gen /
+    block blocks missed the last bucket (the GPU then recorded and compiled two steps inside the timed rollout)."""
+    import sys
+
+    import dare.rollout.engine as engine
+    import dare.rollout.samplers as samplers
+    from dare.rollout.engine import graphs
+
+    # the graph engine's shapes (prompt widths in multiples of 64, batch buckets) without CUDA: its StepRunner runs
+    # the steps eagerly off CUDA, so 'graph' is let through on the CPU
+    monkeypatch.setattr(samplers, "resolve_engine", lambda name, device: "graph" if name == "graph" else name)
+    bench = load("bd_rl_step")
+    harness = sys.modules["rl_harness"]
+    calls, first_seen = [0], {}
+    timed_step, run = harness.timed_step, graphs.StepRunner.run
+
+    def counting_step(*args, **kwargs):
+        calls[0] += 1
+        return timed_step(*args, **kwargs)
+
+    def noting_run(self, key, fn):
+        first_seen.setdefault((id(self), key), calls[0])
+        return run(self, key, fn)
+
+    monkeypatch.setattr(harness, "timed_step", counting_step)
+    monkeypatch.setattr(graphs.StepRunner, "run", noting_run)
+    out = tmp_path / "bd.json"
+    assert bench.main(["--tiny", "--variants", "optimised", "--engine", "graph", "--gen", "64", "--json",
+                       str(out)]) == 0
+    result = json.loads(out.read_text())["results"]["optimised"]
+    warmups = len(result["warmup_blocks"])
+    assert result["warmup_blocks"] == [1, 16, 16] and calls[0] == warmups + 1
+    assert {key[0] for _, key in first_seen} == {"first", "inner"}
+    assert max(key[-1] for _, key in first_seen) > engine.PROMPT_WIDTH_MULTIPLE + 64  # the 17th block's bucket
+    late = [key for key, call in first_seen.items() if call > warmups]
+    assert not late, f"steps first run in the timed cycle: {late}"
