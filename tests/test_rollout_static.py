@@ -376,6 +376,30 @@ def test_resumed_decodings_share_one_state_and_record_per_first_block_budget(mon
     assert {key[2] for key in keys if key[0] == "window" and len(key) == 3} == {1, 3}
 
 
+def test_shapes_beyond_the_kept_states_are_counted_and_warned_about_once(monkeypatch, caplog):
+    """At most KEEP_STATES decode states live per model; a shape that comes back after being dropped is recorded
+    again, which a run with more shapes in rotation pays at every rollout: counted, and one warning says so."""
+    from dare.rollout import engine
+
+    monkeypatch.setattr(engine, "KEEP_STATES", 2)
+    model = sharp_model("llada")
+    config = SamplerConfig(sampler="fastdllm", cache="dual", gen_length=16, block_length=8)
+    batches = [padded(lengths) for lengths in ([9, 4], [12, 5], [15, 6])]  # three prompt widths: three states
+    stats = engine_stats(model)
+    with caplog.at_level(logging.WARNING, logger="dare"):
+        for ids, mask in batches[:2] * 2:  # two shapes in rotation: both kept
+            generate(model, ids, mask, config, engine="static")
+        assert (stats.evictions, stats.returns) == (0, 0) and "recorded again" not in caplog.text
+        for ids, mask in batches * 2:  # three shapes in rotation over two slots: every call makes a state
+            generate(model, ids, mask, config, engine="static")
+    assert len(engine._STATES[model]) == 2
+    assert stats.evictions == 4 and stats.returns == 3
+    assert caplog.text.count("shapes dropped earlier are recorded again") == 1
+    engine.release(model)
+    generate(model, *batches[0], config, engine="static")  # a released model starts afresh: nothing returns
+    assert stats.returns == 3
+
+
 def test_refresh_weights_keeps_graphs_for_in_place_updates_only():
     from dare.rollout.engine import refresh_weights
 

@@ -23,7 +23,8 @@ note. A model sharded by FSDP2
 call (:mod:`dare.rollout.engine.owned`). A peft model's steps are kept per adapter state (:func:`adapter_state`):
 a call inside ``disable_adapter`` never replays steps recorded with the adapters on.
 
-Recorded graphs and their buffers are kept per model (the last :data:`KEEP_STATES` shapes) and read the
+Recorded graphs and their buffers are kept per model (the last :data:`KEEP_STATES` shapes; a dropped shape that
+comes back is recorded again, counted in ``EngineStats.returns``, with a warning the first time) and read the
 model's parameters at their addresses: optimizer steps update them in place, so graphs stay valid; if a
 parameter is re-allocated (``load_state_dict(assign=True)``, ``.to()``), the engine notices and records again.
 :func:`engine_stats` reports captures, replays and graph memory; :func:`release` frees a model's graphs.
@@ -73,6 +74,11 @@ class EngineStats:
     copies_refresh_s: float = 0.0
     """Seconds spent refreshing the merged or FP8 copies from the parameters (a LoRA merge or an FP8 quantisation,
     once per call; the bf16 fused copies' refresh, a plain copy, is not timed)."""
+    evictions: int = 0
+    """Decode states dropped to keep at most :data:`KEEP_STATES` (each holds its shape's buffers and graphs)."""
+    returns: int = 0
+    """States made again for a shape that had been dropped: its steps are recorded again (a warning is logged the
+    first time)."""
 
 
 _STATES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -81,6 +87,8 @@ _FINGERPRINTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _UNCAPTURABLE: weakref.WeakSet = weakref.WeakSet()
 _UNFUSABLE: weakref.WeakSet = weakref.WeakSet()
 """Models whose fused projection copies did not fit in device memory (they decode unfused from then on)."""
+_DROPPED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+"""Per model, the keys of the states dropped to keep :data:`KEEP_STATES`."""
 
 
 def kernel_settings() -> dict:
@@ -129,6 +137,7 @@ def release(model) -> None:
     base = base_model(model)
     _drop_twin(base)
     _STATES.pop(base, None)
+    _DROPPED.pop(base, None)
     _FINGERPRINTS.pop(base, None)
     _UNFUSABLE.discard(base)  # with the memory freed, the copies may fit again
     _UNCAPTURABLE.discard(base)
@@ -334,12 +343,22 @@ def run_static(sampler, model, input_ids: torch.Tensor, attention_mask: torch.Te
                      fuse, adapter_state(base), resumable)
     state = states.get(key)
     if state is None:
+        dropped = _DROPPED.setdefault(base, set())
+        if key in dropped:
+            if not stats.returns:
+                log.warning("rollout engine: this run decodes more shapes (batch buckets x prompt widths x "
+                            "settings) than the %d it keeps, so shapes dropped earlier are recorded again "
+                            "(engine_stats(model).returns counts them); raise dare.rollout.engine.KEEP_STATES if "
+                            "device memory allows (each kept shape holds its own KV cache and graphs)", KEEP_STATES)
+            stats.returns += 1
+            dropped.discard(key)
         state = sampler.static_state(base, config, batch=padded_rows, prompt_width=prompt_width, padded=has_padding,
                                      device=device, use_graphs=graphs, backend=config.attn_backend or "sdpa",
                                      **({"resumable": True} if resumable else {}))
         states[key] = state
         while len(states) > KEEP_STATES:
-            states.popitem(last=False)
+            dropped.add(states.popitem(last=False)[0])
+            stats.evictions += 1
     states.move_to_end(key)
     state.config = config  # equal to the state's own but for the volatile fields the host loop reads (max_blocks)
     seeds = [derive_seed(config.seed, i) for i in example_ids]
