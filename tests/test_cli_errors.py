@@ -61,6 +61,30 @@ def test_eval_prints_the_metrics_before_writing_them(gsm8k, tmp_path, capsys, mo
     assert len(seen) == 1 and json.loads(seen[0])["num_problems"] == 2
 
 
+@pytest.mark.parametrize("extra, message", [
+    (["--k", "5"], "error: pass@5 needs 1 <= k <= num_samples (completions per problem, -n); got num_samples=1"),
+    (["-n", "2", "--temperature", "1", "--k", "1", "5"], "error: pass@5 needs 1 <= k <= num_samples"),
+    (["-n", "2", "--temperature", "1", "--k", "0"], "error: pass@0 needs 1 <= k <= num_samples"),
+])
+def test_pass_at_k_beyond_the_samples_fails_before_loading_the_model(extra, message, gsm8k, capsys, monkeypatch):
+    import dare.eval.run
+
+    def never(*args, **kwargs):
+        raise AssertionError("loaded the model although --k cannot be reported")
+
+    monkeypatch.setattr(dare.eval.run, "load_for_eval", never)
+    assert one_line_error(capsys, *eval_args(gsm8k, *extra)).startswith(message)
+
+
+def test_pass_at_k_asked_for_is_reported_never_dropped(gsm8k, tmp_path, capsys):
+    assert main(eval_args(gsm8k, "--limit", "2", "--k", "1")) == 0
+    assert "pass@1" in json.loads(capsys.readouterr().out)["metrics"]
+    preds = tmp_path / "preds.jsonl"
+    preds.write_text(json.dumps({"id": 0, "prediction": "#### 1", "answer": "#### 1"}) + "\n")
+    line = one_line_error(capsys, "eval", "score", "--benchmark", "gsm8k", "--predictions", str(preds), "--k", "5")
+    assert line == "error: gsm8k: pass@5 needs at least 5 predictions per problem (fewest: 1)"
+
+
 def test_eval_limit_must_be_positive(gsm8k, capsys):
     assert "--limit must be positive" in one_line_error(capsys, *eval_args(gsm8k, "--limit", "-1"))
 
@@ -100,6 +124,17 @@ def test_checkpoint_directories_without_a_model_are_one_line(tmp_path, capsys):
     assert "no weights" in one_line_error(capsys, "generate", "--model", str(config_only), "--prompt", "Hi")
     line = one_line_error(capsys, "train", f"model.path={config_only}", f"trainer.output_dir={tmp_path / 'run'}")
     assert "no weights" in line
+
+
+def test_an_adapter_or_a_run_directory_as_model_says_what_to_pass_instead(tmp_path, capsys):
+    adapter = tmp_path / "run" / "final"
+    adapter.mkdir(parents=True)
+    (adapter / "adapter_config.json").write_text("{}")
+    line = one_line_error(capsys, "generate", "--model", str(adapter), "--prompt", "Hi")
+    assert line.startswith(f"error: {adapter} is not a model checkpoint (no config.json); it is a LoRA adapter")
+    assert f"dare merge-lora --adapter {adapter} --out DIR" in line
+    line = one_line_error(capsys, "generate", "--model", str(tmp_path / "run"), "--prompt", "Hi")
+    assert line.endswith(f"it looks like a training run directory: its weights are in {adapter}")
 
 
 def test_a_missing_relative_model_path_says_the_directory_does_not_exist(tmp_path, capsys, monkeypatch):

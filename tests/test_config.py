@@ -45,7 +45,8 @@ def test_cli_error_is_one_line_and_dry_run_resolves(tmp_path):
     assert bad.returncode == 2
     assert bad.stderr.strip() == "error: unknown config key 'optim.lrr' (did you mean 'optim.lr'?)"
     ok = subprocess.run([sys.executable, "-m", "dare.cli", "train", "configs/llada/sft_tiny.yaml", "--dry-run",
-                         "optim.lr=0.5"], capture_output=True, text=True, timeout=300)
+                         "optim.lr=0.5", f"trainer.output_dir={tmp_path / 'run'}"],  # not a run of the checkout's
+                        capture_output=True, text=True, timeout=300)
     assert ok.returncode == 0, ok.stderr
     resolved = yaml.safe_load(ok.stdout)
     assert resolved["optim"]["lr"] == 0.5 and resolved["algorithm"]["normalize"] == "llada"

@@ -45,6 +45,9 @@ def one_line_error(capsys, *args) -> str:
     ("rollout.chunk_size=-4", "rollout.chunk_size must be a positive integer or null"),
     ("rollout.samples_per_step=-1", "rollout.samples_per_step must be >= 0"),
     ("rollout.dynamic_extra_rounds=-1", "rollout.dynamic_extra_rounds must be >= 0"),
+    ("trainer.output_dir=", "trainer.output_dir must not be empty"),
+    ("model.path=", "model.path must not be empty"),
+    ("data.path= ", "data.path must not be empty"),
 ])
 def test_numbers_out_of_range_are_one_line_errors(override, message):
     with pytest.raises(ConfigError) as err:
@@ -118,6 +121,10 @@ def test_an_rl_synthetic_task_typo_lists_every_task():
     ("data.path=benchmark:gsm8q", "error: unknown benchmark 'gsm8q' (did you mean 'gsm8k'?)"),
     ("trainer.resume=sometimes", ("error: trainer.resume=sometimes is not a checkpoint directory; use auto, never "
                                   "or a checkpoint directory")),
+    ("rollout.group_size=3", "error: trainer.batch_size=16 (rollouts per step) must be a multiple of "
+                             "rollout.group_size=3"),
+    ("rollout.reward={exact_match:2.0}", "error: reward 'exact_match:2.0': the weight must be a number"),
+    ("rollout.reward=[exact_match]", "error: reward must be a name or a mapping {name: weight}"),
 ])
 def test_dry_run_finds_what_the_run_would_reject(override, message, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
@@ -126,6 +133,18 @@ def test_dry_run_finds_what_the_run_would_reject(override, message, tmp_path, ca
     assert one_line_error(capsys, "train", D1, override, f"trainer.output_dir={out}",
                           "trainer.progress=false").startswith(message)
     assert not out.exists()
+
+
+def test_dry_run_refuses_an_output_directory_trained_with_other_settings(tmp_path, capsys):
+    out = tmp_path / "run"
+    common = [f"trainer.output_dir={out}", "trainer.max_steps=1", "trainer.progress=false"]
+    assert main(["train", SFT, *common]) == 0
+    capsys.readouterr()
+    assert main(["train", SFT, "--dry-run", *common]) == 0  # the same settings would resume
+    capsys.readouterr()
+    line = one_line_error(capsys, "train", SFT, "--dry-run", *common, "optim.lr=1e-3")
+    assert line.startswith(f"error: trainer.output_dir={out} was trained with other settings: optim.lr (0.003 -> ")
+    assert main(["train", SFT, "--dry-run", *common, "optim.lr=1e-3", "trainer.resume=never"]) == 0
 
 
 def test_dry_run_checks_sft_data_and_passes_good_recipes(tmp_path, capsys, monkeypatch):

@@ -162,6 +162,21 @@ def test_registry_errors_and_batch_checks():
     assert all(isinstance(get_reward(name), object) for name in PRESETS)
 
 
+@pytest.mark.parametrize("spec, message", [
+    ({"exact_match": "abc"}, "reward 'exact_match': the weight must be a number; got 'abc'"),
+    ({"exact_match": None}, "reward 'exact_match': the weight must be a number; got None"),
+    ({"exact_match:2.0": None}, "YAML needs a space after the colon"),  # `{exact_match:2.0}` in a recipe
+    ({"exact_match": {"weight": [1]}}, "reward 'exact_match': the weight must be a number"),
+    (["exact_match"], "reward must be a name or a mapping {name: weight}; got ['exact_match']"),
+    (3, "reward must be a name or a mapping {name: weight}; got 3"),
+])
+def test_a_malformed_reward_spec_is_a_one_line_config_error(spec, message):
+    with pytest.raises(ConfigError) as err:
+        get_reward(spec)
+    assert message in str(err.value) and "\n" not in str(err.value)
+    assert get_reward({"exact_match": "2.0"}).score(["a"], [{"answer": "a"}])[0].reward == 2.0
+
+
 def test_weighted_sum_reports_components_apart_from_accuracy():
     combo = get_reward({"math": 2.0, "boxed_format": 0.5})
     r = combo.score(["<answer>\\boxed{4}</answer>", "<answer>\\boxed{5}</answer>"], [{"answer": "4"}] * 2)

@@ -37,6 +37,19 @@ def test_other_training_settings_do_not_resume_and_keep_the_runs_config(tmp_path
     assert (tmp_path / "config.yaml").read_text() == before  # still describes the weights in the directory
 
 
+def test_another_algorithm_names_itself_first_and_not_fields_unset_on_both_sides():
+    from dare.trainer.resume import check_same_settings, differing_keys
+
+    saved = {"algorithm": {"name": "d1", "kl_coef": 0.04, "block_size": None}, "optim": {"lr": 1e-3}}
+    new = {"algorithm": {"name": "vrpo", "beta": 0.2}, "optim": {"lr": 1e-3}}
+    assert differing_keys(saved, new) == ["algorithm.beta", "algorithm.kl_coef", "algorithm.name"]
+    with pytest.raises(ConfigError) as err:
+        check_same_settings(saved, new, "trainer.output_dir=x", "use another trainer.output_dir")
+    assert str(err.value) == ("trainer.output_dir=x was trained with other settings: algorithm.name (d1 -> vrpo), "
+                              "algorithm.beta (unset -> 0.2), algorithm.kl_coef (0.04 -> unset); "
+                              "use another trainer.output_dir")
+
+
 def test_another_family_in_the_same_directory_is_a_one_line_error(tmp_path):
     run(sft(tmp_path))
     with pytest.raises(ConfigError, match=r"model.path \(tiny:llada -> tiny:dream\)"):

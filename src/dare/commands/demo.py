@@ -20,7 +20,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="RL algorithm: any registered rollout algorithm for full-attention models ("
                              + ", ".join(HELP_ALGORITHMS) + "), or sft to continue SFT instead (default d1)")
     parser.add_argument("--quick", action="store_true", help="the shortened CI variant (tiny model, a few steps)")
-    parser.add_argument("--sft-max-steps", type=int, help="upper bound of SFT steps")
+    parser.add_argument("--sft-max-steps", type=int, help="upper bound of SFT steps (default 400)")
     parser.add_argument("--sft-target", type=float,
                         help="SFT stops once validation accuracy reaches this fraction (default 0.3)")
     parser.add_argument("--rl-steps", type=int, help="RL optimizer steps (default 120)")

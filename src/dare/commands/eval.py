@@ -111,6 +111,7 @@ def _run_configs(args: argparse.Namespace, bench):
     config = EvalConfig(mode=args.mode, shots=args.shots, template=args.template, chat=args.chat,
                         num_samples=args.num_samples, batch_size=args.batch_size, seed=args.seed or 0,
                         ks=tuple(args.k) if args.k else None)
+    config.check()
     mode = config.resolve_mode(bench)
     if mode == "likelihood":
         given = [f"--{f.replace('_', '-')}" for f in (*SAMPLER_FLAGS, "template") if getattr(args, f) is not None]

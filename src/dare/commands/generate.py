@@ -15,7 +15,8 @@ HELP = "generate text with a diffusion sampler (llada, dream, fastdllm, ...)"
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", required=True, help="checkpoint directory, or tiny:FAMILY (e.g. tiny:llada)")
+    parser.add_argument("--model", required=True,
+                        help="checkpoint directory / hub name, or tiny:FAMILY[:SEED] (e.g. tiny:llada)")
     parser.add_argument("--prompt", action="append", required=True,
                         help="prompt text (repeat for a batch)")
     add_sampler_arguments(parser, default=None)

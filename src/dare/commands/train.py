@@ -53,6 +53,13 @@ def run(args: argparse.Namespace) -> int:
         from dare.trainer.preflight import check_run
 
         check_run(config)  # what a run checks before it loads the model and the data
+        from pathlib import Path
+
+        from dare.trainer.config import config_dict
+        from dare.trainer.resume import resume_point
+
+        # a run into an output directory trained with other settings is refused (reads only; creates nothing)
+        resume_point(Path(config.trainer.output_dir), config.trainer.resume, config_dict(config))
         print(yaml.safe_dump(to_dict(config), sort_keys=False), end="")
         return 0
     from dare.trainer import run_training

@@ -71,6 +71,17 @@ class EvalConfig:
     ks: tuple[int, ...] | None = None
     """pass@k values (None: 1, 5, 10, ... up to n)."""
 
+    def check(self) -> None:
+        """One-line :class:`ConfigError` for a bad count (before any model is loaded or any token generated)."""
+        if self.num_samples < 1:
+            raise ConfigError(f"num_samples must be >= 1; got {self.num_samples}")
+        if self.batch_size < 1:
+            raise ConfigError(f"batch_size must be >= 1; got {self.batch_size}")
+        for k in self.ks or ():
+            if not 1 <= k <= self.num_samples:
+                raise ConfigError(f"pass@{k} needs 1 <= k <= num_samples (completions per problem, -n); "
+                                  f"got num_samples={self.num_samples}")
+
     def resolve_mode(self, benchmark: Benchmark) -> str:
         if self.mode not in MODES:
             raise unknown_choice("evaluation mode", self.mode, MODES)
@@ -154,10 +165,7 @@ def evaluate(model, tokenizer, benchmark: Benchmark | str, samples: Sequence[Sam
     mode = config.resolve_mode(bench)
     if not samples:
         raise ConfigError(f"{bench.name}: no samples to evaluate")
-    if config.num_samples < 1:
-        raise ConfigError(f"num_samples must be >= 1; got {config.num_samples}")
-    if config.batch_size < 1:
-        raise ConfigError(f"batch_size must be >= 1; got {config.batch_size}")
+    config.check()
     shots = bench.default_shots if config.shots is None else config.shots
     if shots < 0:
         raise ConfigError(f"shots must be >= 0; got {shots}")

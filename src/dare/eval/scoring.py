@@ -92,8 +92,9 @@ def _metrics(benchmark: Benchmark, groups, results, ks) -> dict[str, float]:
         per_problem.append((len(group), sum(correct[start:start + len(group)])))
         start += len(group)
     n_min = min(n for n, _ in per_problem)
-    ks = sorted(set(ks)) if ks is not None else default_ks(n_min)
-    if n_min > 1 or "pass@k" in benchmark.metrics:
+    asked = ks is not None  # pass@k values given explicitly are always reported (or refused), never dropped
+    ks = sorted(set(ks)) if asked else default_ks(n_min)
+    if n_min > 1 or "pass@k" in benchmark.metrics or asked:
         for k in ks:
             if k > n_min:
                 raise InputError(f"{benchmark.name}: pass@{k} needs at least {k} predictions per problem (fewest: {n_min})")

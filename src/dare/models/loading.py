@@ -74,7 +74,13 @@ def check_checkpoint_path(path: str) -> None:
     if not local.is_dir():
         raise ConfigError(f"model path {path} is a file; expected a checkpoint directory")
     if not (local / "config.json").is_file():
-        raise ConfigError(f"{path} is not a model checkpoint (no config.json)")
+        hint = ""
+        if (local / "adapter_config.json").is_file():
+            hint = (f"; it is a LoRA adapter: load it on top of its base model (dare eval run --adapter) or merge it "
+                    f"first (dare merge-lora --adapter {path} --out DIR)")
+        elif (local / "final").is_dir():
+            hint = f"; it looks like a training run directory: its weights are in {local / 'final'}"
+        raise ConfigError(f"{path} is not a model checkpoint (no config.json){hint}")
     if not any(next(local.glob(pattern), None) for pattern in WEIGHT_FILES):
         raise ConfigError(f"{path} is not a model checkpoint (config.json but no weights: *.safetensors or *.bin)")
 

@@ -152,9 +152,18 @@ def get_reward(spec: str | Mapping[str, Any], **options: Any) -> Reward:
         if spec in PRESETS:
             return get_reward(PRESETS[spec])
         raise unknown_choice("reward", spec, [*REWARDS, *PRESETS])
+    if not isinstance(spec, Mapping):
+        raise ConfigError(f"reward must be a name or a mapping {{name: weight}}; got {spec!r}")
     parts = []
     for name, value in spec.items():
         opts = dict(value) if isinstance(value, Mapping) else {"weight": value}
-        weight = float(opts.pop("weight", 1.0))
+        weight = opts.pop("weight", 1.0)
+        if isinstance(weight, bool) or not isinstance(weight, (int, float, str)):
+            weight = None
+        try:
+            weight = float(weight)
+        except (TypeError, ValueError):
+            hint = " (YAML needs a space after the colon: {name: weight})" if ":" in str(name) else ""
+            raise ConfigError(f"reward '{name}': the weight must be a number; got {value!r}{hint}") from None
         parts.append((name, weight, get_reward(name, **opts)))
     return WeightedSum(parts)

@@ -250,6 +250,10 @@ class TrainConfig:
         for key, (value, allowed) in choices.items():
             if allowed is not None and value not in allowed:
                 raise unknown_choice(f"value for {key}", value, allowed)
+        for key, value in (("model.path", self.model.path), ("data.path", self.data.path),
+                           ("trainer.output_dir", self.trainer.output_dir)):
+            if not str(value).strip():  # `key=` on a command line; an empty output_dir would write into the cwd
+                raise ConfigError(f"{key} must not be empty")
         positive = {"trainer.batch_size": self.trainer.batch_size, "trainer.micro_batch_size": self.trainer.micro_batch_size,
                     "trainer.log_every": self.trainer.log_every, "data.max_length": self.data.max_length,
                     "lora.r": self.lora.r, "rollout.group_size": self.rollout.group_size,

@@ -36,10 +36,11 @@ def check_run(config, *, model: bool = True, data: bool = True, warn: bool = Tru
         check_model_path(config.model.path)
     if data and needs.rollout:
         from dare.trainer.prompts import check_prompt_path
-        from dare.trainer.rl import rollout_reward, rollout_sampler
+        from dare.trainer.rl import check_rollout_batch, rollout_reward, rollout_sampler
 
         rollout_sampler(config.rollout)
         rollout_reward(config.rollout)
+        check_rollout_batch(config.trainer.batch_size, config.rollout.group_size)
         check_prompt_path(config.data.path)
     elif data:
         from dare.data.sft import check_data_path

@@ -61,10 +61,10 @@ def relevant(settings: dict) -> dict:
 
 
 def differing_keys(saved: dict, new: dict) -> list[str]:
-    """Training-relevant keys whose values differ (or exist on one side only), sorted."""
+    """Training-relevant keys whose values differ (or exist on one side only), sorted. A key that is null on one
+    side and absent on the other (a field of another algorithm's section) is unset on both: not a difference."""
     a, b = relevant(saved), relevant(new)
-    missing = object()
-    return sorted(k for k in a.keys() | b.keys() if a.get(k, missing) != b.get(k, missing))
+    return sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
 
 
 def _show(value) -> str:
@@ -76,6 +76,7 @@ def check_same_settings(saved: dict, new: dict, where: str, ways_out: str) -> No
     keys = differing_keys(saved, new)
     if not keys:
         return
+    keys.sort(key=lambda k: k not in ("model.path", "algorithm.name"))  # another model / algorithm: say so first
     flat_saved, flat_new = flatten(saved), flatten(new)
     shown = ", ".join(f"{k} ({_show(flat_saved.get(k))} -> {_show(flat_new.get(k))})" for k in keys[:SHOWN])
     more = f" and {len(keys) - SHOWN} more" if len(keys) > SHOWN else ""

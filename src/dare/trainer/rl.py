@@ -91,9 +91,7 @@ class RolloutSource:
 
         self.info = info or DistInfo()
         group = config.group_size
-        if batch_size % group:
-            raise ConfigError(f"trainer.batch_size={batch_size} (rollouts per step) must be a multiple of "
-                              f"rollout.group_size={group}")
+        check_rollout_batch(batch_size, group)
         self.prompts_per_step = batch_size // group
         if self.prompts_per_step % self.info.world_size:
             raise ConfigError(f"prompts per step ({self.prompts_per_step} = trainer.batch_size / rollout.group_size) "
@@ -506,6 +504,13 @@ def rollout_sampler(config):
     return config.sampler.resolved()
 
 
+def check_rollout_batch(batch_size: int, group_size: int) -> None:
+    """One-line error unless ``trainer.batch_size`` (rollouts per step) is a multiple of ``rollout.group_size``."""
+    if batch_size % group_size:
+        raise ConfigError(f"trainer.batch_size={batch_size} (rollouts per step) must be a multiple of "
+                          f"rollout.group_size={group_size}")
+
+
 def rollout_reward(config):
     """The :class:`dare.rewards.Reward` of ``rollout.reward`` (one-line errors for a missing or unknown one)."""
     from dare.rewards import get_reward
@@ -534,4 +539,5 @@ def build_rollout_source(trainer) -> RolloutSource:
     )
 
 
-__all__ = ["RolloutSource", "build_rollout_source", "health_sums", "rollout_reward", "rollout_sampler"]
+__all__ = ["RolloutSource", "build_rollout_source", "check_rollout_batch", "health_sums", "rollout_reward",
+           "rollout_sampler"]
