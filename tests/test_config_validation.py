@@ -108,6 +108,28 @@ def test_an_rl_synthetic_task_typo_lists_every_task():
                               "countdown, gsm_symbolic, reverse, sudoku, sudoku9")
 
 
+def test_rl_prompts_from_a_benchmark_without_a_file_warn_that_they_are_its_evaluation_problems(tmp_path, caplog,
+                                                                                                 monkeypatch):
+    from dare.eval import get_benchmark
+    from dare.eval.benchmark import Benchmark
+    from dare.trainer.config import DataConfig
+    from dare.trainer.prompts import prompt_records
+
+    rows = [{"question": "What is 1+1?", "answer": "#### 2"}, {"question": "What is 2+2?", "answer": "#### 4"}]
+    train = tmp_path / "gsm8k_train.jsonl"
+    train.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    gsm8k = get_benchmark("gsm8k")
+    real_load = Benchmark.load
+    monkeypatch.setattr(Benchmark, "load", lambda self, source=None, **kw: real_load(self, source or str(train), **kw))
+    with caplog.at_level(logging.WARNING, logger="dare"):
+        assert len(prompt_records(DataConfig(path=f"benchmark:gsm8k:{train}"))) == 2
+        assert "trains on the problems" not in caplog.text
+        assert len(prompt_records(DataConfig(path="benchmark:gsm8k"))) == 2  # the hub's test split, offline: the file
+    assert (f"data.path=benchmark:gsm8k trains on the problems dare eval scores gsm8k on (split "
+            f"'{gsm8k.hf.split}' of {gsm8k.hf.path}); for a training set give its file: benchmark:gsm8k:PATH"
+            in caplog.text)
+
+
 @pytest.mark.parametrize("override, message", [
     ("rollout.sampler.sampler=fastdlm", "error: unknown sampler 'fastdlm' (did you mean 'fastdllm'?)"),
     ("rollout.reward=exact_mach", "error: unknown reward 'exact_mach' (did you mean 'exact_match'?)"),

@@ -7,7 +7,9 @@ RL prompt sources (``data.path``):
   (e.g. ``answer``, ``numbers`` / ``target``, ``tests``);
 * ``synthetic:copy|reverse|add`` (``dare.data.synthetic``; the response becomes ``answer``), or
   ``synthetic:countdown|sudoku|sudoku9|gsm_symbolic`` (reasoning-gym problems with the benchmark's prompt);
-* ``benchmark:NAME`` or ``benchmark:NAME:PATH`` - a ``dare.eval`` benchmark's samples and prompt template.
+* ``benchmark:NAME`` or ``benchmark:NAME:PATH`` - a ``dare.eval`` benchmark's samples and prompt template
+  (without ``PATH``: the problems ``dare eval`` scores the benchmark on, with a warning that the policy trains on
+  them).
 
 Pairs (``data.path`` jsonl/json/parquet): ``prompt`` (``data.prompt_key``), ``chosen`` and ``rejected``; or
 ``synthetic:copy|reverse|add`` (chosen = the right answer, rejected = it rotated by one character: a wrong
@@ -16,10 +18,13 @@ answer of the same length, for tests and tiny recipes).
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
 from dare.errors import ConfigError, InputError, unknown_choice
+
+log = logging.getLogger("dare.trainer")
 
 BENCHMARK_PREFIX = "benchmark:"
 
@@ -38,6 +43,9 @@ def _benchmark_records(name: str, source: str | None, limit: int | None) -> list
     from dare.eval import get_benchmark
 
     bench = get_benchmark(name)
+    if source is None and bench.hf is not None:  # the split's name says nothing: AIME's evaluation split is 'train'
+        log.warning("data.path=benchmark:%s trains on the problems dare eval scores %s on (split '%s' of %s); for "
+                    "a training set give its file: benchmark:%s:PATH", name, name, bench.hf.split, bench.hf.path, name)
     return [(bench.messages(s), dict(s.target)) for s in bench.load(source, limit=limit)]
 
 
