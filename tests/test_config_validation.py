@@ -131,9 +131,9 @@ def test_rl_prompts_from_a_benchmark_without_a_file_warn_that_they_are_its_evalu
 
 
 @pytest.mark.parametrize("override, message", [
-    ("rollout.sampler.sampler=fastdlm", "error: unknown sampler 'fastdlm' (did you mean 'fastdllm'?)"),
+    ("rollout.sampler.sampler=fastdlm", "error: rollout.sampler: unknown sampler 'fastdlm' (did you mean 'fastdllm'?)"),
     ("rollout.reward=exact_mach", "error: unknown reward 'exact_mach' (did you mean 'exact_match'?)"),
-    ("rollout.sampler.gen_length=-8", "error: gen_length must be >= 1; got -8"),
+    ("rollout.sampler.gen_length=-8", "error: rollout.sampler: gen_length must be >= 1; got -8"),
     ("rollout.sampler.temperature=-1", "error: RL rollouts need rollout.sampler.temperature > 0"),
     ("rollout.reward=null", "error: RL needs a reward: set rollout.reward"),
     ("model.path=tiny:lada", "error: unknown model family 'lada' (did you mean 'llada'?)"),

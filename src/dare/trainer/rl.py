@@ -501,7 +501,10 @@ def rollout_sampler(config):
     """The resolved ``rollout.sampler`` of the ``rollout`` section ``config`` (one-line errors for a bad one)."""
     if config.sampler.temperature <= 0:
         raise ConfigError("RL rollouts need rollout.sampler.temperature > 0 (a group of greedy rollouts is identical)")
-    return config.sampler.resolved()
+    try:
+        return config.sampler.resolved()
+    except ConfigError as err:  # the sampler names its own fields: say which section they are in
+        raise ConfigError(f"rollout.sampler: {err}") from None
 
 
 def check_rollout_batch(batch_size: int, group_size: int) -> None:
