@@ -190,8 +190,8 @@ def main(argv=None) -> int:
     require_cuda("swiglu_gemm.py")
     dev, dt = torch.device("cuda"), torch.bfloat16
     weights = [torch.randn(2 * FFN, HIDDEN, device=dev, dtype=dt) * 0.02 for _ in range(args.layers)]
-    act = torch.compile(lambda y: torch.nn.functional.silu(y[:, :FFN]) * y[:, FFN:], dynamic=False)
-    linear = torch.nn.functional.linear
+    act = torch.compile(lambda y: F.silu(y[:, :FFN]) * y[:, FFN:], dynamic=False)
+    linear = F.linear
     for rows in args.rows:
         x = torch.randn(rows, HIDDEN, device=dev, dtype=dt)
         baselines = {"mm": lambda: [linear(x, w) for w in weights],

@@ -158,9 +158,9 @@ def get_reward(spec: str | Mapping[str, Any], **options: Any) -> Reward:
     for name, value in spec.items():
         opts = dict(value) if isinstance(value, Mapping) else {"weight": value}
         weight = opts.pop("weight", 1.0)
-        if isinstance(weight, bool) or not isinstance(weight, (int, float, str)):
-            weight = None
         try:
+            if isinstance(weight, bool):  # float() would take YAML's true / false as 1 / 0
+                raise TypeError(weight)
             weight = float(weight)
         except (TypeError, ValueError):
             hint = " (YAML needs a space after the colon: {name: weight})" if ":" in str(name) else ""
