@@ -55,6 +55,7 @@ from common import (  # noqa: E402
     matmul_rate,
     print_engine_table,
     sync,
+    threshold_setting,
     time_engines,
     warm_seconds,
     weights_floor,
@@ -113,7 +114,8 @@ def run_once(model, prompts, args, decoder: str, cache: str, max_blocks: int | N
     hook = inject_confidence(model, args.confident_fraction, prompts.device)
 
     config = SamplerConfig(sampler="sdar", gen_length=args.gen, block_length=args.block, block_steps=args.steps,
-                           decoder=DECODERS[decoder], threshold=args.threshold, cache=cache, temperature=0.0,
+                           decoder=DECODERS[decoder], **threshold_setting(DECODERS[decoder], args.threshold),
+                           cache=cache, temperature=0.0,
                            eos_early_stop=False, max_blocks=max_blocks, engine=engine, weights=weights)
     device = prompts.device
     sync(device)

@@ -291,6 +291,14 @@ class Roofline:
         return total
 
 
+def threshold_setting(decoder: str, threshold: float) -> dict:
+    """``{"threshold": threshold}`` when ``decoder`` reads a threshold, else ``{}`` (the sampler warns about a
+    setting its decoder ignores)."""
+    from dare.rollout.kernels import DECODER_SETTINGS
+
+    return {"threshold": threshold} if decoder in DECODER_SETTINGS["threshold"] else {}
+
+
 def engine_record(*, family: str, engine: str, sampler: str, cache: str, decoder: str, batch: int, gen_length: int,
                   steps, out, seconds: float, roofline: Roofline, forwards) -> dict:
     """One record of ``benchmarks/results/*rollout_h200.json`` (fields named by the rollout-engine issue, and the

@@ -42,7 +42,7 @@ from pathlib import Path
 
 import torch
 
-from common import ConfidenceInjection, clock
+from common import ConfidenceInjection, clock, threshold_setting
 
 PHASES = ("rollout", "reward", "logprobs", "update")
 ENGINES = ("eager", "static", "graph", "auto")
@@ -127,7 +127,8 @@ def engine_overrides(engine: str | None) -> dict:
 def train_overrides(bench, args, variant: dict, out_dir: str) -> list[str]:
     """The ``dare train`` overrides of one variant: the workload's plus the shared ones (the model is injected)."""
     sampler = {"gen_length": args.gen, "block_length": args.block, "temperature": args.temperature,
-               "threshold": args.threshold, "attn_backend": "sdpa", **variant["sampler"]}
+               "attn_backend": "sdpa", **threshold_setting(variant["sampler"]["decoder"], args.threshold),
+               **variant["sampler"]}
     if args.max_blocks:
         sampler["max_blocks"] = args.max_blocks
     values = {

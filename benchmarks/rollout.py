@@ -54,6 +54,7 @@ from common import (  # noqa: E402,F401
     matmul_rate,
     print_engine_table,
     sync,
+    threshold_setting,
     time_engines,
     warm_seconds,
     weights_floor,
@@ -128,8 +129,8 @@ def run_once(model, prompts, gen_length, args, overrides, max_blocks, engine="ea
     overrides = dict(overrides)
     steps = gen_length // overrides.pop("tokens_per_step", 1)
     config = SamplerConfig(sampler="fastdllm", gen_length=gen_length, block_length=args.block, steps=steps,
-                           threshold=args.threshold, temperature=0.0, eos_early_stop=False,
-                           max_blocks=max_blocks, engine=engine, weights=weights, **overrides)
+                           temperature=0.0, eos_early_stop=False, max_blocks=max_blocks, engine=engine,
+                           weights=weights, **threshold_setting(overrides["decoder"], args.threshold), **overrides)
     device = prompts.device
     sync(device)
     start = time.perf_counter()

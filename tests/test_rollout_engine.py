@@ -255,6 +255,38 @@ def test_mask_token_is_never_proposed_and_eos_can_be_suppressed():
 # ------------------------------------------------------------------------------------------ errors
 
 
+def test_a_setting_the_decoder_does_not_read_is_warned_once_and_not_applied(caplog, monkeypatch):
+    """``threshold`` with the quota decoder (or ``factor`` / the factor quirk with another rule) decodes exactly as
+    without it, says so once per process, and the resolved config records it as unset; a preset's value for a
+    rule the user replaced is dropped silently (the user never gave it)."""
+    import dare.rollout.config as config_module
+
+    monkeypatch.setattr(config_module, "_WARNED", set())
+    model = model_for("llada")
+    ids, mask = padded([4, 6], seed=1)
+    base = dict(sampler="llada", decoder="quota", gen_length=16, block_length=8, steps=16)
+    with caplog.at_level("WARNING", logger="dare.rollout"):
+        plain = generate(model, ids, mask, SamplerConfig(**base))
+        for _ in range(2):
+            ignored = generate(model, ids, mask, SamplerConfig(**base, threshold=0.35))
+            assert torch.equal(ignored.completion, plain.completion)
+    warnings = [r.getMessage() for r in caplog.records if "ignoring" in r.getMessage()]
+    assert warnings == ["warning: ignoring threshold=0.35: only the 'threshold' and 'dynamic' decoders read it, "
+                        "this rollout uses decoder 'quota'"]
+    assert SamplerConfig(**base, threshold=0.35).resolved().threshold is None
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="dare.rollout"):
+        resolved = SamplerConfig(sampler="fastdllm", factor=1.5, factor_last_rank_quirk=True).resolved()
+        assert (resolved.decoder, resolved.factor, resolved.threshold) == ("factor", 1.5, None)  # factor picks it
+        quirk = SamplerConfig(sampler="fastdllm", factor_last_rank_quirk=True).resolved()
+        assert (quirk.decoder, quirk.threshold, quirk.factor_last_rank_quirk) == ("threshold", 0.9, False)
+        sdar = SamplerConfig(sampler="sdar", decoder="quota").resolved()  # the preset's threshold 0.9 is dropped
+        assert sdar.threshold is None and sdar.resolved() == sdar
+    assert [r.getMessage() for r in caplog.records] == [
+        "warning: ignoring factor_last_rank_quirk=True: only the 'factor' decoder reads it, this rollout uses "
+        "decoder 'threshold'"]
+
+
 def test_config_and_input_errors():
     model = model_for("llada", dtype=torch.float32)
     ids, mask = padded([4, 6], seed=1)

@@ -14,6 +14,7 @@ Two kinds of samplers share the config: masked-diffusion samplers (``llada``, ``
 from __future__ import annotations
 
 import dataclasses
+import logging
 from dataclasses import dataclass
 
 from dare.errors import ConfigError, closest
@@ -23,6 +24,7 @@ from dare.rollout.kernels import (
     CONFIDENCE_SOURCES,
     CONFIDENCES,
     DECODER_ALIASES,
+    DECODER_SETTINGS,
     DECODERS,
     SCHEDULES,
 )
@@ -35,6 +37,10 @@ WEIGHTS = ("model", "merged", "fp8")
 """Values of :attr:`SamplerConfig.weights`."""
 _NUMERIC_TYPES = ("int", "float")
 """Annotated field types of :class:`SamplerConfig` whose values must be numbers."""
+_WARNED: set[tuple] = set()
+"""Settings already reported by :meth:`SamplerConfig.warn_unread_settings` in this process."""
+
+log = logging.getLogger("dare.rollout")
 
 
 @dataclass
@@ -111,7 +117,9 @@ class SamplerConfig:
 
     threshold: float | None = None
     """Confidence threshold of the ``threshold``/``dynamic`` decoders (default 0.9; LLaDA2 preset 0.95,
-    LLaDA2.1 quality 0.7, speed 0.5)."""
+    LLaDA2.1 quality 0.7, speed 0.5). Like ``factor`` and ``entropy_bound``, a setting only some decoders read:
+    given with another decoder it is not applied, with a warning, and the resolved config (the one results files
+    record) holds None for it."""
 
     entropy_bound: float | None = None
     """Cumulative-entropy bound of the ``entropy_bounded`` decoder (SDAR ``eb_threshold``; default 0.35)."""
@@ -234,9 +242,14 @@ class SamplerConfig:
         if values["decoder"] == "entropy_bounded" and self.confidence is None:
             values["confidence"] = "neg_entropy"  # the rule ranks positions by entropy
         preset.finalize(values, self)
+        self.warn_unread_settings(values["decoder"])
         for key, default in (("threshold", 0.9), ("factor", 1.0), ("entropy_bound", 0.35), ("top_k_first", False)):
             if values[key] is None:
                 values[key] = default
+        defaults = {f.name: f.default for f in dataclasses.fields(self)}
+        for key, readers in DECODER_SETTINGS.items():
+            if values["decoder"] not in readers:  # a preset's value for a rule not chosen is recorded as unset
+                values[key] = defaults[key]
         config = SamplerConfig(**values)
         config.validate()
         return config
@@ -263,11 +276,11 @@ class SamplerConfig:
             raise ConfigError(f"top_p must be in (0, 1]; got {self.top_p}")
         if self.top_k is not None and self.top_k < 0:
             raise ConfigError(f"top_k must be >= 0 (0 = off); got {self.top_k}")
-        if not 0 < self.threshold <= 1:
+        if self.threshold is not None and not 0 < self.threshold <= 1:
             raise ConfigError(f"threshold must be in (0, 1]; got {self.threshold}")
-        if self.factor <= 0:
+        if self.factor is not None and self.factor <= 0:
             raise ConfigError(f"factor must be > 0; got {self.factor}")
-        if self.entropy_bound <= 0:
+        if self.entropy_bound is not None and self.entropy_bound <= 0:
             raise ConfigError(f"entropy_bound must be > 0; got {self.entropy_bound}")
         if not 0 < self.eps < 1:
             raise ConfigError(f"eps must be in (0, 1); got {self.eps}")
@@ -279,6 +292,20 @@ class SamplerConfig:
             raise ConfigError(f"decoder 'entropy_bounded' ranks by entropy: confidence must be 'neg_entropy' "
                               f"(got '{self.confidence}')")
         get_sampler(self.sampler).check(self)
+
+    def warn_unread_settings(self, decoder: str) -> None:
+        """Warn (once per process and setting) about a setting given here that selection rule ``decoder`` does not
+        read, e.g. a ``threshold`` with the ``quota`` decoder: it is not applied. A warning, not an error, so that
+        a sweep may share one ``threshold`` across points with different decoders."""
+        for key, readers in DECODER_SETTINGS.items():
+            value = getattr(self, key)
+            if value in (None, False) or decoder in readers or (key, value, decoder) in _WARNED:
+                continue
+            _WARNED.add((key, value, decoder))
+            rules = " and ".join(f"'{r}'" for r in readers)
+            readers_read = "decoders read" if len(readers) > 1 else "decoder reads"
+            log.warning(f"warning: ignoring {key}={value}: only the {rules} {readers_read} it, this rollout uses "
+                        f"decoder '{decoder}'")
 
     def check_types(self) -> None:
         """One-line error for a numeric field holding something else (e.g. ``threshold='a'`` from a command line),

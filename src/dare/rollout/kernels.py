@@ -350,6 +350,14 @@ DECODERS = ("quota", "threshold", "factor", "dynamic", "sequential", "entropy_bo
 DECODER_ALIASES = {"low_confidence_static": "quota", "low_confidence_dynamic": "dynamic"}
 """SDAR's ``remasking_strategy`` names for DARE's selection rules."""
 
+DECODER_SETTINGS = {
+    "threshold": ("threshold", "dynamic"),
+    "factor": ("factor",),
+    "factor_last_rank_quirk": ("factor",),
+    "entropy_bound": ("entropy_bounded",),
+}
+"""The :class:`~dare.rollout.SamplerConfig` fields that only some selection rules read: field -> those rules."""
+
 
 def select(decoder: str, confidence: torch.Tensor, eligible: torch.Tensor, k: torch.Tensor, *,
            threshold: float = 0.9, factor: float = 1.0, last_rank_quirk: bool = False,
