@@ -157,15 +157,13 @@ def run_run(args: argparse.Namespace) -> int:
     resolve_device(args.device)  # before the data and the model are loaded
     bench = get_benchmark(args.benchmark)
     config, sampler_values_, likelihood = _run_configs(args, bench)
+    options = code_reward_options(args, bench)
     samples, pool, data = load_samples(bench, args)
     model, tokenizer, model_info = load_for_eval(args.model, args.adapter, args.device, args.dtype,
                                                  compile_blocks=args.compile_blocks)
     sampler = None
     if sampler_values_ is not None:
         sampler = SamplerConfig.from_dict({"sampler": default_sampler(model), **sampler_values_})
-    options = {}
-    if bench.reward == "code":
-        options = {k: v for k, v in (("workers", args.workers), ("timeout", args.timeout)) if v is not None}
     progress = not args.no_progress and sys.stderr.isatty()
     if bench.reward == "code":
         options["progress"] = progress
@@ -176,6 +174,18 @@ def run_run(args: argparse.Namespace) -> int:
     if args.out:  # after the metrics are on screen; atomic
         results.write(args.out)
     return 0
+
+
+def code_reward_options(args: argparse.Namespace, bench) -> dict:
+    """``--workers`` / ``--timeout`` for the sandbox of a code benchmark; on any other benchmark a one-line error
+    (nothing would read them)."""
+    from dare.errors import ConfigError
+
+    given = {k: v for k, v in (("workers", args.workers), ("timeout", args.timeout)) if v is not None}
+    if bench.reward != "code" and given:
+        raise ConfigError(f"--{next(iter(given))} applies to code benchmarks (their tests run in the sandbox); "
+                          f"{bench.name} is scored from its answers")
+    return given
 
 
 def print_summary(results, compact: bool) -> None:
@@ -256,12 +266,19 @@ def samples_for(bench, lines, path: str, data_samples=None, data_name: str = "--
 
 
 def run_score(args: argparse.Namespace) -> int:
+    from dare.errors import ConfigError
     from dare.eval import get_benchmark, score_predictions
     from dare.outputs import check_file_target
 
     if args.out:
         check_file_target(args.out, "--out")
     bench = get_benchmark(args.benchmark)
+    options = code_reward_options(args, bench)
+    if bench.reward != "code" and args.trust_prediction_tests:
+        raise ConfigError(f"--trust-prediction-tests applies to code benchmarks; {bench.name} is scored from its "
+                          "answers")
+    if bench.reward != "code" and args.split is not None and not args.data:
+        raise ConfigError("--split picks the split of --data; without --data the predictions file is scored as it is")
     lines = read_predictions(args.predictions)
     data = bench.load(args.data, split=args.split) if args.data else None
     data_name = "--data"
@@ -269,9 +286,7 @@ def run_score(args: argparse.Namespace) -> int:
         data = bench.load(None, split=args.split)  # the benchmark's own tests, never ones from the predictions file
         data_name = f"the {bench.name} data (pass --data, or --trust-prediction-tests to run the file's own tests)"
     samples, predictions = samples_for(bench, lines, args.predictions, data, data_name)
-    options = {}
     if bench.reward == "code":
-        options = {k: v for k, v in (("workers", args.workers), ("timeout", args.timeout)) if v is not None}
         options["progress"] = sys.stderr.isatty()
     results = score_predictions(
         bench, samples, predictions, ks=args.k, reward_options=options,

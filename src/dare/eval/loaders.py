@@ -6,12 +6,16 @@ import csv
 import gzip
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
 from dare.errors import InputError, first_line
 
 SUFFIXES = (".jsonl", ".jsonl.gz", ".json", ".parquet", ".csv", ".tsv")
+SPLIT_NAMES = ("train", "test", "validation", "dev", "val")
+"""Names that mark a file of a directory as one split (``test.jsonl``, ``data/test-00000-of-00001.parquet``,
+``validation/part-0.jsonl``)."""
 
 
 def read_rows(source: str | os.PathLike | None, *, hf=None, split: str | None = None, config: str | None = None,
@@ -31,14 +35,40 @@ def read_rows(source: str | os.PathLike | None, *, hf=None, split: str | None = 
         if not files:
             raise InputError(f"{benchmark}: no {'/'.join(s.lstrip('.') for s in SUFFIXES)} files under {path}")
         rows = []
-        for file in files:
+        for file in files_of_split(files, path, split, benchmark):
             rows.extend(read_file(file))
         return rows
     if path.exists():
+        if split is not None:
+            raise InputError(f"{benchmark}: a split applies to a HF dataset or a directory of split files; {path} is "
+                             "one file (drop the split)")
         return read_file(path)
     if "/" in text and not text.startswith((".", "/", "~")) and not text.endswith(SUFFIXES):
         return load_hf(text, config or (hf.name if hf else None), split or (hf.split if hf else "test"))
     raise InputError(f"{benchmark}: no such file or directory: {text}")
+
+
+def name_tokens(relative: Path) -> set[str]:
+    """The words of a file's path under its directory (folders and file name cut at ``-``, ``_`` and ``.``)."""
+    return {word.lower() for part in relative.parts for word in re.split(r"[-_.]", part) if word}
+
+
+def files_of_split(files: list[Path], root: Path, split: str | None, benchmark: str) -> list[Path]:
+    """The data files of ``root`` that belong to ``split`` (a word of their path, e.g. ``test.jsonl``). Without a
+    split every file is read, unless the names mark several splits: mixing a train split into an evaluation (or
+    the reverse) is a one-line error instead."""
+    words = {file: name_tokens(file.relative_to(root)) for file in files}
+    if split is not None:
+        chosen = [file for file in files if split.lower() in words[file]]
+        if not chosen:
+            raise InputError(f"{benchmark}: no file of split '{split}' under {root} (a file's path must name it, "
+                             f"e.g. {split}.jsonl or {split}/...)")
+        return chosen
+    found = sorted({name for file in files for name in words[file] & set(SPLIT_NAMES)})
+    if len(found) > 1:
+        raise InputError(f"{benchmark}: {root} holds files of several splits ({', '.join(found)}): choose one "
+                         "(--split, or the split's file itself)")
+    return files
 
 
 def read_file(path: Path) -> list[dict[str, Any]]:
