@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import re
 import sys
 
 from dare import __version__
-from dare.errors import DareError
+from dare.errors import DareError, closest
 
 COMMANDS = {
     "demo": "dare.commands.demo",
@@ -25,8 +26,36 @@ COMMANDS = {
 }
 
 
+class Parser(argparse.ArgumentParser):
+    """``argparse`` with one-line errors: ``error: dare eval run: MESSAGE (did you mean 'X'?); see 'dare eval run
+    --help'``, instead of the usage block and a bare message. The innermost (sub-)parser that parsed the command
+    line is left in the namespace as ``_parser``, so that arguments only ``main`` finds unrecognised are reported
+    against it."""
+
+    def parse_known_args(self, args=None, namespace=None):
+        namespace = namespace if namespace is not None else argparse.Namespace()
+        namespace._parser = self  # a sub-parser parses later and overwrites it
+        return super().parse_known_args(args, namespace)
+
+    def error(self, message: str):
+        print(f"error: {self.prog}: {message}{self.hint(message)}; see '{self.prog} --help'", file=sys.stderr)
+        sys.exit(2)
+
+    def hint(self, message: str) -> str:
+        """`` (did you mean 'X'?)`` for a mistyped choice or option named in ``message``, else ``""``."""
+        choice = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
+        if choice:
+            guess = closest(choice.group(1), re.findall(r"'([^']*)'", choice.group(2)))
+        else:
+            unknown = re.search(r"unrecognized arguments: (.*)", message)
+            options = [o for action in self._actions for o in action.option_strings]
+            flags = [w.split("=")[0] for w in unknown.group(1).split() if w.startswith("-")] if unknown else []
+            guess = next((g for g in (closest(flag, options) for flag in flags) if g), None)
+        return f" (did you mean '{guess}'?)" if guess else ""
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="dare", description="DARE: post-train and evaluate diffusion LLMs")
+    parser = Parser(prog="dare", description="DARE: post-train and evaluate diffusion LLMs")
     parser.add_argument("--version", action="version", version=f"dare {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, module_name in COMMANDS.items():
@@ -39,12 +68,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     if args.command is None:
+        if extra:
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
         parser.print_help()
         return 2
     module = importlib.import_module(COMMANDS[args.command])
     if extra:  # positionals after an option (``dare train CFG --dry-run k=v``): the command may take them
         if not hasattr(module, "take_extra") or not module.take_extra(args, extra):
-            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+            args._parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         return module.run(args) or 0
     except DareError as err:
