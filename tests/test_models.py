@@ -41,6 +41,17 @@ def real_slice(seq_len, width, side):
 
 
 @pytest.mark.parametrize("family", ALL_FAMILIES)
+def test_every_special_id_of_a_tiny_model_is_a_token_of_its_byte_vocabulary(family):
+    """Tiny LLaDA used to take the released checkpoint's bos id (126080) in a 264-token vocabulary."""
+    from dare.data.tokenizer import BOS_ID
+
+    config, _ = tiny_config(family)
+    ids = family_of(tiny_model(family)).token_ids(config)
+    assert ids.bos == BOS_ID
+    assert all(0 <= i < config.vocab_size for i in (ids.mask, ids.eos, ids.pad, ids.eot, ids.bos)), ids
+
+
+@pytest.mark.parametrize("family", ALL_FAMILIES)
 def test_strict_round_trip(family, tiny_dirs):
     path = tiny_dirs[family]
     model = AutoModel.from_pretrained(path)

@@ -24,6 +24,8 @@ def tiny_config(family: str, **overrides):
         pad_token_id=byte_tok.PAD_ID, **overrides,
     )
     raw.setdefault("eot_token_id", byte_tok.EOT_ID)
+    if raw.get("bos_token_id") is None:  # else the family's released id, outside the byte vocabulary
+        raw["bos_token_id"] = byte_tok.BOS_ID
     fields = {k: v for k, v in raw.items() if k != "model_type"}
     return spec.config_class.from_dict(fields), raw["model_type"]
 
