@@ -110,7 +110,7 @@ def test_quick_demo_end_to_end(tmp_path):
     assert report["accuracy"]["init"] == 0 < report["accuracy"]["sft"]  # SFT from scratch learned the task partly
     assert report["improvement"] == pytest.approx(report["accuracy"]["rl"] - report["accuracy"]["sft"])
     settings = report["settings"]
-    assert settings["seed"] == 1 and settings["algorithm"]["name"] == "d1"
+    assert settings["seed"] == 1 and settings["algorithm"]["name"] == "d1" and settings["sft_stop"] == "target"
     assert settings["sampler"]["eval"]["confidence"] == "prob"  # low-confidence remasking
     assert settings["sampler"]["eval"]["temperature"] == 0 and settings["sampler"]["rollout"]["temperature"] == 1.0
     assert {"gen_length", "steps", "block_length", "confidence"} <= set(settings["sampler"]["eval"])
@@ -211,3 +211,14 @@ def test_the_demo_pins_its_threads_and_its_sft_recipe_reproduces_the_checkpoint(
     demo = load_file(out / "sft" / "final" / "model.safetensors")
     again = load_file(tmp_path / "again" / "final" / "model.safetensors")
     assert demo.keys() == again.keys() and all(torch.equal(demo[k], again[k]) for k in demo)
+
+
+def test_sft_stopping_at_its_step_cap_before_the_target_is_said_and_recorded(tmp_path):
+    from dare.demo import run_demo
+
+    lines = []
+    report = run_demo(DemoConfig.quick(out_dir=str(tmp_path / "demo"), sft_max_steps=2, rl_steps=1), log=lines.append)
+    assert report["settings"]["sft_stop"] == "step cap" and report["phases"][1]["steps"] == 2
+    assert [line for line in lines if "SFT:" in line] == [
+        f"      SFT: stopped at its step cap (sft_max_steps = 2) before validation accuracy reached 20%; RL starts "
+        f"from a weaker model. Held-out accuracy {report['accuracy']['sft']:.1%}"]

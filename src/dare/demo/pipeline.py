@@ -329,6 +329,7 @@ def _run(config: DemoConfig, log: Callable[[str], None]) -> dict:
 
     # --- phase 1: SFT to partial competence --------------------------------------------------------------
     sft = Phase("sft")
+    reached: list[bool] = []  # per validation check: accuracy >= sft_target
 
     def sft_hook(trainer, record: dict) -> dict | None:
         sft.records.append(record)
@@ -336,7 +337,8 @@ def _run(config: DemoConfig, log: Callable[[str], None]) -> dict:
             return None
         accuracy = heldout(trainer.model, "sft", data.validation, "validation").metrics["accuracy"]
         _note(f"  SFT step {trainer.step}: loss {record['loss']:.3f}, validation accuracy {accuracy:.1%}")
-        if accuracy >= config.sft_target:
+        reached.append(accuracy >= config.sft_target)
+        if reached[-1]:
             trainer.request_stop()
         return {"eval/validation_accuracy": accuracy}
 
@@ -350,7 +352,12 @@ def _run(config: DemoConfig, log: Callable[[str], None]) -> dict:
     write_recipe(sft_recipe(config, init, data, out / "sft", sft.steps), out / "sft.yaml", config.threads)
     sft.seconds, sft.cpu_seconds = clock.wall, clock.cpu
     final_eval(sft, out / "sft" / "final")
-    log(f"      SFT: {sft.steps} steps, held-out accuracy {sft.accuracy:.1%}")
+    stop = "target" if reached and reached[-1] else "step cap"
+    if stop == "target":
+        log(f"      SFT: {sft.steps} steps, held-out accuracy {sft.accuracy:.1%}")
+    else:
+        log(f"      SFT: stopped at its step cap (sft_max_steps = {sft.steps}) before validation accuracy "
+            f"reached {config.sft_target:.0%}; RL starts from a weaker model. Held-out accuracy {sft.accuracy:.1%}")
 
     # --- phase 2: RL from the SFT checkpoint -------------------------------------------------------------
     rl = Phase("rl")
@@ -387,6 +394,7 @@ def _run(config: DemoConfig, log: Callable[[str], None]) -> dict:
         "algorithm": {"name": config.algorithm, **_section(rl_config.algorithm)},
         "sampler": {"eval": asdict(sampler.resolved()),  # every decoding setting, defaults filled in
                     "rollout": None if config.algorithm == BASELINE else asdict(rl_config.rollout.sampler.resolved())},
+        "sft_stop": stop,  # "target" (validation accuracy >= sft_target) or "step cap" (sft_max_steps)
         "recipes": {"sft": str(out / "sft.yaml"), "rl": str(out / "rl.yaml")},
     }
     totals = {"seconds": time.perf_counter() - started, "cpu_seconds": time.process_time() - cpu_started}
