@@ -336,3 +336,94 @@ def test_the_pass_at_k_warning_is_one_clean_line(gsm8k):
                           capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr.splitlines() == ["2 samples per problem with temperature 0 are identical; pass@k needs temperature > 0"]
+
+
+def split_dir(tmp_path, layout: dict[str, list[dict]]):
+    root = tmp_path / "data"
+    for name, rows in layout.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return root
+
+
+def test_a_split_picks_the_files_of_a_directory_that_name_it(tmp_path):
+    from dare.eval import get_benchmark
+
+    train = [{"question": "Q train", "answer": "#### 1"}]
+    root = split_dir(tmp_path, {"main/train-00000-of-00001.jsonl": train, "main/test-00000-of-00001.jsonl": GSM8K})
+    bench = get_benchmark("gsm8k")
+    assert [s.question for s in bench.load(str(root), split="test")] == [r["question"] for r in GSM8K]
+    assert [s.question for s in bench.load(str(root), split="train")] == ["Q train"]
+    one = split_dir(tmp_path / "one", {"test.jsonl": GSM8K, "extra.jsonl": train})  # one split named: all files
+    assert len(bench.load(str(one))) == 4
+
+
+@pytest.mark.parametrize("case, message", [
+    ("mixed", "gsm8k: {root} holds files of several splits (test, train): choose one (--split, or the split's file "
+              "itself)"),
+    ("absent", "gsm8k: no file of split 'validation' under {root} (a file's path must name it, e.g. validation.jsonl "
+               "or validation/...)"),
+    ("file", "gsm8k: a split applies to a HF dataset or a directory of split files; {file} is one file (drop the "
+             "split)"),
+])
+def test_a_split_is_never_ignored_or_mixed_silently(case, message, tmp_path, gsm8k, capsys, monkeypatch):
+    """Before: a directory's train and test files were concatenated into one evaluation, and --split with a local
+    file was dropped."""
+    import dare.eval.run
+
+    monkeypatch.setattr(dare.eval.run, "load_for_eval",
+                        lambda *a, **k: (_ for _ in ()).throw(AssertionError("loaded the model")))
+    root = split_dir(tmp_path, {"train.jsonl": GSM8K, "test.jsonl": GSM8K})
+    data, extra = {"mixed": (root, ()), "absent": (root, ("--split", "validation")),
+                   "file": (gsm8k, ("--split", "test"))}[case]
+    args = ["eval", "run", "--model", "tiny:llada", "--benchmark", "gsm8k", "--data", str(data), *extra]
+    assert one_line_error(capsys, *args) == "error: " + message.format(root=root, file=gsm8k)
+
+
+@pytest.mark.parametrize("command", ["run", "score"])
+def test_sandbox_options_on_a_benchmark_without_tests_are_one_line_errors(command, gsm8k, tmp_path, capsys,
+                                                                           monkeypatch):
+    import dare.eval.run
+
+    monkeypatch.setattr(dare.eval.run, "load_for_eval",
+                        lambda *a, **k: (_ for _ in ()).throw(AssertionError("loaded the model")))
+    predictions = tmp_path / "p.jsonl"
+    predictions.write_text(json.dumps({"id": "0", "prediction": "2", "answer": "2"}) + "\n")
+    head = (["eval", "run", "--model", "tiny:llada", "--data", str(gsm8k)] if command == "run"
+            else ["eval", "score", "--predictions", str(predictions)])
+    for flag, value in (("--workers", "4"), ("--timeout", "3")):
+        assert one_line_error(capsys, *head, "--benchmark", "gsm8k", flag, value) == (
+            f"error: {flag} applies to code benchmarks (their tests run in the sandbox); gsm8k is scored from its "
+            "answers")
+    if command == "score":
+        assert one_line_error(capsys, *head, "--benchmark", "gsm8k", "--trust-prediction-tests") == (
+            "error: --trust-prediction-tests applies to code benchmarks; gsm8k is scored from its answers")
+        assert one_line_error(capsys, *head, "--benchmark", "gsm8k", "--split", "test") == (
+            "error: --split picks the split of --data; without --data the predictions file is scored as it is")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["trian"], "error: dare: argument COMMAND: invalid choice: 'trian' (choose from 'demo', 'eval', 'generate', "
+                "'tiny', 'train', 'merge-lora') (did you mean 'train'?); see 'dare --help'"),
+    (["--versoin"], "error: dare: unrecognized arguments: --versoin (did you mean '--version'?); see 'dare --help'"),
+    (["eval", "rnu"], "error: dare eval: argument SUBCOMMAND: invalid choice: 'rnu' (choose from 'run', 'sweep', "
+                      "'lm-eval', 'opencompass', 'score') (did you mean 'run'?); see 'dare eval --help'"),
+    (["generate", "--model", "tiny:llada", "--prompt", "x", "--gen-lenght", "8"],
+     "error: dare generate: unrecognized arguments: --gen-lenght 8 (did you mean '--gen-length'?); see 'dare generate "
+     "--help'"),
+    (["eval", "run", "--model", "tiny:llada", "--benchmark", "gsm8k", "--tempertaure=0.5"],
+     "error: dare eval run: unrecognized arguments: --tempertaure=0.5 (did you mean '--temperature'?); see 'dare eval "
+     "run --help'"),
+    (["eval", "run", "--model", "tiny:llada", "--benchmark", "gsm8k", "--mode", "generat"],
+     "error: dare eval run: argument --mode: invalid choice: 'generat' (choose from 'auto', 'generate', 'likelihood') "
+     "(did you mean 'generate'?); see 'dare eval run --help'"),
+    (["generate", "--model", "tiny:llada"],
+     "error: dare generate: the following arguments are required: --prompt; see 'dare generate --help'"),
+])
+def test_command_line_typos_are_one_line_errors_naming_the_closest_option(argv, message, capsys):
+    """Before: argparse printed the top-level usage block and 'unrecognized arguments' without the sub-command, and
+    `dare --versoin` printed the help and exited as if nothing was wrong."""
+    with pytest.raises(SystemExit) as stop:
+        main(argv)
+    assert stop.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines() == [message]
