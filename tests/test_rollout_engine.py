@@ -285,6 +285,17 @@ def test_a_setting_the_decoder_does_not_read_is_warned_once_and_not_applied(capl
     assert [r.getMessage() for r in caplog.records] == [
         "warning: ignoring factor_last_rank_quirk=True: only the 'factor' decoder reads it, this rollout uses "
         "decoder 'threshold'"]
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="dare.rollout"):  # confidence-committing rules never read a schedule
+        for config in (SamplerConfig(sampler="fastdllm", gen_length=16, steps=4),
+                       SamplerConfig(sampler="llada", decoder="factor", schedule="timestep"),
+                       SamplerConfig(sampler="fastdllm", gen_length=16, steps=16, schedule="linear")):  # the defaults
+            config.resolved().resolved()
+    assert [r.getMessage() for r in caplog.records] == [
+        "warning: ignoring steps=4: only the 'quota', 'dynamic' and 'sequential' decoders read it, this rollout uses "
+        "decoder 'threshold'",
+        "warning: ignoring schedule=timestep: only the 'quota', 'dynamic' and 'sequential' decoders read it, this "
+        "rollout uses decoder 'factor'"]
 
 
 def test_config_and_input_errors():

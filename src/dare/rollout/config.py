@@ -43,6 +43,18 @@ _WARNED: set[tuple] = set()
 log = logging.getLogger("dare.rollout")
 
 
+def warn_unread(key: str, value, decoder: str, readers: tuple[str, ...]) -> None:
+    """``warning: ignoring KEY=VALUE: only the ... decoders read it`` (once per process for each setting)."""
+    if (key, value, decoder) in _WARNED:
+        return
+    _WARNED.add((key, value, decoder))
+    quoted = [f"'{r}'" for r in readers]
+    rules = quoted[0] if len(quoted) == 1 else f"{', '.join(quoted[:-1])} and {quoted[-1]}"
+    readers_read = "decoders read" if len(readers) > 1 else "decoder reads"
+    log.warning(f"warning: ignoring {key}={value}: only the {rules} {readers_read} it, this rollout uses decoder "
+                f"'{decoder}'")
+
+
 @dataclass
 class SamplerConfig:
     """Settings of one rollout (see the field docstrings; ``None`` = the sampler preset's value)."""
@@ -298,14 +310,8 @@ class SamplerConfig:
         read, e.g. a ``threshold`` with the ``quota`` decoder: it is not applied. A warning, not an error, so that
         a sweep may share one ``threshold`` across points with different decoders."""
         for key, readers in DECODER_SETTINGS.items():
-            value = getattr(self, key)
-            if value in (None, False) or decoder in readers or (key, value, decoder) in _WARNED:
-                continue
-            _WARNED.add((key, value, decoder))
-            rules = " and ".join(f"'{r}'" for r in readers)
-            readers_read = "decoders read" if len(readers) > 1 else "decoder reads"
-            log.warning(f"warning: ignoring {key}={value}: only the {rules} {readers_read} it, this rollout uses "
-                        f"decoder '{decoder}'")
+            if getattr(self, key) not in (None, False) and decoder not in readers:
+                warn_unread(key, getattr(self, key), decoder, readers)
 
     def check_types(self) -> None:
         """One-line error for a numeric field holding something else (e.g. ``threshold='a'`` from a command line),

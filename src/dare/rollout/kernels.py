@@ -358,6 +358,9 @@ DECODER_SETTINGS = {
 }
 """The :class:`~dare.rollout.SamplerConfig` fields that only some selection rules read: field -> those rules."""
 
+SCHEDULE_DECODERS = ("quota", "dynamic", "sequential")
+"""Rules that commit a scheduled count, and so read ``steps`` and ``schedule``; the others commit by confidence."""
+
 
 def select(decoder: str, confidence: torch.Tensor, eligible: torch.Tensor, k: torch.Tensor, *,
            threshold: float = 0.9, factor: float = 1.0, last_rank_quirk: bool = False,

@@ -20,8 +20,9 @@ import torch
 from dare.errors import ConfigError, InputError
 from dare.models.spec import family_of
 from dare.rollout.caching import CACHES
-from dare.rollout.config import SamplerConfig
-from dare.rollout.kernels import SCHEDULES, propose, select
+from dare.rollout.config import SamplerConfig, warn_unread
+from dare.rollout.kernels import SCHEDULE_DECODERS, SCHEDULES, propose, select
+from dare.rollout.registry import get_sampler
 from dare.rollout.output import RolloutOutput, TrajectoryRecorder, completion_mask, finished_rows
 from dare.rollout.progress import progress_bar
 from dare.rollout.rng import example_generators
@@ -39,6 +40,11 @@ def finalize_config(values: dict, given: SamplerConfig) -> None:
             values["decoder"] = "factor"
         elif given.threshold is not None:
             values["decoder"] = "threshold"
+    if values["decoder"] not in SCHEDULE_DECODERS:  # it commits by confidence: a step schedule is never read
+        fallbacks = {"steps": values["gen_length"], "schedule": get_sampler(given.sampler).defaults.get("schedule")}
+        for key, fallback in fallbacks.items():
+            if getattr(given, key) not in (None, fallback):
+                warn_unread(key, getattr(given, key), values["decoder"], SCHEDULE_DECODERS)
 
 
 def check_config(config: SamplerConfig) -> None:
