@@ -298,6 +298,22 @@ def test_a_setting_the_decoder_does_not_read_is_warned_once_and_not_applied(capl
         "rollout uses decoder 'factor'"]
 
 
+def test_decoding_past_the_models_context_length_is_warned_once(caplog, monkeypatch):
+    import dare.rollout.samplers as samplers
+
+    monkeypatch.setattr(samplers, "_BEYOND_CONTEXT", set())
+    model = sharp_model("llada", seed=2, scale=30.0, dtype=F64, max_sequence_length=16)
+    ids, mask = padded([4, 6], seed=1)
+    with caplog.at_level("WARNING", logger="dare.rollout"):
+        generate(model, ids, mask, SamplerConfig(gen_length=8, block_length=8, steps=8))  # 6 + 8 fit in 16
+        assert not caplog.records
+        for _ in range(2):
+            generate(model, ids, mask, SamplerConfig(gen_length=16, block_length=8, steps=16))
+    assert [r.getMessage() for r in caplog.records] == [
+        "warning: prompt (6 tokens) + gen_length (16) = 22 positions, beyond the model's configured context length "
+        "16: quality past it is untested"]
+
+
 def test_config_and_input_errors():
     model = model_for("llada", dtype=torch.float32)
     ids, mask = padded([4, 6], seed=1)

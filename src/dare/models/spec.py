@@ -81,6 +81,16 @@ class FamilySpec:
             bos=pick("bos_token_id", self.bos_token_id),
         )
 
+    @staticmethod
+    def context_length(config) -> int | None:
+        """Positions the model was configured for (LLaDA ``max_sequence_length``, the others
+        ``max_position_embeddings``), or None when the config names neither."""
+        for key in ("max_sequence_length", "max_position_embeddings"):
+            value = getattr(config, key, None)
+            if isinstance(value, int) and value > 0:
+                return value
+        return None
+
     def align_logits(self, logits: torch.Tensor, cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
         """Return logits where position ``i`` predicts token ``i``.
 

@@ -10,6 +10,7 @@ block-diffusion samplers run :func:`dare.rollout.block.denoise_blocks`; both loo
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Sequence
 
 import torch
@@ -22,6 +23,10 @@ from dare.rollout.engine.block import BlockState
 from dare.rollout.engine.mdlm import MdlmState
 from dare.rollout.output import RolloutOutput
 from dare.rollout.registry import SAMPLERS, Sampler, get_sampler
+
+log = logging.getLogger("dare.rollout")
+_BEYOND_CONTEXT: set[int] = set()
+"""Context lengths already reported by :func:`warn_beyond_context` in this process."""
 
 
 MDLM_HOOKS = dict(run=mdlm.denoise_mdlm, finalize=mdlm.finalize_config, check=mdlm.check_config,
@@ -185,6 +190,7 @@ def generate(
         raise InputError(f"example_ids has {len(example_ids)} entries for {batch} prompts")
     sampler = get_sampler(config.sampler)
     family = family_of(model)
+    warn_beyond_context(family.context_length(model.config), prompts.shape[-1], config.gen_length)
     if family.attention != sampler.attention:
         fits = [s.name for s in SAMPLERS.values() if s.attention == family.attention]
         raise ConfigError(f"sampler '{sampler.name}' decodes {sampler.attention.replace('_', '-')} models; "
@@ -207,6 +213,18 @@ def generate(
         if out is not None:
             return out
     return sampler.run(model, prompts, attention_mask, config, example_ids=example_ids, progress=progress, **resume)
+
+
+def warn_beyond_context(context: int | None, prompt_width: int, gen_length: int) -> None:
+    """One warning per process and context length when prompt + generation run past the positions the model was
+    configured for: nothing stops RoPE there, but the model never saw them (and a stray zero in ``gen_length``
+    looks like a hang)."""
+    total = prompt_width + gen_length
+    if context is None or total <= context or context in _BEYOND_CONTEXT:
+        return
+    _BEYOND_CONTEXT.add(context)
+    log.warning(f"warning: prompt ({prompt_width} tokens) + gen_length ({gen_length}) = {total} positions, beyond the "
+                f"model's configured context length {context}: quality past it is untested")
 
 
 def _check_canvas(canvas: torch.Tensor | None, batch: int, gen_length: int, device) -> torch.Tensor | None:
