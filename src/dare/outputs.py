@@ -7,12 +7,18 @@
 * :func:`staging_dir` / :func:`publish_dir` write a directory (e.g. a run's ``final/`` checkpoint) under a hidden
   sibling name and rename it into place when complete; :func:`remove_strays` deletes what an interrupted writer
   left behind (run at the start of the next run).
+* :func:`check_replaceable` / :func:`mark_output` keep a command from writing over what it did not write: a
+  command's output directory (``dare merge-lora --out``, ``dare tiny --out``, ``dare demo --out``) must be new,
+  empty, or an earlier output of the same command, recognised by the :data:`OUTPUT_MARKER` file the command
+  writes into it. :func:`check_apart` refuses an output directory that is, or contains, one of the command's
+  inputs (replacing it would delete them).
 
 This module imports nothing heavy (the CLI validates paths before loading torch).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
@@ -23,6 +29,8 @@ STAGING_SUFFIX = ".partial"
 """``.NAME.partial``: a directory being written (renamed to ``NAME`` when complete)."""
 REPLACED_SUFFIX = ".replaced"
 """``.NAME.replaced``: the previous ``NAME`` while the new one is renamed into place (deleted right after)."""
+OUTPUT_MARKER = ".dare-output.json"
+"""A file in a command's output directory: ``{"written_by": "dare COMMAND", ...}`` (see :func:`mark_output`)."""
 
 
 def _reason(err: OSError) -> str:
@@ -68,9 +76,14 @@ def atomic_write_text(path: str | os.PathLike, text: str, encoding: str = "utf-8
     return path
 
 
+def _absolute(path: str | os.PathLike) -> Path:
+    """``path`` made absolute and normalised (``.``, ``..`` removed; symlinks kept): ``Path(".").name`` is empty."""
+    return Path(os.path.abspath(Path(path).expanduser()))
+
+
 def staging_dir(final: str | os.PathLike) -> Path:
     """An empty hidden sibling directory of ``final`` to write into (then :func:`publish_dir`)."""
-    final = Path(final)
+    final = _absolute(final)
     tmp = final.with_name(f".{final.name}{STAGING_SUFFIX}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -78,8 +91,10 @@ def staging_dir(final: str | os.PathLike) -> Path:
 
 
 def publish_dir(tmp: str | os.PathLike, final: str | os.PathLike) -> Path:
-    """Rename the complete directory ``tmp`` to ``final``, replacing an existing ``final``."""
-    tmp, final = Path(tmp), Path(final)
+    """Rename the complete directory ``tmp`` to ``final``, replacing an existing ``final``; returns ``final`` made
+    absolute. It replaces whatever ``final`` holds: a command writing where a user points it checks the target
+    first (:func:`check_replaceable`, :func:`check_apart`)."""
+    tmp, final = Path(tmp), _absolute(final)
     old = final.with_name(f".{final.name}{REPLACED_SUFFIX}")
     shutil.rmtree(old, ignore_errors=True)
     if final.exists():
@@ -87,6 +102,55 @@ def publish_dir(tmp: str | os.PathLike, final: str | os.PathLike) -> Path:
     tmp.rename(final)
     shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def mark_output(directory: str | os.PathLike, command: str, **details) -> Path:
+    """Record in ``directory`` that ``dare COMMAND`` wrote it (with JSON ``details``, e.g. its settings), so a
+    later run of the same command may replace it (:func:`check_replaceable`); returns the marker file."""
+    record = {"written_by": f"dare {command}", **details}
+    return atomic_write_text(Path(directory) / OUTPUT_MARKER, json.dumps(record, indent=1, sort_keys=True) + "\n")
+
+
+def read_marker(directory: str | os.PathLike) -> dict:
+    """The :func:`mark_output` record of ``directory``; ``{}`` when it has none (or an unreadable one)."""
+    try:
+        record = json.loads((Path(directory) / OUTPUT_MARKER).read_text())
+    except (OSError, ValueError):
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
+def check_replaceable(path: str | os.PathLike, what: str, command: str) -> bool:
+    """Check that ``dare COMMAND`` may write directory ``path`` (``what`` names the flag in the error): True when
+    it holds an earlier output of the same command (to be replaced), False when it is missing or empty. Anything
+    else (a file, a directory with other contents: a trained model, a run, a user's files) is a one-line
+    :class:`~dare.errors.ConfigError`; nothing is written."""
+    path = Path(path).expanduser()
+    if not path.exists():
+        return False
+    if not path.is_dir():
+        raise ConfigError(f"{what} {path}: exists and is not a directory")
+    if not any(path.iterdir()):
+        return False
+    if read_marker(path).get("written_by") == f"dare {command}":
+        return True
+    raise ConfigError(f"{what} {path}: the directory is not empty and is not an earlier `dare {command}` output; "
+                      f"give a new or empty directory (nothing was written)")
+
+
+def check_apart(path: str | os.PathLike, what: str, inputs: dict[str, str | os.PathLike]) -> None:
+    """One-line :class:`~dare.errors.ConfigError` when output directory ``path`` is, or contains, one of the
+    ``inputs`` (``{description: directory}``; entries that are not existing directories, e.g. hub names, are
+    skipped): writing ``path`` would replace them. Symlinks are followed."""
+    target = Path(path).expanduser().resolve()
+    for description, directory in inputs.items():
+        directory = Path(directory).expanduser()
+        if not directory.is_dir():
+            continue
+        directory = directory.resolve()
+        if directory == target or target in directory.parents:
+            relation = "is" if directory == target else "contains"
+            raise ConfigError(f"{what} {path}: {relation} {description} ({directory}); give another directory")
 
 
 def remove_strays(root: str | os.PathLike) -> list[Path]:
@@ -109,4 +173,5 @@ def remove_strays(root: str | os.PathLike) -> list[Path]:
     return removed
 
 
-__all__ = ["atomic_write_text", "check_file_target", "ensure_dir", "publish_dir", "remove_strays", "staging_dir"]
+__all__ = ["OUTPUT_MARKER", "atomic_write_text", "check_apart", "check_file_target", "check_replaceable", "ensure_dir",
+           "mark_output", "publish_dir", "read_marker", "remove_strays", "staging_dir"]

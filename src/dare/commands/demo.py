@@ -14,7 +14,9 @@ HELP_ALGORITHMS = ("d1", "wd1", "coupled_grpo", "cj_grpo", "mdpo", "spg", "bgpo"
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--out", default="runs/demo", help="output directory (default: runs/demo)")
+    parser.add_argument("--out", default="runs/demo",
+                        help="output directory (default: runs/demo); a run with the same settings there is replaced, "
+                             "one with other settings is an error (give another --out)")
     parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     parser.add_argument("--algorithm", default="d1",
                         help="RL algorithm: any registered rollout algorithm for full-attention models ("

@@ -1,4 +1,8 @@
-"""``dare merge-lora --adapter DIR --out DIR``: merge a LoRA adapter into a full HF checkpoint."""
+"""``dare merge-lora --adapter DIR --out DIR``: merge a LoRA adapter into a full HF checkpoint.
+
+``--out`` must be a new or empty directory, or an earlier ``dare merge-lora`` output (which is replaced); never the
+adapter, the base model directory or the current directory, nor one containing them (see
+:func:`dare.models.lora.merge_adapter`)."""
 
 from __future__ import annotations
 
@@ -11,7 +15,8 @@ HELP = "merge a LoRA adapter into its base model and write a full checkpoint tha
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--adapter", required=True, help="adapter directory (e.g. RUN/final)")
-    parser.add_argument("--out", required=True, help="output checkpoint directory")
+    parser.add_argument("--out", required=True,
+                        help="output checkpoint directory: new, empty, or an earlier merge-lora output (replaced)")
     parser.add_argument("--base", default=None, help="base model (default: the one recorded in the adapter)")
     parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                         help="weights dtype of the merged checkpoint (default auto: the base checkpoint's)")
@@ -23,6 +28,6 @@ def run(args: argparse.Namespace) -> int:
     ensure_dir(Path(args.out).parent, "--out")  # before the models are loaded
     from dare.models.lora import merge_adapter
 
-    out = merge_adapter(args.adapter, args.out, base=args.base, dtype=args.dtype)
+    out = merge_adapter(args.adapter, args.out, base=args.base, dtype=args.dtype, what="--out")
     print(json.dumps({"adapter": args.adapter, "out": str(out)}))
     return 0

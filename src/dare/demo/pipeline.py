@@ -9,6 +9,11 @@ accuracy is the GSM8K benchmark's scorer on the held-out split (:mod:`dare.demo.
 SFT stops at **partial competence**: every ``sft_check_every`` steps the validation split is decoded greedily
 and SFT ends at the first check with accuracy >= ``sft_target`` (or after ``sft_max_steps``). RL then starts
 from that checkpoint with the chosen algorithm (``--algorithm``; ``sft`` continues SFT instead, as a baseline).
+
+The output directory is marked as a demo run with its settings (:func:`dare.outputs.mark_output`). A rerun into it
+replaces the earlier run when the settings are the same (saying so in one line, so rerunning ``dare demo`` just
+works); a directory holding a demo run of other settings, or anything else, is a one-line error before any work
+(:func:`check_out_dir`).
 """
 
 from __future__ import annotations
@@ -162,6 +167,60 @@ def check_config(config: DemoConfig) -> None:
         raise ConfigError(f"learning rates must be positive; got sft_lr={config.sft_lr}, rl_lr={config.rl_lr}")
 
 
+# ------------------------------------------------------------------------------------------------ output directory
+COMMAND = "demo"
+"""The command named in the output directory's marker (``written_by: dare demo``)."""
+SHOWN = 4
+"""Differing settings named in the error (then "and N more")."""
+
+
+def run_settings(config: DemoConfig) -> dict:
+    """The settings a demo output directory records (and a rerun into it compares): every field except
+    ``out_dir``, as JSON data."""
+    import json
+
+    return {k: v for k, v in json.loads(json.dumps(asdict(config))).items() if k != "out_dir"}
+
+
+def earlier_settings(out: Path) -> dict | None:
+    """The settings of the demo run in ``out``: its marker's, else those of a ``report.json`` written before
+    directories were marked; None when ``out`` holds no demo run."""
+    import json
+
+    from dare.demo.report import SCHEMA
+    from dare.outputs import read_marker
+
+    marker = read_marker(out)
+    if marker.get("written_by") == f"dare {COMMAND}":
+        return marker.get("settings", {})
+    try:
+        report = json.loads((out / "report.json").read_text())
+        settings = report["settings"]["demo"] if report.get("schema") == SCHEMA else None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    return {k: v for k, v in settings.items() if k != "out_dir"} if isinstance(settings, dict) else None
+
+
+def check_out_dir(config: DemoConfig) -> bool:
+    """Check ``config.out_dir`` before any work: True when it holds an earlier demo run of the same settings (to
+    be replaced), False when it is missing or empty. A demo run of other settings, or other contents, is a one-line
+    :class:`ConfigError` naming the settings that differ and suggesting another ``--out``."""
+    from dare.outputs import check_replaceable
+
+    out = Path(config.out_dir).expanduser()
+    saved = earlier_settings(out) if out.is_dir() else None
+    if saved is None:
+        return check_replaceable(out, "--out", COMMAND)  # raises for a non-empty directory of other contents
+    new = run_settings(config)
+    keys = sorted(k for k in saved.keys() | new.keys() if saved.get(k) != new.get(k))
+    if not keys:
+        return True
+    shown = ", ".join(f"{k} {saved.get(k)} -> {new.get(k)}" for k in keys[:SHOWN])
+    more = f" and {len(keys) - SHOWN} more" if len(keys) > SHOWN else ""
+    raise ConfigError(f"--out {out} holds a demo run with other settings ({shown}{more}); give another --out "
+                      f"(e.g. --out {out}_2), or delete {out} to replace it")
+
+
 # ------------------------------------------------------------------------------------------------ recipes
 def eval_sampler(config: DemoConfig):
     """Greedy decoding of the answer: LLaDA's low-confidence remasking, one token per step."""
@@ -273,6 +332,8 @@ def run_demo(config: DemoConfig, *, log: Callable[[str], None] = print) -> dict:
     import torch
 
     check_config(config)
+    if check_out_dir(config):
+        log(f"--out {config.out_dir}: replacing the earlier demo run there (same settings)")
     threads = torch.get_num_threads()
     if config.threads is not None:
         torch.set_num_threads(config.threads)
@@ -291,11 +352,12 @@ def _run(config: DemoConfig, log: Callable[[str], None]) -> dict:
     from dare.demo.task import write_task
     from dare.models.loading import load_model, load_tokenizer
     from dare.models.tiny import write_tiny_checkpoint
-    from dare.outputs import ensure_dir
+    from dare.outputs import ensure_dir, mark_output
     from dare.trainer import run_training
 
     hf_logging.disable_progress_bar()
     out = ensure_dir(config.out_dir, "--out")
+    mark_output(out, COMMAND, settings=run_settings(config))  # first: an interrupted run is replaced by a rerun
     started = time.perf_counter()
     cpu_started = time.process_time()
     data = write_task(out / "data", digits=config.digits, train_size=config.train_size,
