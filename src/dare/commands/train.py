@@ -13,7 +13,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("config", nargs="?", help="recipe YAML (e.g. configs/llada/sft_tiny.yaml)")
     parser.add_argument("overrides", nargs="*", help="key=value overrides, e.g. optim.lr=1e-5 trainer.max_steps=10")
     parser.add_argument("--show-config", action="store_true",
-                        help="print every config key with its type, default and meaning, then exit")
+                        help="print every config key with its type, value and meaning (of the recipe with its overrides "
+                             "when given, else the defaults; the chosen algorithm's section only), then exit")
     parser.add_argument("--dry-run", action="store_true",
                         help="validate (config, model and data paths, rollout sampler and reward, trainer.resume; "
                              "loads nothing) and print the resolved config, then exit")
@@ -28,24 +29,84 @@ def take_extra(args: argparse.Namespace, extra: list[str]) -> bool:
     return True
 
 
-def run(args: argparse.Namespace) -> int:
-    from dare.config import describe, to_dict
-    from dare.trainer.config import TrainConfig, load_train_config
+def print_quietly(text: str) -> None:
+    """Print ``text`` to stdout; a reader that closed the pipe early (``| head``) ends the output without a
+    traceback (stdout is pointed at /dev/null so that the interpreter's final flush fails no more)."""
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        except (OSError, ValueError, AttributeError):  # a stdout without a file descriptor (e.g. captured)
+            pass
 
-    if args.show_config:
-        from dare.algorithms import ALGORITHMS
 
-        print("\n".join(describe(TrainConfig)))
-        for name, cls in sorted(ALGORITHMS.items()):
-            print(f"# algorithm.name={name}")
-            print("\n".join(describe(cls.config_class, "algorithm.")))
-        return 0
+def split_recipe(args: argparse.Namespace) -> tuple[str | None, list[str]]:
+    """``(recipe or None, overrides)``: a first positional with ``=`` is an override, not a recipe."""
     config_path, overrides = args.config, list(args.overrides)
-    if config_path is None and not overrides:  # no recipe: say how to give one instead of training a default model
-        args.train_parser.print_help(sys.stderr)
-        return 2
     if config_path is not None and "=" in config_path:
         config_path, overrides = None, [config_path, *overrides]
+    return config_path, overrides
+
+
+def describe_values(value, default, prefix: str = "") -> list[str]:
+    """``key (type) = value  # doc`` lines of config section ``value`` (dataclasses recursed, the resolved algorithm
+    section included); a value that differs from ``default``'s says ``(default: D)``."""
+    import dataclasses
+    import typing
+
+    from dare.config import field_docs
+
+    lines = []
+    docs, hints = field_docs(type(value)), typing.get_type_hints(type(value))
+    for f in dataclasses.fields(value):
+        mine, theirs = getattr(value, f.name), getattr(default, f.name, None)
+        if dataclasses.is_dataclass(mine):
+            if not dataclasses.is_dataclass(theirs) or type(theirs) is not type(mine):
+                theirs = type(mine)()  # e.g. the algorithm section: its own class's defaults
+            lines += describe_values(mine, theirs, f"{prefix}{f.name}.")
+            continue
+        tp = hints[f.name]
+        name = getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+        note = "" if mine == theirs else f" (default: {theirs!r})"
+        lines.append(f"{prefix}{f.name} ({name}) = {mine!r}{note}  # {docs.get(f.name, '')}")
+    return lines
+
+
+def show_config(args: argparse.Namespace) -> int:
+    """``--show-config``: every key of the recipe with its overrides applied (or of the defaults), the chosen
+    algorithm's section only."""
+    from dare.algorithms import ALGORITHMS
+    from dare.trainer.config import TrainConfig, load_train_config
+
+    config_path, overrides = split_recipe(args)
+    config = load_train_config(config_path, overrides)
+    given = " ".join(overrides)
+    if config_path is not None:
+        head = f"# {config_path}" + (f" with {given}" if given else "")
+    else:
+        head = ("# defaults (no recipe given)" + (f" with {given}" if given else "")
+                + "; dare train RECIPE.yaml --show-config shows a recipe's values")
+    name = config.algorithm.name
+    others = ", ".join(n for n in sorted(ALGORITHMS) if n != name)
+    lines = [head, f"# algorithm.name={name}; the other algorithms' sections: add algorithm.name=NAME ({others})",
+             *describe_values(config, TrainConfig())]
+    print_quietly("\n".join(lines) + "\n")
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    from dare.config import to_dict
+    from dare.trainer.config import load_train_config
+
+    if args.show_config:
+        return show_config(args)
+    if args.config is None and not args.overrides:  # no recipe: say how to give one instead of training a default
+        args.train_parser.print_help(sys.stderr)
+        return 2
+    config_path, overrides = split_recipe(args)
     config = load_train_config(config_path, overrides)
     if args.dry_run:
         import yaml
@@ -58,9 +119,10 @@ def run(args: argparse.Namespace) -> int:
         from dare.trainer.config import config_dict
         from dare.trainer.resume import resume_point
 
-        # a run into an output directory trained with other settings is refused (reads only; creates nothing)
+        # a run into an output directory trained with other settings, or one whose trainer.resume=never would
+        # delete its own model, is refused (reads only; creates nothing)
         resume_point(Path(config.trainer.output_dir), config.trainer.resume, config_dict(config))
-        print(yaml.safe_dump(to_dict(config), sort_keys=False), end="")
+        print_quietly(yaml.safe_dump(to_dict(config), sort_keys=False))
         return 0
     from dare.trainer import run_training
 
@@ -96,6 +158,10 @@ def run_summary(config, record: dict, rewarded: dict | None = None) -> str:
     if config.trainer.export:
         kind = "LoRA adapter" if config.lora.enabled else "HF checkpoint"
         lines.append(f"final weights ({kind}): {out / 'final'}")
+    else:
+        saved = sorted((out / "checkpoints").glob("step_*"))  # zero-padded step numbers
+        lines.append(f"no final export (trainer.export=false); latest checkpoint: {saved[-1]}" if saved else
+                     "no weights written (trainer.export=false and no checkpoint: set trainer.save_every)")
     fallbacks = int(record.get("rollout/engine_fallbacks", 0))
     if fallbacks:  # a 2-15x slower rollout that would otherwise show only as a log line (e.g. a failed recording)
         lines.append(f"note: the last step's rollout decoded {fallbacks} generation call(s) with the slow eager loop "

@@ -63,14 +63,23 @@ HUB_NAME = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
 WEIGHT_FILES = ("*.safetensors", "*.bin", "*.safetensors.index.json", "*.bin.index.json")
 
 
+def local_path(path: str, missing: str) -> Path | None:
+    """``path`` as an existing local path; None when it does not exist but looks like a hub name (transformers
+    resolves it); else the one-line :class:`ConfigError` ``missing``."""
+    local = Path(path).expanduser()
+    if local.exists():
+        return local
+    if str(path).startswith((".", "/", "~")) or not HUB_NAME.fullmatch(str(path)):
+        raise ConfigError(missing)
+    return None
+
+
 def check_checkpoint_path(path: str) -> None:
     """One-line errors for a local checkpoint path that cannot hold a model: missing (unless it looks like a hub
     name), a file, no ``config.json``, or no weight files."""
-    local = Path(path).expanduser()
-    if not local.exists():
-        if str(path).startswith((".", "/", "~")) or not HUB_NAME.fullmatch(str(path)):
-            raise ConfigError(f"model path {path}: no such checkpoint directory")
-        return  # a hub name: transformers resolves it
+    local = local_path(path, f"model path {path}: no such checkpoint directory")
+    if local is None:
+        return
     if not local.is_dir():
         raise ConfigError(f"model path {path} is a file; expected a checkpoint directory")
     if not (local / "config.json").is_file():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -98,7 +99,8 @@ class RolloutConfig:
     group_size: int = 8
     """Rollouts per prompt (the GRPO group G); prompts per step = trainer.batch_size / group_size."""
     sampler: SamplerConfig = field(default_factory=lambda: SamplerConfig(temperature=1.0))
-    """Decoding settings of the rollouts (``dare.rollout.SamplerConfig``); ``seed`` is re-derived every step."""
+    """Decoding settings of the rollouts (``dare.rollout.SamplerConfig``); each rollout's sampler seed is derived from
+    trainer.seed, the rollout index and ``seed`` (0: from trainer.seed and the rollout index alone)."""
     reward: Any = None
     """Reward: a registered name, a preset, or {name: weight | {weight, options}} (see dare.rewards)."""
     max_prompt_length: int = 512
@@ -122,6 +124,16 @@ class RolloutConfig:
         positive_or_null({"rollout.chunk_size": (self.chunk_size, "null = the rank's whole share of the step")})
         at_least_zero({"rollout.samples_per_step": (self.samples_per_step, "0 = none"),
                        "rollout.dynamic_extra_rounds": (self.dynamic_extra_rounds, "0 = no extra rounds")})
+
+
+def check_regex(key: str, pattern: str | None) -> None:
+    """One-line error unless ``pattern`` (None: unset) is a valid regular expression."""
+    if pattern is None:
+        return
+    try:
+        re.compile(pattern)
+    except re.error as err:
+        raise ConfigError(f"{key}={pattern!r} is not a valid regular expression ({err})") from None
 
 
 def positive_or_null(values: dict[str, tuple[int | None, str]]) -> None:
@@ -181,7 +193,9 @@ class TrainerConfig:
     keep_last: int = 2
     """Keep this many most recent checkpoints (0 = keep all)."""
     resume: str = "auto"
-    """auto (latest checkpoint in output_dir, if any), never, or a checkpoint directory."""
+    """auto (latest checkpoint in output_dir, if any; none: start at step 0, replacing final/ and metrics.jsonl),
+    never (start over: deletes output_dir's checkpoints/ and final/ first; refused when model.path, model.tokenizer
+    or data.path lies in them), or a checkpoint directory."""
     export: bool = True
     """At the end write output_dir/final: a HF checkpoint (full training) or a peft adapter (LoRA)."""
     progress: bool = True
@@ -299,6 +313,7 @@ class TrainConfig:
             raise ConfigError(f"lora.alpha must be positive; got {self.lora.alpha}")
         if not 0 <= self.lora.dropout < 1:
             raise ConfigError(f"lora.dropout must be in [0, 1); got {self.lora.dropout}")
+        check_regex("lora.target_modules", self.lora.target_modules)
         positive_or_null({"data.num_examples": (data.num_examples, "null = every record; synthetic tasks: 512"),
                           "data.pack_length": (data.pack_length, "null = data.max_length"),
                           "data.pad_response_to": (data.pad_response_to, "null = no padding")})

@@ -23,6 +23,7 @@ step N has been logged (and checkpointed when due), to test kill-and-resume.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import functools
@@ -41,7 +42,7 @@ from dare.distributed import (
     DistInfo, all_reduce_dict, all_reduce_max_int, apply_fsdp, autocast_context, barrier, init_distributed,
 )
 from dare.distributed.grad_norm import clip_grad_norm_
-from dare.errors import ConfigError
+from dare.errors import ConfigError, first_line
 from dare.outputs import atomic_write_text, ensure_dir, publish_dir, remove_strays, staging_dir
 from dare.trainer.checkpoint import load_checkpoint, remove_partial_checkpoints, save_checkpoint
 from dare.trainer.config import TrainConfig, config_dict
@@ -49,6 +50,33 @@ from dare.trainer.metrics import MetricsLogger, truncate_jsonl
 from dare.trainer.preflight import check_run
 from dare.trainer.resume import resume_point
 from dare.trainer.optim import build_optimizer, build_scheduler
+
+
+def present_outputs(out: Path, names: list[str]) -> list[str]:
+    """Those of ``names`` that ``out`` holds: ``NAME/`` a directory, else a non-empty file."""
+    def there(name: str) -> bool:
+        path = out / name.rstrip("/")
+        return path.is_dir() if name.endswith("/") else path.is_file() and path.stat().st_size > 0
+
+    return [name for name in names if there(name)]
+
+
+@contextlib.contextmanager
+def hf_progress_bars(enabled: bool):
+    """transformers' own progress bars (e.g. "Writing model shards") on or off for the block, as ``trainer.progress``."""
+    from transformers.utils import logging as hf_logging
+
+    before = hf_logging.is_progress_bar_enabled()
+    (hf_logging.enable_progress_bar if enabled else hf_logging.disable_progress_bar)()
+    try:
+        yield
+    finally:
+        (hf_logging.enable_progress_bar if before else hf_logging.disable_progress_bar)()
+
+
+def and_join(names: list[str]) -> str:
+    """``a``, ``a and b``, ``a, b and c``."""
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
 
 
 def _add(into: dict, values: dict) -> None:
@@ -157,15 +185,20 @@ class Trainer:
     # ---- construction helpers -----------------------------------------------------------------------
     def _prepare_output_dir(self) -> Path | None:
         """Create the output directory, decide what to resume from (None: start at step 0; see
-        :mod:`dare.trainer.resume`), remove what interrupted writes left, and write ``config.yaml``."""
+        :mod:`dare.trainer.resume`), remove what interrupted writes left, and write ``config.yaml``.
+
+        ``trainer.resume=never`` deletes ``checkpoints/`` and ``final/`` (refused when the model, tokenizer or data
+        lie there: :func:`~dare.trainer.resume.check_start_over`); a run that starts at step 0 in a directory
+        holding a previous run's outputs says which of them it replaces."""
         cfg, out = self.config, self.output_dir
         settings = config_dict(cfg)
         ensure_dir(out, "trainer.output_dir")
         resume = cfg.trainer.resume
-        checkpoint = resume_point(out, resume, settings)
+        checkpoint = resume_point(out, resume, settings)  # resume=never: refused if it would delete an input
         if self.info.is_main:
             remove_strays(out)
             remove_partial_checkpoints(out)
+            self._announce_start(checkpoint)
             if resume == "never":  # start over: weights of the previous run are not this run's
                 shutil.rmtree(out / "checkpoints", ignore_errors=True)
                 shutil.rmtree(out / "final", ignore_errors=True)
@@ -173,13 +206,38 @@ class Trainer:
         barrier(self.info)
         return checkpoint
 
+    def _logs(self) -> list[str]:
+        """The per-step logs of this run that start empty when it starts at step 0."""
+        cfg = self.config
+        samples = get_algorithm(cfg.algorithm.name).needs.rollout and cfg.rollout.samples_file
+        return ["metrics.jsonl", *(["rollouts.jsonl"] if samples else [])]
+
+    def _announce_start(self, checkpoint: Path | None) -> None:
+        """One line when a run that starts at step 0 removes or replaces a previous run's outputs in the directory:
+        ``trainer.resume=never`` (what it deletes), or ``auto`` without a checkpoint (e.g. ``save_every`` null)."""
+        out, cfg = self.output_dir, self.config.trainer
+        if cfg.resume == "never":
+            gone = present_outputs(out, ["checkpoints/", "final/", *self._logs()])
+            if gone:
+                print(f"starting over in {out} (trainer.resume=never): removing {', '.join(gone)}")
+        elif checkpoint is None:
+            replaced = present_outputs(out, [*(["final/"] if cfg.export else []), *self._logs()])
+            if replaced:
+                verb = "is" if len(replaced) == 1 else "are"
+                print(f"no checkpoint in {out}: starting from step 0; {and_join(replaced)} {verb} replaced")
+
     @functools.cached_property
     def tokenizer(self):
         """The tokenizer of ``model.tokenizer`` / ``model.path`` (loaded on first use: sources built from
         ``data`` and exports need it, an injected source and model may not have one)."""
         from dare.models.loading import load_tokenizer
 
-        return load_tokenizer(self.config.model.tokenizer or self.config.model.path)
+        path = self.config.model.tokenizer or self.config.model.path
+        try:
+            return load_tokenizer(path)
+        except (OSError, ValueError) as err:  # transformers' "can't load tokenizer", unrecognised files
+            key = "model.tokenizer" if self.config.model.tokenizer else "model.path"
+            raise ConfigError(f"{key}={path}: cannot load a tokenizer ({first_line(err)})") from None
 
     def _reference(self, frozen=None):
         """The frozen reference policy: the adapter-disabled policy with LoRA, else a frozen (sharded) copy
@@ -384,6 +442,17 @@ class Trainer:
         if self.info.is_main:
             print(f"resumed from {path} at step {self.step}")
 
+    def _save_pretrained(self, out: Path, state: dict) -> None:
+        """Write the weights (a peft adapter with LoRA, else the full model) and the tokenizer into ``out``."""
+        from dare.models.loading import unwrap
+
+        if self.trainable_only:  # peft adapter (embeddings are never resized: do not save them)
+            self.model.save_pretrained(str(out), state_dict=state, safe_serialization=True,
+                                       save_embedding_layers=False)
+        else:
+            unwrap(self.model).save_pretrained(str(out), state_dict=state, safe_serialization=True)
+        self.tokenizer.save_pretrained(str(out))
+
     def export(self, out_dir: Path | None = None) -> Path:
         """Write a HF checkpoint (full training) or a peft adapter (LoRA) plus the tokenizer (collective).
 
@@ -391,19 +460,13 @@ class Trainer:
         leaves a ``final/`` that looks finished (the next run deletes the staging directory)."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-        from dare.models.loading import unwrap
-
         final = Path(out_dir or self.output_dir / "final")
         options = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=self.trainable_only)
         state = get_model_state_dict(self.model, options=options)
         out = staging_dir(final) if self.info.is_main else None
         if self.info.is_main:
-            if self.trainable_only:  # peft adapter (embeddings are never resized: do not save them)
-                self.model.save_pretrained(str(out), state_dict=state, safe_serialization=True,
-                                           save_embedding_layers=False)
-            else:
-                unwrap(self.model).save_pretrained(str(out), state_dict=state, safe_serialization=True)
-            self.tokenizer.save_pretrained(str(out))
+            with hf_progress_bars(self.config.trainer.progress):
+                self._save_pretrained(out, state)
         for name, aux in self.auxiliary.items():  # e.g. value.pt: the value model's full state dict
             aux_state = get_model_state_dict(aux.module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
             if self.info.is_main:
@@ -462,7 +525,7 @@ class Trainer:
     def _run_steps(self, on_step, bar, kill_at: int) -> dict | None:
         """The remaining steps; returns the last step's record (None when no step was left)."""
         cfg = self.config.trainer
-        record, start = None, time.perf_counter()
+        record, start, reward = None, time.perf_counter(), {}
         while self.step < self.total_steps and not self.stop_requested:
             record = self.train_step(self.step)
             self.step += 1
@@ -473,7 +536,9 @@ class Trainer:
                 self.logger.log(record)
             if bar is not None:
                 bar.update(1)
-                bar.set_postfix(loss=f"{record['loss']:.4f}", lr=f"{record['lr']:.2e}")
+                if "rollout/reward" in record:  # the latest rollout's (inner steps reuse it)
+                    reward = {"reward": f"{record['rollout/reward']:.3f}"}
+                bar.set_postfix(loss=f"{record['loss']:.4f}", **reward, lr=f"{record['lr']:.2e}")
             if cfg.save_every and self.step % cfg.save_every == 0 and self.step < self.total_steps:
                 self.save()
             if kill_at and self.step == kill_at:

@@ -2,15 +2,20 @@
 
 ``dare train --dry-run`` runs them, and so does every run before it loads anything (:class:`~dare.trainer.Trainer`),
 with the same functions the run uses later (the sampler and reward of :mod:`dare.trainer.rl`, the data path checks
-of :mod:`dare.data.sft` / :mod:`dare.trainer.prompts`, ``trainer.resume``), so a dry run cannot pass a config that
-the run rejects before its first step. Settings the run does not use (``rollout.*`` without rollouts, ``lora.*``
-without ``lora.enabled``, data options of another kind of source) get one warning line per section.
+of :mod:`dare.data.sft` / :mod:`dare.trainer.prompts`, ``trainer.resume``, ``trainer.output_dir``), so a dry run
+cannot pass a config that the run rejects before its first step. Settings the run does not use (``rollout.*``
+without rollouts, ``lora.*`` without ``lora.enabled``, data options of another kind of source) get one warning line
+per section, and so does each setting that another one overrides (:data:`OVERRIDDEN`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import os
+from pathlib import Path
+
+from dare.errors import ConfigError
 
 log = logging.getLogger("dare.trainer")
 
@@ -24,16 +29,19 @@ UNUSED_DATA = {
 
 
 def check_run(config, *, model: bool = True, data: bool = True, warn: bool = True) -> None:
-    """Raise the one-line error a run of ``config`` would raise for its model path, data path, rollout sampler and
-    reward, or ``trainer.resume``; ``model`` / ``data``: check those sections (False when the trainer is given its
-    own model / batch source); ``warn``: log the settings the run ignores."""
+    """Raise the one-line error a run of ``config`` would raise for its model path, tokenizer path, data path,
+    rollout sampler and reward, ``trainer.resume`` or ``trainer.output_dir``; ``model`` / ``data``: check those
+    sections (False when the trainer is given its own model / batch source); ``warn``: log the settings the run
+    ignores."""
     from dare.algorithms import get_algorithm
     from dare.trainer.resume import check_resume
 
     needs = get_algorithm(config.algorithm.name).needs
     check_resume(config.trainer.resume)
+    check_output_dir(config.trainer.output_dir)
     if model:
         check_model_path(config.model.path)
+    check_tokenizer_path(config.model.tokenizer)
     if data and needs.rollout:
         from dare.trainer.prompts import check_prompt_path
         from dare.trainer.rl import check_rollout_batch, rollout_reward, rollout_sampler
@@ -41,11 +49,11 @@ def check_run(config, *, model: bool = True, data: bool = True, warn: bool = Tru
         rollout_sampler(config.rollout)
         rollout_reward(config.rollout)
         check_rollout_batch(config.trainer.batch_size, config.rollout.group_size)
-        check_prompt_path(config.data.path)
+        check_relative(check_prompt_path, config.data.path)
     elif data:
         from dare.data.sft import check_data_path
 
-        check_data_path(config.data.path)
+        check_relative(check_data_path, config.data.path)
     if warn:
         warn_unused(config, needs)
 
@@ -61,6 +69,52 @@ def check_model_path(path: str) -> None:
         get_family(tiny[0])
     else:
         check_checkpoint_path(path)
+
+
+TOKENIZER_FILES = ("tokenizer_config.json", "tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt",
+                   "spiece.model")
+"""Files of which a tokenizer directory holds at least one."""
+
+
+def check_tokenizer_path(path: str | None) -> None:
+    """``model.tokenizer``: unset (the model path's), ``tiny:...``, a hub name, or a local directory holding
+    tokenizer files (:data:`TOKENIZER_FILES`)."""
+    from dare.models.loading import local_path, parse_tiny
+
+    if path is None or parse_tiny(path) is not None:
+        return
+    local = local_path(path, f"model.tokenizer {path}: no such tokenizer directory")
+    if local is None:
+        return
+    if not local.is_dir():
+        raise ConfigError(f"model.tokenizer {path} is a file; expected a tokenizer (or model) directory")
+    if not any((local / name).is_file() for name in TOKENIZER_FILES):
+        raise ConfigError(f"model.tokenizer {path} holds no tokenizer files ({', '.join(TOKENIZER_FILES[:2])}, ...)")
+
+
+def check_output_dir(path: str) -> None:
+    """The errors :func:`dare.outputs.ensure_dir` gives ``trainer.output_dir``, without creating anything: a file
+    there or in the way of its parents, or a directory that is not writable."""
+    target = Path(path).expanduser()
+    if target.exists() and not target.is_dir():
+        raise ConfigError(f"trainer.output_dir {target}: exists and is not a directory")
+    existing = next((p for p in (target, *target.parents) if p.exists()), Path("."))
+    if not existing.is_dir():
+        raise ConfigError(f"trainer.output_dir {target}: cannot create the directory ({existing} is a file)")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        what = "the directory is not writable" if existing == target else f"cannot create it in {existing}"
+        raise ConfigError(f"trainer.output_dir {target}: {what}")
+
+
+def check_relative(check, path: str) -> None:
+    """Run ``check(path)``; a missing relative data file's error says which directory it is relative to."""
+    try:
+        check(path)
+    except ConfigError as err:
+        local = Path(path)
+        if ":" in path.split("/")[0] or local.is_absolute() or local.exists():  # synthetic:, benchmark:, found
+            raise
+        raise ConfigError(f"{err} (relative to the current directory {Path.cwd()})") from None
 
 
 def changed(value, default, prefix: str) -> list[str]:
@@ -94,6 +148,36 @@ def warn_unused(config, needs) -> None:
         log.warning(f"warning: ignoring {', '.join(data)}: not used by algorithm '{name}' (it trains on {what})")
     elif kind == "dataset" and config.data.pack_length is not None and not config.data.packing:
         log.warning("warning: ignoring data.pack_length: data.packing is false")
+    for key, reason in overridden(config):
+        log.warning(f"warning: ignoring {key}: {reason}")
 
 
-__all__ = ["UNUSED_DATA", "changed", "check_model_path", "check_run", "warn_unused"]
+OVERRIDDEN = {
+    "trainer.epochs": (lambda c: c.trainer.max_steps is not None,
+                       "trainer.max_steps is set and sets the run length (trainer.max_steps=null to train for "
+                       "trainer.epochs)"),
+    "optim.warmup_ratio": (lambda c: c.optim.warmup_steps > 0,
+                           "optim.warmup_steps is set (warmup_ratio applies when warmup_steps is 0)"),
+    "optim.min_lr_ratio": (lambda c: c.optim.scheduler == "constant",
+                           "optim.scheduler=constant does not decay (min_lr_ratio applies to cosine and linear)"),
+    "model.compile_backend": (lambda c: not c.model.compile, "model.compile is false"),
+}
+"""``key: (when another setting makes it moot, why)``; warned only when ``key`` differs from its default, so a recipe
+that sets it (e.g. ``min_lr_ratio`` with a cosine schedule) warns only once the schedule it applies to is changed."""
+
+
+def overridden(config) -> list[tuple[str, str]]:
+    """``(key, reason)`` of the non-default settings of ``config`` that another setting makes moot."""
+    from dare.trainer.config import TrainConfig
+
+    default = TrainConfig()
+    moot = []
+    for key, (moot_when, reason) in OVERRIDDEN.items():
+        section, name = key.split(".")
+        if getattr(getattr(config, section), name) != getattr(getattr(default, section), name) and moot_when(config):
+            moot.append((key, reason))
+    return moot
+
+
+__all__ = ["OVERRIDDEN", "UNUSED_DATA", "changed", "check_model_path", "check_output_dir", "check_relative", "check_run",
+           "check_tokenizer_path", "overridden", "warn_unused"]

@@ -9,6 +9,10 @@ number of steps (cosine / linear decay, or ``optim.warmup_ratio``), where they c
 Otherwise resuming is a one-line :class:`~dare.errors.ConfigError` naming the keys that differ, with the two ways
 out: another ``trainer.output_dir``, or ``trainer.resume=never`` to start over. So a run's ``config.yaml`` always
 describes what produced its weights.
+
+``trainer.resume=never`` deletes the output directory's ``checkpoints/`` and ``final/`` (:data:`START_OVER_DIRS`)
+before training: it is refused when a path the run reads (``model.path``, ``model.tokenizer``, ``data.path``) lies
+inside them (:func:`check_start_over`), and the error above then only suggests another output directory.
 """
 
 from __future__ import annotations
@@ -31,6 +35,10 @@ LENGTH_KEYS = ("trainer.max_steps", "trainer.epochs")
 """Free unless the learning-rate schedule depends on the total number of steps."""
 SHOWN = 4
 """Differing keys named in the error (then "and N more")."""
+START_OVER_DIRS = ("checkpoints", "final")
+"""What ``trainer.resume=never`` deletes from the output directory before training."""
+NOT_PATHS = ("tiny:", "synthetic:")
+"""Prefixes of model / data settings that name no file."""
 
 
 def flatten(tree: dict, prefix: str = "") -> dict:
@@ -102,33 +110,92 @@ def saved_settings(output_dir: Path, checkpoint: Path | None) -> dict | None:
     return load_yaml(config_file)
 
 
+def _local_path(value) -> str | None:
+    """The file system path in a ``model.path`` / ``model.tokenizer`` / ``data.path`` value (None for ``tiny:``,
+    ``synthetic:`` and a ``benchmark:NAME`` without a file)."""
+    if not value or str(value).startswith(NOT_PATHS):
+        return None
+    value = str(value)
+    if value.startswith("benchmark:"):
+        return value[len("benchmark:"):].partition(":")[2] or None
+    return value
+
+
+def input_paths(settings: dict) -> dict[str, str]:
+    """``{key: path}`` of the local paths a run with resolved ``settings`` reads (model, tokenizer, data)."""
+    model, data = settings.get("model") or {}, settings.get("data") or {}
+    values = {"model.path": model.get("path"), "model.tokenizer": model.get("tokenizer"), "data.path": data.get("path")}
+    return {key: path for key, value in values.items() if (path := _local_path(value)) is not None}
+
+
+def _inside(path: Path, folder: Path) -> bool:
+    """True when ``path`` is ``folder`` or lies under it (symbolic links and ``..`` resolved)."""
+    path, folder = path.expanduser().resolve(), folder.expanduser().resolve()
+    return path == folder or folder in path.parents
+
+
+def start_over_blocker(output_dir: Path, settings: dict) -> str | None:
+    """``"KEY=PATH (in DIR)"`` for the first path the run reads that ``trainer.resume=never`` would delete (it lies in
+    the output directory's ``checkpoints/`` or ``final/``), else None."""
+    for name in START_OVER_DIRS:
+        folder = Path(output_dir) / name
+        if not folder.exists():
+            continue
+        for key, path in input_paths(settings).items():
+            if _inside(Path(path), folder):
+                where = "" if _inside(folder, Path(path)) else f" (in {folder})"
+                return f"{key}={path}{where}"
+    return None
+
+
+def check_start_over(output_dir: Path, settings: dict) -> None:
+    """One-line error when ``trainer.resume=never`` would delete a path the run reads (see :func:`start_over_blocker`)."""
+    blocker = start_over_blocker(output_dir, settings)
+    if blocker is not None:
+        raise ConfigError(f"trainer.resume=never would delete {blocker} before training from it; use another "
+                          f"trainer.output_dir (or copy it out of {output_dir} first)")
+
+
 def check_resume(resume: str) -> None:
     """One-line error unless ``trainer.resume`` is ``auto``, ``never`` or a complete checkpoint directory."""
     from dare.trainer.checkpoint import STATE_FILE
 
     if resume in ("auto", "never") or (Path(resume) / STATE_FILE).is_file():
         return
-    problem = "is not a complete DARE checkpoint" if Path(resume).is_dir() else "is not a checkpoint directory"
+    path = Path(resume)
+    missing = not path.exists() and len(path.parts) > 1  # a path (e.g. a deleted step_N), not a misspelt mode
+    problem = ("is not a complete DARE checkpoint" if path.is_dir() else
+               "does not exist" if missing else "is not a checkpoint directory")
     raise ConfigError(f"trainer.resume={resume} {problem}; use auto, never or a checkpoint directory "
                       "(OUTPUT_DIR/checkpoints/step_N)")
+
+
+def _ways_out(output_dir: Path, settings: dict) -> str:
+    """How to train with other settings than the run in ``output_dir``: starting over there only when that deletes
+    nothing the run reads."""
+    blocker = start_over_blocker(output_dir, settings)
+    if blocker is None:
+        return "use another trainer.output_dir, or trainer.resume=never to start over"
+    return f"use another trainer.output_dir (trainer.resume=never would delete {blocker})"
 
 
 def resume_point(output_dir: Path, resume: str, settings: dict) -> Path | None:
     """The checkpoint a run with ``settings`` continues from (None: it starts at step 0), for ``trainer.resume``
     = ``auto`` (the latest complete checkpoint in ``output_dir``), ``never`` or a checkpoint directory; raises the
-    one-line error when the weights there were trained with other training-relevant settings."""
+    one-line error when the weights there were trained with other training-relevant settings, or when ``never``
+    would delete a path the run reads (:func:`check_start_over`). Reads only: the dry run calls it too."""
     from dare.trainer.checkpoint import list_checkpoints
 
     check_resume(resume)
     if resume == "never":
+        check_start_over(output_dir, settings)
         return None
     if resume == "auto":
         found = list_checkpoints(output_dir)
         checkpoint = found[-1] if found else None
         saved = saved_settings(output_dir, checkpoint)
         if saved is not None:
-            check_same_settings(saved, settings, f"trainer.output_dir={output_dir}",
-                                "use another trainer.output_dir, or trainer.resume=never to start over")
+            check_same_settings(saved, settings, f"trainer.output_dir={output_dir}", _ways_out(output_dir, settings))
         return checkpoint
     checkpoint = Path(resume)
     saved = saved_settings(checkpoint.parent.parent, checkpoint)
@@ -138,5 +205,5 @@ def resume_point(output_dir: Path, resume: str, settings: dict) -> Path | None:
     return checkpoint
 
 
-__all__ = ["FREE_KEYS", "LENGTH_KEYS", "check_resume", "check_same_settings", "differing_keys", "relevant",
-           "resume_point", "saved_settings"]
+__all__ = ["FREE_KEYS", "LENGTH_KEYS", "START_OVER_DIRS", "check_resume", "check_same_settings", "check_start_over",
+           "differing_keys", "input_paths", "relevant", "resume_point", "saved_settings", "start_over_blocker"]

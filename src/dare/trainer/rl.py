@@ -4,8 +4,9 @@ reference estimates and hands the trainer ready micro-batches (``prepares_views 
 Step ``s`` belongs to rollout ``r = s // mu`` (``mu = algorithm.inner_steps``): at ``s0 = r * mu`` the source
 draws the rollout's prompts (a per-epoch seeded permutation, like :class:`~dare.trainer.sources.DatasetSource`),
 splits them over ranks (whole groups per rank), generates ``G`` completions per prompt with the **current**
-policy (eval mode, FSDP parameters gathered once, the trainer's autocast, sampler seed ``derive_seed(seed, r)``,
-row seeds = the rollout's global index), scores them, computes advantages with the algorithm's hook, then for
+policy (eval mode, FSDP parameters gathered once, the trainer's autocast, sampler seed ``derive_seed(base, r)``
+with ``base`` = :func:`rollout_base_seed` of ``trainer.seed`` and ``rollout.sampler.seed``, row seeds = the
+rollout's global index), scores them, computes advantages with the algorithm's hook, then for
 each inner step ``k < mu`` builds the algorithm's views for step ``s0 + k`` and the old / reference estimates on
 them (policy eval mode and reference context entered once for all micro-batches). The batch is cached until step
 ``s0 + mu - 1``; checkpoints inside a cycle store the cache per rank, so resume is exact. Everything else is a pure
@@ -105,6 +106,7 @@ class RolloutSource:
         self.tokenizer, self.reward, self.config = tokenizer, reward, config
         self.group_size, self.batch_size, self.micro_batch_size = group, batch_size, micro_batch_size
         self.seed, self.shuffle, self.reference, self.progress = seed, shuffle, reference, progress
+        self.rollout_seed = rollout_base_seed(seed, config.sampler.seed)
         self.mu = algorithm.inner_steps
         self.rollouts_per_epoch = len(prompts) // self.prompts_per_step
         self.steps_per_epoch = self.rollouts_per_epoch * self.mu
@@ -183,7 +185,7 @@ class RolloutSource:
     def _generate(self, items: list[PromptItem], rows: list[int], rollout: int):
         ids, attn = left_pad([item.ids for item in items], self.token_ids.pad)
         device = next(self.policy.parameters()).device
-        sampler = self.sampler.replace(seed=derive_seed(self.seed, rollout))
+        sampler = self.sampler.replace(seed=derive_seed(self.rollout_seed, rollout))
         chunk = self.config.chunk_size or len(items)
         outputs = []
         with torch.no_grad(), evaluating(self.policy), gathered_parameters(self.policy), self.precision():
@@ -319,7 +321,7 @@ class RolloutSource:
             assembled and scored like the originals."""
             width = int((~batch["generated"][0]).sum())  # the padded prompt width P (same for every row)
             device = next(self.policy.parameters()).device
-            sampler = self.sampler.replace(seed=derive_seed(self.seed, rollout, attempt))
+            sampler = self.sampler.replace(seed=derive_seed(self.rollout_seed, rollout, attempt))
             sub_rows = [rows[i] for i in index]
             with torch.no_grad(), evaluating(self.policy), gathered_parameters(self.policy), self.precision():
                 out = self.algorithm.generate(self.policy, batch["input_ids"][index, :width].to(device),
@@ -497,6 +499,13 @@ def health_sums(outputs, stop_ids) -> dict[str, torch.Tensor]:
     return sums
 
 
+def rollout_base_seed(seed: int, sampler_seed: int) -> int:
+    """The base of every rollout's sampler seed: ``trainer.seed`` itself for ``rollout.sampler.seed`` 0 (the
+    default), else a mix of both (another sampler seed, other rollouts; prompt order and corruption noise stay on
+    ``trainer.seed``)."""
+    return seed if sampler_seed == 0 else derive_seed(seed, sampler_seed)
+
+
 def rollout_sampler(config):
     """The resolved ``rollout.sampler`` of the ``rollout`` section ``config`` (one-line errors for a bad one)."""
     if config.sampler.temperature <= 0:
@@ -542,5 +551,5 @@ def build_rollout_source(trainer) -> RolloutSource:
     )
 
 
-__all__ = ["RolloutSource", "build_rollout_source", "check_rollout_batch", "health_sums", "rollout_reward",
-           "rollout_sampler"]
+__all__ = ["RolloutSource", "build_rollout_source", "check_rollout_batch", "health_sums", "rollout_base_seed",
+           "rollout_reward", "rollout_sampler"]
