@@ -97,14 +97,15 @@ def configure_run(run: argparse.ArgumentParser) -> None:
     run.set_defaults(eval_parser=run)
 
 
-SAMPLER_FLAGS = ("sampler", "gen_length", "block_length", "steps", "temperature", "top_p", "top_k", "threshold",
-                 "factor", "decoder", "cache")
+SAMPLER_FLAGS = ("sampler", "gen_length", "block_length", "steps", "block_steps", "temperature", "top_p", "top_k",
+                 "threshold", "factor", "decoder", "cache")
 
 
 def _run_configs(args: argparse.Namespace, bench):
     """``(EvalConfig, sampler field values or None, LikelihoodConfig or None)`` from the flags, validated
     before the model is loaded."""
-    from dare.commands.generate import parse_options, sampler_values
+    from dare.commands.eval_inputs import reject_option_seed
+    from dare.commands.generate import parse_options, reject_flag_and_option, sampler_values
     from dare.errors import ConfigError
     from dare.eval import EvalConfig, LikelihoodConfig
 
@@ -120,15 +121,16 @@ def _run_configs(args: argparse.Namespace, bench):
             raise ConfigError(f"{flag} applies to generation; {bench.name} is scored by likelihood here "
                               "(add --mode generate)")
         values = parse_options(args.option)
-        if args.mc_samples is not None:
-            values["mc_samples"] = args.mc_samples
-        if args.length_norm is not None:
-            values["length_norm"] = args.length_norm
-        return config, None, LikelihoodConfig.from_dict(values)
+        flags = {k: getattr(args, k) for k in ("mc_samples", "length_norm", "seed") if getattr(args, k) is not None}
+        reject_flag_and_option(flags, values)
+        reject_option_seed(values)
+        flags.pop("seed", None)  # EvalConfig.seed
+        return config, None, LikelihoodConfig.from_dict({**values, **flags})
     if args.mc_samples is not None or args.length_norm is not None:
         flag = "--mc-samples" if args.mc_samples is not None else "--length-norm"
         raise ConfigError(f"{flag} applies to --mode likelihood (multiple-choice benchmarks)")
     values = sampler_values(args)
+    reject_option_seed(parse_options(args.option))
     values.pop("seed", None)  # EvalConfig.seed seeds everything
     if "gen_length" not in values:
         template = config.resolve_template(bench, bench.default_shots if args.shots is None else args.shots)
@@ -158,7 +160,7 @@ def run_run(args: argparse.Namespace) -> int:
     bench = get_benchmark(args.benchmark)
     config, sampler_values_, likelihood = _run_configs(args, bench)
     options = code_reward_options(args, bench)
-    samples, pool, data = load_samples(bench, args)
+    samples, pool, pool_source, data = load_samples(bench, args)
     model, tokenizer, model_info = load_for_eval(args.model, args.adapter, args.device, args.dtype,
                                                  compile_blocks=args.compile_blocks)
     sampler = None
@@ -168,8 +170,8 @@ def run_run(args: argparse.Namespace) -> int:
     if bench.reward == "code":
         options["progress"] = progress
     results = evaluate(model, tokenizer, bench, samples, sampler=sampler, likelihood=likelihood, config=config,
-                       fewshot_pool=pool, reward_options=options, model_info=model_info, data_info=data,
-                       progress=progress)
+                       fewshot_pool=pool, fewshot_source=pool_source, reward_options=options, model_info=model_info,
+                       data_info=data, progress=progress)
     print_summary(results, args.json)
     if args.out:  # after the metrics are on screen; atomic
         results.write(args.out)
@@ -243,7 +245,7 @@ def samples_for(bench, lines, path: str, data_samples=None, data_name: str = "--
         if data_samples is not None:
             sample = by_key.get(key) if key is not None else by_key.get(obj.get("question"))
             if sample is None:
-                raise InputError(f"{path}:{lineno}: id {key or obj.get('question', '')[:40]!r} is not in {data_name}")
+                raise InputError(f"{path}:{lineno}: {not_in_data(key, obj, data_samples, data_name)}")
         else:
             try:
                 if bench.is_native(obj):
@@ -263,6 +265,19 @@ def samples_for(bench, lines, path: str, data_samples=None, data_name: str = "--
             grouped[sample.id] = []
         grouped[sample.id].extend(preds)
     return order, [grouped[s.id] for s in order]
+
+
+def not_in_data(key: str | None, obj: dict, data_samples, data_name: str) -> str:
+    """Why a prediction line joins no sample: its id (or question) is not in the data; shows the data's first ids
+    and the id the line probably means (``gsm8k/0`` for ``0``)."""
+    ids = [s.id for s in data_samples]
+    what = f"id {key!r}" if key is not None else f"question {str(obj.get('question', ''))[:40]!r}"
+    if not ids:
+        return f"{what}: {data_name} holds no samples"
+    shown = ", ".join(repr(i) for i in ids[:3]) + (", ..." if len(ids) > 3 else "")
+    meant = [i for i in ids if key is not None and i != key and i.rpartition("/")[2] == key]
+    hint = f" (did you mean '{meant[0]}'?)" if len(meant) == 1 else ""
+    return f"{what} is not in {data_name}; its ids look like {shown}{hint}"
 
 
 def run_score(args: argparse.Namespace) -> int:

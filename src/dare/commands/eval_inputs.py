@@ -4,6 +4,9 @@ select."""
 from __future__ import annotations
 
 import argparse
+import logging
+
+log = logging.getLogger("dare.eval")
 
 GEN_LENGTH_HELP = "generated tokens (default: the benchmark's max_new_tokens, e.g. 256 for gsm8k)"
 
@@ -35,19 +38,68 @@ def add_model_data_arguments(run: argparse.ArgumentParser) -> None:
 
 
 def load_samples(bench, args: argparse.Namespace):
-    """``(samples, fewshot pool or None, data record)``."""
+    """``(samples, fewshot pool or None, fewshot source or None, data record)``. Warns once when the exemplars
+    come from the evaluated data (or share problems with it) and when ``--fewshot-data`` is not used; a pool too
+    small for the shots is a one-line error before the model is loaded."""
+    from dare.errors import ConfigError
+
     samples = bench.load(args.data, split=args.split, limit=args.limit)
     shots = bench.default_shots if args.shots is None else args.shots
-    pool, pool_source = None, None
-    if shots > 0:
-        if args.fewshot_data:
-            pool, pool_source = bench.load(args.fewshot_data), args.fewshot_data
-        elif args.data is None and bench.hf is not None and bench.hf.fewshot_split and bench.packaged is None:
-            pool, pool_source = bench.load(None, split=bench.hf.fewshot_split), f"{bench.hf.path}:{bench.hf.fewshot_split}"
-        else:
-            pool = bench.load(args.data, split=args.split)  # the whole file, not only --limit rows
-            pool_source = args.data
+    if shots < 0:
+        raise ConfigError(f"--shots must be >= 0; got {shots}")
     source = args.data or (bench.packaged() if bench.packaged else None) or (bench.hf.path if bench.hf else None)
     data = {"source": source, "split": args.split or (bench.hf.split if bench.hf and args.data is None else None),
-            "limit": args.limit, "fewshot_source": pool_source}
-    return samples, pool, data
+            "limit": args.limit}
+    if shots == 0:
+        if args.fewshot_data:
+            default = f" ({bench.name}'s default)" if args.shots is None else ""
+            log.warning(f"warning: ignoring --fewshot-data {args.fewshot_data}: prompts are 0-shot{default}; pass "
+                        "--shots N to use N exemplars from it")
+        return samples, None, None, data
+    pool, pool_source = fewshot_pool(bench, args)
+    if samples:  # a pool too small for the shots fails before the model is loaded
+        bench.fewshot(pool, shots, seed=args.seed or 0, question=samples[0].question)
+    warn_evaluated_exemplars(bench, args, shots, samples, pool, pool_source)
+    return samples, pool, pool_source, data
+
+
+def fewshot_pool(bench, args: argparse.Namespace):
+    """``(exemplar pool, its source for the results file)``: ``--fewshot-data``, else the benchmark's few-shot split
+    (default data only), else the whole evaluated data (``"evaluated data"``, not only the ``--limit`` rows)."""
+    from dare.eval.run import EVALUATED_DATA
+
+    if args.fewshot_data:
+        return bench.load(args.fewshot_data), args.fewshot_data
+    if args.data is None and bench.hf is not None and bench.hf.fewshot_split and bench.packaged is None:
+        return bench.load(None, split=bench.hf.fewshot_split), f"{bench.hf.path}:{bench.hf.fewshot_split}"
+    return bench.load(args.data, split=args.split), EVALUATED_DATA
+
+
+def warn_evaluated_exemplars(bench, args: argparse.Namespace, shots: int, samples, pool, pool_source: str) -> None:
+    """One warning when the exemplars are evaluated problems: other problems' answers then show in the prompts
+    (a problem is never its own exemplar)."""
+    from dare.eval.run import EVALUATED_DATA
+
+    if pool_source == EVALUATED_DATA:
+        default = f" ({bench.name}'s default)" if args.shots is None else ""
+        log.warning(f"warning: the {shots}-shot exemplars{default} come from the evaluated data "
+                    f"({args.data or 'the default data'}): prompts may show other evaluated problems with their "
+                    "answers; pass --fewshot-data FILE (e.g. the train split) or --shots 0")
+        return
+    evaluated = {sample.question for sample in samples}
+    shared = sum(1 for sample in pool if sample.question in evaluated)
+    if shared:
+        log.warning(f"warning: {shared} of the {len(pool)} few-shot problems ({pool_source}) are also evaluated: "
+                    "prompts show them with their answers; pass a --fewshot-data FILE without evaluated problems "
+                    "(e.g. the train split)")
+
+
+def reject_option_seed(options: dict, where: str = "-o") -> None:
+    """``seed`` among ``-o`` items (or a sweep point's settings): a one-line error pointing to ``--seed``, the
+    evaluation's one seed (sampling, few-shot selection, likelihood corruptions), instead of dropping it silently."""
+    from dare.errors import ConfigError
+
+    if "seed" in options:
+        seed = options["seed"]
+        raise ConfigError(f"{where} seed={seed} is not used by dare eval: pass --seed {seed} (one seed for the whole "
+                          "run: sampling, few-shot selection and the likelihood corruptions)")

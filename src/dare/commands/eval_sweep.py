@@ -3,7 +3,9 @@
 ``dare eval sweep --model M --benchmark B --data FILE --out DIR --grid sampler=fastdllm:threshold=0.5,0.7,0.9
 --grid sampler=llada:steps=8,4,2`` runs :func:`dare.eval.evaluate` once per point (common flags such as
 ``--gen-length`` or ``-o cache=dual`` apply to every point, a point's own settings win) and writes
-``DIR/points/NN.json``, ``DIR/summary.{json,md}`` and ``DIR/accuracy_vs_parallelism.png`` (:mod:`dare.eval.sweep`).
+``DIR/points/NN.json``, ``DIR/summary.{json,md}`` and ``DIR/accuracy_vs_parallelism.png`` (:mod:`dare.eval.sweep`),
+replacing those of an earlier sweep in ``DIR``. One ``--grid`` varies one key; a key given twice (in a point, a grid,
+``-o`` or a flag and ``-o``) is a one-line error.
 """
 
 from __future__ import annotations
@@ -26,39 +28,76 @@ def configure(sweep: argparse.ArgumentParser) -> None:
     sweep.add_argument("--point", action="append", default=[], metavar="KEY=VALUE[,KEY=VALUE...]",
                        help="one decoder setting (SamplerConfig fields), e.g. sampler=fastdllm,threshold=0.7")
     sweep.add_argument("--grid", action="append", default=[], metavar="[KEY=VALUE,...:]KEY=V1,V2,...",
-                       help="one point per value, with the fixed settings before ':', e.g. "
-                            "sampler=fastdllm:threshold=0.5,0.7,0.9 or sampler=llada:steps=8,4,2")
+                       help="one point per value of one key, with the fixed settings before ':', e.g. "
+                            "sampler=fastdllm:threshold=0.5,0.7,0.9 or sampler=llada:steps=8,4,2 (repeat --grid to "
+                            "vary another key)")
     sweep.add_argument("--batch-size", type=int, default=8, help="prompts per generate call (default 8)")
-    sweep.add_argument("--out", required=True, help="output directory (points/, summary.json, summary.md, plot)")
+    sweep.add_argument("--out", required=True, help="output directory (points/, summary.json, summary.md, plot; an "
+                       "earlier sweep's files there are replaced)")
     sweep.set_defaults(eval_parser=sweep)
 
 
+GRID_FORM = "[KEY=VALUE,...:]KEY=V1,V2,..."
+
+
 def parse_point(text: str) -> dict[str, Any]:
-    """``"k=v,k=v"`` -> ``{k: parsed v}`` (numbers, booleans and ``null`` parsed, as ``-o`` does)."""
+    """``"k=v,k=v"`` -> ``{k: parsed v}`` (numbers, booleans and ``null`` parsed, as ``-o`` does); a key given
+    twice is a one-line error."""
     from dare.commands.generate import parse_options
     from dare.errors import ConfigError
 
     items = [item for item in text.split(",") if item.strip()]
     if not items or not all("=" in item for item in items):
         raise ConfigError(f"--point expects KEY=VALUE[,KEY=VALUE...]; got '{text}'")
-    return parse_options(items)
+    return parse_options(items, what=f"--point '{text}'")
 
 
 def expand_grid(text: str) -> list[dict[str, Any]]:
-    """``"[k=v,...:]KEY=V1,V2,..."`` -> one point per value of ``KEY``, each with the fixed ``k=v`` settings."""
+    """``"[k=v,...:]KEY=V1,V2,..."`` -> one point per value of ``KEY``, each with the fixed ``k=v`` settings. One
+    ``--grid`` varies one key; every mistake is a one-line error about ``--grid``."""
+    from dare.commands.generate import parse_options
     from dare.errors import ConfigError
 
-    fixed_text, _, varied = text.rpartition(":")
+    parts = text.split(":")
+    if len(parts) > 2:
+        raise ConfigError(grid_of_several_keys(text, parts))
+    fixed_text, varied = parts if len(parts) == 2 else ("", parts[0])
     key, sep, values = varied.partition("=")
-    if not sep or not key.strip() or not values.strip():
-        raise ConfigError(f"--grid expects [KEY=VALUE,...:]KEY=V1,V2,...; got '{text}'")
-    fixed = parse_point(fixed_text) if fixed_text.strip() else {}
-    return [{**fixed, **parse_point(f"{key.strip()}={value}")} for value in values.split(",") if value.strip()]
+    key = key.strip().replace("-", "_")
+    if not sep or not key or not values.strip():
+        raise ConfigError(f"--grid expects {GRID_FORM}; got '{text}'")
+    values = [value.strip() for value in values.split(",") if value.strip()]
+    settings = [value for value in values if "=" in value]
+    if settings:
+        raise ConfigError(f"--grid varies one key ({key}) after the ':'; '{settings[0]}' is a fixed setting: put it "
+                          f"before the ':' ({GRID_FORM}); got '{text}'")
+    fixed_items = [item for item in fixed_text.split(",") if item.strip()]
+    if not all("=" in item for item in fixed_items):
+        raise ConfigError(f"--grid varies one key, the one after the ':' ({GRID_FORM}); before it stand only fixed "
+                          f"KEY=VALUE settings, not '{fixed_text}' (one --grid per varied key)")
+    fixed = parse_options(fixed_items, what=f"--grid '{text}'")
+    if key in fixed:
+        raise ConfigError(f"--grid '{text}' sets {key} both before the ':' and as the varied key; give it once")
+    return [{**fixed, **parse_options([f"{key}={value}"])} for value in values]
+
+
+def grid_of_several_keys(text: str, parts: list[str]) -> str:
+    """The message for a ``--grid`` with several ``:KEY=V1,V2`` parts: one ``--grid`` varies one key, so every
+    combination is one ``--grid`` per value of the other key (an example built from ``text``)."""
+    keys = [part.partition("=")[0].strip() or "?" for part in parts[1:]]
+    message = (f"--grid varies one key ({GRID_FORM}); '{text}' varies {' and '.join(keys)}: give one --grid per value "
+               "of the other keys, or one --point per combination")
+    other_key, _, other_values = parts[2].partition("=")
+    first = other_values.split(",")[0].strip()
+    if len(parts) == 3 and other_key.strip() and first:
+        fixed = ",".join(item for item in (parts[0].strip(), f"{other_key.strip()}={first}") if item)
+        message += f", e.g. --grid {fixed}:{parts[1].strip()}"
+    return message
 
 
 def run(args: argparse.Namespace) -> int:
-    from dare.commands.eval_inputs import load_samples
-    from dare.commands.generate import sampler_values
+    from dare.commands.eval_inputs import load_samples, reject_option_seed
+    from dare.commands.generate import parse_options, sampler_values
     from dare.errors import ConfigError
     from dare.eval import EvalConfig, evaluate, get_benchmark
     from dare.eval.run import load_for_eval
@@ -74,6 +113,9 @@ def run(args: argparse.Namespace) -> int:
     if not points:
         raise ConfigError("dare eval sweep needs at least one --point or --grid")
     common = sampler_values(args)
+    reject_option_seed(parse_options(args.option))
+    for fields in points:
+        reject_option_seed(fields, "--point/--grid")
     common.pop("seed", None)  # EvalConfig.seed seeds everything
     config = EvalConfig(mode="generate", shots=args.shots, template=args.template, chat=args.chat,
                         batch_size=args.batch_size, seed=args.seed or 0)
@@ -85,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
         SamplerConfig.from_dict(merged)
         if "sampler" in merged:
             SamplerConfig.from_dict(merged).resolved()
-    samples, pool, data = load_samples(bench, args)
+    samples, pool, pool_source, data = load_samples(bench, args)
     model, tokenizer, model_info = load_for_eval(args.model, args.adapter, args.device, args.dtype,
                                                  compile_blocks=args.compile_blocks)
     progress = not args.no_progress and sys.stderr.isatty()
@@ -93,7 +135,7 @@ def run(args: argparse.Namespace) -> int:
     def evaluate_point(fields):
         sampler = SamplerConfig.from_dict({"sampler": default_sampler(model), **common, **fields})
         return evaluate(model, tokenizer, bench, samples, sampler=sampler, config=config, fewshot_pool=pool,
-                        model_info=model_info, data_info=data, progress=progress)
+                        fewshot_source=pool_source, model_info=model_info, data_info=data, progress=progress)
 
     rows = run_sweep(evaluate_point, points, args.out, log=lambda line: print(line, file=sys.stderr))
     from dare.eval.sweep import markdown_table

@@ -90,20 +90,43 @@ def sampler_config(args: argparse.Namespace, sampler: str | None = None):
     return SamplerConfig.from_dict(values).resolved()
 
 
+SAMPLER_FLAGS = ("gen_length", "block_length", "steps", "block_steps", "temperature", "top_p", "top_k", "threshold",
+                 "factor", "decoder", "cache", "seed")
+"""SamplerConfig fields that have a flag of their own (``--gen-length`` ...), besides ``--sampler``."""
+
+
 def sampler_values(args: argparse.Namespace, options: list[str] | None = None) -> dict:
     """SamplerConfig fields set on the command line (``--sampler`` only when given; ``-o`` items from
-    ``options``, default ``args.option``)."""
+    ``options``, default ``args.option``). A field set both by its flag and by ``-o`` is a one-line error."""
     values = {"sampler": args.sampler} if args.sampler is not None else {}
-    for flag in ("gen_length", "block_length", "steps", "block_steps", "temperature", "top_p", "top_k", "threshold",
-                 "factor", "decoder", "cache", "seed"):
+    for flag in SAMPLER_FLAGS:
         if getattr(args, flag) is not None:
             values[flag] = getattr(args, flag)
-    values.update(parse_options(args.option if options is None else options))
+    extra = parse_options(args.option if options is None else options)
+    reject_flag_and_option(values, extra)
+    values.update(extra)
     return values
 
 
-def parse_options(items: list[str]) -> dict:
-    """``["key=value", ...]`` -> ``{key: parsed value}`` (numbers, booleans, ``null`` = None, lists; else the text)."""
+def flag_of(field: str) -> str:
+    """The command-line flag of a field: ``gen_length`` -> ``--gen-length``."""
+    return "--" + field.replace("_", "-")
+
+
+def reject_flag_and_option(flags: dict, options: dict) -> None:
+    """One-line :class:`ConfigError` when a setting is given both by its flag (``flags``) and by ``-o``
+    (``options``): neither silently wins."""
+    from dare.errors import ConfigError
+
+    for key, value in options.items():
+        if key in flags:
+            raise ConfigError(f"{key} is given twice, as {flag_of(key)} {flags[key]} and as -o {key}={value}; "
+                              "give it once")
+
+
+def parse_options(items: list[str], what: str = "-o") -> dict:
+    """``["key=value", ...]`` -> ``{key: parsed value}`` (numbers, booleans, ``null`` = None, lists; else the text).
+    A key given twice is a one-line error (``what`` names where the items come from, e.g. ``-o``)."""
     from dare.errors import ConfigError
 
     values = {}
@@ -111,7 +134,11 @@ def parse_options(items: list[str]) -> dict:
         key, sep, value = item.partition("=")
         if not sep:
             raise ConfigError(f"--option expects KEY=VALUE; got '{item}'")
-        values[key.strip().replace("-", "_")] = _parse_value(value.strip())
+        key = key.strip().replace("-", "_")
+        parsed = _parse_value(value.strip())
+        if key in values:
+            raise ConfigError(f"{what} sets {key} twice ({key}={values[key]} and {key}={parsed}); give it once")
+        values[key] = parsed
     return values
 
 
@@ -145,6 +172,7 @@ def run(args: argparse.Namespace) -> int:
     from dare.devices import resolve_device
     from dare.rollout import default_sampler, generate
 
+    sampler_values(args)  # a setting given twice fails before the model is loaded
     if args.sampler:
         sampler_config(args)  # a typo fails before the model is loaded
     device = resolve_device(args.device)

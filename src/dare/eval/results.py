@@ -10,7 +10,8 @@ Schema ``dare.eval.results/1``::
       "sampler": {"name": "llada", "settings": {"gen_length": 256, "steps": 256, "block_length": 32,
                                                "temperature": 0.0, ...every decoding setting...}},
       "seed": 0, "mode": "generate",
-      "prompt": {"template": "few_shot", "shots": 5, "chat": true, "fewshot_seed": 0},
+      "prompt": {"template": "few_shot", "shots": 5, "chat": true, "fewshot_seed": 0,
+                 "fewshot_source": "train.jsonl"},   # "evaluated data": exemplars drawn from the evaluated problems
       "metrics": {"accuracy": 0.79, "pass@1": ..., ...},
       "num_problems": 1319, "num_predictions": 1319,
       "timings": {"generation_seconds": ..., "tokens_per_second": ..., "nfe": ...},
@@ -48,7 +49,8 @@ class EvalResults:
     """``{"name": sampler, "settings": {every decoding setting}}``."""
     seed: int | None = None
     prompt: dict[str, Any] = field(default_factory=dict)
-    """``{"template", "shots", "chat", "fewshot_seed"}``."""
+    """``{"template", "shots", "chat", "fewshot_seed"}``, and with exemplars ``fewshot_source`` (the few-shot file
+    or split, or ``"evaluated data"``)."""
     data: dict[str, Any] = field(default_factory=dict)
     """``{"source", "split", "limit"}``."""
     num_problems: int = 0

@@ -134,16 +134,27 @@ def encode(tokenizer, text: str, chat: bool) -> list[int]:
     return list(tokenizer(text, add_special_tokens=not chat)["input_ids"])
 
 
+EVALUATED_DATA = "evaluated data"
+"""``prompt.fewshot_source`` of a results file whose exemplars were drawn from the evaluated problems."""
+
+
 def _shots(benchmark: Benchmark, sample: Sample, pool: Sequence[Sample], k: int, seed: int) -> list[Sample]:
-    return benchmark.fewshot(pool, k, seed=seed, exclude=sample.id)
+    """The exemplars of ``sample``: never the problem itself (matched by its question, not by its id, which
+    another file's rows may share without being the same problem)."""
+    return benchmark.fewshot(pool, k, seed=seed, question=sample.question)
+
+
+def fewshot_record(shots: int, source: str | None) -> dict[str, Any]:
+    """``{"fewshot_source": ...}`` for the results' prompt settings when prompts have exemplars, else nothing."""
+    return {"fewshot_source": source} if shots > 0 else {}
 
 
 @torch.no_grad()
 def evaluate(model, tokenizer, benchmark: Benchmark | str, samples: Sequence[Sample], *,
              sampler=None, likelihood: LikelihoodConfig | None = None, config: EvalConfig | None = None,
-             fewshot_pool: Sequence[Sample] | None = None, reward_options: dict[str, Any] | None = None,
-             model_info: dict[str, Any] | None = None, data_info: dict[str, Any] | None = None,
-             progress: bool = False) -> EvalResults:
+             fewshot_pool: Sequence[Sample] | None = None, fewshot_source: str | None = None,
+             reward_options: dict[str, Any] | None = None, model_info: dict[str, Any] | None = None,
+             data_info: dict[str, Any] | None = None, progress: bool = False) -> EvalResults:
     """Evaluate ``model`` on ``samples`` of ``benchmark`` and score the predictions.
 
     Args:
@@ -154,7 +165,10 @@ def evaluate(model, tokenizer, benchmark: Benchmark | str, samples: Sequence[Sam
             ``gen_length`` = the benchmark's ``max_new_tokens``).
         likelihood: :class:`LikelihoodConfig` for likelihood mode (None: defaults).
         config: :class:`EvalConfig` (mode, shots, template, chat, n, batch size, seed, ks).
-        fewshot_pool: exemplars for few-shot prompts (None: ``samples``, never the sample itself).
+        fewshot_pool: exemplars for few-shot prompts (None: ``samples``, with a warning: other evaluated problems
+            then show in prompts with their answers; a problem is never its own exemplar).
+        fewshot_source: where ``fewshot_pool`` comes from, recorded as ``prompt.fewshot_source`` when prompts have
+            exemplars (None: ``"evaluated data"`` without a pool, else ``"fewshot_pool"``).
         reward_options: passed to the benchmark's reward (``workers``, ``timeout`` for code).
         model_info / data_info: recorded in the results file (path, adapter / source, split, limit).
         progress: show progress bars on stderr.
@@ -169,8 +183,13 @@ def evaluate(model, tokenizer, benchmark: Benchmark | str, samples: Sequence[Sam
     shots = bench.default_shots if config.shots is None else config.shots
     if shots < 0:
         raise ConfigError(f"shots must be >= 0; got {shots}")
+    if fewshot_pool is None and shots > 0:
+        log.warning(f"warning: the {shots}-shot exemplars come from the evaluated samples: prompts show other "
+                    "evaluated problems with their answers; pass a fewshot_pool (e.g. the train split) or shots=0")
     pool = list(samples) if fewshot_pool is None else list(fewshot_pool)
-    info = {"model": model_record(model, **(model_info or {})), "data": dict(data_info or {})}
+    source = fewshot_source or (EVALUATED_DATA if fewshot_pool is None else "fewshot_pool")
+    info = {"model": model_record(model, **(model_info or {})), "data": dict(data_info or {}),
+            "fewshot": fewshot_record(shots, source)}
     was_training = model.training
     model.eval()
     try:
@@ -242,7 +261,7 @@ def _generation(model, tokenizer, bench, samples, pool, shots, sampler, config, 
         model=info["model"], sampler={"name": resolved.sampler, "settings": dataclasses.asdict(resolved),
                                       "kernels": kernels},
         seed=config.seed, prompt={"template": template, "shots": shots, "chat": chat, "fewshot_seed": config.seed,
-                                  "stop": list(defaults.stop)},
+                                  "stop": list(defaults.stop), **info["fewshot"]},
         data=info["data"],
     )  # fmt: skip
     for record, done in zip(results.samples, completions):  # records are ordered (problem, sample) like rows
@@ -339,7 +358,8 @@ def _likelihood(model, tokenizer, bench, samples, pool, shots, likelihood, confi
         bench, samples, predictions, prompts=prompts, ks=config.ks,
         model=info["model"], sampler={"name": "mc_elbo", "settings": dataclasses.asdict(likelihood),
                                       "kernels": kernels},
-        seed=config.seed, prompt={"template": "likelihood", "shots": shots, "chat": chat, "fewshot_seed": config.seed},
+        seed=config.seed, prompt={"template": "likelihood", "shots": shots, "chat": chat, "fewshot_seed": config.seed,
+                                  **info["fewshot"]},
         data=info["data"],
     )  # fmt: skip
     for record, extra in zip(results.samples, per_sample):

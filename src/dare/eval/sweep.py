@@ -11,13 +11,16 @@ run (same samples, prompts and seed) and writes its own results file; the sweep 
 * ``nfe``: model forwards of the whole run (a forward serves one step of every row in its batch);
 * ``tokens_per_second``: generated tokens per second of decoding.
 
-``summary.json`` and ``summary.md`` hold the table; ``accuracy_vs_parallelism.png`` plots accuracy against tokens
+A sweep first removes what an earlier sweep wrote into the same directory (``points/NN.json``, the summary, the
+plot; nothing else), so its point files are exactly the ones its summary lists. ``summary.json`` and
+``summary.md`` hold the table; ``accuracy_vs_parallelism.png`` plots accuracy against tokens
 per forward, one line per series (sampler / decoder), when matplotlib is installed (the ``plot`` extra).
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -56,6 +59,10 @@ def run_sweep(evaluate_point: Callable[[dict[str, Any]], Any], points: Sequence[
     if not points:
         raise ConfigError("a sweep needs at least one --point or --grid")
     out = Path(out_dir)
+    removed = clear_earlier_sweep(out)
+    if removed:
+        log(f"removed {len(removed)} files of an earlier sweep in {out} ({', '.join(p.name for p in removed[:4])}"
+            f"{', ...' if len(removed) > 4 else ''})")
     rows = []
     for index, fields in enumerate(points):
         results = evaluate_point(dict(fields))
@@ -71,6 +78,23 @@ def run_sweep(evaluate_point: Callable[[dict[str, Any]], Any], points: Sequence[
     log(f"wrote {out / 'summary.md'}" + (f" and {plot}" if plot else
                                          f" (no {PLOT}: pip install 'dare-dllm[plot]' for matplotlib)"))
     return rows
+
+
+POINT_FILE = re.compile(r"\d{2,}\.json")
+"""Names of the per-point results files under ``OUT/points`` (``00.json``, ``01.json``, ...)."""
+
+
+def clear_earlier_sweep(out: Path) -> list[Path]:
+    """Remove what an earlier sweep wrote into ``out`` (``points/NN.json``, the summary and the plot), so that a
+    sweep with fewer points leaves no stale point files next to its summary; other files are left alone. Returns
+    the removed paths."""
+    points = out / "points"
+    earlier = sorted(p for p in points.iterdir() if POINT_FILE.fullmatch(p.name)) if points.is_dir() else []
+    earlier += [out / name for name in ("summary.json", "summary.md", PLOT)]
+    removed = [path for path in earlier if path.is_symlink() or path.is_file()]
+    for path in removed:
+        path.unlink()
+    return removed
 
 
 def _settings_text(fields: Mapping[str, Any]) -> str:
@@ -122,4 +146,5 @@ def plot_sweep(rows: Sequence[Mapping[str, Any]], path: Path) -> Path | None:
     return path
 
 
-__all__ = ["PLOT", "markdown_table", "plot_sweep", "point_row", "run_sweep", "tokens_per_forward"]
+__all__ = ["PLOT", "clear_earlier_sweep", "markdown_table", "plot_sweep", "point_row", "run_sweep",
+           "tokens_per_forward"]
