@@ -220,6 +220,22 @@ def test_the_end_says_where_the_weights_are_without_an_export_and_a_deleted_resu
         "(OUTPUT_DIR/checkpoints/step_N)")
 
 
+def test_sft_rows_longer_than_the_models_context_are_warned(tmp_path, caplog):
+    """The tiny model's context is 512 positions; data.max_length=600 trained without a word before."""
+    from dare.trainer import run_training
+
+    short = [o for o in SMALL if not o.startswith("data.max_length")]
+    for length, warned in ((512, False), (600, True)):
+        out = f"trainer.output_dir={tmp_path / str(length)}"
+        config = load_train_config(SFT, [*short, f"data.max_length={length}", out])
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="dare.trainer"):
+            run_training(config)
+        messages = [r.getMessage() for r in caplog.records if "context" in r.getMessage()]
+        assert messages == ([f"warning: data.max_length={length} is beyond the model's configured context length 512: "
+                             "positions past it are untrained"] if warned else []), messages
+
+
 # ---- 6. --show-config --------------------------------------------------------------------------------------------
 def show(capsys, *args) -> list[str]:
     assert main(["train", *args, "--show-config"]) == 0

@@ -27,6 +27,7 @@ import contextlib
 import copy
 import dataclasses
 import functools
+import logging
 import os
 import shutil
 import signal
@@ -60,6 +61,8 @@ def present_outputs(out: Path, names: list[str]) -> list[str]:
 
     return [name for name in names if there(name)]
 
+
+log = logging.getLogger("dare.trainer")
 
 @contextlib.contextmanager
 def hf_progress_bars(enabled: bool):
@@ -115,6 +118,7 @@ class Trainer:
         if not given:
             model = load_model(cfg.model.path, dtype=resolve_dtype(cfg.model.dtype), device=self.info.device)
         self.token_ids = family_of(model).token_ids(model.config)
+        self.context_length = family_of(model).context_length(model.config)
         base = unwrap(model)
         base.attn_backend = cfg.model.attn_backend
         self.algorithm = get_algorithm(cfg.algorithm.name)(
@@ -329,6 +333,9 @@ class Trainer:
         if data.dropped and self.info.is_main:
             print(f"warning: dropped {data.dropped} of {data.dropped + len(data)} examples longer than "
                   f"data.max_length={cfg.data.max_length}")
+        if self.context_length and cfg.data.max_length > self.context_length and self.info.is_main:
+            log.warning(f"warning: data.max_length={cfg.data.max_length} is beyond the model's configured context "
+                        f"length {self.context_length}: positions past it are untrained")
         pack_length = cfg.data.pack_length or cfg.data.max_length
         if cfg.data.packing and pack_length < cfg.data.max_length:
             raise ConfigError(f"data.pack_length={pack_length} must be at least data.max_length={cfg.data.max_length}")
