@@ -193,10 +193,14 @@ def test_the_demo_pins_its_threads_and_its_sft_recipe_reproduces_the_checkpoint(
     from dare.demo import run_demo
     from dare.trainer import load_train_config, run_training
 
+    from transformers.utils import logging as hf_logging
+
     before = torch.get_num_threads()
+    hf_logging.enable_progress_bar()
     out = tmp_path / "demo"
     report = run_demo(DemoConfig.quick(out_dir=str(out), rl_steps=1), log=lambda message: None)
     assert torch.get_num_threads() == before and report["settings"]["torch_threads"] == 1
+    assert hf_logging.is_progress_bar_enabled()  # the demo silences transformers' bars only while it runs
     steps = report["phases"][1]["steps"]
     recipe_file = out / "sft.yaml"
     assert f"OMP_NUM_THREADS=1 dare train {recipe_file}" in recipe_file.read_text()

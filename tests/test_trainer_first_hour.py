@@ -200,12 +200,17 @@ def test_the_rl_progress_bar_shows_the_latest_rollout_reward(tmp_path, capsys):
 
 def test_progress_false_also_silences_the_export_bars(tmp_path, capsys):
     """transformers' "Writing model shards" bar used to appear under trainer.progress=false."""
-    assert main(["train", SFT, f"trainer.output_dir={tmp_path / 'run'}", *SMALL]) == 0  # SMALL: progress=false
-    err = capsys.readouterr().err
-    assert "Writing model shards" not in err and "train:" not in err, err
     from transformers.utils import logging as hf_logging
 
-    assert hf_logging.is_progress_bar_enabled()  # restored after the export
+    before = hf_logging.is_progress_bar_enabled()  # an earlier test (the demo) may have turned them off
+    hf_logging.enable_progress_bar()
+    try:
+        assert main(["train", SFT, f"trainer.output_dir={tmp_path / 'run'}", *SMALL]) == 0  # SMALL: progress=false
+        err = capsys.readouterr().err
+        assert "Writing model shards" not in err and "train:" not in err, err
+        assert hf_logging.is_progress_bar_enabled()  # restored after the export
+    finally:
+        (hf_logging.enable_progress_bar if before else hf_logging.disable_progress_bar)()
 
 
 def test_the_end_says_where_the_weights_are_without_an_export_and_a_deleted_resume_point_does_not_exist(

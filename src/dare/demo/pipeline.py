@@ -328,8 +328,10 @@ class Clock:
 
 def run_demo(config: DemoConfig, *, log: Callable[[str], None] = print) -> dict:
     """Run the demo; returns the report (also written to ``out_dir/report.json``). torch runs on
-    ``config.threads`` CPU threads meanwhile (the previous setting is restored)."""
+    ``config.threads`` CPU threads meanwhile, without transformers' progress bars (both restored after)."""
     import torch
+
+    from dare.trainer.loop import hf_progress_bars
 
     check_config(config)
     if check_out_dir(config):
@@ -338,14 +340,14 @@ def run_demo(config: DemoConfig, *, log: Callable[[str], None] = print) -> dict:
     if config.threads is not None:
         torch.set_num_threads(config.threads)
     try:
-        return _run(config, log)
+        with hf_progress_bars(False):  # transformers' own bars (checkpoint writes) would break the phase lines
+            return _run(config, log)
     finally:
         torch.set_num_threads(threads)
 
 
 def _run(config: DemoConfig, log: Callable[[str], None]) -> dict:
     import torch
-    from transformers.utils import logging as hf_logging
 
     from dare.demo.evaluation import evaluate_heldout
     from dare.demo.report import write_report
@@ -355,7 +357,6 @@ def _run(config: DemoConfig, log: Callable[[str], None]) -> dict:
     from dare.outputs import ensure_dir, mark_output
     from dare.trainer import run_training
 
-    hf_logging.disable_progress_bar()
     out = ensure_dir(config.out_dir, "--out")
     mark_output(out, COMMAND, settings=run_settings(config))  # first: an interrupted run is replaced by a rerun
     started = time.perf_counter()

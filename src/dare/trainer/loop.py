@@ -66,11 +66,13 @@ log = logging.getLogger("dare.trainer")
 
 @contextlib.contextmanager
 def hf_progress_bars(enabled: bool):
-    """transformers' own progress bars (e.g. "Writing model shards") on or off for the block, as ``trainer.progress``."""
+    """transformers' own progress bars (e.g. "Writing model shards") off for the block unless ``enabled`` (as
+    ``trainer.progress``); left as they are otherwise (a caller may have turned them off), and restored after."""
     from transformers.utils import logging as hf_logging
 
     before = hf_logging.is_progress_bar_enabled()
-    (hf_logging.enable_progress_bar if enabled else hf_logging.disable_progress_bar)()
+    if not enabled:
+        hf_logging.disable_progress_bar()
     try:
         yield
     finally:
