@@ -7,6 +7,7 @@ import logging
 from pathlib import Path
 
 import pytest
+from test_cli_errors import one_line_error  # noqa: F401
 
 from dare.cli import main
 from dare.eval import EvalResults, get_benchmark
@@ -15,12 +16,6 @@ ROOT = Path(__file__).resolve().parents[1]
 TINY_GEN = str(ROOT / "configs/lm_eval/data/tiny_gen.jsonl")
 TINY_MC = str(ROOT / "configs/lm_eval/data/tiny_mc.jsonl")
 
-
-def one_line_error(capsys, *args) -> str:
-    assert main(list(args)) == 2, args
-    lines = capsys.readouterr().err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), lines
-    return lines[0]
 
 
 def write_jsonl(path: Path, rows) -> Path:
@@ -253,3 +248,31 @@ def test_a_pool_too_small_for_the_default_shots_says_what_to_pass(tmp_path, caps
     line = one_line_error(capsys, "eval", "run", "--model", "tiny:llada", "--benchmark", "mmlu", "--data", str(data))
     assert line == ("error: mmlu: 5-shot prompts need 5 exemplars with solutions besides the problem itself, the pool "
                     "has 0: pass fewer shots (--shots 0) or a larger pool (--fewshot-data FILE)")
+
+
+def test_the_python_api_refuses_settings_its_mode_would_drop(caplog):
+    """evaluate() used to drop a sampler in likelihood mode, a likelihood config in generation, n > 1 and a template
+    in likelihood mode without a word (the CLI refused the same flags); a sampler seed is replaced by EvalConfig's."""
+    from dare.errors import ConfigError
+    from dare.eval import EvalConfig, LikelihoodConfig, evaluate
+    from dare.models import load_model
+    from dare.models.loading import load_tokenizer
+    from dare.rollout import SamplerConfig
+
+    model, tokenizer = load_model("tiny:llada"), load_tokenizer("tiny:llada")
+    mc, gen = get_benchmark("mmlu"), get_benchmark("gsm8k")
+    mc_samples, gen_samples = mc.load(TINY_MC, limit=1), gen.load(TINY_GEN, limit=1)
+    refused = [
+        (mc, mc_samples, dict(sampler=SamplerConfig(gen_length=8)), "sampler applies to generation"),
+        (mc, mc_samples, dict(config=EvalConfig(num_samples=4, shots=0)), "num_samples > 1 applies to generation"),
+        (mc, mc_samples, dict(config=EvalConfig(template="cot", shots=0)), "template applies to generation"),
+        (gen, gen_samples, dict(likelihood=LikelihoodConfig(mc_samples=3)), "likelihood applies to --mode likelihood"),
+    ]
+    for bench, samples, kwargs, message in refused:
+        with pytest.raises(ConfigError, match=f"^{message}"):
+            evaluate(model, tokenizer, bench, samples, **kwargs)
+    with caplog.at_level(logging.WARNING, logger="dare.eval"):
+        results = evaluate(model, tokenizer, gen, gen_samples, sampler=SamplerConfig(gen_length=8, seed=5),
+                           config=EvalConfig(shots=0))
+    assert results.sampler["settings"]["seed"] == 0
+    assert "warning: ignoring sampler.seed=5: evaluation seeds everything with EvalConfig.seed (0)" in caplog.messages

@@ -314,6 +314,45 @@ def test_decoding_past_the_models_context_length_is_warned_once(caplog, monkeypa
         "16: quality past it is untested"]
 
 
+def test_a_model_in_train_mode_decodes_as_in_eval_mode_and_stays_in_train_mode():
+    """LoRA dropout (which peft allows) used to reach direct generate calls: other tokens at every call."""
+    from dare.models.lora import apply_lora
+
+    policy = apply_lora(model_for("llada"), r=4, alpha=8, dropout=0.5)
+    for name, param in policy.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(param, std=0.5, generator=torch.Generator().manual_seed(0))
+    ids, mask = padded([4, 6], seed=1)
+    config = SamplerConfig(gen_length=8, block_length=8, steps=8)
+    policy.eval()
+    reference = generate(policy, ids, mask, config).completion
+    policy.train()
+    for _ in range(2):
+        assert torch.equal(generate(policy, ids, mask, config).completion, reference)
+    assert policy.training and all(m.training for m in policy.modules())
+
+
+def test_prompt_dtypes_and_unmasked_padding(caplog, monkeypatch):
+    import dare.rollout.samplers as samplers
+
+    monkeypatch.setattr(samplers, "_PADDING_WARNED", False)
+    model = model_for("llada")
+    ids, mask = padded([4, 6], seed=1)
+    config = SamplerConfig(gen_length=8, block_length=8, steps=8)
+    reference = generate(model, ids, mask, config).completion
+    assert torch.equal(generate(model, ids.int(), mask, config).completion, reference)  # int32, e.g. from numpy
+    with pytest.raises(InputError, match=r"^prompts must hold integer token ids; got a torch.float32 tensor$"):
+        generate(model, ids.float(), mask, config)
+    with caplog.at_level("WARNING", logger="dare.rollout"):
+        generate(model, ids[1:], None, config)  # the longest row: no padding, no warning
+        assert not caplog.records
+        for _ in range(2):
+            generate(model, ids, None, config)  # row 0 starts with two pad ids
+    assert [r.getMessage() for r in caplog.records] == [
+        f"warning: prompt rows start with the pad id {PAD} but no attention_mask was given: the padding is attended "
+        "as text; pass the tokenizer's attention_mask (or a list of id lists, padded for you)"]
+
+
 def test_config_and_input_errors():
     model = model_for("llada", dtype=torch.float32)
     ids, mask = padded([4, 6], seed=1)

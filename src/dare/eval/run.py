@@ -149,6 +149,24 @@ def fewshot_record(shots: int, source: str | None) -> dict[str, Any]:
     return {"fewshot_source": source} if shots > 0 else {}
 
 
+def check_mode_settings(bench: Benchmark, mode: str, sampler, likelihood, config: EvalConfig) -> None:
+    """One-line :class:`ConfigError` for a setting the resolved ``mode`` would drop (a sampler in likelihood mode,
+    a likelihood config, n > 1 or a template in likelihood mode; ``dare eval run`` refuses the same flags), and a
+    warning for a sampler seed that ``config.seed`` replaces."""
+    if mode == "likelihood":
+        given = [name for name, unused in (("sampler", sampler is not None), ("num_samples > 1", config.num_samples > 1),
+                                           ("template", config.template is not None)) if unused]
+        if given:
+            raise ConfigError(f"{given[0]} applies to generation; {bench.name} is scored by likelihood here (pass "
+                              "config=EvalConfig(mode='generate'))")
+    elif likelihood is not None:
+        raise ConfigError(f"likelihood applies to --mode likelihood (multiple-choice benchmarks); {bench.name} is "
+                          "evaluated by generation here")
+    if sampler is not None and sampler.seed not in (0, config.seed):
+        log.warning(f"warning: ignoring sampler.seed={sampler.seed}: evaluation seeds everything with "
+                    f"EvalConfig.seed ({config.seed})")
+
+
 @torch.no_grad()
 def evaluate(model, tokenizer, benchmark: Benchmark | str, samples: Sequence[Sample], *,
              sampler=None, likelihood: LikelihoodConfig | None = None, config: EvalConfig | None = None,
@@ -180,6 +198,7 @@ def evaluate(model, tokenizer, benchmark: Benchmark | str, samples: Sequence[Sam
     if not samples:
         raise ConfigError(f"{bench.name}: no samples to evaluate")
     config.check()
+    check_mode_settings(bench, mode, sampler, likelihood, config)
     shots = bench.default_shots if config.shots is None else config.shots
     if shots < 0:
         raise ConfigError(f"shots must be >= 0; got {shots}")

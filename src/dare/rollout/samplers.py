@@ -9,6 +9,7 @@ block-diffusion samplers run :func:`dare.rollout.block.denoise_blocks`; both loo
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 from collections.abc import Sequence
@@ -27,6 +28,8 @@ from dare.rollout.registry import SAMPLERS, Sampler, get_sampler
 log = logging.getLogger("dare.rollout")
 _BEYOND_CONTEXT: set[int] = set()
 """Context lengths already reported by :func:`warn_beyond_context` in this process."""
+_PADDING_WARNED = False
+"""Whether :func:`warn_unmasked_padding` has warned in this process."""
 
 
 MDLM_HOOKS = dict(run=mdlm.denoise_mdlm, finalize=mdlm.finalize_config, check=mdlm.check_config,
@@ -179,9 +182,11 @@ def generate(
             raise InputError("attention_mask is only accepted with a prompt tensor")
         pad_id = family_of(model).token_ids(model.config).pad
         prompts, attention_mask = left_pad(prompts, pad_id, device)
-    prompts = prompts.to(device)
+    prompts = check_prompt_ids(prompts).to(device)
     if attention_mask is not None:
         attention_mask = attention_mask.to(device)
+    else:
+        warn_unmasked_padding(prompts, family_of(model).token_ids(model.config).pad)
     batch = prompts.shape[0] if prompts.ndim == 2 else 0
     if example_ids is None:
         example_ids = list(range(batch))
@@ -206,13 +211,47 @@ def generate(
     if engine == "eager" and config.weights != "model":
         raise ConfigError(f"weights '{config.weights}' decodes on the static engines; engine 'auto' is 'eager' on "
                           f"{device.type}: set engine 'static'")
-    if engine != "eager":
-        mdlm.check_prompts(prompts, attention_mask, family.token_ids(model.config).mask)
-        out = decode_static(sampler, model, prompts, attention_mask, config, example_ids=example_ids, engine=engine,
-                            progress=progress, **resume)
-        if out is not None:
-            return out
-    return sampler.run(model, prompts, attention_mask, config, example_ids=example_ids, progress=progress, **resume)
+    with eval_mode(model):  # dropout (e.g. peft's lora_dropout) never reaches a rollout
+        if engine != "eager":
+            mdlm.check_prompts(prompts, attention_mask, family.token_ids(model.config).mask)
+            out = decode_static(sampler, model, prompts, attention_mask, config, example_ids=example_ids,
+                                engine=engine, progress=progress, **resume)
+            if out is not None:
+                return out
+        return sampler.run(model, prompts, attention_mask, config, example_ids=example_ids, progress=progress,
+                           **resume)
+
+
+@contextlib.contextmanager
+def eval_mode(model):
+    """``model`` in eval mode for the block (a model in train mode is put back in it after)."""
+    training = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        if training:
+            model.train()
+
+
+def check_prompt_ids(prompts: torch.Tensor) -> torch.Tensor:
+    """Integer prompt ids as int64 (int32 from numpy is common); anything else is a one-line :class:`InputError`."""
+    if prompts.dtype == torch.long:
+        return prompts
+    if prompts.dtype.is_floating_point or prompts.dtype.is_complex or prompts.dtype == torch.bool:
+        raise InputError(f"prompts must hold integer token ids; got a {prompts.dtype} tensor")
+    return prompts.long()
+
+
+def warn_unmasked_padding(prompts: torch.Tensor, pad_id: int) -> None:
+    """One warning per process when a prompt tensor without ``attention_mask`` has rows that start with the pad id:
+    the model then attends to the padding, and the row decodes differently from the same prompt alone."""
+    global _PADDING_WARNED
+    if _PADDING_WARNED or prompts.ndim != 2 or prompts.shape[1] < 2 or not bool((prompts[:, 0] == pad_id).any()):
+        return
+    _PADDING_WARNED = True
+    log.warning(f"warning: prompt rows start with the pad id {pad_id} but no attention_mask was given: the padding is "
+                "attended as text; pass the tokenizer's attention_mask (or a list of id lists, padded for you)")
 
 
 def warn_beyond_context(context: int | None, prompt_width: int, gen_length: int) -> None:
