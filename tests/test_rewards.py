@@ -183,3 +183,11 @@ def test_weighted_sum_reports_components_apart_from_accuracy():
     assert isinstance(r[0], RewardResult)
     assert r[0].correct and r[0].reward == pytest.approx(2.0 + 0.5 * 2.0)
     assert not r[1].correct and r[1].reward == pytest.approx(1.0) and r[1].components == {"math": 0.0, "boxed_format": 1.0}
+
+
+def test_an_integer_choice_answer_is_an_option_index():
+    """MMLU's native rows store the answer as an index; it used to be compared with the letter and score 0."""
+    reward = get_reward("choice")
+    scores = [r.reward for r in reward.score(["The answer is (B)", "The answer is (A)", "(B)", "(B)"],
+                                             [{"answer": 1}, {"answer": 1}, {"answer": "B"}, {"answer": 7}])]
+    assert scores == [1.0, 0.0, 1.0, 0.0]  # 7: outside ABCD, compared as text

@@ -49,7 +49,8 @@ class ChoiceReward(Reward):
     """Multiple choice: the option letter the completion commits to equals ``answer``.
 
     ``labels`` (default ``ABCD``) are the valid letters; a completion that is exactly one of the
-    ``choices`` texts also counts as choosing it.
+    ``choices`` texts also counts as choosing it. An integer ``answer`` is an option index (MMLU's native rows:
+    ``1`` is ``B``).
     """
 
     required_fields = ("answer",)
@@ -62,4 +63,7 @@ class ChoiceReward(Reward):
             for label, text in zip(labels, sample["choices"]):
                 if norm == str(text).strip().rstrip(".").lower():
                     pred = label
-        return _binary(pred is not None and pred == str(sample["answer"]).strip(), pred, gold=sample["answer"])
+        gold = sample["answer"]
+        if isinstance(gold, int) and not isinstance(gold, bool) and 0 <= gold < len(labels):
+            gold = labels[gold]
+        return _binary(pred is not None and pred == str(gold).strip(), pred, gold=gold)
