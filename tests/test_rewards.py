@@ -191,3 +191,16 @@ def test_an_integer_choice_answer_is_an_option_index():
     scores = [r.reward for r in reward.score(["The answer is (B)", "The answer is (A)", "(B)", "(B)"],
                                              [{"answer": 1}, {"answer": 1}, {"answer": "B"}, {"answer": 7}])]
     assert scores == [1.0, 0.0, 1.0, 0.0]  # 7: outside ABCD, compared as text
+
+
+def test_a_string_of_completions_or_a_benchmark_sample_is_a_one_line_error():
+    from dare.eval import get_benchmark
+
+    reward = get_reward("gsm8k")
+    with pytest.raises(InputError, match=r"^reward 'gsm8k': completions must be a list of strings; got one string"):
+        reward.score("27", [{"answer": "27"}])
+    sample = get_benchmark("gsm8k").parse_row({"question": "1 + 1?", "answer": "#### 2"}, 0)
+    with pytest.raises(InputError, match=r"sample 0 is a Sample, expected a mapping of its fields \(a benchmark "
+                                         r"Sample: pass its \.target\)$"):
+        reward.score(["2"], [sample])
+    assert reward.score(["The answer is 2"], [sample.target])[0].reward == 1.0

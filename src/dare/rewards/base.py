@@ -63,9 +63,16 @@ class Reward:
         return [r.reward for r in self.score(completions, samples)]
 
     def check(self, completions: Sequence[str], samples: Sequence[Mapping[str, Any]]) -> None:
+        if isinstance(completions, str):
+            raise InputError(f"reward '{self.name}': completions must be a list of strings; got one string (wrap it "
+                             "in a list)")
         if len(completions) != len(samples):
             raise InputError(f"reward '{self.name}': {len(completions)} completions for {len(samples)} samples")
         for i, sample in enumerate(samples):
+            if not isinstance(sample, Mapping):
+                target = " (a benchmark Sample: pass its .target)" if hasattr(sample, "target") else ""
+                raise InputError(f"reward '{self.name}': sample {i} is a {type(sample).__name__}, expected a mapping of "
+                                 f"its fields{target}")
             missing = [k for k in self.required_fields if k not in sample]
             if missing:
                 raise InputError(
