@@ -290,3 +290,19 @@ def test_a_missing_relative_data_path_says_relative_to_what(recipe, tmp_path, ca
     missing = tmp_path / "missing.jsonl"
     assert one_line_error(capsys, "train", recipe, "--dry-run", f"data.path={missing}") == \
         f"error: data file {missing} does not exist"
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda c: setattr(c.optim, "lr", -1.0), "optim.lr must be positive; got -1.0"),
+    (lambda c: setattr(c.trainer, "batch_size", "16"), "config key 'trainer.batch_size': expected an integer, got '16'"),
+])
+def test_a_config_edited_in_python_is_checked_again_before_any_work(edit, message, tmp_path):
+    """Before: torch's ValueError (lr) or a TypeError deep in the data source (batch size), after config.yaml was
+    written."""
+    from dare.trainer import run_training
+
+    config = load_train_config(SFT, [*SMALL, f"trainer.output_dir={tmp_path / 'run'}"])
+    edit(config)
+    with pytest.raises(ConfigError) as err:
+        run_training(config)
+    assert str(err.value) == message and not (tmp_path / "run").exists()

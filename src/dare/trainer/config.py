@@ -342,6 +342,16 @@ def load_train_config(path: str | Path | None, overrides: list[str] = ()) -> Tra
     return config
 
 
+def revalidate(config: TrainConfig) -> None:
+    """The checks of :func:`load_train_config` (types, values, the algorithm's section) on a config object that may
+    have been edited since it was loaded (``cfg.optim.lr = -1`` in Python): one-line errors, before any work."""
+    from dare.algorithms import resolve_algorithm_config
+
+    again = from_dict(TrainConfig, config_dict(config))
+    again.algorithm = resolve_algorithm_config(again.algorithm)
+    again.validate()
+
+
 def config_dict(config: TrainConfig) -> dict:
     """The resolved config as plain data (what is saved as output_dir/config.yaml)."""
     return to_dict(config)

@@ -46,7 +46,7 @@ from dare.distributed.grad_norm import clip_grad_norm_
 from dare.errors import ConfigError, first_line
 from dare.outputs import atomic_write_text, ensure_dir, publish_dir, remove_strays, staging_dir
 from dare.trainer.checkpoint import load_checkpoint, remove_partial_checkpoints, save_checkpoint
-from dare.trainer.config import TrainConfig, config_dict
+from dare.trainer.config import TrainConfig, config_dict, revalidate
 from dare.trainer.metrics import MetricsLogger, truncate_jsonl
 from dare.trainer.preflight import check_run
 from dare.trainer.resume import resume_point
@@ -107,6 +107,7 @@ class Trainer:
 
         self.config = config
         cfg = config
+        revalidate(cfg)  # a config edited in Python after load_train_config: its types and values
         self.info = info or init_distributed(cfg.distributed.backend, cfg.distributed.device)
         check_run(cfg, model=model is None, data=source is None, warn=self.info.is_main)  # what --dry-run checks
         if self.info.device.type == "cpu" and cfg.model.attn_backend in ("flex", "varlen"):
