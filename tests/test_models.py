@@ -261,3 +261,17 @@ def test_placeholder_minus_one_is_rejected():
     raw["partial_rotary_factor"] = -1
     with pytest.raises(ConfigError, match="placeholder -1.*partial_rotary_factor"):
         dare.get_family("llada_moe").model_class(type(config).from_dict(raw))
+
+
+def test_load_model_mistakes_from_python_are_one_line_errors(tmp_path):
+    """Before: torch's AssertionError (CUDA without CUDA), RuntimeError (a misspelt device), TypeError (int8)."""
+    from dare.models.loading import load_model
+
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match=r"^device cuda: CUDA is not available on this machine"):
+            load_model("tiny:llada", device="cuda")
+    with pytest.raises(ConfigError, match=r"^device gpu: not a torch device"):
+        load_model("tiny:llada", device="gpu")
+    with pytest.raises(ConfigError, match=r"^dtype torch.int8 is not a floating-point dtype"):
+        load_model("tiny:llada", dtype=torch.int8)
+    assert load_model("tiny:llada", device=torch.device("cpu"), dtype=torch.float64).dtype == torch.float64

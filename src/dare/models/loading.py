@@ -22,6 +22,8 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 def resolve_dtype(dtype) -> torch.dtype | None:
     """``torch.dtype``, a name (``bfloat16``), or ``auto``/None (keep the checkpoint's dtype)."""
+    if isinstance(dtype, torch.dtype) and not dtype.is_floating_point:
+        raise ConfigError(f"dtype {dtype} is not a floating-point dtype (float32, bfloat16, float16)")
     if dtype is None or isinstance(dtype, torch.dtype):
         return dtype
     if dtype == "auto":
@@ -105,7 +107,11 @@ def load_model(path: str, adapter: str | None = None, *, dtype="float32", device
         trainable: keep the adapter trainable (resume LoRA training); default frozen (eval/rollout).
     Returns the model in eval mode (a ``peft.PeftModel`` when ``adapter`` is given).
     """
+    from dare.devices import resolve_device
+
     torch_dtype = resolve_dtype(dtype)
+    if isinstance(device, str):
+        device = resolve_device(device, "device")  # CUDA without CUDA, a misspelt device: one line
     tiny = parse_tiny(path)
     if tiny is not None:
         from dare.models.tiny import tiny_model
@@ -129,7 +135,8 @@ def load_model(path: str, adapter: str | None = None, *, dtype="float32", device
 
         if not (Path(adapter) / "adapter_config.json").is_file():
             raise ConfigError(f"{adapter} is not a LoRA adapter directory (no adapter_config.json)")
-        model = PeftModel.from_pretrained(model, str(adapter), is_trainable=trainable)
+        with loading_errors(path, adapter):  # e.g. an adapter trained on another family: one line
+            model = PeftModel.from_pretrained(model, str(adapter), is_trainable=trainable)
         model = model.to(device)
     return model.eval()
 
