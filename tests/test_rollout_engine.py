@@ -299,9 +299,9 @@ def test_a_setting_the_decoder_does_not_read_is_warned_once_and_not_applied(capl
 
 
 def test_decoding_past_the_models_context_length_is_warned_once(caplog, monkeypatch):
-    import dare.rollout.samplers as samplers
+    import dare.rollout.config as config_module
 
-    monkeypatch.setattr(samplers, "_BEYOND_CONTEXT", set())
+    monkeypatch.setattr(config_module, "_WARNED", set())
     model = sharp_model("llada", seed=2, scale=30.0, dtype=F64, max_sequence_length=16)
     ids, mask = padded([4, 6], seed=1)
     with caplog.at_level("WARNING", logger="dare.rollout"):
@@ -333,9 +333,9 @@ def test_a_model_in_train_mode_decodes_as_in_eval_mode_and_stays_in_train_mode()
 
 
 def test_prompt_dtypes_and_unmasked_padding(caplog, monkeypatch):
-    import dare.rollout.samplers as samplers
+    import dare.rollout.config as config_module
 
-    monkeypatch.setattr(samplers, "_PADDING_WARNED", False)
+    monkeypatch.setattr(config_module, "_WARNED", set())
     model = model_for("llada")
     ids, mask = padded([4, 6], seed=1)
     config = SamplerConfig(gen_length=8, block_length=8, steps=8)

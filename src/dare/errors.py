@@ -30,6 +30,11 @@ def first_line(err: BaseException) -> str:
     return text.splitlines()[0] if text else type(err).__name__
 
 
+def and_join(names: list[str]) -> str:
+    """``a``, ``a and b``, ``a, b and c`` (lists in one-line messages)."""
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+
+
 def closest(name: str, choices: Iterable[str]) -> str | None:
     """Return the choice most similar to ``name`` (for 'did you mean' hints), or None."""
     matches = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.5)

@@ -52,6 +52,20 @@ def ensure_dir(path: str | os.PathLike, what: str) -> Path:
     return path
 
 
+def check_dir_target(path: str | os.PathLike, what: str) -> None:
+    """The errors :func:`ensure_dir` gives for ``path``, without creating anything (``dare train --dry-run``): a file
+    there or in the way of its parents, or a directory that is not writable."""
+    target = Path(path).expanduser()
+    if target.exists() and not target.is_dir():
+        raise ConfigError(f"{what} {target}: exists and is not a directory")
+    existing = next((p for p in (target, *target.parents) if p.exists()), Path("."))
+    if not existing.is_dir():
+        raise ConfigError(f"{what} {target}: cannot create the directory ({existing} is a file)")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        detail = "the directory is not writable" if existing == target else f"cannot create it in {existing}"
+        raise ConfigError(f"{what} {target}: {detail}")
+
+
 def check_file_target(path: str | os.PathLike, what: str) -> Path:
     """Check that file ``path`` can be written (its directory is created when missing); writes nothing else."""
     path = Path(path).expanduser()
@@ -76,14 +90,14 @@ def atomic_write_text(path: str | os.PathLike, text: str, encoding: str = "utf-8
     return path
 
 
-def _absolute(path: str | os.PathLike) -> Path:
+def absolute_path(path: str | os.PathLike) -> Path:
     """``path`` made absolute and normalised (``.``, ``..`` removed; symlinks kept): ``Path(".").name`` is empty."""
     return Path(os.path.abspath(Path(path).expanduser()))
 
 
 def staging_dir(final: str | os.PathLike) -> Path:
     """An empty hidden sibling directory of ``final`` to write into (then :func:`publish_dir`)."""
-    final = _absolute(final)
+    final = absolute_path(final)
     tmp = final.with_name(f".{final.name}{STAGING_SUFFIX}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -94,7 +108,7 @@ def publish_dir(tmp: str | os.PathLike, final: str | os.PathLike) -> Path:
     """Rename the complete directory ``tmp`` to ``final``, replacing an existing ``final``; returns ``final`` made
     absolute. It replaces whatever ``final`` holds: a command writing where a user points it checks the target
     first (:func:`check_replaceable`, :func:`check_apart`)."""
-    tmp, final = Path(tmp), _absolute(final)
+    tmp, final = Path(tmp), absolute_path(final)
     old = final.with_name(f".{final.name}{REPLACED_SUFFIX}")
     shutil.rmtree(old, ignore_errors=True)
     if final.exists():
@@ -173,5 +187,6 @@ def remove_strays(root: str | os.PathLike) -> list[Path]:
     return removed
 
 
-__all__ = ["OUTPUT_MARKER", "atomic_write_text", "check_apart", "check_file_target", "check_replaceable", "ensure_dir",
-           "mark_output", "publish_dir", "read_marker", "remove_strays", "staging_dir"]
+__all__ = ["OUTPUT_MARKER", "absolute_path", "atomic_write_text", "check_apart", "check_dir_target",
+           "check_file_target", "check_replaceable", "ensure_dir", "mark_output", "publish_dir", "read_marker",
+           "remove_strays", "staging_dir"]

@@ -47,6 +47,7 @@ from dare.algorithms.functional import (
     clipped_surrogate, group_advantages, kl_estimate, shrink_step_map, step_ranks, tracerl_token_advantages,
 )
 from dare.algorithms.logprobs import denoising_hidden, model_inputs
+from dare.models.loading import evaluating
 from dare.algorithms.rl import PPOConfig, RLAlgorithm, RolloutContext, TermwiseMixin, response_field
 from dare.errors import ConfigError, unknown_choice
 
@@ -157,12 +158,8 @@ class TraceRL(TermwiseMixin, RLAlgorithm):
 
     def rollout_values(self, batch: TensorDict) -> torch.Tensor:
         """``[R, S]``: every trainable token's value on its own row (the value model before this step's update)."""
-        was_training = self.value.training
-        self.value.eval()
-        try:
+        with evaluating(self.value):
             return sum(self.value_term(batch, k) for k in range(batch["noisy_ids"].shape[1]))
-        finally:
-            self.value.train(was_training)
 
     # ---- advantages and rows -----------------------------------------------------------------------------
     @property

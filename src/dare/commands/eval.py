@@ -104,8 +104,8 @@ SAMPLER_FLAGS = ("sampler", "gen_length", "block_length", "steps", "block_steps"
 def _run_configs(args: argparse.Namespace, bench):
     """``(EvalConfig, sampler field values or None, LikelihoodConfig or None)`` from the flags, validated
     before the model is loaded."""
-    from dare.commands.eval_inputs import reject_option_seed
-    from dare.commands.generate import parse_options, reject_flag_and_option, sampler_values
+    from dare.commands.eval_inputs import eval_sampler_values, reject_option_seed
+    from dare.commands.generate import parse_options, reject_flag_and_option
     from dare.errors import ConfigError
     from dare.eval import EvalConfig, LikelihoodConfig
 
@@ -129,12 +129,7 @@ def _run_configs(args: argparse.Namespace, bench):
     if args.mc_samples is not None or args.length_norm is not None:
         flag = "--mc-samples" if args.mc_samples is not None else "--length-norm"
         raise ConfigError(f"{flag} applies to --mode likelihood (multiple-choice benchmarks)")
-    values = sampler_values(args)
-    reject_option_seed(parse_options(args.option))
-    values.pop("seed", None)  # EvalConfig.seed seeds everything
-    if "gen_length" not in values:
-        template = config.resolve_template(bench, bench.default_shots if args.shots is None else args.shots)
-        values["gen_length"] = bench.generation_defaults(template).max_new_tokens
+    values = eval_sampler_values(args, bench, config)
     from dare.rollout import SamplerConfig
 
     check = SamplerConfig.from_dict(values)  # unknown -o keys

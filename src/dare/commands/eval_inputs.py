@@ -103,3 +103,18 @@ def reject_option_seed(options: dict, where: str = "-o") -> None:
         seed = options["seed"]
         raise ConfigError(f"{where} seed={seed} is not used by dare eval: pass --seed {seed} (one seed for the whole "
                           "run: sampling, few-shot selection and the likelihood corruptions)")
+
+
+def eval_sampler_values(args: argparse.Namespace, bench, config) -> dict:
+    """The :class:`~dare.rollout.SamplerConfig` fields of ``dare eval run`` / ``sweep``'s flags: ``-o seed`` refused
+    (:func:`reject_option_seed`), the seed left to ``config`` (:class:`~dare.eval.EvalConfig`), and ``gen_length``
+    by default the benchmark's ``max_new_tokens`` for the prompt template the run uses."""
+    from dare.commands.generate import parse_options, sampler_values
+
+    values = sampler_values(args)
+    reject_option_seed(parse_options(args.option))
+    values.pop("seed", None)  # EvalConfig.seed seeds everything
+    if "gen_length" not in values:
+        template = config.resolve_template(bench, bench.default_shots if args.shots is None else args.shots)
+        values["gen_length"] = bench.generation_defaults(template).max_new_tokens
+    return values

@@ -96,8 +96,7 @@ def grid_of_several_keys(text: str, parts: list[str]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from dare.commands.eval_inputs import load_samples, reject_option_seed
-    from dare.commands.generate import parse_options, sampler_values
+    from dare.commands.eval_inputs import eval_sampler_values, load_samples, reject_option_seed
     from dare.errors import ConfigError
     from dare.eval import EvalConfig, evaluate, get_benchmark
     from dare.eval.run import load_for_eval
@@ -112,16 +111,11 @@ def run(args: argparse.Namespace) -> int:
     points = [parse_point(p) for p in args.point] + [p for g in args.grid for p in expand_grid(g)]
     if not points:
         raise ConfigError("dare eval sweep needs at least one --point or --grid")
-    common = sampler_values(args)
-    reject_option_seed(parse_options(args.option))
-    for fields in points:
-        reject_option_seed(fields, "--point/--grid")
-    common.pop("seed", None)  # EvalConfig.seed seeds everything
     config = EvalConfig(mode="generate", shots=args.shots, template=args.template, chat=args.chat,
                         batch_size=args.batch_size, seed=args.seed or 0)
-    if "gen_length" not in common:
-        template = config.resolve_template(bench, bench.default_shots if args.shots is None else args.shots)
-        common["gen_length"] = bench.generation_defaults(template).max_new_tokens
+    common = eval_sampler_values(args, bench, config)
+    for fields in points:
+        reject_option_seed(fields, "--point/--grid")
     for fields in points:  # every point's names and values checked before the model is loaded
         merged = {**common, **fields}
         SamplerConfig.from_dict(merged)

@@ -150,11 +150,11 @@ def _humaneval_test(row: Mapping[str, Any]) -> str:
 
 def _parse_humaneval(row: Mapping[str, Any], index: int) -> Sample:
     entry = row["entry_point"]
-    _humaneval_test(row)
+    test = _humaneval_test(row)
     return Sample(
         id=str(row["task_id"]),
         question=str(row["prompt"]),
-        target={"prompt": row["prompt"], "entry_point": entry, "tests": [f"{row['test']}\n\ncheck({entry})\n"]},
+        target={"prompt": row["prompt"], "entry_point": entry, "tests": [f"{test}\n\ncheck({entry})\n"]},
         answer=str(row.get("canonical_solution", "")),
         solution=str(row["prompt"]) + str(row.get("canonical_solution", "")),
         raw=dict(row),

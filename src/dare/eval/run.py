@@ -36,6 +36,7 @@ from dare.eval.benchmark import Benchmark, Sample, get_benchmark
 from dare.eval.likelihood import LikelihoodConfig, LikelihoodStats, Request, continuation_elbo, normalise
 from dare.eval.results import EvalResults
 from dare.eval.scoring import score_predictions
+from dare.models.loading import evaluating
 from dare.rollout import default_sampler
 from dare.rollout.engine import kernel_settings
 
@@ -209,16 +210,12 @@ def evaluate(model, tokenizer, benchmark: Benchmark | str, samples: Sequence[Sam
     source = fewshot_source or (EVALUATED_DATA if fewshot_pool is None else "fewshot_pool")
     info = {"model": model_record(model, **(model_info or {})), "data": dict(data_info or {}),
             "fewshot": fewshot_record(shots, source)}
-    was_training = model.training
-    model.eval()
-    try:
+    with evaluating(model):
         if mode == "likelihood":
             return _likelihood(model, tokenizer, bench, samples, pool, shots, likelihood or LikelihoodConfig(),
                                config, info, progress)
         return _generation(model, tokenizer, bench, samples, pool, shots, sampler, config, info, reward_options,
                            progress)
-    finally:
-        model.train(was_training)
 
 
 # ------------------------------------------------------------------------------------ generation

@@ -163,6 +163,20 @@ def adapter_base(adapter: str) -> str:
     return base
 
 
+@contextmanager
+def evaluating(model):
+    """Eval mode (no dropout) for the duration of the block, then the previous mode. A model already in eval
+    mode is left alone (switching walks every module: ~50 ms on LLaDA-8B with LoRA adapters)."""
+    if not model.training:
+        yield model
+        return
+    model.eval()
+    try:
+        yield model
+    finally:
+        model.train()
+
+
 def unwrap(model):
     """The underlying :class:`~dare.models.DiffusionLM` of a peft / compiled wrapper."""
     inner = model

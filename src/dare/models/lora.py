@@ -34,16 +34,16 @@ def merge_adapter(adapter: str, out_dir: str, base: str | None = None, dtype="au
     output, and neither the adapter, the base model directory nor the current directory, nor contain any of them.
     Returns ``out_dir`` made absolute.
     """
-    import os
-
     from dare.models.loading import adapter_base, load_model, load_tokenizer, loading_errors
-    from dare.outputs import check_apart, check_replaceable, ensure_dir, mark_output, publish_dir, staging_dir
+    from dare.outputs import (
+        absolute_path, check_apart, check_replaceable, ensure_dir, mark_output, publish_dir, staging_dir,
+    )
 
     base = base or adapter_base(adapter)
     inputs = {"the adapter directory": adapter, "the base model directory": base, "the current directory": "."}
     check_apart(out_dir, what, inputs)  # replacing out_dir would delete them
     check_replaceable(out_dir, what, "merge-lora")  # a trained model, a run or a user's files are never replaced
-    out = Path(os.path.abspath(Path(out_dir).expanduser()))  # `--out .`: Path(".").name is empty
+    out = absolute_path(out_dir)  # `--out .`: Path(".").name is empty
     ensure_dir(out.parent, what)
     with loading_errors(base, adapter):  # e.g. an adapter trained on another family: one line
         model = load_model(base, adapter=adapter, dtype=dtype)

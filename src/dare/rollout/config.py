@@ -17,7 +17,7 @@ import dataclasses
 import logging
 from dataclasses import dataclass
 
-from dare.errors import ConfigError, closest
+from dare.errors import ConfigError, and_join, closest
 from dare.rollout.kernels import (
     CONFIDENCE_ALIASES,
     CONFIDENCE_DTYPES,
@@ -38,21 +38,24 @@ WEIGHTS = ("model", "merged", "fp8")
 _NUMERIC_TYPES = ("int", "float")
 """Annotated field types of :class:`SamplerConfig` whose values must be numbers."""
 _WARNED: set[tuple] = set()
-"""Settings already reported by :meth:`SamplerConfig.warn_unread_settings` in this process."""
+"""Keys of the warnings :func:`warn_once` has logged in this process."""
 
 log = logging.getLogger("dare.rollout")
 
 
+def warn_once(key: tuple, message: str) -> None:
+    """Log ``message`` as a warning the first time this process sees ``key`` (rollouts repeat every RL step)."""
+    if key not in _WARNED:
+        _WARNED.add(key)
+        log.warning(message)
+
+
 def warn_unread(key: str, value, decoder: str, readers: tuple[str, ...]) -> None:
     """``warning: ignoring KEY=VALUE: only the ... decoders read it`` (once per process for each setting)."""
-    if (key, value, decoder) in _WARNED:
-        return
-    _WARNED.add((key, value, decoder))
-    quoted = [f"'{r}'" for r in readers]
-    rules = quoted[0] if len(quoted) == 1 else f"{', '.join(quoted[:-1])} and {quoted[-1]}"
+    rules = and_join([f"'{r}'" for r in readers])
     readers_read = "decoders read" if len(readers) > 1 else "decoder reads"
-    log.warning(f"warning: ignoring {key}={value}: only the {rules} {readers_read} it, this rollout uses decoder "
-                f"'{decoder}'")
+    warn_once(("unread", key, value, decoder), f"warning: ignoring {key}={value}: only the {rules} {readers_read} it, "
+                                               f"this rollout uses decoder '{decoder}'")
 
 
 @dataclass

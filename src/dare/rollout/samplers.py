@@ -9,27 +9,19 @@ block-diffusion samplers run :func:`dare.rollout.block.denoise_blocks`; both loo
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import logging
 from collections.abc import Sequence
 
 import torch
 
 from dare.errors import ConfigError, InputError
 from dare.rollout import block, mdlm
-from dare.rollout.config import SamplerConfig
+from dare.rollout.config import SamplerConfig, warn_once
 from dare.rollout.engine import decode_static, resolve_engine
 from dare.rollout.engine.block import BlockState
 from dare.rollout.engine.mdlm import MdlmState
 from dare.rollout.output import RolloutOutput
 from dare.rollout.registry import SAMPLERS, Sampler, get_sampler
-
-log = logging.getLogger("dare.rollout")
-_BEYOND_CONTEXT: set[int] = set()
-"""Context lengths already reported by :func:`warn_beyond_context` in this process."""
-_PADDING_WARNED = False
-"""Whether :func:`warn_unmasked_padding` has warned in this process."""
 
 
 MDLM_HOOKS = dict(run=mdlm.denoise_mdlm, finalize=mdlm.finalize_config, check=mdlm.check_config,
@@ -170,6 +162,7 @@ def generate(
     Returns:
         :class:`RolloutOutput` (tokens, completion mask, log-probs, step map, nfe, optional trajectory).
     """
+    from dare.models.loading import evaluating
     from dare.models.spec import family_of
 
     config = config or SamplerConfig()
@@ -177,16 +170,17 @@ def generate(
         config = config.replace(**overrides)
     config = config.resolved()
     device = model_device(model)
+    family = family_of(model)
+    tokens = family.token_ids(model.config)
     if not isinstance(prompts, torch.Tensor):
         if attention_mask is not None:
             raise InputError("attention_mask is only accepted with a prompt tensor")
-        pad_id = family_of(model).token_ids(model.config).pad
-        prompts, attention_mask = left_pad(prompts, pad_id, device)
+        prompts, attention_mask = left_pad(prompts, tokens.pad, device)
     prompts = check_prompt_ids(prompts).to(device)
     if attention_mask is not None:
         attention_mask = attention_mask.to(device)
     else:
-        warn_unmasked_padding(prompts, family_of(model).token_ids(model.config).pad)
+        warn_unmasked_padding(prompts, tokens.pad)
     batch = prompts.shape[0] if prompts.ndim == 2 else 0
     if example_ids is None:
         example_ids = list(range(batch))
@@ -194,7 +188,6 @@ def generate(
     if len(example_ids) != batch:
         raise InputError(f"example_ids has {len(example_ids)} entries for {batch} prompts")
     sampler = get_sampler(config.sampler)
-    family = family_of(model)
     warn_beyond_context(family.context_length(model.config), prompts.shape[-1], config.gen_length)
     if family.attention != sampler.attention:
         fits = [s.name for s in SAMPLERS.values() if s.attention == family.attention]
@@ -211,27 +204,15 @@ def generate(
     if engine == "eager" and config.weights != "model":
         raise ConfigError(f"weights '{config.weights}' decodes on the static engines; engine 'auto' is 'eager' on "
                           f"{device.type}: set engine 'static'")
-    with eval_mode(model):  # dropout (e.g. peft's lora_dropout) never reaches a rollout
+    with evaluating(model):  # dropout (e.g. peft's lora_dropout) never reaches a rollout
         if engine != "eager":
-            mdlm.check_prompts(prompts, attention_mask, family.token_ids(model.config).mask)
+            mdlm.check_prompts(prompts, attention_mask, tokens.mask)
             out = decode_static(sampler, model, prompts, attention_mask, config, example_ids=example_ids,
                                 engine=engine, progress=progress, **resume)
             if out is not None:
                 return out
         return sampler.run(model, prompts, attention_mask, config, example_ids=example_ids, progress=progress,
                            **resume)
-
-
-@contextlib.contextmanager
-def eval_mode(model):
-    """``model`` in eval mode for the block (a model in train mode is put back in it after)."""
-    training = model.training
-    model.eval()
-    try:
-        yield
-    finally:
-        if training:
-            model.train()
 
 
 def check_prompt_ids(prompts: torch.Tensor) -> torch.Tensor:
@@ -246,12 +227,11 @@ def check_prompt_ids(prompts: torch.Tensor) -> torch.Tensor:
 def warn_unmasked_padding(prompts: torch.Tensor, pad_id: int) -> None:
     """One warning per process when a prompt tensor without ``attention_mask`` has rows that start with the pad id:
     the model then attends to the padding, and the row decodes differently from the same prompt alone."""
-    global _PADDING_WARNED
-    if _PADDING_WARNED or prompts.ndim != 2 or prompts.shape[1] < 2 or not bool((prompts[:, 0] == pad_id).any()):
+    if prompts.ndim != 2 or prompts.shape[1] < 2 or not bool((prompts[:, 0] == pad_id).any()):
         return
-    _PADDING_WARNED = True
-    log.warning(f"warning: prompt rows start with the pad id {pad_id} but no attention_mask was given: the padding is "
-                "attended as text; pass the tokenizer's attention_mask (or a list of id lists, padded for you)")
+    warn_once(("unmasked padding",), f"warning: prompt rows start with the pad id {pad_id} but no attention_mask was "
+              "given: the padding is attended as text; pass the tokenizer's attention_mask (or a list of id lists, "
+              "padded for you)")
 
 
 def warn_beyond_context(context: int | None, prompt_width: int, gen_length: int) -> None:
@@ -259,11 +239,10 @@ def warn_beyond_context(context: int | None, prompt_width: int, gen_length: int)
     configured for: nothing stops RoPE there, but the model never saw them (and a stray zero in ``gen_length``
     looks like a hang)."""
     total = prompt_width + gen_length
-    if context is None or total <= context or context in _BEYOND_CONTEXT:
+    if context is None or total <= context:
         return
-    _BEYOND_CONTEXT.add(context)
-    log.warning(f"warning: prompt ({prompt_width} tokens) + gen_length ({gen_length}) = {total} positions, beyond the "
-                f"model's configured context length {context}: quality past it is untested")
+    warn_once(("beyond context", context), f"warning: prompt ({prompt_width} tokens) + gen_length ({gen_length}) = "
+              f"{total} positions, beyond the model's configured context length {context}: quality past it is untested")
 
 
 def _check_canvas(canvas: torch.Tensor | None, batch: int, gen_length: int, device) -> torch.Tensor | None:

@@ -43,7 +43,7 @@ from dare.distributed import (
     DistInfo, all_reduce_dict, all_reduce_max_int, apply_fsdp, autocast_context, barrier, init_distributed,
 )
 from dare.distributed.grad_norm import clip_grad_norm_
-from dare.errors import ConfigError, first_line
+from dare.errors import ConfigError, and_join, first_line
 from dare.outputs import atomic_write_text, ensure_dir, publish_dir, remove_strays, staging_dir
 from dare.trainer.checkpoint import load_checkpoint, remove_partial_checkpoints, save_checkpoint
 from dare.trainer.config import TrainConfig, config_dict, revalidate
@@ -77,11 +77,6 @@ def hf_progress_bars(enabled: bool):
         yield
     finally:
         (hf_logging.enable_progress_bar if before else hf_logging.disable_progress_bar)()
-
-
-def and_join(names: list[str]) -> str:
-    """``a``, ``a and b``, ``a, b and c``."""
-    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
 
 
 def _add(into: dict, values: dict) -> None:

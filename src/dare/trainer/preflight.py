@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 from pathlib import Path
 
 from dare.errors import ConfigError
+from dare.outputs import check_dir_target
 
 log = logging.getLogger("dare.trainer")
 
@@ -38,7 +38,7 @@ def check_run(config, *, model: bool = True, data: bool = True, warn: bool = Tru
 
     needs = get_algorithm(config.algorithm.name).needs
     check_resume(config.trainer.resume)
-    check_output_dir(config.trainer.output_dir)
+    check_dir_target(config.trainer.output_dir, "trainer.output_dir")  # what ensure_dir would refuse
     if model:
         check_model_path(config.model.path)
     check_tokenizer_path(config.model.tokenizer)
@@ -90,20 +90,6 @@ def check_tokenizer_path(path: str | None) -> None:
         raise ConfigError(f"model.tokenizer {path} is a file; expected a tokenizer (or model) directory")
     if not any((local / name).is_file() for name in TOKENIZER_FILES):
         raise ConfigError(f"model.tokenizer {path} holds no tokenizer files ({', '.join(TOKENIZER_FILES[:2])}, ...)")
-
-
-def check_output_dir(path: str) -> None:
-    """The errors :func:`dare.outputs.ensure_dir` gives ``trainer.output_dir``, without creating anything: a file
-    there or in the way of its parents, or a directory that is not writable."""
-    target = Path(path).expanduser()
-    if target.exists() and not target.is_dir():
-        raise ConfigError(f"trainer.output_dir {target}: exists and is not a directory")
-    existing = next((p for p in (target, *target.parents) if p.exists()), Path("."))
-    if not existing.is_dir():
-        raise ConfigError(f"trainer.output_dir {target}: cannot create the directory ({existing} is a file)")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        what = "the directory is not writable" if existing == target else f"cannot create it in {existing}"
-        raise ConfigError(f"trainer.output_dir {target}: {what}")
 
 
 def check_relative(check, path: str) -> None:
@@ -179,5 +165,5 @@ def overridden(config) -> list[tuple[str, str]]:
     return moot
 
 
-__all__ = ["OVERRIDDEN", "UNUSED_DATA", "changed", "check_model_path", "check_output_dir", "check_relative", "check_run",
+__all__ = ["OVERRIDDEN", "UNUSED_DATA", "changed", "check_model_path", "check_relative", "check_run",
            "check_tokenizer_path", "overridden", "warn_unused"]

@@ -58,9 +58,10 @@ from dare.algorithms.rl import RolloutContext
 from dare.trainer.prompts import PromptItem
 from dare.distributed import DistInfo, all_reduce_dict, all_reduce_max_int, gathered_parameters
 from dare.errors import ConfigError
+from dare.models.loading import evaluating
 from dare.rollout import derive_seed, left_pad
 from dare.rollout.output import completion_mask as stop_mask
-from dare.trainer.workflow import Reference, evaluating, prepare_micro_batches
+from dare.trainer.workflow import Reference, prepare_micro_batches
 
 TRAJECTORY_FIELDS = ("states", "predictions", "confidences", "transfers", "candidates")
 

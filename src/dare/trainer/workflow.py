@@ -1,5 +1,5 @@
-"""Pieces of the RL / preference workflow shared by the batch sources: the reference policy, evaluation-mode
-forwards, and attaching old / reference estimates to stored views.
+"""Pieces of the RL / preference workflow shared by the batch sources: the reference policy and attaching old /
+reference estimates to stored views (evaluation-mode forwards: :func:`dare.models.loading.evaluating`).
 
 The workflow of one rollout step (``algorithms.md`` §0.3)::
 
@@ -21,20 +21,7 @@ import contextlib
 import torch
 from tensordict import TensorDict
 
-
-@contextlib.contextmanager
-def evaluating(model):
-    """Eval mode (no dropout) for the duration of the block, then the previous mode. A model already in eval
-    mode is left alone (switching walks every module: ~50 ms on LLaDA-8B with LoRA adapters)."""
-    if not model.training:
-        yield model
-        return
-    was_training = model.training
-    model.eval()
-    try:
-        yield model
-    finally:
-        model.train(was_training)
+from dare.models.loading import evaluating
 
 
 class Reference:
@@ -104,4 +91,4 @@ def prepare_micro_batch(algorithm, batch: TensorDict, step: int, policy=None, re
     return prepare_micro_batches(algorithm, [batch], [step], policy, reference, device, precision)[0]
 
 
-__all__ = ["Reference", "attach_estimates", "evaluating", "prepare_micro_batch", "prepare_micro_batches"]
+__all__ = ["Reference", "attach_estimates", "prepare_micro_batch", "prepare_micro_batches"]
