@@ -297,9 +297,9 @@ def help_text(capsys, *command) -> str:
 
 
 def test_the_gen_length_help_states_each_commands_real_default(capsys):
-    from dare.rollout import SamplerConfig
+    from dare.rollout.config import DEFAULT_GEN_LENGTH
 
-    assert f"--gen-length GEN_LENGTH generated tokens (default {SamplerConfig().gen_length})" in help_text(
+    assert f"--gen-length GEN_LENGTH generated tokens (default {DEFAULT_GEN_LENGTH})" in help_text(
         capsys, "generate")
     for command in (["eval", "run"], ["eval", "sweep"]):
         text = help_text(capsys, *command)

@@ -302,9 +302,9 @@ def test_compiled_proposals_at_a_real_vocabulary_equal_the_eager_ops():
     eligible = torch.rand(3, 32, device="cuda") < 0.7
     keys = noise.row_keys([11, 12, 13], "cuda")
     counters, positions = torch.arange(3, device="cuda"), torch.arange(32, device="cuda")[None].expand(3, 32)
-    for config in (SamplerConfig(temperature=0.9, top_k=50), SamplerConfig(temperature=0.0),
-                   SamplerConfig(temperature=1.0, top_p=0.9, confidence="margin")):
-        config = config.resolved()
+    for settings in (dict(temperature=0.9, top_k=50), dict(temperature=0.0),
+                     dict(temperature=1.0, top_p=0.9, confidence="margin")):
+        config = SamplerConfig(sampler="llada", **settings).resolved()
         args = dict(config=config, banned=7, keys=keys, counters=counters, positions=positions)
         compiled = sampling.propose_static(logits, eligible, **args)
         assert sampling._propose.enabled, "compiled sampling was disabled after a compiler error"

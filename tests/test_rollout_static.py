@@ -256,7 +256,7 @@ def test_gumbel_noise_samples_the_softmax():
 
 def test_engine_errors_and_fallback(caplog):
     with pytest.raises(ConfigError, match="unknown engine 'graf' \\(did you mean 'graph'"):
-        SamplerConfig(engine="graf").resolved()
+        SamplerConfig(sampler="llada", engine="graf").resolved()
     with pytest.raises(ConfigError, match="needs CUDA"):
         resolve_engine("graph", torch.device("cpu"))
     assert resolve_engine("auto", torch.device("cpu")) == "eager"
@@ -484,7 +484,7 @@ def test_a_non_numeric_setting_is_a_one_line_error():
     with pytest.raises(ConfigError, match="threshold must be a number; got 'a'"):
         SamplerConfig(sampler="fastdllm", threshold="a").resolved()
     with pytest.raises(ConfigError, match="gen_length must be a number"):
-        SamplerConfig(gen_length="long").resolved()
+        SamplerConfig(sampler="llada", gen_length="long").resolved()
 
 
 @pytest.mark.parametrize("family,sampler,overrides", [

@@ -111,8 +111,9 @@ def run(args: argparse.Namespace) -> int:
     if args.dry_run:
         import yaml
 
-        from dare.trainer.preflight import check_run
+        from dare.trainer.preflight import check_run, fill_rollout_defaults
 
+        fill_rollout_defaults(config)
         check_run(config)  # what a run checks before it loads the model and the data
         from pathlib import Path
 

@@ -37,7 +37,6 @@ from dare.eval.likelihood import LikelihoodConfig, LikelihoodStats, Request, con
 from dare.eval.results import EvalResults
 from dare.eval.scoring import score_predictions
 from dare.models.loading import evaluating
-from dare.rollout import default_sampler
 from dare.rollout.engine import kernel_settings
 
 log = logging.getLogger("dare.eval")
@@ -180,8 +179,8 @@ def evaluate(model, tokenizer, benchmark: Benchmark | str, samples: Sequence[Sam
         model / tokenizer: an in-memory DARE model (possibly peft-wrapped) and its tokenizer.
         benchmark: a :class:`Benchmark` or its name.
         samples: the problems (``benchmark.load(...)``).
-        sampler: :class:`dare.rollout.SamplerConfig` for generation (None: the family's default sampler with
-            ``gen_length`` = the benchmark's ``max_new_tokens``).
+        sampler: :class:`dare.rollout.SamplerConfig` for generation (None: the defaults); its unset ``sampler`` is
+            the family's default sampler, its unset ``gen_length`` the benchmark's ``max_new_tokens``.
         likelihood: :class:`LikelihoodConfig` for likelihood mode (None: defaults).
         config: :class:`EvalConfig` (mode, shots, template, chat, n, batch size, seed, ks).
         fewshot_pool: exemplars for few-shot prompts (None: ``samples``, with a warning: other evaluated problems
@@ -227,9 +226,10 @@ def _generation(model, tokenizer, bench, samples, pool, shots, sampler, config, 
     stop_ids = family_of(model).token_ids(model.config).stop_ids
     template = config.resolve_template(bench, shots)
     defaults = bench.generation_defaults(template)
-    if sampler is None:
-        sampler = SamplerConfig(sampler=default_sampler(model), gen_length=defaults.max_new_tokens)
-    resolved = sampler.replace(seed=config.seed).resolved()
+    sampler = sampler or SamplerConfig()
+    if sampler.gen_length is None:
+        sampler = sampler.replace(gen_length=defaults.max_new_tokens)
+    resolved = sampler.replace(seed=config.seed).for_family(family_of(model).name).resolved()
     kernels = kernel_settings()  # before decoding: a misspelt switch fails now, not after the run
     n = config.num_samples
     if n > 1 and resolved.temperature == 0 and resolved.confidence != "random":

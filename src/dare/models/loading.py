@@ -141,6 +141,24 @@ def load_model(path: str, adapter: str | None = None, *, dtype="float32", device
     return model.eval()
 
 
+def family_of_path(path: str):
+    """The :class:`~dare.models.spec.FamilySpec` of the model at ``path`` (``tiny:FAMILY[:SEED]``, a checkpoint
+    directory or a hub name), read from its ``config.json`` alone: no weights are loaded."""
+    from dare.models.spec import family_of, get_family
+
+    tiny = parse_tiny(path)
+    if tiny is not None:
+        return get_family(tiny[0])
+    check_checkpoint_path(path)
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(str(path))
+    except (OSError, ValueError) as err:  # offline / private hub name, a model_type transformers does not know
+        raise ConfigError(f"model {path}: cannot read its config ({first_line(err)})") from None
+    return family_of(config)
+
+
 def load_tokenizer(path: str):
     """The tokenizer of a model path (``tiny:*`` -> DARE's byte tokenizer)."""
     if parse_tiny(path) is not None:

@@ -28,9 +28,11 @@ from dare.rollout.kernels import (
     DECODERS,
     SCHEDULES,
 )
-from dare.rollout.registry import get_sampler
+from dare.rollout.registry import SAMPLERS, family_sampler, get_sampler
 
 
+DEFAULT_GEN_LENGTH = 128
+"""``gen_length`` of a config that leaves it unset (outside ``evaluate``, which takes the benchmark's)."""
 ENGINES = ("auto", "eager", "static", "graph")
 """Values of :attr:`SamplerConfig.engine` (:mod:`dare.rollout.engine` runs them)."""
 WEIGHTS = ("model", "merged", "fp8")
@@ -62,12 +64,15 @@ def warn_unread(key: str, value, decoder: str, readers: tuple[str, ...]) -> None
 class SamplerConfig:
     """Settings of one rollout (see the field docstrings; ``None`` = the sampler preset's value)."""
 
-    sampler: str = "llada"
+    sampler: str | None = None
     """Preset name: ``llada``, ``dream``, ``fastdllm``, ``fastdllm_dream`` (masked diffusion); ``sdar``,
-    ``llada2``, ``llada21``, ``llada21_speed`` (block diffusion) - ``dare.rollout.SAMPLERS``."""
+    ``llada2``, ``llada21``, ``llada21_speed`` (block diffusion) - ``dare.rollout.SAMPLERS``. None: the model
+    family's default (:func:`dare.rollout.default_sampler`: ``llada`` for LLaDA, ``dream`` for Dream, ``sdar`` for
+    SDAR, ``llada2`` for LLaDA2), filled in by ``generate``, ``evaluate`` and the trainer, which know the model."""
 
-    gen_length: int = 128
-    """Number of generated positions ``G`` (the completion has ``G`` positions)."""
+    gen_length: int | None = None
+    """Number of generated positions ``G`` (the completion has ``G`` positions). None: the benchmark's
+    ``max_new_tokens`` in ``evaluate``, else :data:`DEFAULT_GEN_LENGTH` (128)."""
 
     block_length: int | None = None
     """Block length ``Lb``; blocks are decoded left to right. Masked diffusion: the canvas after the prompt is
@@ -242,11 +247,23 @@ class SamplerConfig:
     def num_blocks(self) -> int:
         return self.gen_length // self.block_length
 
+    def for_family(self, family: str) -> SamplerConfig:
+        """This config with an unset ``sampler`` set to ``family``'s default sampler (a copy; self when it is set)."""
+        if self.sampler is not None:
+            return self
+        return dataclasses.replace(self, sampler=family_sampler(family))
+
     def resolved(self) -> SamplerConfig:
-        """Fill ``None`` fields from the sampler preset, normalise aliases and validate (``ConfigError``)."""
+        """Fill ``None`` fields from the sampler preset, normalise aliases and validate (``ConfigError``). The
+        ``sampler`` must be set (:meth:`for_family`): its preset depends on the model."""
+        if self.sampler is None:
+            raise ConfigError("sampler is unset and there is no model to take its family's default from: name one "
+                              f"({', '.join(sorted(SAMPLERS))}), or call for_family(FAMILY) first")
         preset = get_sampler(self.sampler)
         self.check_types()  # before the preset's defaults compare values
         values = dataclasses.asdict(self)
+        if values["gen_length"] is None:
+            values["gen_length"] = DEFAULT_GEN_LENGTH
         for key, value in preset.defaults.items():
             if values.get(key) is None:
                 values[key] = value

@@ -52,3 +52,8 @@ def get_sampler(name: str) -> Sampler:
     if name not in SAMPLERS:
         raise unknown_choice("sampler", name, SAMPLERS)
     return SAMPLERS[name]
+
+
+def family_sampler(family: str) -> str:
+    """The sampler registered as the default for model family ``family`` (its ``families``), else ``llada``."""
+    return next((s.name for s in SAMPLERS.values() if family in s.families), "llada")

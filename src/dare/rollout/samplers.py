@@ -21,7 +21,7 @@ from dare.rollout.engine import decode_static, resolve_engine
 from dare.rollout.engine.block import BlockState
 from dare.rollout.engine.mdlm import MdlmState
 from dare.rollout.output import RolloutOutput
-from dare.rollout.registry import SAMPLERS, Sampler, get_sampler
+from dare.rollout.registry import SAMPLERS, Sampler, family_sampler, get_sampler
 
 
 MDLM_HOOKS = dict(run=mdlm.denoise_mdlm, finalize=mdlm.finalize_config, check=mdlm.check_config,
@@ -40,8 +40,7 @@ def default_sampler(model) -> str:
     """The sampler registered as the default for ``model``'s family, else ``llada``."""
     from dare.models.spec import family_of
 
-    family = family_of(model).name
-    return next((s.name for s in SAMPLERS.values() if family in s.families), "llada")
+    return family_sampler(family_of(model).name)
 
 
 _LLADA = dict(confidence="prob", confidence_source="logits", confidence_dtype="model", schedule="linear")
@@ -141,7 +140,8 @@ def generate(
         model: a DARE model (``dare.models``), possibly peft-wrapped.
         prompts: ``[B, P]`` left-padded ids with ``attention_mask`` (1 = real token), or a list of token-id
             lists (left-padded here with the family's pad id).
-        config: a :class:`SamplerConfig`; ``**overrides`` replace fields (``generate(m, p, sampler="dream",
+        config: a :class:`SamplerConfig` (None: the defaults: the model family's sampler, ``gen_length`` 128);
+            ``**overrides`` replace fields (``generate(m, p, sampler="dream",
             temperature=0.7)``).
         example_ids: global example indices seeding each row's random stream (default ``0..B-1``); pass the
             dataset indices so that samples do not depend on batching, ranks or resume. Several samples of
@@ -168,9 +168,9 @@ def generate(
     config = config or SamplerConfig()
     if overrides:
         config = config.replace(**overrides)
-    config = config.resolved()
-    device = model_device(model)
     family = family_of(model)
+    config = config.for_family(family.name).resolved()
+    device = model_device(model)
     tokens = family.token_ids(model.config)
     if not isinstance(prompts, torch.Tensor):
         if attention_mask is not None:

@@ -100,7 +100,8 @@ class RolloutConfig:
     """Rollouts per prompt (the GRPO group G); prompts per step = trainer.batch_size / group_size."""
     sampler: SamplerConfig = field(default_factory=lambda: SamplerConfig(temperature=1.0))
     """Decoding settings of the rollouts (``dare.rollout.SamplerConfig``); each rollout's sampler seed is derived from
-    trainer.seed, the rollout index and ``seed`` (0: from trainer.seed and the rollout index alone)."""
+    trainer.seed, the rollout index and ``seed`` (0: from trainer.seed and the rollout index alone). An unset
+    ``sampler`` is the model family's default sampler and an unset ``gen_length`` 128; config.yaml records both."""
     reward: Any = None
     """Reward: a registered name, a preset, or {name: weight | {weight, options}} (see dare.rewards)."""
     max_prompt_length: int = 512

@@ -58,6 +58,28 @@ def check_run(config, *, model: bool = True, data: bool = True, warn: bool = Tru
         warn_unused(config, needs)
 
 
+def fill_rollout_defaults(config, model=None) -> None:
+    """Record in ``config`` (a :class:`~dare.trainer.config.TrainConfig`, changed in place) the rollout settings that
+    depend on the model: an unset ``rollout.sampler.sampler`` is the family's default sampler (of ``model``, else of
+    the checkpoint at ``model.path``, read from its config) and an unset ``gen_length`` is 128. So ``config.yaml``,
+    the resume check and ``--dry-run`` name the sampler that decodes. Nothing for algorithms that make no rollouts."""
+    from dare.algorithms import get_algorithm
+    from dare.rollout.config import DEFAULT_GEN_LENGTH
+
+    sampler = config.rollout.sampler
+    if not get_algorithm(config.algorithm.name).needs.rollout:
+        return
+    if sampler.sampler is None:
+        from dare.models.loading import family_of_path
+        from dare.models.spec import family_of
+
+        family = family_of(model) if model is not None else family_of_path(config.model.path)
+        sampler = sampler.for_family(family.name)
+    if sampler.gen_length is None:
+        sampler = sampler.replace(gen_length=DEFAULT_GEN_LENGTH)
+    config.rollout.sampler = sampler
+
+
 def check_model_path(path: str) -> None:
     """The family of ``tiny:FAMILY[:SEED]``, or a local checkpoint directory (:func:`dare.models.loading.load_model`
     checks the same before loading)."""
@@ -166,4 +188,4 @@ def overridden(config) -> list[tuple[str, str]]:
 
 
 __all__ = ["OVERRIDDEN", "UNUSED_DATA", "changed", "check_model_path", "check_relative", "check_run",
-           "check_tokenizer_path", "overridden", "warn_unused"]
+           "check_tokenizer_path", "fill_rollout_defaults", "overridden", "warn_unused"]

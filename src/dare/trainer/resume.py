@@ -5,6 +5,7 @@ ones: every key of the resolved config except the :data:`FREE_KEYS` (where files
 device placement and speed options that do not change the numbers a step computes). ``trainer.max_steps`` and
 ``trainer.epochs`` are free too (extend or shorten a run) unless the learning-rate schedule depends on the total
 number of steps (cosine / linear decay, or ``optim.warmup_ratio``), where they change the weights of every step.
+The ``rollout`` section is free for algorithms that make no rollouts (SFT, DPO/VRPO).
 
 Otherwise resuming is a one-line :class:`~dare.errors.ConfigError` naming the keys that differ, with the two ways
 out: another ``trainer.output_dir``, or ``trainer.resume=never`` to start over. So a run's ``config.yaml`` always
@@ -60,12 +61,23 @@ def schedule_depends_on_length(settings: dict) -> bool:
         not optim.get("warmup_steps") and bool(optim.get("warmup_ratio")))
 
 
+def makes_rollouts(settings: dict) -> bool:
+    """True unless the config's algorithm is a registered one that makes no rollouts (SFT, DPO/VRPO): its
+    ``rollout`` section then changes nothing."""
+    from dare.algorithms import ALGORITHMS
+
+    name = (settings.get("algorithm") or {}).get("name")
+    return name not in ALGORITHMS or ALGORITHMS[name].needs.rollout
+
+
 def relevant(settings: dict) -> dict:
     """The training-relevant keys of a resolved config (as plain data), flattened."""
     free = set(FREE_KEYS)
     if not schedule_depends_on_length(settings):
         free.update(LENGTH_KEYS)
-    return {key: value for key, value in flatten(settings).items() if key not in free}
+    rollouts = makes_rollouts(settings)
+    return {key: value for key, value in flatten(settings).items()
+            if key not in free and (rollouts or not key.startswith("rollout."))}
 
 
 def differing_keys(saved: dict, new: dict) -> list[str]:

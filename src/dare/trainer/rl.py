@@ -112,7 +112,7 @@ class RolloutSource:
         self.rollouts_per_epoch = len(prompts) // self.prompts_per_step
         self.steps_per_epoch = self.rollouts_per_epoch * self.mu
         self.token_ids = family_of(policy).token_ids(policy.config)
-        resolved = rollout_sampler(config)  # validate now (one-line errors before any work)
+        resolved = rollout_sampler(config, family_of(policy).name)  # validate now (one-line errors before any work)
         if hasattr(algorithm, "check_rollout"):  # binds the model (may refine needs) and checks the block grid
             from dare.models.loading import unwrap
 
@@ -507,12 +507,14 @@ def rollout_base_seed(seed: int, sampler_seed: int) -> int:
     return seed if sampler_seed == 0 else derive_seed(seed, sampler_seed)
 
 
-def rollout_sampler(config):
-    """The resolved ``rollout.sampler`` of the ``rollout`` section ``config`` (one-line errors for a bad one)."""
+def rollout_sampler(config, family: str | None = None):
+    """The resolved ``rollout.sampler`` of the ``rollout`` section ``config`` (one-line errors for a bad one); an
+    unset ``sampler`` is model family ``family``'s default."""
     if config.sampler.temperature <= 0:
         raise ConfigError("RL rollouts need rollout.sampler.temperature > 0 (a group of greedy rollouts is identical)")
     try:
-        return config.sampler.resolved()
+        sampler = config.sampler if family is None else config.sampler.for_family(family)
+        return sampler.resolved()
     except ConfigError as err:  # the sampler names its own fields: say which section they are in
         raise ConfigError(f"rollout.sampler: {err}") from None
 
