@@ -48,7 +48,7 @@ from dare.outputs import atomic_write_text, ensure_dir, publish_dir, remove_stra
 from dare.trainer.checkpoint import load_checkpoint, remove_partial_checkpoints, save_checkpoint
 from dare.trainer.config import TrainConfig, config_dict, revalidate
 from dare.trainer.metrics import MetricsLogger, truncate_jsonl
-from dare.trainer.preflight import check_run, fill_rollout_defaults
+from dare.trainer.preflight import check_run, fill_rollout_defaults, record_given_model
 from dare.trainer.resume import resume_point
 from dare.trainer.optim import build_optimizer, build_scheduler
 
@@ -104,6 +104,8 @@ class Trainer:
         cfg = config
         revalidate(cfg)  # a config edited in Python after load_train_config: its types and values
         self.info = info or init_distributed(cfg.distributed.backend, cfg.distributed.device)
+        if model is not None:
+            record_given_model(cfg, model)  # where the given model comes from and its dtype, for config.yaml
         fill_rollout_defaults(cfg, model)  # the family's sampler, before config.yaml records it
         check_run(cfg, model=model is None, data=source is None, warn=self.info.is_main)  # what --dry-run checks
         if self.info.device.type == "cpu" and cfg.model.attn_backend in ("flex", "varlen"):

@@ -58,6 +58,37 @@ def check_run(config, *, model: bool = True, data: bool = True, warn: bool = Tru
         warn_unused(config, needs)
 
 
+def model_dtype(model) -> str:
+    """The name (``float32``, ``bfloat16``, ``float16``) of the dtype holding most of ``model``'s parameter
+    elements (LoRA adapters may be float32 on a bf16 base)."""
+    from collections import Counter
+
+    counts = Counter()
+    for param in model.parameters():
+        counts[param.dtype] += param.numel()
+    dtype = counts.most_common(1)[0][0] if counts else None
+    return str(dtype).removeprefix("torch.")
+
+
+def record_given_model(config, model) -> None:
+    """``Trainer(config, model=m)`` trains ``m`` as it is: record in ``config`` (changed in place, so that config.yaml
+    and the resume check describe the weights) where ``m`` was loaded from (``model.path``, when it names a path)
+    and its dtype (``model.dtype``), with one warning for each setting of ``config`` that said otherwise."""
+    from dare.models.loading import unwrap
+
+    base = unwrap(model)
+    source = str(getattr(base.config, "_name_or_path", "") or "")
+    if source and source != config.model.path:
+        log.warning(f"warning: ignoring model.path={config.model.path}: Trainer(model=...) trains the given model, "
+                    f"loaded from {source}; config.yaml records model.path={source}")
+        config.model.path = source
+    dtype = model_dtype(base)
+    if dtype != config.model.dtype:
+        log.warning(f"warning: ignoring model.dtype={config.model.dtype}: Trainer(model=...) trains the given model "
+                    f"as it is, in {dtype}; config.yaml records model.dtype={dtype}")
+        config.model.dtype = dtype
+
+
 def fill_rollout_defaults(config, model=None) -> None:
     """Record in ``config`` (a :class:`~dare.trainer.config.TrainConfig`, changed in place) the rollout settings that
     depend on the model: an unset ``rollout.sampler.sampler`` is the family's default sampler (of ``model``, else of
@@ -188,4 +219,5 @@ def overridden(config) -> list[tuple[str, str]]:
 
 
 __all__ = ["OVERRIDDEN", "UNUSED_DATA", "changed", "check_model_path", "check_relative", "check_run",
-           "check_tokenizer_path", "fill_rollout_defaults", "overridden", "warn_unused"]
+           "check_tokenizer_path", "fill_rollout_defaults", "model_dtype", "overridden", "record_given_model",
+           "warn_unused"]
