@@ -50,6 +50,7 @@ from dare.trainer.config import TrainConfig, config_dict, revalidate
 from dare.trainer.metrics import MetricsLogger, truncate_jsonl
 from dare.trainer.preflight import check_run, fill_rollout_defaults, record_given_model
 from dare.trainer.resume import resume_point
+from dare.trainer.sources import batch_keys_read_by
 from dare.trainer.optim import build_optimizer, build_scheduler
 
 
@@ -359,11 +360,12 @@ class Trainer:
 
         micro = self.source.batch(step)
         prepared = getattr(self.source, "prepares_views", False)
-        if not prepared:
-            micro = [self.algorithm.corrupt(mb, step) for mb in micro]
-        local_totals: dict = {}
-        for mb in micro:
-            _add(local_totals, self.algorithm.totals(mb))
+        with batch_keys_read_by(self.algorithm.name, micro):  # a custom source's missing key: one line
+            if not prepared:
+                micro = [self.algorithm.corrupt(mb, step) for mb in micro]
+            local_totals: dict = {}
+            for mb in micro:
+                _add(local_totals, self.algorithm.totals(mb))
         totals = all_reduce_dict(dict(local_totals), self.data_info)  # over data-parallel groups: sequence-parallel
         count = all_reduce_max_int(len(micro), self.data_info)       # ranks hold the same micro-batches
         if prepared and len(micro) < count:
@@ -374,7 +376,8 @@ class Trainer:
         device_totals = {k: v.to(self.info.device) for k, v in totals.items()}
         micro = [mb.to(self.info.device, non_blocking=True) for mb in micro]  # all copies queued up front
         for mb in micro:
-            with autocast_context(self.config.distributed.mixed_precision if not self.sharded else "fp32", self.info.device):
+            with autocast_context(self.config.distributed.mixed_precision if not self.sharded else "fp32",
+                                  self.info.device), batch_keys_read_by(self.algorithm.name, micro):
                 metrics = self.algorithm.backward(self.model, mb, device_totals)
             _add(sums, metrics)
         out = all_reduce_dict(sums, self.data_info)

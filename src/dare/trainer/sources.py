@@ -8,6 +8,9 @@ RL sources (rollout -> reward -> advantages) implement the same protocol.
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Protocol
 
 import torch
@@ -27,6 +30,33 @@ class BatchSource(Protocol):
         """Extra state to checkpoint (stateless sources return ``{}``)."""
 
     def load_state_dict(self, state: dict) -> None: ...
+
+
+MISSING_KEY = re.compile(r'key "([^"]+)" not found in TensorDict')
+"""TensorDict's message for a missing key."""
+
+
+def missing_key(err: KeyError) -> str | None:
+    """The key a TensorDict's ``KeyError`` names (None for other key errors)."""
+    found = MISSING_KEY.search(str(err.args[0]) if err.args else "")
+    return found.group(1) if found else None
+
+
+@contextmanager
+def batch_keys_read_by(algorithm: str, micro_batches: list[TensorDict]) -> Iterator[None]:
+    """Turn a TensorDict ``KeyError`` for a key that the source's micro-batches lack into a one-line error naming it,
+    ``algorithm`` (which reads it) and the keys they hold: a custom batch source (``Trainer(source=...)``) that
+    leaves one out ended in a TensorDict traceback."""
+    try:
+        yield
+    except KeyError as err:
+        key = missing_key(err)
+        if key is None or not micro_batches or key in micro_batches[0].keys():
+            raise
+        held = ", ".join(sorted(micro_batches[0].keys())) or "nothing"
+        raise ConfigError(f"algorithm '{algorithm}' reads '{key}' from each micro-batch, but the batch source's "
+                          f"micro-batches hold only {held} (the built-in sources show what each algorithm needs: "
+                          "DatasetSource, PairSource, RolloutSource)") from None
 
 
 class DatasetSource:

@@ -1,4 +1,5 @@
-"""``Trainer(config, model=m)`` trains ``m`` as it is, and its run directory says so.
+"""The trainer from Python: ``Trainer(config, model=m)`` trains ``m`` as it is and its run directory says so; a
+custom batch source that lacks a key gets a one-line error.
 
 Before, config.yaml recorded the config's ``model.path`` / ``model.dtype`` (the defaults ``tiny:llada`` /
 ``float32`` when the caller set neither), so the run directory named weights it was not trained from, and a rerun
@@ -10,6 +11,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+import pytest
 import torch
 
 from dare.config import load_yaml
@@ -50,3 +52,23 @@ def test_a_model_that_matches_the_config_gets_no_warning(tmp_path, caplog):
     _, warnings = trainer_warnings(caplog, tmp_path, load_model("tiny:llada"))
     assert warnings == []
 
+
+
+def test_a_custom_batch_source_without_a_key_the_algorithm_reads_is_one_line(tmp_path):
+    from tensordict import TensorDict
+
+    from dare.errors import ConfigError
+
+    class IdsOnly:
+        steps_per_epoch = 1
+
+        def batch(self, step):
+            return [TensorDict({"input_ids": torch.randint(0, 200, (2, 8))}, batch_size=[2])]
+
+    config = load_train_config(SFT, [f"trainer.output_dir={tmp_path}", *SMALL])
+    trainer = Trainer(config, source=IdsOnly())
+    with pytest.raises(ConfigError) as caught:
+        trainer.train_step(0)
+    assert str(caught.value) == ("algorithm 'sft' reads 'maskable' from each micro-batch, but the batch source's "
+                                 "micro-batches hold only input_ids (the built-in sources show what each algorithm "
+                                 "needs: DatasetSource, PairSource, RolloutSource)")
