@@ -41,3 +41,33 @@ def test_lora_train_save_load_merge_round_trip(tmp_path):
     with torch.no_grad():
         torch.testing.assert_close(model(ids).logits, expected, atol=1e-5, rtol=1e-5)
     assert (merged / "tokenizer.json").is_file()
+
+
+def test_an_adapter_loaded_on_another_base_than_it_records_is_warned(tmp_path, caplog):
+    """Before, an adapter trained on one checkpoint loaded silently on any model of the same shapes."""
+    from peft import LoraConfig, get_peft_model
+
+    from dare.models.spec import family_of
+
+    base = load_model("tiny:llada:0")
+    adapter = tmp_path / "adapter"
+    get_peft_model(base, LoraConfig(r=2, target_modules=family_of(base).lora_targets)).save_pretrained(str(adapter))
+    assert json.loads((adapter / "adapter_config.json").read_text())["base_model_name_or_path"] == "tiny:llada:0"
+    caplog.set_level("WARNING", logger="dare.models")
+    load_model("tiny:llada", str(adapter))  # the same model (seed 0)
+    assert not caplog.records
+    load_model("tiny:llada:1", str(adapter))
+    assert [r.getMessage() for r in caplog.records] == [
+        f"warning: adapter {adapter} was trained on tiny:llada:0; loading it on tiny:llada:1"]
+
+
+def test_same_model_resolves_tiny_seeds_and_local_paths(tmp_path, monkeypatch):
+    from dare.models.loading import same_model
+
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "ckpt")
+    monkeypatch.chdir(tmp_path)
+    assert same_model("ckpt", str(tmp_path / "link")) and same_model("./ckpt/", str(tmp_path / "ckpt"))
+    assert same_model("tiny:dream", "tiny:dream:0") and not same_model("tiny:dream", "tiny:llada")
+    assert not same_model("ckpt", "tiny:llada") and same_model("org/model", "org/model/")
+    assert not same_model("org/model", "org/other")

@@ -7,6 +7,7 @@ registered family built on the fly (DARE's byte tokenizer; handy for tests and d
 from __future__ import annotations
 
 import json
+import logging
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -15,6 +16,8 @@ from pathlib import Path
 import torch
 
 from dare.errors import ConfigError, DareError, InputError, first_line
+
+log = logging.getLogger("dare.models")
 
 TINY_PREFIX = "tiny:"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -135,6 +138,7 @@ def load_model(path: str, adapter: str | None = None, *, dtype="float32", device
 
         if not (Path(adapter) / "adapter_config.json").is_file():
             raise ConfigError(f"{adapter} is not a LoRA adapter directory (no adapter_config.json)")
+        warn_other_base(adapter, path)
         with loading_errors(path, adapter):  # e.g. an adapter trained on another family: one line
             model = PeftModel.from_pretrained(model, str(adapter), is_trainable=trainable)
         model = model.to(device)
@@ -179,6 +183,26 @@ def adapter_base(adapter: str) -> str:
     if not base:
         raise ConfigError(f"{config_path} does not name its base model; pass --base")
     return base
+
+
+def same_model(a: str, b: str) -> bool:
+    """True when model paths ``a`` and ``b`` name the same model: equal ``tiny:`` family and seed (``tiny:llada`` is
+    ``tiny:llada:0``), the same local directory (links and relative paths resolved), else equal names."""
+    tiny_a, tiny_b = parse_tiny(a), parse_tiny(b)
+    if tiny_a is not None or tiny_b is not None:
+        return tiny_a == tiny_b
+    local_a, local_b = Path(a).expanduser(), Path(b).expanduser()
+    if local_a.exists() and local_b.exists():
+        return local_a.resolve() == local_b.resolve()
+    return str(a).rstrip("/") == str(b).rstrip("/")
+
+
+def warn_other_base(adapter: str, path: str) -> None:
+    """One warning when the LoRA adapter in ``adapter`` records another base model than ``path``: loading it there
+    is allowed (a copy of the base, a fine-tuned sibling), but usually a slip that gives meaningless outputs."""
+    recorded = json.loads((Path(adapter) / "adapter_config.json").read_text()).get("base_model_name_or_path")
+    if recorded and not same_model(str(recorded), str(path)):
+        log.warning(f"warning: adapter {adapter} was trained on {recorded}; loading it on {path}")
 
 
 @contextmanager
