@@ -545,11 +545,11 @@ class Trainer:
             record["time/elapsed_s"] = round(time.perf_counter() - start, 3)
             if self.step % cfg.log_every == 0 or self.step == self.total_steps or self.stop_requested:
                 self.logger.log(record)
-            if bar is not None:
-                bar.update(1)
+            if bar is not None:  # postfix first: the line update() draws shows this step's values
                 if "rollout/reward" in record:  # the latest rollout's (inner steps reuse it)
                     reward = {"reward": f"{record['rollout/reward']:.3f}"}
-                bar.set_postfix(loss=f"{record['loss']:.4f}", **reward, lr=f"{record['lr']:.2e}")
+                bar.set_postfix(loss=f"{record['loss']:.4f}", **reward, lr=f"{record['lr']:.2e}", refresh=False)
+                bar.update(1)
             if cfg.save_every and self.step % cfg.save_every == 0 and self.step < self.total_steps:
                 self.save()
             if kill_at and self.step == kill_at:

@@ -112,13 +112,16 @@ class RolloutSource:
         self.rollouts_per_epoch = len(prompts) // self.prompts_per_step
         self.steps_per_epoch = self.rollouts_per_epoch * self.mu
         self.token_ids = family_of(policy).token_ids(policy.config)
-        resolved = rollout_sampler(config, family_of(policy).name)  # validate now (one-line errors before any work)
-        if hasattr(algorithm, "check_rollout"):  # binds the model (may refine needs) and checks the block grid
-            from dare.models.loading import unwrap
+        from dare.models.loading import unwrap
 
+        family = family_of(policy).name
+        if hasattr(algorithm, "ensure_bound"):  # a family the algorithm cannot train: said before any sampler error
+            algorithm.ensure_bound(unwrap(policy))
+        resolved = rollout_sampler(config, family)  # validate now (one-line errors before any work)
+        if hasattr(algorithm, "check_rollout"):  # binds the model (may refine needs) and checks the block grid
             algorithm.check_rollout(unwrap(policy), resolved)
-        self.sampler = config.sampler.replace(record_trajectory=algorithm.needs.trajectory or
-                                              config.sampler.record_trajectory)
+        self.sampler = config.sampler.for_family(family).replace(
+            record_trajectory=algorithm.needs.trajectory or config.sampler.record_trajectory)
         self.samples_path = Path(output_dir) / "rollouts.jsonl" if output_dir is not None and self.info.is_main else None
         self.step_metrics: dict[str, float] = {}
         self._cache: tuple[int, list[list[TensorDict]]] | None = None
