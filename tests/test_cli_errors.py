@@ -427,3 +427,61 @@ def test_command_line_typos_are_one_line_errors_naming_the_closest_option(argv, 
         main(argv)
     assert stop.value.code == 2
     assert capsys.readouterr().err.strip().splitlines() == [message]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["generate", "--model", "tiny:llada", "--prompt", "x", "--temperature", "0.5", "--temperature", "0.9"],
+     "error: dare generate: argument --temperature: given twice (0.5, 0.9); give it once; see 'dare generate --help'"),
+    (["eval", "run", "--model", "tiny:llada", "--benchmark", "gsm8k", "-n", "2", "--num-samples", "4"],
+     "error: dare eval run: argument --num-samples/-n: given twice (2, 4); give it once; see 'dare eval run --help'"),
+    (["eval", "run", "--model", "tiny:llada", "--benchmark", "gsm8k", "--k", "1", "5", "--k", "10"],
+     "error: dare eval run: argument --k: given twice (1 5, 10); give it once; see 'dare eval run --help'"),
+    (["tiny", "--family", "llada", "--out", "a", "--out", "b"],
+     "error: dare tiny: argument --out: given twice (a, b); give it once; see 'dare tiny --help'"),
+])
+def test_a_single_valued_option_given_twice_with_other_values_is_a_one_line_error(argv, message, capsys, tmp_path,
+                                                                                  monkeypatch):
+    """Before: argparse kept the last value (`--temperature 0.5 --temperature 0.9` decoded at 0.9, silently)."""
+    monkeypatch.chdir(tmp_path)  # without the check, `dare tiny --out b` would write there
+    with pytest.raises(SystemExit) as stop:
+        main(argv)
+    assert stop.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines() == [message]
+
+
+def test_repeatable_options_repeated_flags_and_a_repeated_same_value_still_parse(capsys):
+    from dare.cli import build_parser
+
+    parse = build_parser().parse_known_args
+    args, extra = parse(["generate", "--model", "m", "--prompt", "a", "--prompt", "b", "-o", "cache=dual", "-o",
+                         "top_k=3", "--json", "--json", "--temperature", "0.5", "--temperature", "0.50"])
+    assert (args.prompt, args.option, args.json, args.temperature, extra) == (
+        ["a", "b"], ["cache=dual", "top_k=3"], True, 0.5, [])
+    args, _ = parse(["eval", "sweep", "--model", "m", "--benchmark", "gsm8k", "--out", "o", "--grid",
+                     "steps=8,4", "--grid", "threshold=0.5,0.9", "--point", "steps=2", "--point", "steps=1"])
+    assert args.grid == ["steps=8,4", "threshold=0.5,0.9"] and args.point == ["steps=2", "steps=1"]
+    assert not hasattr(args, "_given")  # the parser's bookkeeping stays out of the namespace
+    args, extra = parse(["train", "a.yaml", "--dry-run", "--dry-run", "x=1"])  # positionals are not options
+    assert (args.config, args.dry_run, extra) == ("a.yaml", True, ["x=1"])
+    with pytest.raises(SystemExit):
+        parse(["eval", "sweep", "--model", "m", "--benchmark", "gsm8k", "--out", "o", "--out", "p"])
+    assert "argument --out: given twice (o, p)" in capsys.readouterr().err
+
+
+def test_every_sub_command_parser_refuses_a_repeated_option():
+    """Every (sub-)parser is a dare.cli.Parser, so each single-valued option is stored once."""
+    import argparse
+
+    from dare.cli import Parser, StoreOnce, build_parser
+
+    def parsers(parser):
+        yield parser
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for sub in action.choices.values():
+                    yield from parsers(sub)
+
+    found = list(parsers(build_parser()))
+    assert len(found) > 8 and all(isinstance(p, Parser) for p in found)
+    stores = [a for p in found for a in p._actions if isinstance(a, argparse._StoreAction)]
+    assert stores and all(isinstance(a, StoreOnce) for a in stores)

@@ -123,7 +123,7 @@ def test_a_fewshot_file_as_long_as_the_shots_is_usable(tmp_path, capsys):
      "error: temperature is given twice, as --temperature 0.5 and as -o temperature=0.9; give it once"),
     (gsm8k_run(TINY_GEN, "--cache", "none", "-o", "cache=dual"),
      "error: cache is given twice, as --cache none and as -o cache=dual; give it once"),
-    (gsm8k_run(TINY_GEN, "--gen-length", "4", "-o", "gen-length=8"), "error: gen_length is given twice"),
+    (gsm8k_run(TINY_GEN, "-o", "gen-length=8"), "error: gen_length is given twice"),  # and --gen-length 2
     (["generate", "--model", "tiny:llada", "--prompt", "hi", "--seed", "3", "-o", "seed=9"],
      "error: seed is given twice, as --seed 3 and as -o seed=9; give it once"),
     (gsm8k_run(TINY_GEN, "-o", "threshold=0.7", "-o", "threshold=0.5"),

@@ -98,6 +98,73 @@ def test_merge_lora_writes_a_new_or_empty_directory_and_replaces_its_own_output(
     assert not list(tmp_path.glob(".*"))  # no staging or replaced directory left behind
 
 
+LEGACY_MERGE = {"config.json": b"{}", "generation_config.json": b"{}", "model.safetensors": b"weights",
+                "tokenizer.json": b"{}", "tokenizer_config.json": b"{}", "special_tokens_map.json": b"{}"}
+"""What a merge-lora from before outputs were marked left: a merged checkpoint and no .dare-output.json."""
+
+
+def legacy_merge(drop: tuple[str, ...] = (), **extra: bytes) -> dict:
+    """:data:`LEGACY_MERGE` without the files ``drop`` and with the ``extra`` ones."""
+    return {**{name: data for name, data in LEGACY_MERGE.items() if name not in drop}, **extra}
+
+
+def write_files(directory, files: dict):
+    """Write ``{relative path: bytes}`` under ``directory``; returns it."""
+    for name, data in files.items():
+        (directory / name).parent.mkdir(parents=True, exist_ok=True)
+        (directory / name).write_bytes(data)
+    return directory
+
+
+def test_merge_lora_replaces_an_unmarked_merge_of_an_older_dare_with_a_warning(run_dir, tmp_path, capsys, caplog):
+    """Before: a merge written before outputs were marked was refused like a user's directory."""
+    out = write_files(tmp_path / "merged", LEGACY_MERGE)
+    assert main(merge("--adapter", str(run_dir / "final"), "--out", str(out))) == 0
+    assert outputs.read_marker(out)["written_by"] == "dare merge-lora" and (out / "tokenizer.json").is_file()
+    assert (out / "model.safetensors").read_bytes() != b"weights" and not (out / "special_tokens_map.json").exists()
+    said = [r.getMessage() for r in caplog.records if r.name.startswith("dare") and r.levelname == "WARNING"]
+    assert said == [(f"warning: --out {out}: replacing a merged checkpoint without a marker (an earlier "
+                     "`dare merge-lora` output, from before outputs were marked)")]
+
+
+@pytest.mark.parametrize("name, files", [
+    ("merged", legacy_merge(**{"notes.txt": b"mine"})),  # a user's file beside the checkpoint
+    ("merged", legacy_merge(**{"adapter_config.json": b"{}", "adapter_model.safetensors": b"w"})),  # an adapter
+    ("merged", legacy_merge(**{"config.yaml": b"model: {}", "metrics.jsonl": b""})),  # a training run
+    ("merged", legacy_merge(**{"checkpoints/step-1/config.json": b"{}"})),  # a sub-directory
+    ("merged", legacy_merge(**{"README.md": b"# model card"})),  # a downloaded model
+    ("merged", legacy_merge(**{outputs.OUTPUT_MARKER: b'{"written_by": "dare tiny"}'})),  # another command's
+    ("merged", legacy_merge(drop=("model.safetensors",))),  # no weights
+    ("merged", legacy_merge(drop=("model.safetensors",), **{"pytorch_model.bin": b"w"})),  # not a merge's weights
+    ("merged", legacy_merge(drop=("config.json",))),
+    ("final", legacy_merge()),  # a full fine-tune's export: the same files
+    ("run/checkpoints/step-2", legacy_merge()),
+])
+def test_merge_lora_refuses_unmarked_directories_other_than_an_older_merge(run_dir, tmp_path, capsys, name, files):
+    from dare.models.lora import is_unmarked_merge_output
+
+    assert is_unmarked_merge_output(write_files(tmp_path / "legacy", LEGACY_MERGE))  # only the merge's files
+    out = write_files(tmp_path / name, files)
+    before = snapshot(out)
+    line = one_line_error(capsys, *merge("--adapter", run_dir / "final", "--out", out))
+    assert line == (f"error: --out {out}: the directory is not empty and is not an earlier `dare merge-lora` "
+                    "output; give a new or empty directory (nothing was written)")
+    assert snapshot(out) == before
+
+
+def test_an_unmarked_checkpoint_of_symlinks_is_not_an_older_merge(tmp_path):
+    """A hub cache snapshot links its files to blobs: never taken for a merge to replace."""
+    from dare.models.lora import is_unmarked_merge_output
+
+    blobs = write_files(tmp_path / "blobs", LEGACY_MERGE)
+    snapshot_dir = tmp_path / "snapshot"
+    snapshot_dir.mkdir()
+    for name in LEGACY_MERGE:
+        (snapshot_dir / name).symlink_to(blobs / name)
+    assert is_unmarked_merge_output(blobs) and not is_unmarked_merge_output(snapshot_dir)
+    assert not is_unmarked_merge_output(tmp_path / "missing") and not is_unmarked_merge_output(blobs / "config.json")
+
+
 def test_publish_dir_accepts_a_relative_dot_and_still_replaces_the_directory(tmp_path, monkeypatch):
     final = tmp_path / "final"  # e.g. a training run's final/, replaced by every export
     final.mkdir()
@@ -131,7 +198,38 @@ def test_tiny_writes_an_empty_directory_and_rewrites_its_own_output(tmp_path, ca
     assert outputs.read_marker(out) == {"written_by": "dare tiny", "family": "llada"}
     capsys.readouterr()
     line = one_line_error(capsys, "tiny", "--family", "lada", "--out", tmp_path / "typo")
-    assert "unknown model family 'lada'" in line and not list((tmp_path / "typo").iterdir())  # left unmarked
+    assert "unknown model family 'lada'" in line and not (tmp_path / "typo").exists()  # nothing written
+
+
+def test_write_tiny_checkpoint_from_python_never_writes_over_a_trained_model(tmp_path):
+    """Before: the command checked --out, but the function it calls wrote random weights into any directory."""
+    from dare.errors import ConfigError
+    from dare.models.tiny import write_tiny_checkpoint
+
+    final = tmp_path / "run" / "final"
+    final.mkdir(parents=True)
+    (final / "model.safetensors").write_bytes(b"trained weights")
+    with pytest.raises(ConfigError, match=f"^out_dir {final}: the directory is not empty and is not an earlier "
+                                          "`dare tiny` output"):
+        write_tiny_checkpoint("llada", final)
+    assert snapshot(final) == {"model.safetensors": b"trained weights"}
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(ConfigError, match="exists and is not a directory"):
+        write_tiny_checkpoint("llada", tmp_path / "notes.txt", what="--init")
+    with pytest.raises(ConfigError, match="unknown model family 'lada'"):
+        write_tiny_checkpoint("lada", tmp_path / "typo")
+    assert (tmp_path / "notes.txt").read_text() == "mine" and not (tmp_path / "typo").exists()
+
+
+def test_write_tiny_checkpoint_rewrites_its_own_output_from_python_and_the_command(tmp_path, capsys):
+    from dare.models.tiny import write_tiny_checkpoint
+
+    out = write_tiny_checkpoint("llada", tmp_path / "tiny", seed=0)
+    first = (out / "model.safetensors").read_bytes()
+    assert outputs.read_marker(out) == {"written_by": "dare tiny", "family": "llada"}
+    assert write_tiny_checkpoint("sdar", out, seed=1) == out and outputs.read_marker(out)["family"] == "sdar"
+    assert main(["tiny", "--family", "llada", "--out", str(out)]) == 0
+    assert (out / "model.safetensors").read_bytes() == first
 
 
 # ------------------------------------------------------------------------------------------------ dare demo
@@ -150,6 +248,14 @@ def test_demo_rerun_replaces_a_run_of_the_same_settings_and_refuses_other_settin
     assert line == (f"error: --out {out} holds a demo run with other settings (seed 0 -> 1); give another --out "
                     f"(e.g. --out {out}_2), or delete {out} to replace it")
     assert (out / "report.json").read_bytes() == report
+
+
+def test_demo_rerun_replaces_an_init_checkpoint_written_before_tiny_checkpoints_were_marked(tmp_path, capsys):
+    out = tmp_path / "demo"
+    assert main(["demo", *SMALL, "--out", str(out)]) == 0
+    (out / "init" / outputs.OUTPUT_MARKER).unlink()  # as an older DARE left it
+    assert main(["demo", *SMALL, "--out", str(out)]) == 0
+    assert outputs.read_marker(out / "init")["written_by"] == "dare tiny"
 
 
 @pytest.fixture

@@ -26,16 +26,53 @@ COMMANDS = {
 }
 
 
+GIVEN = "_given"
+"""The namespace attribute where :class:`StoreOnce` records the options given while one parser parses."""
+
+
+def _shown(value: object) -> str:
+    """A parsed option value as the user typed it, near enough: ``0.5``, ``a b`` for a list (``nargs``)."""
+    if isinstance(value, list):
+        return " ".join(map(str, value)) or "no value"
+    return str(value)
+
+
+class StoreOnce(argparse._StoreAction):
+    """``store`` that refuses an option given twice with different values (``--temperature 0.5 --temperature
+    0.9`` would silently keep 0.9): ``argument --temperature: given twice (0.5, 0.9)``. The same value repeated
+    changes nothing and is accepted, like a flag (``store_true``) given twice; positionals and ``append`` options
+    (``--prompt``, ``-o``, ``--grid``) repeat as before."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: object,
+                 option_string: str | None = None) -> None:
+        if option_string is not None:
+            given = vars(namespace).setdefault(GIVEN, {})
+            if self.dest in given and given[self.dest] != values:
+                raise argparse.ArgumentError(self, f"given twice ({_shown(given[self.dest])}, {_shown(values)}); "
+                                                   "give it once")
+            given[self.dest] = values
+        super().__call__(parser, namespace, values, option_string)
+
+
 class Parser(argparse.ArgumentParser):
     """``argparse`` with one-line errors: ``error: dare eval run: MESSAGE (did you mean 'X'?); see 'dare eval run
     --help'``, instead of the usage block and a bare message. The innermost (sub-)parser that parsed the command
     line is left in the namespace as ``_parser``, so that arguments only ``main`` finds unrecognised are reported
-    against it."""
+    against it. A single-valued option given twice with different values is an error (:class:`StoreOnce`, the
+    default action of every (sub-)parser: sub-parsers are made by ``add_subparsers`` of a Parser, hence Parsers)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.register("action", None, StoreOnce)  # shared with this parser's argument groups
+        self.register("action", "store", StoreOnce)
 
     def parse_known_args(self, args=None, namespace=None):
         namespace = namespace if namespace is not None else argparse.Namespace()
         namespace._parser = self  # a sub-parser parses later and overwrites it
-        return super().parse_known_args(args, namespace)
+        try:
+            return super().parse_known_args(args, namespace)
+        finally:
+            vars(namespace).pop(GIVEN, None)  # this parser's record; a sub-parser keeps its own
 
     def error(self, message: str):
         print(f"error: {self.prog}: {message}{self.hint(message)}; see '{self.prog} --help'", file=sys.stderr)

@@ -1,6 +1,7 @@
 """``dare merge-lora --adapter DIR --out DIR``: merge a LoRA adapter into a full HF checkpoint.
 
-``--out`` must be a new or empty directory, or an earlier ``dare merge-lora`` output (which is replaced); never the
+``--out`` must be a new or empty directory, or an earlier ``dare merge-lora`` output (which is replaced; one from
+before outputs were marked is recognised by its files: :func:`dare.models.lora.is_unmarked_merge_output`); never the
 adapter, the base model directory or the current directory, nor one containing them (see
 :func:`dare.models.lora.merge_adapter`)."""
 

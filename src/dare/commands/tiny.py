@@ -1,7 +1,7 @@
 """``dare tiny --family F --out DIR``: write a tiny random checkpoint.
 
 ``--out`` must be a new or empty directory, or an earlier ``dare tiny`` output (rewritten): random weights never
-land on a trained model or a user's files."""
+land on a trained model or a user's files (:func:`dare.models.tiny.write_tiny_checkpoint` checks it)."""
 
 from __future__ import annotations
 
@@ -21,17 +21,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from dare.outputs import check_replaceable, ensure_dir, mark_output
-
-    check_replaceable(args.out, "--out", "tiny")  # e.g. RUN/final: a trained model is never overwritten
-    out = ensure_dir(args.out, "--out")
     import torch
 
-    from dare.models.spec import get_family
     from dare.models.tiny import write_tiny_checkpoint
 
-    get_family(args.family)  # an unknown family is an error before the directory is marked
-    mark_output(out, "tiny", family=args.family)  # first: an interrupted write can be rerun into the same --out
-    path = write_tiny_checkpoint(args.family, args.out, seed=args.seed, dtype=getattr(torch, args.dtype))
+    # --out is checked there (new, empty or an earlier tiny checkpoint), and the family, before anything is written
+    path = write_tiny_checkpoint(args.family, args.out, seed=args.seed, dtype=getattr(torch, args.dtype), what="--out")
     print(json.dumps({"family": args.family, "path": str(path), "tokenizer": "dare byte-level (264 tokens)"}))
     return 0

@@ -18,6 +18,7 @@ works); a directory holding a demo run of other settings, or anything else, is a
 
 from __future__ import annotations
 
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -363,6 +364,9 @@ def _run(config: DemoConfig, log: Callable[[str], None]) -> dict:
     cpu_started = time.process_time()
     data = write_task(out / "data", digits=config.digits, train_size=config.train_size,
                       validation_size=config.validation_size, test_size=config.test_size, seed=config.seed)
+    # init/ is this demo's own (out was checked); a run from before tiny checkpoints were marked left it unmarked,
+    # which write_tiny_checkpoint would refuse
+    shutil.rmtree(out / "init", ignore_errors=True)
     init = write_tiny_checkpoint("llada", out / "init", seed=config.seed, n_layers=config.layers,
                                  d_model=config.hidden, n_heads=config.heads, n_kv_heads=config.heads,
                                  mlp_hidden_size=config.mlp)

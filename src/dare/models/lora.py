@@ -2,9 +2,29 @@
 
 from __future__ import annotations
 
+import logging
+import os
+import re
 from pathlib import Path
 
 from dare.errors import ConfigError, first_line
+from dare.outputs import (
+    absolute_path, check_apart, check_replaceable, ensure_dir, mark_output, publish_dir, staging_dir,
+)
+
+log = logging.getLogger("dare.models")
+
+MERGE_COMMAND = "merge-lora"
+"""The command named in a merge output's marker (``dare merge-lora``)."""
+UNMARKED_MERGE_FILES = frozenset({
+    "config.json", "generation_config.json", "model.safetensors.index.json", "tokenizer.json", "tokenizer_config.json",
+    "special_tokens_map.json", "added_tokens.json", "chat_template.jinja", "chat_template.json", "tokenizer.model",
+    "vocab.json", "merges.txt", "vocab.txt",
+})
+"""Besides the weights, what a merge wrote before outputs were marked: the model's ``save_pretrained`` (config,
+generation config, shard index) and the base tokenizer's."""
+MERGE_WEIGHTS = re.compile(r"model(-\d+-of-\d+)?\.safetensors")
+"""A merge's weight files (always safetensors): ``model.safetensors`` or its shards."""
 
 
 def apply_lora(model, r: int = 16, alpha: int = 32, dropout: float = 0.0, target_modules: str | None = None):
@@ -24,6 +44,35 @@ def apply_lora(model, r: int = 16, alpha: int = 32, dropout: float = 0.0, target
         raise ConfigError(f"LoRA target_modules '{targets}' matches no module ({first_line(err)})") from None
 
 
+def is_unmarked_merge_output(path: str | os.PathLike) -> bool:
+    """True when directory ``path`` holds what a ``dare merge-lora`` from before outputs were marked wrote and nothing
+    else: ``config.json`` and safetensors weights, besides them only tokenizer / generation-config / shard-index files
+    (:data:`UNMARKED_MERGE_FILES`), all plain files (no sub-directory, no symlink as in a hub cache, no marker of
+    any command). A training run's own checkpoint (``final/``, ``checkpoints/*``: a full fine-tune exports the same
+    files) is never one."""
+    path = absolute_path(path)
+    if not path.is_dir() or path.is_symlink() or path.name == "final" or path.parent.name == "checkpoints":
+        return False
+    entries = list(path.iterdir())
+    plain = all(entry.is_file() and not entry.is_symlink() for entry in entries)
+    names = {entry.name for entry in entries}
+    known = all(name in UNMARKED_MERGE_FILES or MERGE_WEIGHTS.fullmatch(name) for name in names)
+    complete = "config.json" in names and any(MERGE_WEIGHTS.fullmatch(name) for name in names)
+    return plain and known and complete
+
+
+def check_merge_target(out_dir: str | os.PathLike, what: str) -> bool:
+    """Check that a merge may write directory ``out_dir`` (``what`` names it in the errors): True when it holds an
+    earlier merge output (marked, or unmarked from an older DARE: :func:`is_unmarked_merge_output`, replaced with a
+    warning), False when it is missing or empty; anything else is :func:`~dare.outputs.check_replaceable`'s one-line
+    :class:`~dare.errors.ConfigError`."""
+    if is_unmarked_merge_output(out_dir):
+        log.warning(f"warning: {what} {out_dir}: replacing a merged checkpoint without a marker (an earlier "
+                    f"`dare {MERGE_COMMAND}` output, from before outputs were marked)")
+        return True
+    return check_replaceable(out_dir, what, MERGE_COMMAND)
+
+
 def merge_adapter(adapter: str, out_dir: str, base: str | None = None, dtype="auto",
                   what: str = "merge output directory") -> Path:
     """Merge a LoRA adapter into its base and write a full HF checkpoint that ``AutoModel`` loads strictly.
@@ -31,18 +80,16 @@ def merge_adapter(adapter: str, out_dir: str, base: str | None = None, dtype="au
     ``base`` defaults to the base model recorded in the adapter. The tokenizer is written too, and the
     :data:`~dare.outputs.OUTPUT_MARKER` that lets a later merge replace ``out_dir``. Before the models load,
     ``out_dir`` (named ``what`` in the one-line errors) is checked: it must be new, empty or an earlier merge
-    output, and neither the adapter, the base model directory nor the current directory, nor contain any of them.
+    output (:func:`check_merge_target`), and neither the adapter, the base model directory nor the current
+    directory, nor contain any of them.
     Returns ``out_dir`` made absolute.
     """
     from dare.models.loading import adapter_base, load_model, load_tokenizer, loading_errors
-    from dare.outputs import (
-        absolute_path, check_apart, check_replaceable, ensure_dir, mark_output, publish_dir, staging_dir,
-    )
 
     base = base or adapter_base(adapter)
     inputs = {"the adapter directory": adapter, "the base model directory": base, "the current directory": "."}
     check_apart(out_dir, what, inputs)  # replacing out_dir would delete them
-    check_replaceable(out_dir, what, "merge-lora")  # a trained model, a run or a user's files are never replaced
+    check_merge_target(out_dir, what)  # a trained model, a run or a user's files are never replaced
     out = absolute_path(out_dir)  # `--out .`: Path(".").name is empty
     ensure_dir(out.parent, what)
     with loading_errors(base, adapter):  # e.g. an adapter trained on another family: one line
@@ -52,5 +99,5 @@ def merge_adapter(adapter: str, out_dir: str, base: str | None = None, dtype="au
     tmp = staging_dir(out)  # renamed to out when complete: an interrupted merge never looks finished
     merged.save_pretrained(str(tmp), safe_serialization=True)
     load_tokenizer(base).save_pretrained(str(tmp))
-    mark_output(tmp, "merge-lora", adapter=str(adapter), base=str(base))
+    mark_output(tmp, MERGE_COMMAND, adapter=str(adapter), base=str(base))
     return publish_dir(tmp, out)

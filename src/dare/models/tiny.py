@@ -2,7 +2,9 @@
 
 ``write_tiny_checkpoint("llada", DIR)`` writes ``config.json`` (released key names and ``model_type``),
 ``model.safetensors`` and DARE's byte tokenizer (:mod:`dare.data.tokenizer`); the directory loads with
-``transformers.AutoModel.from_pretrained(DIR)`` after ``import dare``.
+``transformers.AutoModel.from_pretrained(DIR)`` after ``import dare``. ``DIR`` must be new, empty or an earlier tiny
+checkpoint (its :data:`~dare.outputs.OUTPUT_MARKER` says ``dare tiny``): random weights never land on a trained model
+or a user's files, from Python as from ``dare tiny --out``.
 """
 
 from __future__ import annotations
@@ -14,6 +16,10 @@ import torch
 
 from dare.data import tokenizer as byte_tok
 from dare.models.spec import get_family
+from dare.outputs import check_replaceable, ensure_dir, mark_output
+
+COMMAND = "tiny"
+"""The command named in the output marker (``dare tiny``): a tiny checkpoint written from Python is the same output."""
 
 
 def tiny_config(family: str, **overrides):
@@ -38,11 +44,17 @@ def tiny_model(family: str, seed: int = 0, dtype: torch.dtype = torch.float32, *
     return model.to(dtype).eval()
 
 
-def write_tiny_checkpoint(family: str, out_dir: str | Path, seed: int = 0, dtype: torch.dtype = torch.float32,
-                          **overrides) -> Path:
-    """Write a loadable HF-format tiny checkpoint of ``family`` into ``out_dir`` and return the path."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+def write_tiny_checkpoint(family: str, out_dir: str | Path, seed: int = 0, dtype: torch.dtype = torch.float32, *,
+                          what: str = "out_dir", **overrides) -> Path:
+    """Write a loadable HF-format tiny checkpoint of ``family`` into ``out_dir`` and return the path.
+
+    ``out_dir`` must be missing, empty or an earlier tiny checkpoint (rewritten); anything else (e.g. ``RUN/final``)
+    is a one-line :class:`~dare.errors.ConfigError` naming ``what`` (``--out`` for the command), and so is an
+    unknown family, before anything is written."""
+    check_replaceable(out_dir, what, COMMAND)
+    get_family(family)  # an unknown family is an error before the directory is created
+    out = ensure_dir(out_dir, what)
+    mark_output(out, COMMAND, family=family)  # first: an interrupted write can be rerun into the same directory
     model = tiny_model(family, seed=seed, dtype=dtype, **overrides)
     model.save_pretrained(str(out), safe_serialization=True)
     _, released_model_type = tiny_config(family, **overrides)
