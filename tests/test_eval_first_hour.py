@@ -266,7 +266,8 @@ def test_the_python_api_refuses_settings_its_mode_would_drop(caplog):
         (mc, mc_samples, dict(sampler=SamplerConfig(gen_length=8)), "sampler applies to generation"),
         (mc, mc_samples, dict(config=EvalConfig(num_samples=4, shots=0)), "num_samples > 1 applies to generation"),
         (mc, mc_samples, dict(config=EvalConfig(template="cot", shots=0)), "template applies to generation"),
-        (gen, gen_samples, dict(likelihood=LikelihoodConfig(mc_samples=3)), "likelihood applies to --mode likelihood"),
+        (gen, gen_samples, dict(likelihood=LikelihoodConfig(mc_samples=3)),
+         "likelihood applies to EvalConfig.mode 'likelihood'"),
     ]
     for bench, samples, kwargs, message in refused:
         with pytest.raises(ConfigError, match=f"^{message}"):

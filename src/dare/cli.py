@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return module.run(args) or 0
     except DareError as err:
-        print(f"error: {err}", file=sys.stderr)
+        print(f"error: {err.cli_message}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         _close_progress_bars()

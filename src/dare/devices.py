@@ -18,7 +18,8 @@ def resolve_device(name: str | None, what: str = "--device"):
         raise ConfigError(f"{what} {name}: not a torch device (cpu, cuda, cuda:1, ...)") from None
     if device.type == "cuda":
         if not torch.cuda.is_available():
-            raise ConfigError(f"{what} {name}: CUDA is not available on this machine (use --device cpu)")
+            use = f"{what} cpu" if what.startswith("-") else f"{what}='cpu'"
+            raise ConfigError(f"{what} {name}: CUDA is not available on this machine (use {use})")
         if device.index is not None and device.index >= torch.cuda.device_count():
             raise ConfigError(f"{what} {name}: this machine has {torch.cuda.device_count()} CUDA device(s)")
     return device

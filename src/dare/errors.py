@@ -8,11 +8,25 @@ message and exits with status 2 instead of showing a stack trace.
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 
 class DareError(Exception):
-    """Base class of errors caused by user input; the message is one line."""
+    """Base class of errors caused by user input; the message is one line.
+
+    A message that names a setting by its Python name (``EvalConfig.shots``) can carry ``cli``, the same line
+    naming the command-line flag (``--shots``): ``dare`` prints that one (:attr:`cli_message`), Python callers see
+    the first."""
+
+    def __init__(self, message: str = "", *, cli: str | None = None):
+        super().__init__(message)
+        self.cli = cli
+
+    @property
+    def cli_message(self) -> str:
+        """What the command line prints: the ``cli`` wording when there is one, else the message."""
+        return self.cli or str(self)
 
 
 class ConfigError(DareError):
@@ -44,6 +58,42 @@ def closest(name: str, choices: Iterable[str]) -> str | None:
 def unknown_choice(kind: str, name: str, choices: Iterable[str]) -> ConfigError:
     """Build the error for an unknown registry entry, suggesting the closest valid name."""
     choices = sorted(choices)
-    hint = closest(name, choices)
+    hint = closest(str(name), choices)
     did_you_mean = f" (did you mean '{hint}'?)" if hint else ""
     return ConfigError(f"unknown {kind} '{name}'{did_you_mean}; choose from: {', '.join(choices)}")
+
+
+def described(value: Any) -> str:
+    """How a one-line message names a value of the wrong type: ``None``, ``the string 'llada'``, ``an int (3)``,
+    ``a tuple (0, 1, 2)`` (short ones), ``a dict``, ``a SamplerConfig``."""
+    if value is None:
+        return "None"
+    if isinstance(value, str):
+        text = value if len(value) <= 40 else value[:37] + "..."
+        return f"the string {text!r}"
+    kind = with_article(type(value).__name__)
+    shown = repr(value) if isinstance(value, (bool, int, float, list, tuple)) else ""
+    return f"{kind} ({shown})" if shown and len(shown) <= 40 else kind
+
+
+def with_article(name: str) -> str:
+    """``name`` with its indefinite article: ``a dict``, ``an EvalConfig``."""
+    return f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"
+
+
+def wrong_type(argument: str, value: Any, expected: str, hint: str = "",
+               error: type[DareError] = InputError) -> DareError:
+    """``ARGUMENT must be EXPECTED; got VALUE: HINT`` (an argument of a Python entry point with the wrong type)."""
+    return error(f"{argument} must be {expected}; got {described(value)}" + (f": {hint}" if hint else ""))
+
+
+def check_config_object(argument: str, value: Any, cls: type, string_hint: str = "") -> None:
+    """One-line :class:`ConfigError` unless ``value`` is None or a ``cls``: a mapping is pointed to
+    ``cls.from_dict(d)``, a string to ``string_hint`` (where ``{value!r}`` stands for the string)."""
+    if value is None or isinstance(value, cls):
+        return
+    name = cls.__name__
+    hint = string_hint.format(value=value) if isinstance(value, str) else ""
+    if isinstance(value, Mapping):
+        hint = f"build one with {name}.from_dict(d) (or {name}(**d))"
+    raise wrong_type(argument, value, f"{with_article(name)} or None", hint, ConfigError)

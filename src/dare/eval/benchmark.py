@@ -160,9 +160,10 @@ class Benchmark:
             return []
         candidates = [s for s in pool if s.solution and s.id != exclude and s.question != question]
         if len(candidates) < k:
-            raise InputError(f"{self.name}: {k}-shot prompts need {k} exemplars with solutions besides the problem "
-                             f"itself, the pool has {len(candidates)}: pass fewer shots (--shots 0) or a larger pool "
-                             "(--fewshot-data FILE)")
+            short = (f"{self.name}: {k}-shot prompts need {k} exemplars with solutions besides the problem itself, the "
+                     f"pool has {len(candidates)}")
+            raise InputError(f"{short}: pass fewer shots (EvalConfig.shots) or a larger fewshot_pool",
+                             cli=f"{short}: pass fewer shots (--shots 0) or a larger pool (--fewshot-data FILE)")
         rng = random.Random(f"{self.name}:{seed}")
         return rng.sample(candidates, k)
 

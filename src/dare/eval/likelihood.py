@@ -73,10 +73,23 @@ class LikelihoodConfig:
 
         if not isinstance(self.mc_samples, int) or self.mc_samples < 1:
             raise ConfigError(f"mc_samples must be a positive integer; got {self.mc_samples!r}")
+        self.check_types()
         if self.length_norm not in LENGTH_NORMS:
             raise unknown_choice("length normalisation", self.length_norm, LENGTH_NORMS)
         ForwardProcess(schedule=self.schedule, t_low=self.t_min, t_high=self.t_max)  # validates both
         return self
+
+    def check_types(self) -> None:
+        """One-line :class:`ConfigError` for a field of the wrong type (``t_min='a'``, ``stratified='no'``), before a
+        comparison with it fails with a stack trace or a truthy string is taken for True."""
+        kinds = {"t_min": (int, float), "t_max": (int, float), "stratified": bool, "full_logits": bool,
+                 "schedule": str, "length_norm": str}
+        names = {int: "a number", bool: "True or False", str: "a string"}
+        for name, kind in kinds.items():
+            value = getattr(self, name)
+            if not isinstance(value, kind) or (kind != bool and isinstance(value, bool)):
+                expected = names[kind if isinstance(kind, type) else kind[0]]
+                raise ConfigError(f"LikelihoodConfig.{name} must be {expected}; got {value!r}")
 
     @property
     def process(self):

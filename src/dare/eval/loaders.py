@@ -66,8 +66,9 @@ def files_of_split(files: list[Path], root: Path, split: str | None, benchmark: 
         return chosen
     found = sorted({name for file in files for name in words[file] & set(SPLIT_NAMES)})
     if len(found) > 1:
-        raise InputError(f"{benchmark}: {root} holds files of several splits ({', '.join(found)}): choose one "
-                         "(--split, or the split's file itself)")
+        several = f"{benchmark}: {root} holds files of several splits ({', '.join(found)}): choose one"
+        raise InputError(f"{several} (Benchmark.load(..., split=NAME), or the split's file itself)",
+                         cli=f"{several} (--split, or the split's file itself)")
     return files
 
 

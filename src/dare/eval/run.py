@@ -25,18 +25,22 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from dare.errors import ConfigError, unknown_choice
+from dare.errors import ConfigError, check_config_object, unknown_choice
+from dare.eval.arguments import (
+    check_benchmark_arg, check_mapping_arg, check_samples_arg, check_text_arg, check_tokenizer_arg,
+)
 from dare.eval.benchmark import Benchmark, Sample, get_benchmark
 from dare.eval.likelihood import LikelihoodConfig, LikelihoodStats, Request, continuation_elbo, normalise
 from dare.eval.results import EvalResults
 from dare.eval.scoring import score_predictions
-from dare.models.loading import evaluating
+from dare.models.loading import check_model_object, evaluating
+from dare.rollout import SamplerConfig
 from dare.rollout.engine import kernel_settings
 
 log = logging.getLogger("dare.eval")
@@ -71,16 +75,26 @@ class EvalConfig:
     ks: tuple[int, ...] | None = None
     """pass@k values (None: 1, 5, 10, ... up to n)."""
 
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> EvalConfig:
+        """Build from a mapping; an unknown key or a value of the wrong type is a one-line :class:`ConfigError`."""
+        from dare.config import from_dict
+
+        return from_dict(cls, dict(values), prefix="EvalConfig.")
+
     def check(self) -> None:
-        """One-line :class:`ConfigError` for a bad count (before any model is loaded or any token generated)."""
+        """One-line :class:`ConfigError` for a field of the wrong type (``shots='2'``, ``ks=5``, ``chat='yes'``) or
+        a bad count (before any model is loaded or any token generated)."""
+        EvalConfig.from_dict(dataclasses.asdict(self))  # the types, as a mapping of these values would be checked
         if self.num_samples < 1:
             raise ConfigError(f"num_samples must be >= 1; got {self.num_samples}")
         if self.batch_size < 1:
             raise ConfigError(f"batch_size must be >= 1; got {self.batch_size}")
         for k in self.ks or ():
             if not 1 <= k <= self.num_samples:
-                raise ConfigError(f"pass@{k} needs 1 <= k <= num_samples (completions per problem, -n); "
-                                  f"got num_samples={self.num_samples}")
+                needs = f"pass@{k} needs 1 <= k <= num_samples (completions per problem"
+                raise ConfigError(f"EvalConfig.ks: {needs}); got num_samples={self.num_samples}",
+                                  cli=f"{needs}, -n); got num_samples={self.num_samples}")
 
     def resolve_mode(self, benchmark: Benchmark) -> str:
         if self.mode not in MODES:
@@ -88,7 +102,8 @@ class EvalConfig:
         if self.mode == "auto":
             return "likelihood" if benchmark.kind == "choice" else "generate"
         if self.mode == "likelihood" and benchmark.kind != "choice":
-            raise ConfigError(f"--mode likelihood needs a multiple-choice benchmark; {benchmark.name} is free-form")
+            needs = f"needs a multiple-choice benchmark; {benchmark.name} is free-form"
+            raise ConfigError(f"EvalConfig.mode 'likelihood' {needs}", cli=f"--mode likelihood {needs}")
         return self.mode
 
     def resolve_template(self, benchmark: Benchmark, shots: int) -> str:
@@ -160,11 +175,31 @@ def check_mode_settings(bench: Benchmark, mode: str, sampler, likelihood, config
             raise ConfigError(f"{given[0]} applies to generation; {bench.name} is scored by likelihood here (pass "
                               "config=EvalConfig(mode='generate'))")
     elif likelihood is not None:
-        raise ConfigError(f"likelihood applies to --mode likelihood (multiple-choice benchmarks); {bench.name} is "
-                          "evaluated by generation here")
+        raise ConfigError(f"likelihood applies to EvalConfig.mode 'likelihood' (multiple-choice benchmarks); "
+                          f"{bench.name} is evaluated by generation here")
     if sampler is not None and sampler.seed not in (0, config.seed):
         log.warning(f"warning: ignoring sampler.seed={sampler.seed}: evaluation seeds everything with "
                     f"EvalConfig.seed ({config.seed})")
+
+
+def check_evaluate_args(model, tokenizer, benchmark, samples, *, sampler, likelihood, config, fewshot_pool,
+                        fewshot_source, reward_options, model_info, data_info) -> None:
+    """One-line errors for arguments of :func:`evaluate` of the wrong type (:mod:`dare.eval.arguments`): a model or
+    tokenizer path, rows instead of Samples, a dict where a config object belongs (pointed to its ``from_dict``)."""
+    check_model_object(model)
+    check_tokenizer_arg(tokenizer)
+    check_benchmark_arg(benchmark)
+    check_samples_arg("samples", samples)
+    check_config_object("sampler", sampler, SamplerConfig,
+                        "pick a sampler with SamplerConfig(sampler={value!r}, gen_length=...)")
+    check_config_object("likelihood", likelihood, LikelihoodConfig)
+    check_config_object("config", config, EvalConfig)
+    if fewshot_pool is not None:
+        check_samples_arg("fewshot_pool", fewshot_pool)
+    check_text_arg("fewshot_source", fewshot_source)
+    check_mapping_arg("reward_options", reward_options, ConfigError)
+    check_mapping_arg("model_info", model_info)
+    check_mapping_arg("data_info", data_info)
 
 
 @torch.no_grad()
@@ -192,16 +227,19 @@ def evaluate(model, tokenizer, benchmark: Benchmark | str, samples: Sequence[Sam
         progress: show progress bars on stderr.
     Returns the :class:`EvalResults` (``mode`` and ``timings`` included); write it with ``.write(path)``.
     """
+    check_evaluate_args(model, tokenizer, benchmark, samples, sampler=sampler, likelihood=likelihood, config=config,
+                        fewshot_pool=fewshot_pool, fewshot_source=fewshot_source, reward_options=reward_options,
+                        model_info=model_info, data_info=data_info)
     bench = get_benchmark(benchmark) if isinstance(benchmark, str) else benchmark
     config = config or EvalConfig()
+    config.check()
     mode = config.resolve_mode(bench)
     if not samples:
         raise ConfigError(f"{bench.name}: no samples to evaluate")
-    config.check()
     check_mode_settings(bench, mode, sampler, likelihood, config)
     shots = bench.default_shots if config.shots is None else config.shots
     if shots < 0:
-        raise ConfigError(f"shots must be >= 0; got {shots}")
+        raise ConfigError(f"EvalConfig.shots must be >= 0; got {shots}")
     if fewshot_pool is None and shots > 0:
         log.warning(f"warning: the {shots}-shot exemplars come from the evaluated samples: prompts show other "
                     "evaluated problems with their answers; pass a fewshot_pool (e.g. the train split) or shots=0")
@@ -221,7 +259,7 @@ def evaluate(model, tokenizer, benchmark: Benchmark | str, samples: Sequence[Sam
 
 def _generation(model, tokenizer, bench, samples, pool, shots, sampler, config, info, reward_options, progress):
     from dare.models.spec import family_of
-    from dare.rollout import SamplerConfig, generate
+    from dare.rollout import generate
 
     stop_ids = family_of(model).token_ids(model.config).stop_ids
     template = config.resolve_template(bench, shots)

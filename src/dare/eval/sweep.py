@@ -57,7 +57,8 @@ def run_sweep(evaluate_point: Callable[[dict[str, Any]], Any], points: Sequence[
     """Run every point (``evaluate_point(fields) -> EvalResults``), write ``points/NN.json`` per point, the
     summary (``summary.json``, ``summary.md``) and the plot; returns the summary rows."""
     if not points:
-        raise ConfigError("a sweep needs at least one --point or --grid")
+        raise ConfigError("a sweep needs at least one point (points is empty)",
+                          cli="a sweep needs at least one --point or --grid")
     out = Path(out_dir)
     removed = clear_earlier_sweep(out)
     if removed:

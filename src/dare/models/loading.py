@@ -8,18 +8,22 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import torch
 
-from dare.errors import ConfigError, DareError, InputError, first_line
+from dare.errors import ConfigError, DareError, InputError, first_line, wrong_type
 
 log = logging.getLogger("dare.models")
 
 TINY_PREFIX = "tiny:"
+CHECKPOINT = "a checkpoint directory, hub name or tiny:FAMILY"
+"""What the ``path`` of :func:`load_model` / :func:`load_tokenizer` names (for one-line errors)."""
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -29,6 +33,9 @@ def resolve_dtype(dtype) -> torch.dtype | None:
         raise ConfigError(f"dtype {dtype} is not a floating-point dtype (float32, bfloat16, float16)")
     if dtype is None or isinstance(dtype, torch.dtype):
         return dtype
+    if not isinstance(dtype, str):
+        raise wrong_type("dtype", dtype, "a torch.dtype or its name (float32, bfloat16, float16, auto)",
+                         error=ConfigError)
     if dtype == "auto":
         return None
     if dtype not in DTYPES:
@@ -99,6 +106,44 @@ def check_checkpoint_path(path: str) -> None:
         raise ConfigError(f"{path} is not a model checkpoint (config.json but no weights: *.safetensors or *.bin)")
 
 
+def check_path_argument(argument: str, value: Any, expected: str, optional: bool = False) -> None:
+    """One-line :class:`ConfigError` unless ``value`` is a path (``str`` or ``os.PathLike``; None too when
+    ``optional``): a loaded model given where its path belongs is named as such."""
+    if isinstance(value, (str, os.PathLike)) or (optional and value is None):
+        return
+    hint = "that is a loaded model; pass the directory it was saved to" if isinstance(value, torch.nn.Module) else ""
+    raise wrong_type(argument, value, f"{expected} (str or pathlib.Path)" + (" or None" if optional else ""), hint,
+                     ConfigError)
+
+
+def resolve_load_device(device: Any) -> torch.device | None:
+    """The ``device`` argument of :func:`load_model` checked like ``--device`` (a name, a ``torch.device`` or a CUDA
+    index; None leaves the model where it is built): one-line :class:`ConfigError` for anything else."""
+    from dare.devices import resolve_device
+
+    if device is None:
+        return None
+    if isinstance(device, int) and not isinstance(device, bool):
+        device = f"cuda:{device}"
+    if isinstance(device, (str, torch.device)):
+        return resolve_device(str(device), "device")  # CUDA without CUDA, a misspelt device: one line
+    raise wrong_type("device", device, "a device name ('cpu', 'cuda:0'), a torch.device or None", error=ConfigError)
+
+
+def check_model_object(model: Any) -> None:
+    """One-line :class:`InputError` unless ``model`` is a torch module (a DARE model, possibly peft-wrapped or
+    compiled): a path is pointed to :func:`load_model`, a tokenizer is named as one (arguments swapped)."""
+    if isinstance(model, torch.nn.Module):
+        return
+    if isinstance(model, (str, os.PathLike)):
+        hint = f"load it first with dare.models.load_model({str(model)!r})"
+    elif callable(getattr(model, "decode", None)):
+        hint = "that is a tokenizer (model and tokenizer swapped?)"
+    else:
+        hint = "load one with dare.models.load_model(path)"
+    raise wrong_type("model", model, "a DARE model", hint)
+
+
 def load_model(path: str, adapter: str | None = None, *, dtype="float32", device="cpu", trainable: bool = False):
     """Load a DARE model (strictly) and optionally a peft LoRA adapter on top.
 
@@ -110,11 +155,10 @@ def load_model(path: str, adapter: str | None = None, *, dtype="float32", device
         trainable: keep the adapter trainable (resume LoRA training); default frozen (eval/rollout).
     Returns the model in eval mode (a ``peft.PeftModel`` when ``adapter`` is given).
     """
-    from dare.devices import resolve_device
-
+    check_path_argument("path", path, CHECKPOINT)
+    check_path_argument("adapter", adapter, "a LoRA adapter directory", optional=True)
     torch_dtype = resolve_dtype(dtype)
-    if isinstance(device, str):
-        device = resolve_device(device, "device")  # CUDA without CUDA, a misspelt device: one line
+    device = resolve_load_device(device)
     tiny = parse_tiny(path)
     if tiny is not None:
         from dare.models.tiny import tiny_model
@@ -165,6 +209,7 @@ def family_of_path(path: str):
 
 def load_tokenizer(path: str):
     """The tokenizer of a model path (``tiny:*`` -> DARE's byte tokenizer)."""
+    check_path_argument("path", path, CHECKPOINT)
     if parse_tiny(path) is not None:
         from dare.data.tokenizer import build_byte_tokenizer
 

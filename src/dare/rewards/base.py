@@ -8,11 +8,11 @@ code tests) reported apart from accuracy, ``components`` holds the weighted part
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from dare.errors import ConfigError, InputError, unknown_choice
+from dare.errors import ConfigError, InputError, unknown_choice, wrong_type
 
 
 @dataclass
@@ -66,6 +66,13 @@ class Reward:
         if isinstance(completions, str):
             raise InputError(f"reward '{self.name}': completions must be a list of strings; got one string (wrap it "
                              "in a list)")
+        if not isinstance(completions, Collection):
+            raise wrong_type(f"reward '{self.name}': completions", completions, "a list of strings")
+        if isinstance(samples, Mapping):
+            raise InputError(f"reward '{self.name}': samples must be a list of mappings; got one mapping (wrap it in "
+                             "a list)")
+        if isinstance(samples, str) or not isinstance(samples, Collection):
+            raise wrong_type(f"reward '{self.name}': samples", samples, "a list of mappings (one per completion)")
         if len(completions) != len(samples):
             raise InputError(f"reward '{self.name}': {len(completions)} completions for {len(samples)} samples")
         for i, sample in enumerate(samples):

@@ -73,6 +73,9 @@ def check_prompts(input_ids: torch.Tensor, attention_mask: torch.Tensor | None, 
             raise InputError(
                 f"attention_mask shape {list(attention_mask.shape)} does not match prompts {list(input_ids.shape)}"
             )
+        if bool(((attention_mask != 0) & (attention_mask != 1)).any()):
+            raise InputError("attention_mask must hold 0 (padding) and 1 (prompt token) only; got values "
+                             f"{attention_mask.unique().tolist()[:6]}")
         real = attention_mask.bool()
         if bool((real[:, :-1] & ~real[:, 1:]).any()):
             raise InputError("prompts must be left-padded (padding before the prompt tokens)")

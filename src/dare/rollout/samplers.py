@@ -20,6 +20,7 @@ from dare.rollout.config import SamplerConfig, warn_once
 from dare.rollout.engine import decode_static, resolve_engine
 from dare.rollout.engine.block import BlockState
 from dare.rollout.engine.mdlm import MdlmState
+from dare.rollout.inputs import check_generate_args
 from dare.rollout.output import RolloutOutput
 from dare.rollout.registry import SAMPLERS, Sampler, family_sampler, get_sampler
 
@@ -110,9 +111,22 @@ def left_pad(prompts: Sequence[Sequence[int]], pad_id: int, device=None) -> tupl
     ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(prompts), width), dtype=torch.long)
     for i, p in enumerate(prompts):
-        ids[i, width - len(p):] = torch.as_tensor(list(p), dtype=torch.long)
+        ids[i, width - len(p):] = prompt_row(i, p)
         mask[i, width - len(p):] = 1
     return ids.to(device), mask.to(device)
+
+
+def prompt_row(index: int, row: Sequence[int] | torch.Tensor) -> torch.Tensor:
+    """Prompt ``index`` of a list as int64 ids: floats, bools or text among its ids are a one-line
+    :class:`InputError` (casting would truncate ``1.5`` to ``1`` without a word)."""
+    expected = f"prompts[{index}] must be a list of integer token ids"
+    try:
+        ids = torch.as_tensor(row if isinstance(row, torch.Tensor) else list(row))
+    except (TypeError, ValueError, RuntimeError):
+        raise InputError(f"{expected}; got {list(row)[:4]!r}") from None
+    if ids.ndim != 1 or ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
+        raise InputError(f"{expected}; got {ids.tolist()[:4]!r} ({ids.dtype})")
+    return ids.long()
 
 
 def model_device(model) -> torch.device:
@@ -165,6 +179,8 @@ def generate(
     from dare.models.loading import evaluating
     from dare.models.spec import family_of
 
+    check_generate_args(model, prompts, attention_mask, config, example_ids=example_ids, canvas=canvas,
+                        step_range=step_range)
     config = config or SamplerConfig()
     if overrides:
         config = config.replace(**overrides)

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from dare.config import from_dict, load_yaml, merge, parse_overrides, to_dict
-from dare.errors import ConfigError, unknown_choice
+from dare.errors import ConfigError, unknown_choice, wrong_type
 from dare.rollout.config import SamplerConfig
 
 
@@ -341,6 +342,18 @@ def load_train_config(path: str | Path | None, overrides: list[str] = ()) -> Tra
     config.algorithm = resolve_algorithm_config(config.algorithm)
     config.validate()
     return config
+
+
+def check_config_object(config: Any) -> None:
+    """One-line :class:`ConfigError` unless ``config`` (of :class:`~dare.trainer.Trainer` / ``run_training``) is a
+    :class:`TrainConfig`: a recipe path or a mapping is pointed to :func:`load_train_config`."""
+    if isinstance(config, TrainConfig):
+        return
+    if isinstance(config, (str, os.PathLike)):
+        hint = f"load the recipe first with dare.trainer.load_train_config({str(config)!r})"
+    else:
+        hint = "build one with dare.trainer.load_train_config(recipe_path, ['key=value', ...])"
+    raise wrong_type("config", config, "a TrainConfig", hint, ConfigError)
 
 
 def revalidate(config: TrainConfig) -> None:

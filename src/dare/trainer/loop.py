@@ -100,6 +100,9 @@ class Trainer:
     def __init__(self, config: TrainConfig, *, source=None, info: DistInfo | None = None, model=None):
         from dare.models.loading import load_model, resolve_dtype, unwrap
         from dare.models.spec import family_of
+        from dare.trainer.config import check_config_object
+
+        check_config_object(config)  # a recipe path or a dict: one line pointing to load_train_config
 
         self.config = config
         cfg = config
