@@ -10,8 +10,19 @@ from __future__ import annotations
 
 import argparse
 import ast
+import sys
 
 HELP = "generate text with a diffusion sampler (llada, dream, fastdllm, ...)"
+BUILTIN_SAMPLERS = ("llada", "dream", "fastdllm", "fastdllm_dream", "sdar", "llada2", "llada21", "llada21_speed")
+"""The samplers :mod:`dare.rollout.samplers` registers, named here so that ``--help`` does not import torch
+(``tests/test_rollout_review_fixes.py`` checks the two agree)."""
+
+
+def sampler_names() -> list[str]:
+    """The built-in sampler names, then any other registered by plug-ins already imported."""
+    registry = sys.modules.get("dare.rollout.registry")
+    extra = [name for name in (registry.SAMPLERS if registry else ()) if name not in BUILTIN_SAMPLERS]
+    return list(BUILTIN_SAMPLERS) + extra
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -49,8 +60,10 @@ def add_sampler_arguments(parser: argparse.ArgumentParser, default: str | None =
                           option_help: str = "any other SamplerConfig field, e.g. -o confidence=margin",
                           gen_length_help: str = "generated tokens (default 128)") -> None:
     """The decoding flags shared by ``dare generate`` and ``dare eval run`` (-> :func:`sampler_values`)."""
+    names = ", ".join(sampler_names())
     parser.add_argument("--sampler", default=default,
-                        help=f"sampler preset (default {default})" if default else "sampler preset (default: the family's)")
+                        help=f"sampler preset: {names} (default {default})" if default
+                        else f"sampler preset: {names} (default: the family's)")
     parser.add_argument("--gen-length", type=int, help=gen_length_help)
     parser.add_argument("--block-length", type=int, help="semi-autoregressive block length")
     parser.add_argument("--steps", type=int, help="denoising steps of masked diffusion (default: gen length)")
@@ -81,13 +94,15 @@ def _parse_value(text: str):
         return text
 
 
-def sampler_config(args: argparse.Namespace, sampler: str | None = None):
-    """The :class:`SamplerConfig` described by the command-line flags (``sampler`` when ``--sampler`` is unset)."""
-    from dare.rollout import SamplerConfig
+def sampler_config(args: argparse.Namespace, sampler: str | None = None, model=None):
+    """The :class:`SamplerConfig` described by the command-line flags (``sampler`` when ``--sampler`` is unset),
+    resolved (for ``model`` when given: a block sampler's unset block length is the model's block size)."""
+    from dare.rollout import SamplerConfig, resolve_config
 
     values = sampler_values(args)
     values.setdefault("sampler", sampler or "llada")
-    return SamplerConfig.from_dict(values).resolved()
+    config = SamplerConfig.from_dict(values)
+    return config.resolved() if model is None else resolve_config(config, model)
 
 
 SAMPLER_FLAGS = ("gen_length", "block_length", "steps", "block_steps", "temperature", "top_p", "top_k", "threshold",
@@ -179,7 +194,7 @@ def run(args: argparse.Namespace) -> int:
     dtype = getattr(torch, args.dtype) if args.dtype else (torch.bfloat16 if device.type == "cuda" else torch.float32)
     model, tokenizer = load_model(args.model, device, dtype)
     compiled = compile_if_asked(model, args)
-    config = sampler_config(args, default_sampler(model))
+    config = sampler_config(args, default_sampler(model), model)
     prompts = [encode(tokenizer, text, not args.no_chat_template) for text in args.prompt]
     start = time.perf_counter()
     out = generate(model, prompts, config=config, progress=not args.json)

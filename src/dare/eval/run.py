@@ -259,7 +259,7 @@ def evaluate(model, tokenizer, benchmark: Benchmark | str, samples: Sequence[Sam
 
 def _generation(model, tokenizer, bench, samples, pool, shots, sampler, config, info, reward_options, progress):
     from dare.models.spec import family_of
-    from dare.rollout import generate
+    from dare.rollout import generate, resolve_config
 
     stop_ids = family_of(model).token_ids(model.config).stop_ids
     template = config.resolve_template(bench, shots)
@@ -267,7 +267,7 @@ def _generation(model, tokenizer, bench, samples, pool, shots, sampler, config, 
     sampler = sampler or SamplerConfig()
     if sampler.gen_length is None:
         sampler = sampler.replace(gen_length=defaults.max_new_tokens)
-    resolved = sampler.replace(seed=config.seed).for_family(family_of(model).name).resolved()
+    resolved = resolve_config(sampler.replace(seed=config.seed), model)
     kernels = kernel_settings()  # before decoding: a misspelt switch fails now, not after the run
     n = config.num_samples
     if n > 1 and resolved.temperature == 0 and resolved.confidence != "random":

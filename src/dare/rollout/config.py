@@ -42,6 +42,10 @@ _NUMERIC_TYPES = ("int", "float")
 _WARNED: set[tuple] = set()
 """Keys of the warnings :func:`warn_once` has logged in this process."""
 
+THRESHOLD_DECODERS = ("threshold", "dynamic", "factor")
+"""Selection rules that compare confidences with a bound in (0, 1] (``threshold``, ``1 - f/(n+1)``): they need a
+confidence on that scale (``prob``, ``margin``), not ``neg_entropy`` (<= 0)."""
+
 log = logging.getLogger("dare.rollout")
 
 
@@ -323,6 +327,10 @@ class SamplerConfig:
         if self.decoder == "entropy_bounded" and self.confidence != "neg_entropy":
             raise ConfigError(f"decoder 'entropy_bounded' ranks by entropy: confidence must be 'neg_entropy' "
                               f"(got '{self.confidence}')")
+        if self.decoder in THRESHOLD_DECODERS and self.confidence == "neg_entropy":
+            fix = "confidence='prob' or 'margin'" + (", or sampler 'fastdllm_dream'" if self.sampler == "dream" else "")
+            raise ConfigError(f"decoder '{self.decoder}' compares confidences with a bound in (0, 1], but "
+                              f"confidence 'neg_entropy' is <= 0 (one token per step): use {fix}")
         get_sampler(self.sampler).check(self)
 
     def warn_unread_settings(self, decoder: str) -> None:

@@ -295,7 +295,8 @@ def select_threshold(confidence: torch.Tensor, eligible: torch.Tensor, threshold
 def select_factor(confidence: torch.Tensor, eligible: torch.Tensor, factor: float,
                   last_rank_quirk: bool = False) -> torch.Tensor:
     """Fast-dLLM factor rule: sort the eligible confidences ``c_(1) >= c_(2) >= ...`` and commit the longest
-    prefix with ``c_(n) >= 1 - factor / (n + 1)`` (``n >= 2``; the top-1 is always committed).
+    prefix with ``c_(n) >= 1 - factor / (n + 1)`` (``n >= 2``; the top-1 is always committed, whatever the
+    confidence's scale: its bound is ``-inf``).
 
     ``last_rank_quirk`` reproduces dInfer's ``get_transfer_index_dynamic``, which commits all ``N``
     eligible positions when the first failure is at the last rank ``N``.
@@ -303,7 +304,7 @@ def select_factor(confidence: torch.Tensor, eligible: torch.Tensor, factor: floa
     values = torch.sort(confidence, dim=-1, descending=True).values
     n = torch.arange(1, values.shape[-1] + 1, device=values.device, dtype=torch.float64)
     bound = 1.0 - factor / (n + 1.0)
-    bound[0] = -1.0
+    bound[0] = NEG_INF  # confidences may be negative (neg_entropy): the top-1 is committed regardless
     count = (values.to(torch.float64) >= bound).sum(-1)  # thresholds rise, values fall: a prefix
     n_eligible = eligible.sum(-1)
     count = torch.minimum(count, n_eligible)
@@ -367,7 +368,10 @@ def select(decoder: str, confidence: torch.Tensor, eligible: torch.Tensor, k: to
            entropy_bound: float = 0.35) -> torch.Tensor:
     """Apply the selection rule ``decoder`` (see :data:`DECODERS`) and return the ``[B, W]`` commit mask.
 
-    ``k`` is the per-row scheduled count (used by ``quota``, ``dynamic`` and ``sequential``)."""
+    ``k`` is the per-row scheduled count (used by ``quota``, ``dynamic`` and ``sequential``). The rules that
+    commit by confidence (not in :data:`SCHEDULE_DECODERS`) always commit at least the most confident eligible
+    position of a row, so a decoding loop progresses every step whatever the confidences (negative, NaN).
+    Schedule rules may commit nothing in a step (Dream's timestep schedule does); their last step flushes."""
     rules = {
         "quota": lambda: select_quota(confidence, eligible, k),
         "threshold": lambda: select_threshold(confidence, eligible, threshold),
@@ -376,4 +380,7 @@ def select(decoder: str, confidence: torch.Tensor, eligible: torch.Tensor, k: to
         "sequential": lambda: select_leftmost(eligible, k),
         "entropy_bounded": lambda: select_entropy_bounded(confidence, eligible, entropy_bound),
     }
-    return rules[decoder]()
+    chosen = rules[decoder]()
+    if decoder not in SCHEDULE_DECODERS:  # progress guard: never a step that commits nothing while masks remain
+        chosen = chosen | select_quota(confidence, eligible, torch.ones_like(eligible[:, 0], dtype=torch.long))
+    return chosen

@@ -20,7 +20,7 @@ import torch
 from dare.errors import ConfigError, InputError
 from dare.models.spec import family_of
 from dare.rollout.caching import CACHES
-from dare.rollout.config import SamplerConfig, warn_unread
+from dare.rollout.config import SamplerConfig, warn_once, warn_unread
 from dare.rollout.kernels import SCHEDULE_DECODERS, SCHEDULES, propose, select
 from dare.rollout.registry import get_sampler
 from dare.rollout.output import RolloutOutput, TrajectoryRecorder, completion_mask, finished_rows
@@ -61,6 +61,11 @@ def check_config(config: SamplerConfig) -> None:
             f"steps ({config.steps}) must be a multiple of the number of blocks "
             f"(gen_length / block_length = {config.num_blocks})"
         )
+    if config.decoder in SCHEDULE_DECODERS and config.schedule == "timestep" and config.steps > config.gen_length:
+        # LLaDA's linear schedule commits >= 1 token a step and skips the rest; the timestep one runs them all
+        warn_once(("steps beyond gen_length", config.steps, config.gen_length),
+                  f"warning: steps {config.steps} > gen_length {config.gen_length}: at most one token per step needs "
+                  f"only {config.gen_length}; the timestep schedule runs all {config.steps} forwards")
 
 
 def check_prompts(input_ids: torch.Tensor, attention_mask: torch.Tensor | None, mask_id: int) -> None:

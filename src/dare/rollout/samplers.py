@@ -185,7 +185,7 @@ def generate(
     if overrides:
         config = config.replace(**overrides)
     family = family_of(model)
-    config = config.for_family(family.name).resolved()
+    config = resolve_config(config, model)
     device = model_device(model)
     tokens = family.token_ids(model.config)
     if not isinstance(prompts, torch.Tensor):
@@ -229,6 +229,33 @@ def generate(
                 return out
         return sampler.run(model, prompts, attention_mask, config, example_ids=example_ids, progress=progress,
                            **resume)
+
+
+def resolve_config(config: SamplerConfig, model) -> SamplerConfig:
+    """``config`` resolved for ``model``: an unset sampler is its family's, and a block sampler's unset
+    ``block_length`` the model's block size (:func:`generate` decodes with this; callers that record the settings
+    resolve with it too)."""
+    from dare.models.spec import family_of
+
+    family = family_of(model)
+    return _model_block_length(config.for_family(family.name), model, family).resolved()
+
+
+def _model_block_length(config: SamplerConfig, model, family) -> SamplerConfig:
+    """A block sampler decodes in the model's block size (its training block size): an unset ``block_length``
+    takes it (not the preset's), and an explicit one that differs is applied with one warning. Others: as is."""
+    if config.sampler not in SAMPLERS or SAMPLERS[config.sampler].attention != "block_causal":
+        return config  # an unknown sampler is reported by resolved()
+    size = getattr(getattr(model, "config", None), "block_size", None) or family.block_size
+    if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+        return config
+    if config.block_length is None:
+        return dataclasses.replace(config, block_length=size)
+    if isinstance(config.block_length, int) and config.block_length != size:
+        warn_once(("block length", config.block_length, size),
+                  f"warning: block_length={config.block_length} differs from the model's block size {size} (its "
+                  f"training block size); decoding with {config.block_length}")
+    return config
 
 
 def check_prompt_ids(prompts: torch.Tensor) -> torch.Tensor:
