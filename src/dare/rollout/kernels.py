@@ -307,7 +307,7 @@ def select_factor(confidence: torch.Tensor, eligible: torch.Tensor, factor: floa
     bound[0] = NEG_INF  # confidences may be negative (neg_entropy): the top-1 is committed regardless
     count = (values.to(torch.float64) >= bound).sum(-1)  # thresholds rise, values fall: a prefix
     n_eligible = eligible.sum(-1)
-    count = torch.minimum(count, n_eligible)
+    count = torch.minimum(count.clamp(min=1), n_eligible)  # at least the top-1 (NaN confidences compare false)
     if last_rank_quirk:
         count = torch.where((count == n_eligible - 1) & (n_eligible >= 2), n_eligible, count)
     return select_quota(confidence, eligible, count)
@@ -369,7 +369,7 @@ def select(decoder: str, confidence: torch.Tensor, eligible: torch.Tensor, k: to
     """Apply the selection rule ``decoder`` (see :data:`DECODERS`) and return the ``[B, W]`` commit mask.
 
     ``k`` is the per-row scheduled count (used by ``quota``, ``dynamic`` and ``sequential``). The rules that
-    commit by confidence (not in :data:`SCHEDULE_DECODERS`) always commit at least the most confident eligible
+    commit by confidence (``threshold``, ``factor``, ``entropy_bounded``) each commit at least one eligible
     position of a row, so a decoding loop progresses every step whatever the confidences (negative, NaN).
     Schedule rules may commit nothing in a step (Dream's timestep schedule does); their last step flushes."""
     rules = {
@@ -380,7 +380,4 @@ def select(decoder: str, confidence: torch.Tensor, eligible: torch.Tensor, k: to
         "sequential": lambda: select_leftmost(eligible, k),
         "entropy_bounded": lambda: select_entropy_bounded(confidence, eligible, entropy_bound),
     }
-    chosen = rules[decoder]()
-    if decoder not in SCHEDULE_DECODERS:  # progress guard: never a step that commits nothing while masks remain
-        chosen = chosen | select_quota(confidence, eligible, torch.ones_like(eligible[:, 0], dtype=torch.long))
-    return chosen
+    return rules[decoder]()
