@@ -137,6 +137,11 @@ class Algorithm:
     def totals(self, batch: TensorDict) -> dict[str, torch.Tensor]:
         return {}
 
+    def nothing_trained_reason(self, record: dict) -> str | None:
+        """Why a step whose record counts no rows / sequences / tokens trained nothing (e.g. a filter dropped every
+        group), for the trainer's warning; None = the trainer's generic reason."""
+        return None
+
     def estimate(self, model, batch: TensorDict) -> TensorDict:
         raise NotImplementedError
 

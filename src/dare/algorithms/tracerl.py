@@ -234,7 +234,19 @@ class TraceRL(TermwiseMixin, RLAlgorithm):
         out = super().totals(batch)
         out["rows"] = batch["select"].any(-1).sum().to(torch.float64)
         out["trace_tokens"] = batch["select"].sum().to(torch.float64)
+        if "keep" in batch.keys():  # groups in the step, and those the accuracy filter dropped
+            per_row = 1.0 / batch["group_size"].to(torch.float64)
+            out["groups"] = per_row.sum()
+            out["filtered_groups"] = (per_row * (~batch["keep"].bool()).to(torch.float64)).sum()
         return out
+
+    def nothing_trained_reason(self, record: dict) -> str | None:
+        groups, dropped = round(record.get("groups", 0)), round(record.get("filtered_groups", 0))
+        if self.config.accuracy_filter is not None and groups and dropped == groups:
+            low, high = self.config.accuracy_filter
+            return (f"algorithm.accuracy_filter [{low}, {high}] dropped all {groups} groups "
+                    "(mean accuracy outside it)")
+        return None
 
     def row_weights(self, batch: TensorDict, k: int, totals) -> tuple[torch.Tensor, torch.Tensor]:
         """``(surrogate weights, KL weights) [R, S]`` of round ``k`` (normalisation of the module docstring)."""

@@ -163,6 +163,10 @@ def run_summary(config, record: dict, rewarded: dict | None = None) -> str:
         saved = sorted((out / "checkpoints").glob("step_*"))  # zero-padded step numbers
         lines.append(f"no final export (trainer.export=false); latest checkpoint: {saved[-1]}" if saved else
                      "no weights written (trainer.export=false and no checkpoint: set trainer.save_every)")
+    empty = int(record.get("steps_trained_nothing", 0))
+    if empty:  # the loss says 0.0000 either way: say why
+        lines.append(f"warning: {empty} of the {record.get('steps_run', empty)} steps run trained nothing (no rows "
+                     "left to train: the first such step's warning says why)")
     fallbacks = int(record.get("rollout/engine_fallbacks", 0))
     if fallbacks:  # a 2-15x slower rollout that would otherwise show only as a log line (e.g. a failed recording)
         lines.append(f"note: the last step's rollout decoded {fallbacks} generation call(s) with the slow eager loop "

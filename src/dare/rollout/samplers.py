@@ -205,10 +205,7 @@ def generate(
         raise InputError(f"example_ids has {len(example_ids)} entries for {batch} prompts")
     sampler = get_sampler(config.sampler)
     warn_beyond_context(family.context_length(model.config), prompts.shape[-1], config.gen_length)
-    if family.attention != sampler.attention:
-        fits = [s.name for s in SAMPLERS.values() if s.attention == family.attention]
-        raise ConfigError(f"sampler '{sampler.name}' decodes {sampler.attention.replace('_', '-')} models; "
-                          f"{family.name} is {family.attention.replace('_', '-')}: use {', '.join(fits)}")
+    check_sampler_family(sampler, family)
     resume = {}
     if canvas is not None or step_range is not None:
         if sampler.attention != "full":
@@ -265,6 +262,20 @@ def check_prompt_ids(prompts: torch.Tensor) -> torch.Tensor:
     if prompts.dtype.is_floating_point or prompts.dtype.is_complex or prompts.dtype == torch.bool:
         raise InputError(f"prompts must hold integer token ids; got a {prompts.dtype} tensor")
     return prompts.long()
+
+
+def check_sampler_family(sampler, family) -> None:
+    """One-line :class:`ConfigError` unless ``sampler`` (a sampler or its name) decodes the attention kind of model
+    ``family`` (a family spec or its name): full-attention samplers decode masked-diffusion models, block samplers
+    block-causal ones. ``dare generate`` and RL training check it before any other sampler setting."""
+    from dare.models.spec import get_family
+
+    sampler = get_sampler(sampler) if isinstance(sampler, str) else sampler
+    family = get_family(family) if isinstance(family, str) else family
+    if family.attention != sampler.attention:
+        fits = [s.name for s in SAMPLERS.values() if s.attention == family.attention]
+        raise ConfigError(f"sampler '{sampler.name}' decodes {sampler.attention.replace('_', '-')} models; "
+                          f"{family.name} is {family.attention.replace('_', '-')}: use {', '.join(fits)}")
 
 
 def warn_unmasked_padding(prompts: torch.Tensor, pad_id: int) -> None:

@@ -7,6 +7,7 @@ The data position needs no state: batches are a pure function of the step (see `
 
 from __future__ import annotations
 
+import contextlib
 import random
 import shutil
 import warnings
@@ -66,6 +67,23 @@ def _auxiliary_state(state: dict, auxiliary: dict | None) -> dict:
     return state
 
 
+@contextlib.contextmanager
+def interrupts_unwrapped():
+    """Re-raise a Ctrl-C inside ``torch.distributed.checkpoint`` as the ``KeyboardInterrupt`` it was: dcp wraps a
+    rank's exception (KeyboardInterrupt included) in a ``CheckpointException`` whose message is its traceback, which
+    the CLI's one-line ``interrupted`` would not catch."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    try:
+        yield
+    except CheckpointException as err:
+        failures = getattr(err, "failures", None) or {}
+        if any(isinstance(pair[0] if isinstance(pair, tuple) else pair, KeyboardInterrupt)
+               for pair in failures.values()):
+            raise KeyboardInterrupt from None
+        raise
+
+
 def save_checkpoint(output_dir, step: int, model, optimizer, scheduler, info: DistInfo, *,
                     trainable_only: bool = False, keep_last: int = 2, extra: dict | None = None,
                     rank_state: dict | None = None, auxiliary: dict | None = None) -> Path:
@@ -84,7 +102,7 @@ def save_checkpoint(output_dir, step: int, model, optimizer, scheduler, info: Di
     barrier(info)
     state, _ = _state_dicts(model, optimizer, trainable_only)
     state = _auxiliary_state(state, auxiliary)
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), interrupts_unwrapped():
         warnings.filterwarnings("ignore", message=SINGLE_PROCESS_WARNING)
         dcp.save(state, checkpoint_id=str(tmp))
     torch.save(rng_state(), tmp / f"rng_rank{info.rank}.pt")
@@ -140,7 +158,7 @@ def load_checkpoint(path, model, optimizer, scheduler, info: DistInfo, *, traina
     trainer_state = read_trainer_state(path)
     state, options = _state_dicts(model, optimizer, trainable_only)
     state = _auxiliary_state(state, auxiliary)
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), interrupts_unwrapped():
         warnings.filterwarnings("ignore", message=SINGLE_PROCESS_WARNING)
         dcp.load(state, checkpoint_id=str(path))
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"], options=options)

@@ -337,11 +337,61 @@ def load_train_config(path: str | Path | None, overrides: list[str] = ()) -> Tra
     from dare.algorithms import resolve_algorithm_config
 
     raw = load_yaml(path) if path is not None else {}
-    raw = merge(raw, parse_overrides(list(overrides)))
+    given = parse_overrides(list(overrides))
+    if path is not None:
+        raw = _fit_recipe_algorithm(raw, given, path)
+    raw = merge(raw, given)
     config = from_dict(TrainConfig, raw)
     config.algorithm = resolve_algorithm_config(config.algorithm)
     config.validate()
     return config
+
+
+def _algorithm_keys(name: str) -> set[str] | None:
+    """The keys of algorithm ``name``'s section (None for an unknown name: its own error comes later)."""
+    import dataclasses
+
+    from dare.algorithms import ALGORITHMS
+
+    cls = ALGORITHMS.get(name) if isinstance(name, str) else None
+    return None if cls is None else {f.name for f in dataclasses.fields(cls.config_class) if f.init}
+
+
+def _fit_recipe_algorithm(raw: dict, given: dict, path) -> dict:
+    """The recipe's ``algorithm`` section against the algorithm that runs. With ``algorithm.name`` overridden to
+    another algorithm, the recipe's keys the new one lacks are dropped (one warning naming them); an unknown key
+    the recipe itself holds is an error that says so and names the algorithms having it. Keys given as overrides
+    are left to the usual unknown-key error."""
+    import logging
+
+    from dare.algorithms import ALGORITHMS
+
+    section = raw.get("algorithm")
+    if isinstance(section, str):
+        section = {"name": section}
+    if not isinstance(section, dict):
+        return raw
+    override = given.get("algorithm") if isinstance(given.get("algorithm"), dict) else {}
+    recipe_name = section.get("name", "sft")
+    name = override.get("name", recipe_name)
+    keys = _algorithm_keys(name)
+    if keys is None:
+        return raw
+    stray = [k for k in section if k not in keys and k not in override]
+    if not stray:
+        return {**raw, "algorithm": section}
+    if name != recipe_name and _algorithm_keys(recipe_name) is not None:
+        names = ", ".join(f"algorithm.{k}" for k in stray)
+        what = f"a {recipe_name} setting" if len(stray) == 1 else f"{recipe_name} settings"
+        logging.getLogger("dare.trainer").warning(
+            f"warning: algorithm.name={name}: dropping the recipe's {names} ({what} {name} does not have)")
+        return {**raw, "algorithm": {k: v for k, v in section.items() if k not in stray}}
+    key = stray[0]
+    owners = sorted(n for n in ALGORITHMS if key in (_algorithm_keys(n) or ()))
+    if not owners:
+        return raw  # no algorithm has it: the unknown-key error names the closest valid key
+    raise ConfigError(f"unknown config key 'algorithm.{key}' in the recipe {path}: algorithm {name} has no such "
+                      f"setting (it is a setting of {', '.join(owners)})")
 
 
 def check_config_object(config: Any) -> None:

@@ -187,6 +187,8 @@ class Trainer:
             self.aux_schedulers[name] = build_scheduler(self.aux_optimizers[name], aux_optim, self.total_steps)
         self.step = 0
         self.stop_requested = False
+        self.steps_run = 0           # steps this call of train() ran, and those of them that trained nothing
+        self.empty_steps = 0
         self.logger = MetricsLogger(self.output_dir, enabled=self.info.is_main, tensorboard=cfg.trainer.tensorboard,
                                     wandb=cfg.trainer.wandb, wandb_project=cfg.trainer.wandb_project,
                                     config=config_dict(config))
@@ -515,6 +517,8 @@ class Trainer:
         finally:
             if bar is not None:  # also when interrupted: the bar's line ends before any message
                 bar.close()
+        if self.empty_steps:  # for the end-of-run summary (not a logged metric)
+            record = {**record, "steps_run": self.steps_run, "steps_trained_nothing": self.empty_steps}
         if self.stop_requested and self.step < self.total_steps:
             self._record_early_stop()
         if cfg.save_every or not cfg.export:
@@ -523,6 +527,19 @@ class Trainer:
             self.export()
         self.logger.close()
         return record
+
+    def _note_empty_step(self, record: dict) -> None:
+        """Count a step that trained nothing (a count metric of :data:`EMPTY_STEP_METRICS` is 0: e.g. TraceRL's
+        accuracy filter or dynamic sampling left no rows); the first one is a warning, the summary says how many."""
+        self.steps_run += 1
+        if not any(key in record and record[key] == 0 for key in EMPTY_STEP_METRICS):
+            return
+        self.empty_steps += 1
+        if self.empty_steps == 1 and self.info.is_main:
+            key = next(key for key in EMPTY_STEP_METRICS if key in record and record[key] == 0)
+            reason = self.algorithm.nothing_trained_reason(record) or f"no {key} to train (metric {key} = 0)"
+            log.warning(f"warning: step {record['step']}: {reason}: nothing trained this step (later such steps "
+                        "are counted in the end-of-run summary)")
 
     def _record_early_stop(self) -> None:
         """After :meth:`request_stop`: config.yaml says ``trainer.max_steps`` = the steps run, so it reproduces the
@@ -543,6 +560,7 @@ class Trainer:
         while self.step < self.total_steps and not self.stop_requested:
             record = self.train_step(self.step)
             self.step += 1
+            self._note_empty_step(record)
             if on_step is not None:
                 record.update(on_step(self, record) or {})
             record["time/elapsed_s"] = round(time.perf_counter() - start, 3)
@@ -558,6 +576,10 @@ class Trainer:
             if kill_at and self.step == kill_at:
                 os.kill(os.getpid(), signal.SIGKILL)
         return record
+
+
+EMPTY_STEP_METRICS = ("rows", "sequences", "tokens", "trained_tokens")
+"""Count metrics of a step (summed over the global batch); one that is 0 means the step trained nothing."""
 
 
 def run_training(config: TrainConfig, source=None,

@@ -100,12 +100,15 @@ def fill_rollout_defaults(config, model=None) -> None:
     sampler = config.rollout.sampler
     if not get_algorithm(config.algorithm.name).needs.rollout:
         return
-    if sampler.sampler is None:
-        from dare.models.loading import family_of_path
-        from dare.models.spec import family_of
+    from dare.models.loading import family_of_path
+    from dare.models.spec import family_of
+    from dare.trainer.rl import check_rollout_family
 
-        family = family_of(model) if model is not None else family_of_path(config.model.path)
+    family = family_of(model) if model is not None else family_of_path(config.model.path)
+    if sampler.sampler is None:
         sampler = sampler.for_family(family.name)
+    else:  # a sampler of the wrong attention kind is the error, before its settings' (e.g. block_steps)
+        check_rollout_family(config.rollout, family)
     if sampler.gen_length is None:
         sampler = sampler.replace(gen_length=DEFAULT_GEN_LENGTH)
     config.rollout.sampler = sampler

@@ -515,10 +515,26 @@ def rollout_sampler(config, family: str | None = None):
     unset ``sampler`` is model family ``family``'s default."""
     if config.sampler.temperature <= 0:
         raise ConfigError("RL rollouts need rollout.sampler.temperature > 0 (a group of greedy rollouts is identical)")
+    if family is not None:
+        check_rollout_family(config, family)
     try:
         sampler = config.sampler if family is None else config.sampler.for_family(family)
         return sampler.resolved()
     except ConfigError as err:  # the sampler names its own fields: say which section they are in
+        raise ConfigError(f"rollout.sampler: {err}") from None
+
+
+def check_rollout_family(config, family) -> None:
+    """One-line error when the ``rollout`` section's sampler (if set) does not decode model ``family``'s attention
+    kind: checked before the sampler's own settings, whose errors (e.g. block_steps on a full-attention sampler)
+    would otherwise hide it."""
+    if config.sampler.sampler is None:
+        return
+    from dare.rollout.samplers import check_sampler_family
+
+    try:
+        check_sampler_family(config.sampler.sampler, family)
+    except ConfigError as err:
         raise ConfigError(f"rollout.sampler: {err}") from None
 
 
@@ -557,5 +573,5 @@ def build_rollout_source(trainer) -> RolloutSource:
     )
 
 
-__all__ = ["RolloutSource", "build_rollout_source", "check_rollout_batch", "health_sums", "rollout_base_seed",
-           "rollout_reward", "rollout_sampler"]
+__all__ = ["RolloutSource", "build_rollout_source", "check_rollout_batch", "check_rollout_family", "health_sums",
+           "rollout_base_seed", "rollout_reward", "rollout_sampler"]
