@@ -87,3 +87,10 @@ def test_timestep_steps_beyond_gen_length_warn(caplog):
     warned = [r.getMessage() for r in caplog.records if "> gen_length" in r.getMessage()]
     assert len(warned) == 1 and warned[0].startswith("warning: steps 100 > gen_length 8: at most one token per step "
                                                       "needs only 8")
+
+
+def test_generate_names_a_sampler_of_the_wrong_attention_kind_before_its_settings():
+    """Before, resolving first reported a side error ("block_steps does not apply to sampler 'dream'")."""
+    model = load_model("tiny:sdar")
+    with pytest.raises(ConfigError, match="sampler 'dream' decodes full models; sdar is block-causal"):
+        generate(model, [[5, 6, 7]], config=SamplerConfig(sampler="dream", gen_length=8, block_steps=2))

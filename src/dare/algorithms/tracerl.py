@@ -47,9 +47,9 @@ from dare.algorithms.functional import (
     clipped_surrogate, group_advantages, kl_estimate, shrink_step_map, step_ranks, tracerl_token_advantages,
 )
 from dare.algorithms.logprobs import denoising_hidden, model_inputs
-from dare.models.loading import evaluating
 from dare.algorithms.rl import PPOConfig, RLAlgorithm, RolloutContext, TermwiseMixin, response_field
 from dare.errors import ConfigError, unknown_choice
+from dare.models.loading import evaluating
 
 NORMALIZE = ("auto", "length", "row")
 LOG_RATIO_CLAMP = 10.0  # TraceRL clamps the log ratio to +-10 before exp

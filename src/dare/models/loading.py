@@ -219,12 +219,17 @@ def load_tokenizer(path: str):
     return AutoTokenizer.from_pretrained(str(path))
 
 
+def recorded_base(adapter: str) -> str | None:
+    """The base model recorded in the ``adapter_config.json`` of adapter directory ``adapter`` (None: none)."""
+    return json.loads((Path(adapter) / "adapter_config.json").read_text()).get("base_model_name_or_path") or None
+
+
 def adapter_base(adapter: str) -> str:
-    """The base model recorded in an adapter's ``adapter_config.json``."""
+    """The base model recorded in an adapter's ``adapter_config.json`` (one-line errors without one)."""
     config_path = Path(adapter) / "adapter_config.json"
     if not config_path.is_file():
         raise ConfigError(f"{adapter} is not a LoRA adapter directory (no adapter_config.json)")
-    base = json.loads(config_path.read_text()).get("base_model_name_or_path")
+    base = recorded_base(adapter)
     if not base:
         raise ConfigError(f"{config_path} does not name its base model; pass --base")
     return base
@@ -245,7 +250,7 @@ def same_model(a: str, b: str) -> bool:
 def warn_other_base(adapter: str, path: str) -> None:
     """One warning when the LoRA adapter in ``adapter`` records another base model than ``path``: loading it there
     is allowed (a copy of the base, a fine-tuned sibling), but usually a slip that gives meaningless outputs."""
-    recorded = json.loads((Path(adapter) / "adapter_config.json").read_text()).get("base_model_name_or_path")
+    recorded = recorded_base(adapter)
     if recorded and not same_model(str(recorded), str(path)):
         log.warning(f"warning: adapter {adapter} was trained on {recorded}; loading it on {path}")
 

@@ -48,7 +48,7 @@ __all__ = [
     "BLOCK_CACHES", "CACHES", "CONFIDENCES", "DECODERS", "SAMPLERS", "SCHEDULES", "BlockLayout", "Proposal",
     "RolloutOutput", "Sampler", "SamplerConfig", "Trajectory", "completion_mask", "default_sampler",
     "denoise_blocks", "derive_seed", "example_generators", "filter_logits", "generate", "get_sampler", "left_pad",
-    "linear_quota", "linear_schedule", "propose", "register_sampler", "resolve_config", "select", "select_dynamic", "select_edits",
-    "select_entropy_bounded", "select_factor", "select_leftmost", "select_quota", "select_threshold",
+    "linear_quota", "linear_schedule", "propose", "register_sampler", "resolve_config", "select", "select_dynamic",
+    "select_edits", "select_entropy_bounded", "select_factor", "select_leftmost", "select_quota", "select_threshold",
     "timestep_quota",
 ]

@@ -185,7 +185,7 @@ def generate(
     if overrides:
         config = config.replace(**overrides)
     family = family_of(model)
-    config = resolve_config(config, model)
+    config = resolve_config(config, model)  # the sampler's attention kind checked first
     device = model_device(model)
     tokens = family.token_ids(model.config)
     if not isinstance(prompts, torch.Tensor):
@@ -205,7 +205,6 @@ def generate(
         raise InputError(f"example_ids has {len(example_ids)} entries for {batch} prompts")
     sampler = get_sampler(config.sampler)
     warn_beyond_context(family.context_length(model.config), prompts.shape[-1], config.gen_length)
-    check_sampler_family(sampler, family)
     resume = {}
     if canvas is not None or step_range is not None:
         if sampler.attention != "full":
@@ -229,23 +228,23 @@ def generate(
 
 
 def resolve_config(config: SamplerConfig, model) -> SamplerConfig:
-    """``config`` resolved for ``model``: an unset sampler is its family's, and a block sampler's unset
-    ``block_length`` the model's block size (:func:`generate` decodes with this; callers that record the settings
-    resolve with it too)."""
+    """``config`` resolved for ``model``: an unset sampler is its family's, a sampler of the other attention kind
+    is the error (before any of its own settings'), and a block sampler's unset ``block_length`` is the model's
+    block size (:func:`generate` decodes with this; callers that record the settings resolve with it too)."""
     from dare.models.spec import family_of
 
     family = family_of(model)
-    return _model_block_length(config.for_family(family.name), model, family).resolved()
+    config = config.for_family(family.name)
+    check_sampler_family(config.sampler, family)
+    return _model_block_length(config, model, family).resolved()
 
 
 def _model_block_length(config: SamplerConfig, model, family) -> SamplerConfig:
     """A block sampler decodes in the model's block size (its training block size): an unset ``block_length``
     takes it (not the preset's), and an explicit one that differs is applied with one warning. Others: as is."""
-    if config.sampler not in SAMPLERS or SAMPLERS[config.sampler].attention != "block_causal":
-        return config  # an unknown sampler is reported by resolved()
-    size = getattr(getattr(model, "config", None), "block_size", None) or family.block_size
-    if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+    if get_sampler(config.sampler).attention != "block_causal":
         return config
+    size = getattr(model.config, "block_size", None) or family.block_size
     if config.block_length is None:
         return dataclasses.replace(config, block_length=size)
     if isinstance(config.block_length, int) and config.block_length != size:

@@ -532,11 +532,11 @@ class Trainer:
         """Count a step that trained nothing (a count metric of :data:`EMPTY_STEP_METRICS` is 0: e.g. TraceRL's
         accuracy filter or dynamic sampling left no rows); the first one is a warning, the summary says how many."""
         self.steps_run += 1
-        if not any(key in record and record[key] == 0 for key in EMPTY_STEP_METRICS):
+        key = next((key for key in EMPTY_STEP_METRICS if key in record and record[key] == 0), None)
+        if key is None:
             return
         self.empty_steps += 1
         if self.empty_steps == 1 and self.info.is_main:
-            key = next(key for key in EMPTY_STEP_METRICS if key in record and record[key] == 0)
             reason = self.algorithm.nothing_trained_reason(record) or f"no {key} to train (metric {key} = 0)"
             log.warning(f"warning: step {record['step']}: {reason}: nothing trained this step (later such steps "
                         "are counted in the end-of-run summary)")
