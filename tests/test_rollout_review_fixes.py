@@ -94,3 +94,14 @@ def test_generate_names_a_sampler_of_the_wrong_attention_kind_before_its_setting
     model = load_model("tiny:sdar")
     with pytest.raises(ConfigError, match="sampler 'dream' decodes full models; sdar is block-causal"):
         generate(model, [[5, 6, 7]], config=SamplerConfig(sampler="dream", gen_length=8, block_steps=2))
+
+
+def test_harness_requests_decode_in_the_model_block_size():
+    """lm-eval / OpenCompass requests resolve their sampler with the model, as ``generate`` does: a block sampler's
+    block length (and the rounding of ``max_new_tokens`` to whole blocks) is the model's, and is what is recorded."""
+    from dare.eval.harness import request_sampler
+
+    model = load_model("tiny:sdar")  # block size 4; the llada2 preset's is 32
+    config = request_sampler({"sampler": "llada2"}, "sdar", 10, 0, model=model)
+    assert (config.block_length, config.gen_length) == (4, 12)
+    assert request_sampler({"sampler": "llada2"}, "sdar", 40, 0).block_length == 32  # no model: the preset's

@@ -173,12 +173,12 @@ class DTreeRPO(TermwiseMixin, RLAlgorithm):
         if canvas is not None:
             raise ConfigError("dtreerpo grows its trees from empty canvases")
         from dare.models.spec import family_of
-        from dare.rollout import RolloutOutput, completion_mask, generate
+        from dare.rollout import RolloutOutput, completion_mask, generate, resolve_config
         from dare.rollout.output import finished_rows
 
         self.check_group(group_size)
         tok = family_of(model).token_ids(model.config)
-        resolved = sampler.resolved()
+        resolved = resolve_config(sampler, model)
         bounds = branch_points(resolved.steps, self.config.levels)
         device = prompts.device
         rows = torch.as_tensor([int(i) for i in example_ids], dtype=torch.long, device=device)

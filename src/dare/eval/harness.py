@@ -58,22 +58,28 @@ def split_options(options: Mapping[str, Any], own: Sequence[str], kind: str) -> 
     return split["sampler"], split["likelihood"]
 
 
-def request_sampler(fields: Mapping[str, Any], default: str, max_new_tokens: int | None, seed: int):
+def request_sampler(fields: Mapping[str, Any], default: str, max_new_tokens: int | None, seed: int, model=None):
     """The resolved :class:`~dare.rollout.SamplerConfig` of one generation request.
 
     ``fields``: the user's sampler fields (they win); ``default``: the sampler when ``fields`` names none (the
     family's, :func:`dare.rollout.default_sampler`). Without ``gen_length`` the completion gets
     ``max_new_tokens`` positions (256 when None), rounded up to whole blocks when longer than one block, so that
     semi-autoregressive samplers keep their block length; the adapter then cuts the text to ``max_new_tokens``
-    tokens."""
-    from dare.rollout import SamplerConfig, get_sampler
+    tokens. With ``model``, it is resolved as :func:`dare.rollout.generate` resolves it: a block sampler's unset
+    block length is the model's block size (:func:`dare.rollout.resolve_config`), so the recorded settings are the
+    ones decoded with."""
+    from dare.rollout import SamplerConfig, get_sampler, resolve_config
+    from dare.rollout.samplers import model_block_size
 
     values = {"sampler": default, **fields, "seed": seed}
     if "gen_length" not in values:
         gen = int(max_new_tokens or 256)
-        block = values.get("block_length") or get_sampler(values["sampler"]).defaults.get("block_length") or gen
+        sampler = get_sampler(values["sampler"])
+        model_block = model_block_size(model) if model is not None and sampler.attention == "block_causal" else None
+        block = values.get("block_length") or model_block or sampler.defaults.get("block_length") or gen
         values["gen_length"] = -(-gen // block) * block if gen > block or "block_length" in values else gen
-    return SamplerConfig.from_dict(values).resolved()
+    config = SamplerConfig.from_dict(values)
+    return config.resolved() if model is None else resolve_config(config, model)
 
 
 def cut_at_stop(text: str, stops: Sequence[str]) -> tuple[str, bool]:

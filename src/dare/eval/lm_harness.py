@@ -180,7 +180,8 @@ class DareLM(_LM):
                 fields[key] = gen_kwargs[key]
         if gen_kwargs.get("do_sample") is False and "temperature" not in self.sampler_fields:
             fields["temperature"] = 0.0
-        config = request_sampler(fields, default_sampler(self.model), gen_kwargs.get("max_gen_toks"), self.seed)
+        config = request_sampler(fields, default_sampler(self.model), gen_kwargs.get("max_gen_toks"), self.seed,
+                                 model=self.model)
         record = {"request": {k: v for k, v in gen_kwargs.items() if k != "until"},
                   "settings": dataclasses.asdict(config)}
         if record not in self.resolved_samplers:

@@ -160,7 +160,7 @@ class DareDiffusionModel(_BaseModel):
         from dare.rollout import default_sampler
 
         return request_sampler({**self.generation_kwargs, **self.sampler_fields}, default_sampler(self.model),
-                               max_out_len, self.seed)
+                               max_out_len, self.seed, model=self.model)
 
     def generate(self, inputs: list, max_out_len: int, min_out_len: int | None = None,
                  stopping_criteria: Sequence[str] = (), **kwargs) -> list[str]:

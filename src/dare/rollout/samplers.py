@@ -244,7 +244,7 @@ def _model_block_length(config: SamplerConfig, model, family) -> SamplerConfig:
     takes it (not the preset's), and an explicit one that differs is applied with one warning. Others: as is."""
     if get_sampler(config.sampler).attention != "block_causal":
         return config
-    size = getattr(model.config, "block_size", None) or family.block_size
+    size = model_block_size(model, family)
     if config.block_length is None:
         return dataclasses.replace(config, block_length=size)
     if isinstance(config.block_length, int) and config.block_length != size:
@@ -252,6 +252,17 @@ def _model_block_length(config: SamplerConfig, model, family) -> SamplerConfig:
                   f"warning: block_length={config.block_length} differs from the model's block size {size} (its "
                   f"training block size); decoding with {config.block_length}")
     return config
+
+
+def model_block_size(model, family=None) -> int | None:
+    """The block size ``model`` was trained with (its config's ``block_size``, else its family's); None for
+    masked-diffusion models, which have none."""
+    from dare.models.spec import family_of
+
+    family = family or family_of(model)
+    if family.attention != "block_causal":
+        return None
+    return getattr(model.config, "block_size", None) or family.block_size
 
 
 def check_prompt_ids(prompts: torch.Tensor) -> torch.Tensor:
