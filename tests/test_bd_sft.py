@@ -253,3 +253,24 @@ def test_mc_elbo_uses_the_block_layout_on_block_causal_families():
                 ce = per_block_ce(model, batch["input_ids"][r, :n], views.noisy_ids[r, m, :n], masked, blocks)
                 expected = -(ce / views.p_mask[r, m, :n]).sum()
                 assert abs(float(terms[r, m]) - float(expected)) < 1e-4 * max(1.0, abs(float(expected)))
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_a_block_size_other_than_the_checkpoints_is_saved_or_said(tmp_path, lora, caplog):
+    """SFT with algorithm.block_size=8 on a block-4 checkpoint: the saved config.json says 8, so decoding the result
+    uses the block length it was trained with; a LoRA adapter, which has no config.json, gets the length in the
+    warning instead."""
+    import json
+    import logging
+
+    run = tmp_path / "run"
+    extra = ["lora.enabled=true", "lora.r=4"] if lora else []
+    with caplog.at_level(logging.WARNING, logger="dare.trainer"):
+        Trainer(small_config(run, "model.path=tiny:sdar:2", "trainer.max_steps=1", "algorithm.block_size=8",
+                             *extra)).train()
+    warned = [r.getMessage() for r in caplog.records if "algorithm.block_size=8" in r.getMessage()]
+    assert len(warned) == 1 and "block size 4" in warned[0]
+    if lora:
+        assert "block_length=8" in warned[0] and not (run / "final" / "config.json").exists()
+    else:
+        assert json.loads((run / "final" / "config.json").read_text())["block_size"] == 8

@@ -80,6 +80,7 @@ class SFT(Algorithm):
         if spec.attention == "block_causal":
             self.blocks = BlockLayout(cfg.block_size or getattr(model, "block_size", None) or spec.block_size,
                                       cfg.block_origin)
+            _record_block_size(model, self.blocks.size)
         else:
             for key, value, default in (("block_size", cfg.block_size, None), ("per_block_t", cfg.per_block_t, False),
                                         ("block_origin", cfg.block_origin, "global")):
@@ -121,3 +122,20 @@ class SFT(Algorithm):
         nll = -torch.where(batch["mask"], logp, torch.zeros((), dtype=logp.dtype, device=logp.device)).sum()
         metrics = {"loss": loss.detach(), "nll_masked": nll}  # no boolean indexing: no host sync
         return loss, metrics
+
+
+def _record_block_size(model, size: int) -> None:
+    """Make ``model``'s config say the block length it is trained with, so that the checkpoints this run saves
+    (config.json) decode in it (:func:`dare.rollout.resolve_config` takes a block sampler's length from there),
+    as does anything that decodes the model during the run; one warning when it changes the checkpoint's own."""
+    import logging
+
+    config = model.config
+    before = getattr(config, "block_size", None) or getattr(model, "block_size", None)
+    if before == size:
+        return
+    config.block_size = size
+    logging.getLogger("dare.trainer").warning(
+        "warning: training with algorithm.block_size=%d on a checkpoint trained with block size %s; saved checkpoints "
+        "record block_size=%d in config.json, so decoding them uses it (a LoRA adapter carries no config.json: decode "
+        "it with block_length=%d)", size, before, size, size)
