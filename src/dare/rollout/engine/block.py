@@ -140,7 +140,8 @@ class BlockState(StaticState):
         rows = None if not first and self.config.cache != "none" else self.start - query[0] + self.block_range
         hidden = static_hidden(self.model, layout.canvas.index_select(1, query), layout.positions.index_select(1, query),
                                key_mask=layout.key_mask, cache=self.cache, slots=query, key_positions=layout.positions,
-                               block_size=lb, backend=self.backend, kv_length=self.kv_length(k), keep=rows)
+                               block_size=lb, backend=self.backend, kv_length=self.kv_length(k), keep=rows,
+                               lanes=self.lanes)
         self.commit(self.model.head(hidden))
 
     def commit(self, logits: torch.Tensor) -> None:

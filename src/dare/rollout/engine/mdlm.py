@@ -120,7 +120,8 @@ class MdlmState(StaticState):
     def step_full(self) -> None:
         rows = self.start - self.shift + self.block_range
         hidden = static_hidden(self.model, self.canvas, self.positions, key_mask=self.key_mask, cache=self.cache,
-                               slots=self.all_slots, key_positions=self.positions, backend=self.backend, keep=rows)
+                               slots=self.all_slots, key_positions=self.positions, backend=self.backend, keep=rows,
+                               lanes=self.lanes)
         self.commit(self.model.head(hidden))
 
     def step_window(self, length: int) -> None:
@@ -128,7 +129,7 @@ class MdlmState(StaticState):
         keep = None if length == self.lb else self.block_range  # the block's rows lead the window
         hidden = static_hidden(self.model, self.canvas.index_select(1, query), self.positions.index_select(1, query),
                                key_mask=self.key_mask, cache=self.cache, slots=query, key_positions=self.positions,
-                               backend=self.backend, keep=keep)
+                               backend=self.backend, keep=keep, lanes=self.lanes)
         self.commit(self.model.head(hidden))
 
     def commit(self, logits: torch.Tensor) -> None:

@@ -6,12 +6,13 @@ import torch
 
 from dare.models.spec import family_of
 from dare.rollout.engine.graphs import HostFlag, StepRunner
+from dare.rollout.engine.lanes import decode_lanes
 from dare.rollout.engine.noise import row_keys
 
 
 class StaticState:
     """The model and its family's token ids, per-row step counters and random keys, the device scalars a step
-    reads or writes (block start, forward count, the host flag) and the graph runner of one
+    reads or writes (block start, forward count, the host flag), the lanes of its forwards and the graph runner of one
     (batch bucket, prompt width, config) shape. Subclasses add their canvas and step functions."""
 
     def __init__(self, model, config, *, batch: int, device, use_graphs: bool, backend: str):
@@ -29,6 +30,8 @@ class StaticState:
         self.block_range = torch.arange(self.lb, **long)
         self.runner = StepRunner(model, device, use_graphs)
         self.flag = HostFlag(device)
+        self.lanes = decode_lanes(batch, config)
+        """Lanes the model forward of a step runs in (:mod:`dare.rollout.engine.lanes`; 1: whole)."""
 
     def reset_rows(self, rows: int, seeds: list[int]) -> torch.Tensor:
         """Zero the counters and key the random streams of a new batch; returns ``[batch]`` bool, the real rows
