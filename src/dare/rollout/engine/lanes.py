@@ -24,7 +24,7 @@ import torch
 from dare.config import env_switch
 
 LANES = 2
-LANE_MIN_ROWS = 512
+LANE_MIN_ROWS = 256
 """Smallest step (batch bucket x block length) decoded in lanes when ``DARE_DECODE_LANES=1``."""
 
 _STREAMS: dict = {}
