@@ -130,11 +130,10 @@ def _record_block_size(model, size: int) -> None:
     as does anything that decodes the model during the run; one warning when it changes the checkpoint's own."""
     import logging
 
-    config = model.config
-    before = getattr(config, "block_size", None) or getattr(model, "block_size", None)
+    before = getattr(model, "block_size", None)  # config.json's, else the family's
     if before == size:
         return
-    config.block_size = size
+    model.config.block_size = size
     logging.getLogger("dare.trainer").warning(
         "warning: training with algorithm.block_size=%d on a checkpoint trained with block size %s; saved checkpoints "
         "record block_size=%d in config.json, so decoding them uses it (a LoRA adapter carries no config.json: decode "

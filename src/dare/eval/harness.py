@@ -74,9 +74,9 @@ def request_sampler(fields: Mapping[str, Any], default: str, max_new_tokens: int
     values = {"sampler": default, **fields, "seed": seed}
     if "gen_length" not in values:
         gen = int(max_new_tokens or 256)
-        sampler = get_sampler(values["sampler"])
-        model_block = model_block_size(model) if model is not None and sampler.attention == "block_causal" else None
-        block = values.get("block_length") or model_block or sampler.defaults.get("block_length") or gen
+        model_block = None if model is None else model_block_size(model)
+        block = values.get("block_length") or model_block or get_sampler(values["sampler"]).defaults.get(
+            "block_length") or gen
         values["gen_length"] = -(-gen // block) * block if gen > block or "block_length" in values else gen
     config = SamplerConfig.from_dict(values)
     return config.resolved() if model is None else resolve_config(config, model)

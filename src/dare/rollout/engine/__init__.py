@@ -358,7 +358,7 @@ def run_static(sampler, model, input_ids: torch.Tensor, attention_mask: torch.Te
             dropped.discard(key)
         state = sampler.static_state(base, config, batch=padded_rows, prompt_width=prompt_width, padded=has_padding,
                                      device=device, use_graphs=graphs, backend=config.attn_backend or "sdpa",
-                                     **({"resumable": True} if resumable else {}))
+                                     lanes=lanes, **({"resumable": True} if resumable else {}))
         states[key] = state
         while len(states) > KEEP_STATES:
             dropped.add(states.popitem(last=False)[0])

@@ -46,8 +46,9 @@ class BlockState(StaticState):
     """Buffers and step functions of one (batch bucket, prompt width, config) shape."""
 
     def __init__(self, model, config, *, batch: int, prompt_width: int, padded: bool, device, use_graphs: bool,
-                 backend: str):
-        super().__init__(model, config, batch=batch, device=device, use_graphs=use_graphs, backend=backend)
+                 backend: str, lanes: int = 1):
+        super().__init__(model, config, batch=batch, device=device, use_graphs=use_graphs, backend=backend,
+                         lanes=lanes)
         self.prefix = -(-prompt_width // self.lb) * self.lb
         self.decode_blocks = -(-(self.lb - 1 + self.gen) // self.lb)
         self.width = self.prefix + self.decode_blocks * self.lb

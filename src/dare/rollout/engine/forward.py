@@ -36,6 +36,7 @@ class StaticKVCache:
         self.length = width
         self.layers: list[StaticLayerKV | None] = [None] * num_layers
         self.slots: torch.Tensor | None = None
+        self._lanes: list[StaticKVCache] = []
 
     @property
     def keys(self) -> list[torch.Tensor | None]:
@@ -58,12 +59,14 @@ class StaticKVCache:
         layer.slots, layer.length = self.slots, self.length
         return layer
 
-    @property
-    def batch(self) -> int:
-        return self.layers[0].keys.shape[0]
+    def lanes(self, parts: list[slice]) -> list[StaticKVCache]:
+        """Views of rows ``parts`` of every (allocated) layer, one cache per lane, made once (the buffers never move
+        once allocated): writes through a view land in this cache's buffers."""
+        if len(self._lanes) != len(parts):
+            self._lanes = [self._rows(part) for part in parts]
+        return self._lanes
 
-    def rows(self, part: slice) -> StaticKVCache:
-        """A view of rows ``part`` of every (allocated) layer: writes through it land in this cache's buffers."""
+    def _rows(self, part: slice) -> StaticKVCache:
         view = StaticKVCache(len(self.layers), self.width)
         view.layers = [StaticLayerKV(layer.keys[part], layer.values[part]) for layer in self.layers]
         return view
@@ -145,13 +148,13 @@ def static_hidden(
 
 def _in_lanes(lanes: int, model, ids, positions, *, key_mask, cache, slots, key_positions, **shared) -> torch.Tensor:
     """:func:`static_hidden` of each lane's rows, the cache viewed by row (allocated first, for the whole batch)."""
-    from dare.rollout.engine.lanes import lane_caches, lane_rows, run_lanes
+    from dare.rollout.engine.lanes import lane_rows, run_lanes
 
     if cache is not None and any(layer is None for layer in cache.layers):
         _allocate_by_probe(model, ids, positions, key_mask, cache, slots, key_positions, shared["block_size"],
                            shared["backend"], shared["kv_length"])
-    caches = [None] * lanes if cache is None else lane_caches(cache, lanes)
     parts = lane_rows(ids.shape[0], lanes)
+    caches = [None] * lanes if cache is None else cache.lanes(parts)
 
     def lane(index: int) -> torch.Tensor:
         rows = parts[index]

@@ -7,7 +7,7 @@ another, both recorded into the step's graph (a fork and a join), so one lane's 
 other lane's matmuls. The LM head and the decoder's commit stay whole-batch on the step's stream.
 
 Each lane reads and writes its rows of the same buffers: the canvas, positions and key masks are sliced by row,
-and the KV cache is viewed by row (:func:`lane_caches`), so the lanes decode exactly the rows a whole-batch step
+and the KV cache is viewed by row (``StaticKVCache.lanes``), so the lanes decode exactly the rows a whole-batch step
 decodes, with the same ops per row. Off CUDA the lanes run one after the other (what CPU tests compare with the
 whole-batch step).
 
@@ -49,16 +49,6 @@ def lane_streams(device: torch.device) -> list:
     if key not in _STREAMS:
         _STREAMS[key] = [torch.cuda.Stream(key) for _ in range(LANES)]
     return _STREAMS[key]
-
-
-def lane_caches(cache, lanes: int) -> list:
-    """Row views of ``cache``'s allocated layers, one :class:`~dare.rollout.engine.forward.StaticKVCache` per lane
-    (made once per cache: the buffers never move once allocated)."""
-    views = getattr(cache, "_lane_views", None)
-    if views is None or len(views) != lanes:
-        views = [cache.rows(part) for part in lane_rows(cache.batch, lanes)]
-        cache._lane_views = views
-    return views
 
 
 def lane_rows(batch: int, lanes: int) -> list[slice]:

@@ -46,8 +46,9 @@ class MdlmState(StaticState):
     """Buffers and step functions of one (batch bucket, prompt width, config) shape."""
 
     def __init__(self, model, config, *, batch: int, prompt_width: int, padded: bool, device, use_graphs: bool,
-                 backend: str, resumable: bool = False):
-        super().__init__(model, config, batch=batch, device=device, use_graphs=use_graphs, backend=backend)
+                 backend: str, resumable: bool = False, lanes: int = 1):
+        super().__init__(model, config, batch=batch, device=device, use_graphs=use_graphs, backend=backend,
+                         lanes=lanes)
         self.shift = family_of(model).logit_shift
         self.pw = prompt_width
         self.width = prompt_width + config.gen_length

@@ -6,7 +6,6 @@ import torch
 
 from dare.models.spec import family_of
 from dare.rollout.engine.graphs import HostFlag, StepRunner
-from dare.rollout.engine.lanes import decode_lanes
 from dare.rollout.engine.noise import row_keys
 
 
@@ -15,7 +14,7 @@ class StaticState:
     reads or writes (block start, forward count, the host flag), the lanes of its forwards and the graph runner of one
     (batch bucket, prompt width, config) shape. Subclasses add their canvas and step functions."""
 
-    def __init__(self, model, config, *, batch: int, device, use_graphs: bool, backend: str):
+    def __init__(self, model, config, *, batch: int, device, use_graphs: bool, backend: str, lanes: int = 1):
         self.model, self.config, self.device, self.backend = model, config, device, backend
         self.tok = family_of(model).token_ids(model.config)
         self.batch, self.gen, self.lb = batch, config.gen_length, config.block_length
@@ -30,7 +29,7 @@ class StaticState:
         self.block_range = torch.arange(self.lb, **long)
         self.runner = StepRunner(model, device, use_graphs)
         self.flag = HostFlag(device)
-        self.lanes = decode_lanes(batch, config)
+        self.lanes = lanes
         """Lanes the model forward of a step runs in (:mod:`dare.rollout.engine.lanes`; 1: whole)."""
 
     def reset_rows(self, rows: int, seeds: list[int]) -> torch.Tensor:
