@@ -485,3 +485,39 @@ def test_every_sub_command_parser_refuses_a_repeated_option():
     assert len(found) > 8 and all(isinstance(p, Parser) for p in found)
     stores = [a for p in found for a in p._actions if isinstance(a, argparse._StoreAction)]
     assert stores and all(isinstance(a, StoreOnce) for a in stores)
+
+
+@pytest.mark.parametrize("switch,value", [("DARE_DECODE_LANES", "yes"), ("DARE_DECODE_ATTENTION", "flash"),
+                                          ("DARE_FUSE_MAX_ROWS", "many"), ("DARE_COMPILE_SAMPLING", "on")])
+def test_a_misspelt_kernel_switch_fails_every_command_before_its_work(switch, value, capsys, monkeypatch):
+    import dare.commands.generate
+
+    monkeypatch.setattr(dare.commands.generate, "run", lambda args: pytest.fail("ran with a misspelt switch"))
+    monkeypatch.setenv("DARE_FUSE_PROJECTIONS", "0")  # DARE_FUSE_MAX_ROWS is checked even when fusion is off
+    monkeypatch.setenv(switch, value)
+    line = one_line_error(capsys, "generate", "--model", "tiny:llada", "--prompt", "hi")
+    assert switch in line and repr(value) in line
+
+
+def test_an_unknown_dare_variable_is_named_with_the_closest_setting(capsys, monkeypatch):
+    import dare.commands.generate
+
+    monkeypatch.setattr(dare.commands.generate, "run", lambda args: 0)
+    monkeypatch.setenv("DARE_DECODE_LANE", "1")
+    monkeypatch.setenv("DARE_XYZZY", "1")
+    assert main(["generate", "--model", "tiny:llada", "--prompt", "hi"]) == 0
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines[0] == ("warning: DARE_DECODE_LANE is not a DARE setting and is ignored "
+                        "(did you mean DARE_DECODE_LANES?)")
+    assert lines[1].startswith("warning: DARE_XYZZY is not a DARE setting and is ignored; DARE reads ")
+    assert len(lines) == 2
+
+
+def test_every_dare_variable_the_code_reads_is_a_known_setting():
+    import re
+
+    from dare.config import ENVIRONMENT
+
+    sources = [*ROOT.joinpath("src").rglob("*.py"), ROOT / ".ci" / "run"]
+    read = {name for path in sources for name in re.findall(r"\bDARE_[A-Z0-9_]+", path.read_text())}
+    assert read and read == set(ENVIRONMENT)

@@ -25,6 +25,31 @@ from typing import Any
 from dare.errors import ConfigError, closest, first_line
 
 
+ENVIRONMENT = {
+    "DARE_DECODE_ATTENTION": "decode attention kernel: auto (Triton for masked steps on CUDA), triton or sdpa",
+    "DARE_FUSE_PROJECTIONS": "0 decodes with the model's own q/k/v and gate/up matmuls (default 1: fused copies)",
+    "DARE_FUSE_MAX_ROWS": "largest step, in rows, decoded with fused projections",
+    "DARE_COMPILE_SAMPLING": "0 keeps the graph engine's sampling math eager (default 1: compiled on CUDA)",
+    "DARE_FUSE_CACHE_WRITES": "0 leaves static steps' KV-cache writes to the cache instead of each block (default 1)",
+    "DARE_DECODE_LANES": "1 splits large decode steps into two row lanes on two CUDA streams",
+    "DARE_KILL_AT_STEP": "test seam: the trainer SIGKILLs itself after saving step N",
+    "DARE_OPENCOMPASS_ENV": "where .ci/run makes the OpenCompass environment",
+}
+"""Every environment variable DARE reads, with what it does; the ``dare`` command warns about any other ``DARE_*``
+name (a misspelt switch would otherwise be ignored without a word)."""
+
+
+def unknown_environment(environ: typing.Mapping[str, str] | None = None) -> list[str]:
+    """One warning line per ``DARE_*`` variable in ``environ`` (default ``os.environ``) that DARE does not read."""
+    environ = os.environ if environ is None else environ
+    lines = []
+    for name in sorted(n for n in environ if n.startswith("DARE_") and n not in ENVIRONMENT):
+        hint = closest(name, ENVIRONMENT)
+        lines.append(f"warning: {name} is not a DARE setting and is ignored"
+                     + (f" (did you mean {hint}?)" if hint else f"; DARE reads {', '.join(ENVIRONMENT)}"))
+    return lines
+
+
 def env_switch(name: str, default: bool) -> bool:
     """The ``0``/``1`` environment switch ``name`` (``default`` when unset or empty); any other value is a one-line
     ``ConfigError``, so that a misspelt switch fails before the work it would have changed."""

@@ -108,6 +108,15 @@ def kernel_settings() -> dict:
             "decode_lanes": lanes_enabled()}
 
 
+def check_kernel_switches() -> None:
+    """Read every kernel switch once, so that a misspelt value is a one-line error at a command's start on any
+    device, not only where (and if) a decode reads it."""
+    from dare.rollout.engine.fused import max_rows_setting
+
+    kernel_settings()
+    max_rows_setting()  # read even when DARE_FUSE_PROJECTIONS=0 makes kernel_settings skip it
+
+
 def check_engine(name: str) -> None:
     if name not in ENGINES:
         from dare.errors import unknown_choice

@@ -39,10 +39,11 @@ def fusion_max_rows() -> int:
     ``DARE_FUSE_PROJECTIONS=0``."""
     if not env_switch("DARE_FUSE_PROJECTIONS", default=True):
         return 0
-    return _max_rows()
+    return max_rows_setting()
 
 
-def _max_rows() -> int:
+def max_rows_setting() -> int:
+    """``DARE_FUSE_MAX_ROWS`` or :data:`FUSE_MAX_ROWS` (a value not a whole number is a one-line error)."""
     value = os.environ.get("DARE_FUSE_MAX_ROWS")
     if value is None:
         return FUSE_MAX_ROWS
