@@ -487,7 +487,7 @@ def test_every_sub_command_parser_refuses_a_repeated_option():
     assert stores and all(isinstance(a, StoreOnce) for a in stores)
 
 
-@pytest.mark.parametrize("switch,value", [("DARE_DECODE_LANES", "yes"), ("DARE_DECODE_ATTENTION", "flash"),
+@pytest.mark.parametrize("switch,value", [("DARE_FUSE_CACHE_WRITES", "yes"), ("DARE_DECODE_ATTENTION", "flash"),
                                           ("DARE_FUSE_MAX_ROWS", "many"), ("DARE_COMPILE_SAMPLING", "on")])
 def test_a_misspelt_kernel_switch_fails_every_command_before_its_work(switch, value, capsys, monkeypatch):
     import dare.commands.generate
@@ -503,12 +503,12 @@ def test_an_unknown_dare_variable_is_named_with_the_closest_setting(capsys, monk
     import dare.commands.generate
 
     monkeypatch.setattr(dare.commands.generate, "run", lambda args: 0)
-    monkeypatch.setenv("DARE_DECODE_LANE", "1")
+    monkeypatch.setenv("DARE_FUSE_CACHE_WRITE", "0")
     monkeypatch.setenv("DARE_XYZZY", "1")
     assert main(["generate", "--model", "tiny:llada", "--prompt", "hi"]) == 0
     lines = capsys.readouterr().err.strip().splitlines()
-    assert lines[0] == ("warning: DARE_DECODE_LANE is not a DARE setting and is ignored "
-                        "(did you mean DARE_DECODE_LANES?)")
+    assert lines[0] == ("warning: DARE_FUSE_CACHE_WRITE is not a DARE setting and is ignored "
+                        "(did you mean DARE_FUSE_CACHE_WRITES?)")
     assert lines[1].startswith("warning: DARE_XYZZY is not a DARE setting and is ignored; DARE reads ")
     assert len(lines) == 2
 

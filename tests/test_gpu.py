@@ -433,45 +433,6 @@ def test_compiled_blocks_that_write_their_own_cache_layer_decode_the_same_tokens
     torch.testing.assert_close(outputs["0"].logprobs, outputs["1"].logprobs, atol=1e-5, rtol=0)
 
 
-@pytest.mark.parametrize("compiled", [False, True])
-@pytest.mark.parametrize("family,overrides", [("llada", dict(sampler="fastdllm", cache="dual", threshold=0.3)),
-                                              ("llada", dict(sampler="fastdllm", cache="prefix", decoder="quota")),
-                                              ("sdar", dict(sampler="sdar", cache="block"))])
-def test_decoding_lanes_record_two_streams_and_decode_the_same_tokens(family, overrides, compiled, monkeypatch):
-    """DARE_DECODE_LANES=1 under the graph engine (eager or statically compiled blocks): each step records its two
-    lanes' forwards on two streams without a fallback, replays them, and decodes what whole-batch steps decode
-    (fp32, a padded batch of 4 rows in 2 lanes of 2)."""
-    from dare.models.compile import compile_blocks
-    from dare.rollout import SamplerConfig, generate
-    from dare.rollout.engine import engine_stats, lanes, release
-
-    torch.backends.cuda.matmul.allow_tf32 = False
-    monkeypatch.setattr(lanes, "LANE_MIN_ROWS", 1)
-    model = sharp_cuda_model(family)
-    if compiled:
-        compile_blocks(model, dynamic=False)
-    ids, mask = padded(seqs([9, 14, 5, 11]))
-    config = SamplerConfig(gen_length=32, block_length=8, **overrides)
-    outputs = {}
-    try:
-        for switch in ("0", "1", "1"):  # the second lanes call replays
-            monkeypatch.setenv("DARE_DECODE_LANES", switch)
-            fallbacks, captures = engine_stats(model).fallbacks, engine_stats(model).captures
-            out = generate(model, ids, mask, config, engine="graph")
-            assert engine_stats(model).fallbacks == fallbacks, switch
-            if switch in outputs:
-                assert engine_stats(model).captures == captures  # replayed, nothing recorded
-                assert torch.equal(out.completion, outputs[switch].completion)
-            outputs[switch] = out
-    finally:
-        release(model)
-        torch._dynamo.reset()
-    assert torch.equal(outputs["0"].completion, outputs["1"].completion)
-    assert torch.equal(outputs["0"].step_map, outputs["1"].step_map)
-    assert outputs["0"].nfe == outputs["1"].nfe
-    torch.testing.assert_close(outputs["0"].logprobs, outputs["1"].logprobs, atol=1e-5, rtol=0)
-
-
 def test_steps_recorded_again_after_their_pool_lost_every_graph():
     """A block of the old pool still held (here a tensor made during the recording), every graph gone: the allocator
     asserts if the next recording reuses the pool's handle. The engine's pool hands out a fresh one, and a model

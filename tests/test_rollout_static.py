@@ -522,59 +522,7 @@ def test_blocks_write_their_own_cache_layer_when_asked(family, sampler, override
     assert new == layers  # the probe's writes only
 
 
-LANE_CASES = ([("llada" if "dream" not in s else "dream", s, o) for s, o in MDLM_CASES + DREAM_CASES]
-              + BLOCK_CASES)
-
-
-@pytest.mark.parametrize("family,sampler,overrides", LANE_CASES)
-@pytest.mark.parametrize("layer_writes", ["0", "1"])
-def test_decoding_lanes_decode_the_rows_of_the_whole_batch(family, sampler, overrides, layer_writes, monkeypatch):
-    """``DARE_DECODE_LANES=1``: each step's forward runs in two lanes of rows (in turn on the CPU) over row views of
-    the KV cache; tokens, log-probs, step maps and forward counts equal the whole-batch steps' (themselves equal to
-    the eager loop's), padded rows included, with the cache written by the blocks or by the cache. Dense families
-    also stop rows early at EOS. (The MoE family's expert matmuls see other token groups in a lane, as in any
-    other batch: their outputs move by ~1e-7, which the EOS hook, a sine of the logits x 1000, would amplify.)"""
-    from dare.rollout.engine import lanes
-
-    monkeypatch.setenv("DARE_FUSE_CACHE_WRITES", layer_writes)
-    monkeypatch.setattr(lanes, "LANE_MIN_ROWS", 1)
-    calls, run_lanes = [], lanes.run_lanes
-    monkeypatch.setattr(lanes, "run_lanes", lambda *a: calls.append(a[1]) or run_lanes(*a))
-    model = sharp_model(family)
-    ids, mask = padded([9, 14, 5, 11], seed=3)
-    block = 8 if "dream" not in sampler or overrides.get("cache") != "none" else None
-    gen = 24 if family in ("sdar", "llada2") else 32
-    config = SamplerConfig(sampler=sampler, gen_length=gen, block_length=block, **overrides)
-    handle = sprinkle_token(model, model.token_ids.eos, rate=0.03) if family != "llada2" else None
-    outputs = {}
-    try:
-        for switch in ("0", "1"):
-            monkeypatch.setenv("DARE_DECODE_LANES", switch)
-            outputs[switch] = generate(model, ids, mask, config, engine="static")
-    finally:
-        if handle is not None:
-            handle.remove()
-    assert calls and set(calls) == {2}
-    assert_same(outputs["0"], outputs["1"], block=family in ("sdar", "llada2"))
-    assert handle is None or bool((outputs["1"].step_map < 0).any()), "the EOS hook should stop some row early"
-
-
-def test_lanes_are_off_by_default_and_only_for_large_even_buckets(monkeypatch):
-    from dare.rollout.engine.lanes import LANE_MIN_ROWS, decode_lanes
-
-    config = SamplerConfig(sampler="fastdllm", gen_length=256, block_length=32)
-    monkeypatch.delenv("DARE_DECODE_LANES", raising=False)
-    assert decode_lanes(64, config) == 1
-    monkeypatch.setenv("DARE_DECODE_LANES", "1")
-    assert decode_lanes(LANE_MIN_ROWS // 32, config) == 2
-    assert decode_lanes(LANE_MIN_ROWS // 64, config) == 1 and decode_lanes(1, config) == 1
-    monkeypatch.setenv("DARE_DECODE_LANES", "yes")
-    with pytest.raises(ConfigError, match="DARE_DECODE_LANES must be 0 or 1"):
-        decode_lanes(64, config)
-
-
-@pytest.mark.parametrize("switch", ["DARE_FUSE_CACHE_WRITES", "DARE_COMPILE_SAMPLING", "DARE_FUSE_PROJECTIONS",
-                                    "DARE_DECODE_LANES"])
+@pytest.mark.parametrize("switch", ["DARE_FUSE_CACHE_WRITES", "DARE_COMPILE_SAMPLING", "DARE_FUSE_PROJECTIONS"])
 def test_a_misspelt_kernel_switch_is_a_one_line_error(switch, monkeypatch):
     from dare.rollout.engine import kernel_settings
 
@@ -584,7 +532,7 @@ def test_a_misspelt_kernel_switch_is_a_one_line_error(switch, monkeypatch):
     monkeypatch.setenv(switch, "0")
     settings = kernel_settings()
     assert not settings[{"DARE_FUSE_CACHE_WRITES": "cache_writes_in_blocks", "DARE_COMPILE_SAMPLING": "compile_sampling",
-                         "DARE_FUSE_PROJECTIONS": "fuse_max_rows", "DARE_DECODE_LANES": "decode_lanes"}[switch]]
+                         "DARE_FUSE_PROJECTIONS": "fuse_max_rows"}[switch]]
 
 
 @pytest.mark.parametrize("dtype,head_dim,wide", [(torch.bfloat16, 8, torch.int64), (torch.float16, 6, torch.int32),

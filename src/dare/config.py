@@ -31,7 +31,6 @@ ENVIRONMENT = {
     "DARE_FUSE_MAX_ROWS": "largest step, in rows, decoded with fused projections",
     "DARE_COMPILE_SAMPLING": "0 keeps the graph engine's sampling math eager (default 1: compiled on CUDA)",
     "DARE_FUSE_CACHE_WRITES": "0 leaves static steps' KV-cache writes to the cache instead of each block (default 1)",
-    "DARE_DECODE_LANES": "1 splits large decode steps into two row lanes on two CUDA streams",
     "DARE_KILL_AT_STEP": "test seam: the trainer SIGKILLs itself after saving step N",
     "DARE_OPENCOMPASS_ENV": "where .ci/run makes the OpenCompass environment",
 }

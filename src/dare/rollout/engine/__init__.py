@@ -46,7 +46,6 @@ import torch
 from dare.errors import ConfigError, first_line
 from dare.rollout.config import ENGINES
 from dare.rollout.engine.fused import fused_bytes, fused_projections, release_fused, wants_fusion
-from dare.rollout.engine.lanes import decode_lanes
 from dare.rollout.engine.owned import base_model, is_sharded, refreshed_twin
 from dare.rollout.output import RolloutOutput
 
@@ -95,17 +94,15 @@ _DROPPED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 def kernel_settings() -> dict:
     """The environment switches that choose a decode's kernels, as results files record them next to the
     sampler settings: ``decode_attention`` (``DARE_DECODE_ATTENTION``), ``fuse_max_rows`` (largest step decoded
-    with fused projections; 0 = never), ``compile_sampling`` (``DARE_COMPILE_SAMPLING``),
-    ``cache_writes_in_blocks`` (``DARE_FUSE_CACHE_WRITES``) and ``decode_lanes`` (``DARE_DECODE_LANES``)."""
+    with fused projections; 0 = never), ``compile_sampling`` (``DARE_COMPILE_SAMPLING``) and
+    ``cache_writes_in_blocks`` (``DARE_FUSE_CACHE_WRITES``)."""
     from dare.models.decode_attention import setting
     from dare.rollout.engine.compiled import sampling_compiled
     from dare.rollout.engine.forward import cache_writes_in_blocks
     from dare.rollout.engine.fused import fusion_max_rows
-    from dare.rollout.engine.lanes import lanes_enabled
 
     return {"decode_attention": setting(), "fuse_max_rows": fusion_max_rows(),
-            "compile_sampling": sampling_compiled(), "cache_writes_in_blocks": cache_writes_in_blocks(),
-            "decode_lanes": lanes_enabled()}
+            "compile_sampling": sampling_compiled(), "cache_writes_in_blocks": cache_writes_in_blocks()}
 
 
 def check_kernel_switches() -> None:
@@ -250,13 +247,13 @@ def adapter_state(model) -> tuple:
 
 
 def _state_key(kind: str, config, batch: int, prompt_width: int, padded: bool, graphs: bool, device,
-               training: bool, fuse: bool, adapters: tuple = (), resumable: bool = False, lanes: int = 1) -> tuple:
+               training: bool, fuse: bool, adapters: tuple = (), resumable: bool = False) -> tuple:
     settings = asdict(config)
     for volatile in ("seed", "engine", "max_blocks"):  # the host loop's business, not the recorded steps'
         settings.pop(volatile, None)
     autocast = torch.is_autocast_enabled(device.type) if device.type in ("cuda", "cpu") else False
     dtype = torch.get_autocast_dtype(device.type) if autocast else None
-    return (kind, batch, prompt_width, padded, graphs, training, autocast, dtype, fuse, adapters, resumable, lanes,
+    return (kind, batch, prompt_width, padded, graphs, training, autocast, dtype, fuse, adapters, resumable,
             tuple(sorted(settings.items())))
 
 
@@ -324,8 +321,7 @@ def run_static(sampler, model, input_ids: torch.Tensor, attention_mask: torch.Te
     has_padding = sampler.static_state.needs_padding(input_ids, attention_mask, prompt_width, config)
     states = _STATES.setdefault(base, OrderedDict())
     fused = None
-    lanes = decode_lanes(padded_rows, config)
-    fuse = copies or (wants_fusion(padded_rows // lanes, config) and base not in _UNFUSABLE)
+    fuse = copies or (wants_fusion(padded_rows, config) and base not in _UNFUSABLE)
     if fuse:
         autocast = torch.is_autocast_enabled(device.type)
         dtype = torch.get_autocast_dtype(device.type) if autocast else None
@@ -353,7 +349,7 @@ def run_static(sampler, model, input_ids: torch.Tensor, attention_mask: torch.Te
         stats.fused_bytes = fused_bytes(base)
     resumable = any(value is not None for value in resume.values())
     key = _state_key(sampler.attention, config, padded_rows, prompt_width, has_padding, graphs, device, base.training,
-                     fuse, adapter_state(base), resumable, lanes)
+                     fuse, adapter_state(base), resumable)
     state = states.get(key)
     if state is None:
         dropped = _DROPPED.setdefault(base, set())
@@ -367,7 +363,7 @@ def run_static(sampler, model, input_ids: torch.Tensor, attention_mask: torch.Te
             dropped.discard(key)
         state = sampler.static_state(base, config, batch=padded_rows, prompt_width=prompt_width, padded=has_padding,
                                      device=device, use_graphs=graphs, backend=config.attn_backend or "sdpa",
-                                     lanes=lanes, **({"resumable": True} if resumable else {}))
+                                     **({"resumable": True} if resumable else {}))
         states[key] = state
         while len(states) > KEEP_STATES:
             dropped.add(states.popitem(last=False)[0])

@@ -46,9 +46,8 @@ class BlockState(StaticState):
     """Buffers and step functions of one (batch bucket, prompt width, config) shape."""
 
     def __init__(self, model, config, *, batch: int, prompt_width: int, padded: bool, device, use_graphs: bool,
-                 backend: str, lanes: int = 1):
-        super().__init__(model, config, batch=batch, device=device, use_graphs=use_graphs, backend=backend,
-                         lanes=lanes)
+                 backend: str):
+        super().__init__(model, config, batch=batch, device=device, use_graphs=use_graphs, backend=backend)
         self.prefix = -(-prompt_width // self.lb) * self.lb
         self.decode_blocks = -(-(self.lb - 1 + self.gen) // self.lb)
         self.width = self.prefix + self.decode_blocks * self.lb
@@ -141,8 +140,7 @@ class BlockState(StaticState):
         rows = None if not first and self.config.cache != "none" else self.start - query[0] + self.block_range
         hidden = static_hidden(self.model, layout.canvas.index_select(1, query), layout.positions.index_select(1, query),
                                key_mask=layout.key_mask, cache=self.cache, slots=query, key_positions=layout.positions,
-                               block_size=lb, backend=self.backend, kv_length=self.kv_length(k), keep=rows,
-                               lanes=self.lanes)
+                               block_size=lb, backend=self.backend, kv_length=self.kv_length(k), keep=rows)
         self.commit(self.model.head(hidden))
 
     def commit(self, logits: torch.Tensor) -> None:

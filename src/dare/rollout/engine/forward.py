@@ -36,7 +36,6 @@ class StaticKVCache:
         self.length = width
         self.layers: list[StaticLayerKV | None] = [None] * num_layers
         self.slots: torch.Tensor | None = None
-        self._lanes: list[StaticKVCache] = []
 
     @property
     def keys(self) -> list[torch.Tensor | None]:
@@ -58,18 +57,6 @@ class StaticKVCache:
         layer = self.layers[index]
         layer.slots, layer.length = self.slots, self.length
         return layer
-
-    def lanes(self, parts: list[slice]) -> list[StaticKVCache]:
-        """Views of rows ``parts`` of every (allocated) layer, one cache per lane, made once (the buffers never move
-        once allocated): writes through a view land in this cache's buffers."""
-        if len(self._lanes) != len(parts):
-            self._lanes = [self._rows(part) for part in parts]
-        return self._lanes
-
-    def _rows(self, part: slice) -> StaticKVCache:
-        view = StaticKVCache(len(self.layers), self.width)
-        view.layers = [StaticLayerKV(layer.keys[part], layer.values[part]) for layer in self.layers]
-        return view
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.keys + self.values if t is not None)
@@ -97,7 +84,6 @@ def static_hidden(
     kv_length: int | None = None,
     keep: torch.Tensor | None = None,
     layer_writes: bool | None = None,
-    lanes: int = 1,
 ) -> torch.Tensor:
     """Final hidden states ``[B, W, D]`` of the query ``ids [B, W]`` at RoPE ``positions [B, W]``.
 
@@ -108,13 +94,8 @@ def static_hidden(
     ``[Q]``, a device tensor) returns ``[B, Q, D]``, the rows whose logits the step reads: the last block stores
     every row's keys and values but runs its attention output, MLP and residual for those rows only (the other
     rows' last-layer outputs feed nothing). ``layer_writes`` hands each block its own cache layer
-    (:class:`StaticLayerKV`; default: :func:`cache_writes_in_blocks`). ``lanes`` > 1 splits the batch rows into
-    that many lanes run side by side (:mod:`dare.rollout.engine.lanes`).
+    (:class:`StaticLayerKV`; default: :func:`cache_writes_in_blocks`).
     """
-    if lanes > 1:
-        return _in_lanes(lanes, model, ids, positions, key_mask=key_mask, cache=cache, slots=slots,
-                         key_positions=key_positions, block_size=block_size, backend=backend, kv_length=kv_length,
-                         keep=keep, layer_writes=layer_writes)
     batch, width = ids.shape
     x = model.embed(ids)
     keys_at = positions if cache is None else key_positions
@@ -144,25 +125,6 @@ def static_hidden(
     else:
         x = last(x, rope, layout_of(positions.index_select(1, keep)), last_cache, backend, keep=keep)
     return model.final_norm(x)
-
-
-def _in_lanes(lanes: int, model, ids, positions, *, key_mask, cache, slots, key_positions, **shared) -> torch.Tensor:
-    """:func:`static_hidden` of each lane's rows, the cache viewed by row (allocated first, for the whole batch)."""
-    from dare.rollout.engine.lanes import lane_rows, run_lanes
-
-    if cache is not None and any(layer is None for layer in cache.layers):
-        _allocate_by_probe(model, ids, positions, key_mask, cache, slots, key_positions, shared["block_size"],
-                           shared["backend"], shared["kv_length"])
-    parts = lane_rows(ids.shape[0], lanes)
-    caches = [None] * lanes if cache is None else cache.lanes(parts)
-
-    def lane(index: int) -> torch.Tensor:
-        rows = parts[index]
-        return static_hidden(model, ids[rows], positions[rows], key_mask=None if key_mask is None else key_mask[rows],
-                             cache=caches[index], slots=slots,
-                             key_positions=None if key_positions is None else key_positions[rows], **shared)
-
-    return run_lanes(ids.device, lanes, lane)
 
 
 def _allocate_by_probe(model, ids, positions, key_mask, cache, slots, key_positions, block_size, backend, kv_length):

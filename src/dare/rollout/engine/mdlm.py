@@ -46,9 +46,8 @@ class MdlmState(StaticState):
     """Buffers and step functions of one (batch bucket, prompt width, config) shape."""
 
     def __init__(self, model, config, *, batch: int, prompt_width: int, padded: bool, device, use_graphs: bool,
-                 backend: str, resumable: bool = False, lanes: int = 1):
-        super().__init__(model, config, batch=batch, device=device, use_graphs=use_graphs, backend=backend,
-                         lanes=lanes)
+                 backend: str, resumable: bool = False):
+        super().__init__(model, config, batch=batch, device=device, use_graphs=use_graphs, backend=backend)
         self.shift = family_of(model).logit_shift
         self.pw = prompt_width
         self.width = prompt_width + config.gen_length
@@ -121,8 +120,7 @@ class MdlmState(StaticState):
     def step_full(self) -> None:
         rows = self.start - self.shift + self.block_range
         hidden = static_hidden(self.model, self.canvas, self.positions, key_mask=self.key_mask, cache=self.cache,
-                               slots=self.all_slots, key_positions=self.positions, backend=self.backend, keep=rows,
-                               lanes=self.lanes)
+                               slots=self.all_slots, key_positions=self.positions, backend=self.backend, keep=rows)
         self.commit(self.model.head(hidden))
 
     def step_window(self, length: int) -> None:
@@ -130,7 +128,7 @@ class MdlmState(StaticState):
         keep = None if length == self.lb else self.block_range  # the block's rows lead the window
         hidden = static_hidden(self.model, self.canvas.index_select(1, query), self.positions.index_select(1, query),
                                key_mask=self.key_mask, cache=self.cache, slots=query, key_positions=self.positions,
-                               backend=self.backend, keep=keep, lanes=self.lanes)
+                               backend=self.backend, keep=keep)
         self.commit(self.model.head(hidden))
 
     def commit(self, logits: torch.Tensor) -> None:

@@ -11,10 +11,10 @@ from dare.rollout.engine.noise import row_keys
 
 class StaticState:
     """The model and its family's token ids, per-row step counters and random keys, the device scalars a step
-    reads or writes (block start, forward count, the host flag), the lanes of its forwards and the graph runner of one
+    reads or writes (block start, forward count, the host flag) and the graph runner of one
     (batch bucket, prompt width, config) shape. Subclasses add their canvas and step functions."""
 
-    def __init__(self, model, config, *, batch: int, device, use_graphs: bool, backend: str, lanes: int = 1):
+    def __init__(self, model, config, *, batch: int, device, use_graphs: bool, backend: str):
         self.model, self.config, self.device, self.backend = model, config, device, backend
         self.tok = family_of(model).token_ids(model.config)
         self.batch, self.gen, self.lb = batch, config.gen_length, config.block_length
@@ -29,8 +29,6 @@ class StaticState:
         self.block_range = torch.arange(self.lb, **long)
         self.runner = StepRunner(model, device, use_graphs)
         self.flag = HostFlag(device)
-        self.lanes = lanes
-        """Lanes the model forward of a step runs in (:mod:`dare.rollout.engine.lanes`; 1: whole)."""
 
     def reset_rows(self, rows: int, seeds: list[int]) -> torch.Tensor:
         """Zero the counters and key the random streams of a new batch; returns ``[batch]`` bool, the real rows
