@@ -204,3 +204,50 @@ def test_a_string_of_completions_or_a_benchmark_sample_is_a_one_line_error():
                                          r"Sample: pass its \.target\)$"):
         reward.score(["2"], [sample])
     assert reward.score(["The answer is 2"], [sample.target])[0].reward == 1.0
+
+
+# ------------------------------------------------------------------------------------ parsing in threads
+
+def test_test_snippets_parse_in_many_threads_while_finalizers_run():
+    """The sandbox's worker threads split test snippets at once. On CPython 3.11 two ASTs built at the same time
+    (a thread switch inside the construction, e.g. while the garbage collector runs a finalizer) raised
+    ``SystemError: AST constructor recursion depth mismatch`` on valid code; the parses are serialised now."""
+    import sys
+    import threading
+
+    from dare.rewards.test_cases import split_test
+
+    snippet = ("def check(candidate):\n"
+               + "".join(f"    assert candidate([{i}, [1, (2, {{'a': [3]}})]], 'x') == [[{i}]]\n" for i in range(100))
+               + "check(f)\n")
+    expected = split_test(snippet)
+    assert expected is not None and len(expected) == 100
+
+    class Finalized:
+        def __del__(self):
+            sum(range(50))  # Python code run by the collector: a thread switch can happen here
+
+    results, errors = [], []
+
+    def work():
+        for _ in range(150):
+            a, b = Finalized(), Finalized()
+            a.other, b.other = b, a  # a cycle: freed by the collector, possibly inside another thread's parse
+            del a, b
+            try:
+                results.append(split_test(snippet))
+            except SystemError as error:
+                errors.append(error)
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        threads = [threading.Thread(target=work) for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert not errors, errors[:1]
+    assert len(results) == 600 and all(r == expected for r in results)

@@ -17,6 +17,7 @@ from fractions import Fraction
 from typing import Any
 
 from dare.rewards.answers import answer_tag, last_boxed
+from dare.rewards.ast_parse import parse
 from dare.rewards.base import Reward, RewardResult, register_reward
 
 _BINOPS = {
@@ -40,7 +41,7 @@ def evaluate(expression: str) -> tuple[Fraction, list[int]]:
     if len(expression) > 500:
         raise InvalidExpression("expression too long")
     try:
-        tree = ast.parse(expression.strip(), mode="eval")
+        tree = parse(expression.strip(), mode="eval")
     except (SyntaxError, ValueError, RecursionError, MemoryError) as err:
         raise InvalidExpression(f"not an expression: {getattr(err, 'msg', err)}") from None
     used: list[int] = []

@@ -13,12 +13,12 @@
 
 from __future__ import annotations
 
-import ast
 import re
 from collections.abc import Mapping
 from typing import Any
 
 from dare.rewards.answers import answer_tag
+from dare.rewards.ast_parse import parse
 from dare.rewards.base import Reward, RewardResult, register_reward
 
 
@@ -87,7 +87,7 @@ class CodeFormatReward(_FormatReward):
             return 0.0
         block = re.search(r"```python\n(.*?)```", text, re.DOTALL)
         try:
-            ast.parse(block.group(1).strip())
+            parse(block.group(1).strip())
         except (SyntaxError, ValueError):
             return 0.5
         return 1.0

@@ -12,6 +12,8 @@ import ast
 from dataclasses import dataclass, field
 from typing import Any
 
+from dare.rewards.ast_parse import parse
+
 
 @dataclass(frozen=True)
 class CallCase:
@@ -88,7 +90,7 @@ def _check_function_cases(module: ast.Module) -> list[CallCase] | None:
 def split_test(snippet: str) -> list[CallCase] | None:
     """The call cases equivalent to ``snippet`` (each one a test), or None if it must run as a script."""
     try:
-        module = ast.parse(snippet)
+        module = parse(snippet)
     except (SyntaxError, ValueError, MemoryError, RecursionError):
         return None
     body = [s for s in module.body if not _is_inert(s)]
