@@ -155,6 +155,21 @@ def test_wrong_model_args_are_one_line_errors():
         DareLM(pretrained="tiny:llada", **{"likelihood.temperature": 1.0})
 
 
+def test_a_misspelt_kernel_switch_fails_when_the_model_is_made(monkeypatch, capsys):
+    """lm-eval reads the model info (which records the switches) only after the whole evaluation: the switches
+    are checked when the model is made, and unknown ``DARE_*`` names are warned about then."""
+    from dare.eval.lm_harness import DareLM
+
+    monkeypatch.setenv("DARE_FUSE_CACHE_WRITES", "yes")
+    with pytest.raises(ConfigError, match="DARE_FUSE_CACHE_WRITES must be 0 or 1, got 'yes'"):
+        DareLM(pretrained="tiny:llada")
+    monkeypatch.setenv("DARE_FUSE_CACHE_WRITES", "1")
+    monkeypatch.setenv("DARE_COMPILE_SAMPLNG", "0")
+    DareLM(pretrained="tiny:llada")
+    assert "warning: DARE_COMPILE_SAMPLNG is not a DARE setting and is ignored (did you mean DARE_COMPILE_SAMPLING?)" \
+        in capsys.readouterr().err
+
+
 def test_prefixed_model_args_set_one_config_and_shared_ones_both():
     from dare.eval.harness import split_options
 

@@ -109,6 +109,13 @@ def test_loading_errors_are_one_line(oc, tmp_path):
         module.DareDiffusionModel(path="tiny:llada", compile_blocks="maybe")
 
 
+def test_a_misspelt_kernel_switch_fails_when_the_model_is_made(oc, monkeypatch):
+    module, _ = oc
+    monkeypatch.setenv("DARE_DECODE_ATTENTION", "flash")
+    with pytest.raises(ConfigError, match="DARE_DECODE_ATTENTION must be one of auto, triton, sdpa"):
+        module.DareDiffusionModel(path="tiny:llada")
+
+
 def test_compile_blocks_argument_compiles_every_block(oc, compiled_models):
     from dare.models.compile import is_compiled
 

@@ -114,7 +114,9 @@ def main(argv: list[str] | None = None) -> int:
         if not hasattr(module, "take_extra") or not module.take_extra(args, extra):
             args._parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
-        _check_environment()
+        from dare.rollout.engine import check_environment  # imports torch: not for --help
+
+        check_environment()
         return module.run(args) or 0
     except DareError as err:
         print(f"error: {err.cli_message}", file=sys.stderr)
@@ -123,17 +125,6 @@ def main(argv: list[str] | None = None) -> int:
         _close_progress_bars()
         print("interrupted", file=sys.stderr)
         return 130
-
-
-def _check_environment() -> None:
-    """Warn about ``DARE_*`` variables DARE does not read, and fail on a misspelt kernel switch value, before any
-    work (one line each)."""
-    from dare.config import unknown_environment
-    from dare.rollout.engine import check_kernel_switches
-
-    for line in unknown_environment():
-        print(line, file=sys.stderr)
-    check_kernel_switches()
 
 
 def _close_progress_bars() -> None:

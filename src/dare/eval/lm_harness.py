@@ -79,6 +79,9 @@ class DareLM(_LM):
         from dare.eval.harness import boolean, positive_int, split_options
         from dare.eval.likelihood import LikelihoodConfig
         from dare.rollout import SamplerConfig
+        from dare.rollout.engine import check_environment
+
+        check_environment()  # a misspelt DARE_* switch fails now, not when lm-eval asks for the model info at the end
 
         if pretrained is None and model is None:
             raise ConfigError("the dare lm-eval model needs pretrained=CHECKPOINT|HUB_NAME|tiny:FAMILY in --model_args")

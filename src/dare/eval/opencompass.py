@@ -92,6 +92,9 @@ class DareDiffusionModel(_BaseModel):
         require_opencompass()
         from dare.eval.harness import boolean
         from dare.eval.likelihood import LikelihoodConfig
+        from dare.rollout.engine import check_environment
+
+        check_environment()
         # OpenCompass passes every key of the model entry: a misspelt one is a one-line error, as are unknown
         # sampler / likelihood fields and an unknown sampler preset
         check_model_args({"sampler": sampler, "likelihood": likelihood, **unknown})

@@ -105,11 +105,18 @@ def kernel_settings() -> dict:
             "compile_sampling": sampling_compiled(), "cache_writes_in_blocks": cache_writes_in_blocks()}
 
 
-def check_kernel_switches() -> None:
-    """Read every kernel switch once, so that a misspelt value is a one-line error at a command's start on any
-    device, not only where (and if) a decode reads it."""
+def check_environment() -> None:
+    """Check the ``DARE_*`` environment before any work (the ``dare`` command, the lm-eval and OpenCompass models):
+    one warning line on stderr per ``DARE_*`` name DARE does not read (:func:`dare.config.unknown_environment`), and
+    every kernel switch read once, so that a misspelt value is a one-line error on any device, not only where (and
+    if) a decode reads it."""
+    import sys
+
+    from dare.config import unknown_environment
     from dare.rollout.engine.fused import max_rows_setting
 
+    for line in unknown_environment():
+        print(line, file=sys.stderr)
     kernel_settings()
     max_rows_setting()  # read even when DARE_FUSE_PROJECTIONS=0 makes kernel_settings skip it
 
