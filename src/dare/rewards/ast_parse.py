@@ -4,7 +4,7 @@ CPython 3.11 (and 3.12 before its fixes) keeps the AST constructor's recursion d
 two threads build ASTs at the same time - a thread switch can happen inside the construction, for instance while
 the garbage collector runs a finalizer - each sees the other's depth, and ``ast.parse`` raises ``SystemError: AST
 constructor recursion depth mismatch`` on valid code (python/cpython#106905). Code rewards parse test snippets in
-the sandbox's worker threads, so a reward would crash, or a program would be scored as unparsable, at random.
+the sandbox's worker threads, so scoring would crash at random.
 One lock serialises the parses: they take microseconds, next to the programs they prepare.
 """
 

@@ -113,12 +113,10 @@ def check_environment() -> None:
     import sys
 
     from dare.config import unknown_environment
-    from dare.rollout.engine.fused import max_rows_setting
 
     for line in unknown_environment():
         print(line, file=sys.stderr)
     kernel_settings()
-    max_rows_setting()  # read even when DARE_FUSE_PROJECTIONS=0 makes kernel_settings skip it
 
 
 def check_engine(name: str) -> None:

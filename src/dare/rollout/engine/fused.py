@@ -36,14 +36,12 @@ def wants_fusion(batch: int, config) -> bool:
 
 def fusion_max_rows() -> int:
     """The largest fused step in rows: ``DARE_FUSE_MAX_ROWS`` or :data:`FUSE_MAX_ROWS`, 0 when
-    ``DARE_FUSE_PROJECTIONS=0``."""
-    if not env_switch("DARE_FUSE_PROJECTIONS", default=True):
-        return 0
-    return max_rows_setting()
+    ``DARE_FUSE_PROJECTIONS=0`` (both switches are read, so a bad value is an error either way)."""
+    max_rows = _max_rows()
+    return max_rows if env_switch("DARE_FUSE_PROJECTIONS", default=True) else 0
 
 
-def max_rows_setting() -> int:
-    """``DARE_FUSE_MAX_ROWS`` or :data:`FUSE_MAX_ROWS` (a value not a whole number is a one-line error)."""
+def _max_rows() -> int:
     value = os.environ.get("DARE_FUSE_MAX_ROWS")
     if value is None:
         return FUSE_MAX_ROWS
