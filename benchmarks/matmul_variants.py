@@ -13,8 +13,10 @@ slices of the inner dimension, then a sum and a cast; ``--split-k``, needs a PyT
 and with ``--fp8`` ``fp8`` (``torch._scaled_mm`` over operands quantised beforehand as ``SamplerConfig.weights =
 "fp8"`` quantises them, :mod:`dare.models.fp8`: the matmul alone), and with ``--quack`` ``quack`` (the CuTe-DSL GEMMs
 of the ``quack-kernels`` package, autotuned per shape by an eager call before the graph is recorded; not a DARE
-dependency: ``pip install quack-kernels 'nvidia-cutlass-dsl[cu13]'``). The best variant and its gain over ``mm``
-close each line; with several projections a last line per row count sums each variant over them (one layer).
+dependency: ``pip install quack-kernels 'nvidia-cutlass-dsl[cu13]'``), and with ``--lt-algos N`` ``lt#i`` for the
+first ``N`` algorithms of cuBLASLt's ranked list (``cublaslt.py``, ctypes; ``lt#0`` is the one cuBLASLt itself
+runs, each checked against ``F.linear`` first). The best variant and its gain over ``mm`` close each line; with
+several projections a last line per row count sums each variant over them (one layer).
 """
 
 from __future__ import annotations
@@ -42,9 +44,10 @@ def main(argv=None) -> int:
     p.add_argument("--split-k", type=int, nargs="*", default=[], help="also time split-K over these slice counts")
     p.add_argument("--fp8", action="store_true", help="also time the FP8 matmul of pre-quantised operands")
     p.add_argument("--quack", action="store_true", help="also time quack's autotuned CuTe-DSL GEMM (quack-kernels)")
+    p.add_argument("--lt-algos", type=int, default=0, help="also time this many of cuBLASLt's ranked algorithms (0)")
     args = p.parse_args(argv)
-    if min(args.rows) < 1 or args.rounds < 1 or any(s < 2 for s in args.split_k):
-        p.error("--rows and --rounds take counts >= 1, --split-k slice counts >= 2")
+    if min(args.rows) < 1 or args.rounds < 1 or any(s < 2 for s in args.split_k) or args.lt_algos < 0:
+        p.error("--rows and --rounds take counts >= 1, --split-k slice counts >= 2, --lt-algos a count >= 0")
     quack_gemm = load_quack(p) if args.quack else None
     require_cuda("matmul_variants.py")
     shape = GEMM_SHAPES[args.family]
@@ -59,6 +62,7 @@ def main(argv=None) -> int:
         for name, (k, n) in projections.items():
             x = torch.randn(rows, k, device=dev, dtype=dt)
             variants = variants_of(x, weights[name], [s for s in args.split_k if k % s == 0], args.fp8, quack_gemm)
+            labels = lt_variants(variants, x, weights[name], args.lt_algos)
             times = {v: [] for v in variants}
             for _ in range(args.rounds):
                 for v, fn in variants.items():
@@ -67,9 +71,14 @@ def main(argv=None) -> int:
             torch.backends.cuda.preferred_blas_library("cublas")
             median = {v: statistics.median(t) for v, t in times.items()}
             best = min(median, key=median.get)
-            cells = "  ".join(f"{v} {median[v]:7.2f} +-{max(t) - min(t):5.2f}" for v, t in times.items())
+            cells = "  ".join(f"{v} {median[v]:7.2f} +-{max(t) - min(t):5.2f}" for v, t in times.items()
+                              if not v.startswith("lt#") or v in ("lt#0", best))
             print(f"{args.family} M={rows:<4d} {name:8s} {cells}  best {best} "
-                  f"({100 * (1 - median[best] / median['mm']):.1f} % under mm)", flush=True)
+                  f"({100 * (1 - median[best] / median['mm']):.1f} % under mm){labels.get(best, '')}", flush=True)
+            if labels:
+                ranked = sorted((v for v in median if v.startswith("lt#")), key=median.get)
+                print("    cuBLASLt algorithms, fastest first: " + "; ".join(
+                    f"{v} {median[v]:.2f} [{labels[v].strip(' ()')}]" for v in ranked[:4]), flush=True)
             for v, us in median.items():
                 per_variant.setdefault(v, []).append(us)
         # variants that ran for every projection (a split-K slice count must divide each inner size)
@@ -113,6 +122,28 @@ def variants_of(x: torch.Tensor, weights: list[torch.Tensor], splits: list[int],
         quack_gemm(x, weights[0].t())  # autotunes this shape eagerly; the recorded calls reuse its plan
         variants["quack"] = lambda: [quack_gemm(x, w.t()) for w in weights]
     return variants
+
+
+def lt_variants(variants: dict, x: torch.Tensor, weights: list[torch.Tensor], count: int) -> dict[str, str]:
+    """Adds ``lt#i`` for each of cuBLASLt's first ``count`` ranked algorithms that computes ``F.linear``'s product
+    (checked on the first layer); returns each added variant's configuration label."""
+    if count == 0:
+        return {}
+    from cublaslt import plans
+
+    w0 = weights[0]
+    reference = torch.nn.functional.linear(x, w0).float()
+    labels = {}
+    for plan in plans(x.shape[0], w0.shape[0], w0.shape[1], count):
+        outs = [torch.empty(x.shape[0], w0.shape[0], device=x.device, dtype=x.dtype) for _ in range(2)]
+        error = (plan(x, w0, outs[0]).float() - reference).abs().max().item()
+        if error > 1e-2 * reference.abs().max().item():
+            print(f"    lt#{plan.rank} skipped: differs from F.linear by {error:.3g} ({plan.label})", flush=True)
+            continue
+        variants[f"lt#{plan.rank}"] = lambda plan=plan, outs=outs: [plan(x, w, outs[i % 2])
+                                                                     for i, w in enumerate(weights)]
+        labels[f"lt#{plan.rank}"] = f" ({plan.label})"
+    return labels
 
 
 def split_k(x: torch.Tensor, w: torch.Tensor, slices: int) -> torch.Tensor:

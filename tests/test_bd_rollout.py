@@ -698,6 +698,7 @@ def test_benchmark_times_each_rollout_weights_value_side_by_side(tmp_path):
     ("engine_profile", ["--gemm-only", "--weights", "fp8"], "--compile, --cache and --weights apply to the profiled"),
     ("matmul_variants", ["--rows", "0"], "--rows and --rounds take counts >= 1"),
     ("matmul_variants", ["--split-k", "1"], "--split-k slice counts >= 2"),
+    ("matmul_variants", ["--lt-algos", "-1"], "--lt-algos a count >= 0"),
     ("swiglu_gemm", ["--rows", "0"], "--rows, --layers, --rounds and --top take counts >= 1"),
     ("swiglu_gemm", ["--configs", "1x1x1"], "--configs: no such configuration; known: 128x128x64s3w8g8"),
     pytest.param("matmul_variants", ["--quack"], "--quack needs the quack-kernels package",
