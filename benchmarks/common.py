@@ -369,6 +369,10 @@ def add_engine_arguments(p) -> None:
                         "fraction of completion tokens equal to the eager run's")
     from dare.models.compile import COMPILE_MODES
 
+    p.add_argument("--cutlass-narrow", action="store_true",
+                   help="route the attention-output and MLP-down projections at 193-256 rows through the CUTLASS "
+                        "ping-pong kernel of benchmarks/cutlass (cutlass_gemm.py; build.sh first); labels get "
+                        "'+cutlass'")
     p.add_argument("--compile-mode", default="default", choices=sorted(COMPILE_MODES),
                    help="torch.compile mode of --compile-blocks (dare.models.compile.COMPILE_MODES; max-autotune: matmul "
                         "kernels benchmarked per shape, records get '+autotune', or '+autotune-tma' with the persistent "
@@ -390,6 +394,11 @@ def check_engine_arguments(p, args) -> None:
         args.switch = (name, values)
     if args.weights != ["model"] and not [e for e in args.engines if e != "eager"]:
         p.error("--weights applies to the static/graph engines: add --engines static or graph")
+    if args.cutlass_narrow:
+        from cutlass_gemm import LIBRARY
+
+        if not LIBRARY.exists():
+            p.error(f"--cutlass-narrow needs {LIBRARY.name}: build it with `bash benchmarks/cutlass/build.sh`")
     if "graph" in args.engines and not args.device.startswith("cuda"):
         p.error(f"the graph engine records CUDA graphs; on {args.device} compare eager with static (--engines eager static)")
 
@@ -400,7 +409,12 @@ def default_engines(device: str) -> list[str]:
 
 
 def apply_compile(model, args) -> None:
-    """``--compile-blocks``: compile every block in place (the engines then run, and record, compiled blocks)."""
+    """``--cutlass-narrow``: route the narrow projections through CUTLASS; ``--compile-blocks``: compile every block in
+    place (the engines then run, and record, compiled blocks)."""
+    if args.cutlass_narrow:
+        from cutlass_gemm import route_narrow_projections
+
+        print(f"CUTLASS routes {route_narrow_projections(model)} projections at 193-256 rows", flush=True)
     if args.compile_blocks:
         from dare.models.compile import compile_blocks
 
@@ -470,6 +484,7 @@ def time_engines(model, args, run, eager_out, common: dict, label: str) -> list[
 
 def engine_label(engine: str, args) -> str:
     label = engine + {None: "", "dynamic": "+compile", "static": "+compile-static"}[args.compile_blocks]
+    label += "+cutlass" if args.cutlass_narrow else ""
     if not args.compile_blocks or args.compile_mode == "default":
         return label
     return label + MODE_LABELS.get(args.compile_mode, "+" + args.compile_mode)

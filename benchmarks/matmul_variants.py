@@ -15,8 +15,10 @@ and with ``--fp8`` ``fp8`` (``torch._scaled_mm`` over operands quantised beforeh
 of the ``quack-kernels`` package, autotuned per shape by an eager call before the graph is recorded; not a DARE
 dependency: ``pip install quack-kernels 'nvidia-cutlass-dsl[cu13]'``), and with ``--lt-algos N`` ``lt#i`` for the
 first ``N`` algorithms of cuBLASLt's ranked list (``cublaslt.py``, ctypes; ``lt#0`` is the one cuBLASLt itself
-runs, each checked against ``F.linear`` first). The best variant and its gain over ``mm`` close each line; with
-several projections a last line per row count sums each variant over them (one layer).
+runs, each checked against ``F.linear`` first), and with ``--cutlass`` ``cl:<configuration>`` for DARE's
+hand-instantiated CUTLASS kernels (``cutlass_gemm.py``; ``bash benchmarks/cutlass/build.sh`` first). The best
+variant and its gain over ``mm`` close each line; with several projections a last line per row count sums each
+variant over them (one layer), and ``best lt#`` / ``best cl:`` sum each library's fastest algorithm per projection.
 """
 
 from __future__ import annotations
@@ -45,10 +47,17 @@ def main(argv=None) -> int:
     p.add_argument("--fp8", action="store_true", help="also time the FP8 matmul of pre-quantised operands")
     p.add_argument("--quack", action="store_true", help="also time quack's autotuned CuTe-DSL GEMM (quack-kernels)")
     p.add_argument("--lt-algos", type=int, default=0, help="also time this many of cuBLASLt's ranked algorithms (0)")
+    p.add_argument("--cutlass", action="store_true",
+                   help="also time the CUTLASS configurations of cutlass/dare_gemm.cu (build.sh builds them)")
     args = p.parse_args(argv)
     if min(args.rows) < 1 or args.rounds < 1 or any(s < 2 for s in args.split_k) or args.lt_algos < 0:
         p.error("--rows and --rounds take counts >= 1, --split-k slice counts >= 2, --lt-algos a count >= 0")
     quack_gemm = load_quack(p) if args.quack else None
+    if args.cutlass:
+        from cutlass_gemm import LIBRARY
+
+        if not LIBRARY.exists():
+            p.error(f"--cutlass needs {LIBRARY.name}: build it with `bash benchmarks/cutlass/build.sh` (no GPU needed)")
     require_cuda("matmul_variants.py")
     shape = GEMM_SHAPES[args.family]
     hidden, kv, ffn, layers = shape["hidden"], shape["kv"], shape["ffn"], shape["layers"]
@@ -63,6 +72,8 @@ def main(argv=None) -> int:
             x = torch.randn(rows, k, device=dev, dtype=dt)
             variants = variants_of(x, weights[name], [s for s in args.split_k if k % s == 0], args.fp8, quack_gemm)
             labels = lt_variants(variants, x, weights[name], args.lt_algos)
+            if args.cutlass:
+                labels |= cutlass_variants(variants, x, weights[name])
             times = {v: [] for v in variants}
             for _ in range(args.rounds):
                 for v, fn in variants.items():
@@ -72,17 +83,23 @@ def main(argv=None) -> int:
             median = {v: statistics.median(t) for v, t in times.items()}
             best = min(median, key=median.get)
             cells = "  ".join(f"{v} {median[v]:7.2f} +-{max(t) - min(t):5.2f}" for v, t in times.items()
-                              if not v.startswith("lt#") or v in ("lt#0", best))
+                              if not v.startswith(("lt#", "cl:")) or v in ("lt#0", best))
             print(f"{args.family} M={rows:<4d} {name:8s} {cells}  best {best} "
                   f"({100 * (1 - median[best] / median['mm']):.1f} % under mm){labels.get(best, '')}", flush=True)
             if labels:
-                ranked = sorted((v for v in median if v.startswith("lt#")), key=median.get)
-                print("    cuBLASLt algorithms, fastest first: " + "; ".join(
-                    f"{v} {median[v]:.2f} [{labels[v].strip(' ()')}]" for v in ranked[:4]), flush=True)
+                ranked = sorted(labels, key=median.get)
+                print("    library algorithms, fastest first: " + "; ".join(
+                    f"{v} {median[v]:.2f}" + (f" [{labels[v].strip(' ()')}]" if v.startswith("lt#") else "")
+                    for v in ranked[:6]), flush=True)
             for v, us in median.items():
                 per_variant.setdefault(v, []).append(us)
+            for family in ("lt#", "cl:"):  # a library's best algorithm, chosen per projection
+                if any(v.startswith(family) for v in median):
+                    per_variant.setdefault(f"best {family}", []).append(
+                        min(us for v, us in median.items() if v.startswith(family)))
         # variants that ran for every projection (a split-K slice count must divide each inner size)
-        layer = {v: sum(us) for v, us in per_variant.items() if len(us) == len(projections)}
+        layer = {v: sum(us) for v, us in per_variant.items()
+                 if len(us) == len(projections) and not v.startswith(("lt#", "cl:"))}
         ratio = f"  (mm / fp8 {layer['mm'] / layer['fp8']:.2f}x)" if "fp8" in layer else ""
         print(f"{args.family} M={rows:<4d} one layer: " + "  ".join(f"{v} {us:7.1f}" for v, us in layer.items())
               + ratio, flush=True)
@@ -125,24 +142,39 @@ def variants_of(x: torch.Tensor, weights: list[torch.Tensor], splits: list[int],
 
 
 def lt_variants(variants: dict, x: torch.Tensor, weights: list[torch.Tensor], count: int) -> dict[str, str]:
-    """Adds ``lt#i`` for each of cuBLASLt's first ``count`` ranked algorithms that computes ``F.linear``'s product
-    (checked on the first layer); returns each added variant's configuration label."""
+    """Adds ``lt#i`` for each of cuBLASLt's first ``count`` ranked algorithms (see :func:`add_plans`)."""
     if count == 0:
         return {}
     from cublaslt import plans
 
     w0 = weights[0]
+    return add_plans(variants, x, weights, [(f"lt#{plan.rank}", plan.label, plan)
+                                            for plan in plans(x.shape[0], w0.shape[0], w0.shape[1], count)])
+
+
+def cutlass_variants(variants: dict, x: torch.Tensor, weights: list[torch.Tensor]) -> dict[str, str]:
+    """Adds ``cl:<configuration>`` for each CUTLASS configuration of ``cutlass/dare_gemm.cu`` that runs the shape."""
+    from cutlass_gemm import plans
+
+    w0 = weights[0]
+    return add_plans(variants, x, weights, [(f"cl:{plan.label}", plan.label, plan)
+                                            for plan in plans(x.shape[0], w0.shape[0], w0.shape[1])])
+
+
+def add_plans(variants: dict, x: torch.Tensor, weights: list[torch.Tensor], named: list) -> dict[str, str]:
+    """Adds each ``(name, label, plan)`` whose ``plan(x, w, out)`` computes ``F.linear``'s product (checked on the
+    first layer) as a variant over every layer; returns each added variant's label."""
+    w0 = weights[0]
     reference = torch.nn.functional.linear(x, w0).float()
     labels = {}
-    for plan in plans(x.shape[0], w0.shape[0], w0.shape[1], count):
+    for name, label, plan in named:
         outs = [torch.empty(x.shape[0], w0.shape[0], device=x.device, dtype=x.dtype) for _ in range(2)]
         error = (plan(x, w0, outs[0]).float() - reference).abs().max().item()
         if error > 1e-2 * reference.abs().max().item():
-            print(f"    lt#{plan.rank} skipped: differs from F.linear by {error:.3g} ({plan.label})", flush=True)
+            print(f"    {name} skipped: differs from F.linear by {error:.3g} ({label})", flush=True)
             continue
-        variants[f"lt#{plan.rank}"] = lambda plan=plan, outs=outs: [plan(x, w, outs[i % 2])
-                                                                     for i, w in enumerate(weights)]
-        labels[f"lt#{plan.rank}"] = f" ({plan.label})"
+        variants[name] = lambda plan=plan, outs=outs: [plan(x, w, outs[i % 2]) for i, w in enumerate(weights)]
+        labels[name] = f" ({label})"
     return labels
 
 

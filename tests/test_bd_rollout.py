@@ -11,8 +11,10 @@ single ``eos_id``). The tiny models never propose the mask token (its logit is -
 exclude by construction.
 """
 
+import importlib
 import importlib.util
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -35,6 +37,7 @@ from dare.rollout import (
 MASK, EOS, PAD, EOT = 259, 258, 256, 263
 STOPS = (EOS, EOT)
 ROOT = Path(__file__).resolve().parents[1]
+CUTLASS_LIBRARY = ROOT / "benchmarks" / "cutlass" / "libdare_gemm.so"
 
 
 def block_model(family="sdar", seed=1, dtype=torch.float32, scale=50.0, **overrides):
@@ -703,6 +706,10 @@ def test_benchmark_times_each_rollout_weights_value_side_by_side(tmp_path):
     ("swiglu_gemm", ["--configs", "1x1x1"], "--configs: no such configuration; known: 128x128x64s3w8g8"),
     pytest.param("matmul_variants", ["--quack"], "--quack needs the quack-kernels package",
                  marks=pytest.mark.skipif(importlib.util.find_spec("quack") is not None, reason="quack is installed")),
+    pytest.param("matmul_variants", ["--cutlass"], "--cutlass needs libdare_gemm.so: build it with",
+                 marks=pytest.mark.skipif(CUTLASS_LIBRARY.exists(), reason="the CUTLASS library is built")),
+    pytest.param("rollout", ["--tiny", "--cutlass-narrow"], "--cutlass-narrow needs libdare_gemm.so",
+                 marks=pytest.mark.skipif(CUTLASS_LIBRARY.exists(), reason="the CUTLASS library is built")),
 ])
 def test_benchmark_refuses_options_it_would_ignore_in_one_line(script, argv, message, capsys):
     spec = importlib.util.spec_from_file_location(f"{script}_benchmark", ROOT / "benchmarks" / f"{script}.py")
@@ -712,3 +719,31 @@ def test_benchmark_refuses_options_it_would_ignore_in_one_line(script, argv, mes
         bench.main(argv)
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and message in err and "Traceback" not in err
+
+
+def _benchmark_helper(name: str):
+    """A helper module of ``benchmarks/`` imported by its own name (as the scripts import it: once per process)."""
+    import sys
+
+    if str(ROOT / "benchmarks") not in sys.path:
+        sys.path.append(str(ROOT / "benchmarks"))
+    return importlib.import_module(name)
+
+
+@pytest.mark.parametrize("family, expected", [("llada", {"attn_out", "ff_out"}), ("sdar", {"o_proj", "down_proj"})])
+def test_cutlass_routing_selects_each_layers_narrow_projections_and_not_the_lm_head(family, expected):
+    from dare.models.tiny import tiny_model
+
+    cutlass_gemm = _benchmark_helper("cutlass_gemm")
+    model = tiny_model(family)
+    linears = {name: m for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+    chosen = [name for name in linears if re.search(cutlass_gemm.NARROW_PROJECTIONS, name)]
+    hidden = model.get_input_embeddings().weight.shape[1]
+    assert len(chosen) == 2 * model.config.num_hidden_layers
+    assert {name.rsplit(".", 1)[1] for name in chosen} == expected
+    assert all(linears[name].out_features == hidden for name in chosen)
+    assert model.get_output_embeddings() is None or all(linears[n] is not model.get_output_embeddings() for n in chosen)
+    with pytest.raises(ValueError, match="persistent configuration"):
+        cutlass_gemm.route_narrow_projections(model, variant="coop_128x128_c1_sk")
+    assert "pp_64x128_c1_p" in cutlass_gemm.variant_names()
+    assert len(set(cutlass_gemm.variant_names())) == len(cutlass_gemm.variant_names()) == 16
