@@ -117,8 +117,8 @@ def route_narrow_projections(model: torch.nn.Module, variant: str = "pp_64x128_c
     """Runs every bias-free attention-output and MLP-down projection of ``model`` (:data:`NARROW_PROJECTIONS`) through
     ``variant`` when the call's row count lies in ``rows`` (inclusive; the window measured), through ``F.linear``
     otherwise; returns how many projections were routed. ``matmul_variants.py --cutlass`` measured the 64 x 128
-    ping-pong kernel 7-14 % under cuBLAS for these 4096-wide outputs at 224-256 rows (H100), and no faster at 512;
-    in whole rollouts (``rollout.py`` / ``bd_rollout.py --cutlass-narrow``) that came to under 1 %."""
+    ping-pong kernel 7-14 % under cuBLAS for these 4096-wide outputs at 256 rows (H100; down also at 224), and no
+    faster at 512; in whole rollouts (``rollout.py`` / ``bd_rollout.py --cutlass-narrow``) that came to under 1 %."""
     if variant not in variant_names() or variant.endswith("_sk"):
         raise ValueError(f"variant must be a persistent configuration of {variant_names()}, got {variant!r}")
     _library()  # a missing library fails here, not inside a compiled region
