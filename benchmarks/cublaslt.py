@@ -127,9 +127,27 @@ def plans(rows: int, out_features: int, in_features: int, count: int = 16) -> li
     a, b, c = layouts
     _check(lib.cublasLtMatmulAlgoGetHeuristic(_handle(), op, a, b, c, c, pref, count, results, ctypes.byref(found)),
            "cublasLtMatmulAlgoGetHeuristic")
+    lib.cublasLtMatmulPreferenceDestroy(pref)
+    descs = _Descriptors(op, a, b, c)
     workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device="cuda")
-    return [Plan(i, _label(results[i]), results[i].algo, (op, a, b, c), workspace)
+    return [Plan(i, _label(results[i]), results[i].algo, descs, workspace)
             for i in range(found.value) if results[i].state == 0]
+
+
+class _Descriptors(tuple):
+    """The matmul descriptor and the three matrix layouts one shape's plans share, destroyed with the last plan."""
+
+    def __new__(cls, op, *layouts):
+        return super().__new__(cls, (op, *layouts))
+
+    def __del__(self):
+        try:
+            lib = _library()
+        except Exception:  # noqa: BLE001 - interpreter shutdown: the process frees everything anyway
+            return
+        lib.cublasLtMatmulDescDestroy(self[0])
+        for layout in self[1:]:
+            lib.cublasLtMatrixLayoutDestroy(layout)
 
 
 def _label(result: _Heuristic) -> str:
