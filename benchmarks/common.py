@@ -367,12 +367,12 @@ def add_engine_arguments(p) -> None:
                    help="SamplerConfig.weights of the non-eager engines, each timed side by side (default: model); "
                         "records of other values are labelled '<engine>[<value>]' and carry token_agreement, the "
                         "fraction of completion tokens equal to the eager run's")
-    from dare.models.compile import COMPILE_MODES
-
     p.add_argument("--cutlass-narrow", action="store_true",
                    help="route the attention-output and MLP-down projections at 193-256 rows through the CUTLASS "
-                        "ping-pong kernel of benchmarks/cutlass (cutlass_gemm.py; build.sh first); labels get "
-                        "'+cutlass'")
+                        "ping-pong kernel of benchmarks/cutlass (cutlass_gemm.py; build.sh first); every engine's run, the "
+                        "eager baseline too, then uses it, and the non-eager labels get '+cutlass'")
+    from dare.models.compile import COMPILE_MODES
+
     p.add_argument("--compile-mode", default="default", choices=sorted(COMPILE_MODES),
                    help="torch.compile mode of --compile-blocks (dare.models.compile.COMPILE_MODES; max-autotune: matmul "
                         "kernels benchmarked per shape, records get '+autotune', or '+autotune-tma' with the persistent "

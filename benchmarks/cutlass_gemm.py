@@ -12,7 +12,8 @@ current CUDA stream, so it can be recorded into a CUDA graph. ``matmul_variants.
 :func:`route_narrow_projections`.
 
 Measured on an H100 (``benchmarks/RESULTS.md``, nineteenth session): the 64 x 128 ping-pong kernel beats cuBLAS on
-the 4096-wide outputs at 224-256 rows, cuBLAS wins the wide ones, and whole rollouts gain under 1 %.
+the 4096-wide outputs at 256 rows (the down projection also at 224), cuBLAS wins the wide ones, and whole rollouts
+gain under 1 %.
 """
 
 from __future__ import annotations
@@ -51,22 +52,34 @@ def _library() -> ctypes.CDLL:
 
 @dataclass
 class Plan:
-    """One kernel configuration and decomposition for one ``(M, N, K)``: ``plan(x, w, out)`` writes ``x @ w.T``."""
+    """One kernel configuration and decomposition: ``plan(x, w, out)`` writes ``x @ w.T``. A workspace is sized for
+    one ``(M, N, K)`` (:func:`plans`); a plan without one serves any shape (:func:`persistent_plan`)."""
 
     label: str
     """``<variant>`` or ``<variant>/<decomposition>`` for the stream-K variants."""
     _run: object
     _decomposition: tuple[int, int]
     _sm_count: int
-    _workspace: torch.Tensor
+    _workspace: torch.Tensor | None
+    """Device memory of the call's workspace (None: the configuration needs none)."""
 
     def __call__(self, x: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         (m, k), n = x.shape, w.shape[0]
-        status = self._run(x.data_ptr(), w.data_ptr(), out.data_ptr(), m, n, k, self._workspace.data_ptr(),
-                           *self._decomposition, self._sm_count, torch.cuda.current_stream().cuda_stream)
+        workspace = None if self._workspace is None else self._workspace.data_ptr()
+        status = self._run(x.data_ptr(), w.data_ptr(), out.data_ptr(), m, n, k, workspace, *self._decomposition,
+                           self._sm_count, torch.cuda.current_stream().cuda_stream)
         if status != 0:
             raise RuntimeError(f"CUTLASS GEMM {self.label} failed with status {status} at M={m} N={n} K={k}")
         return out
+
+
+@functools.cache
+def persistent_plan(variant: str) -> Plan:
+    """The plan of a persistent configuration: it needs no workspace, so one plan serves every shape."""
+    if variant not in variant_names() or variant.endswith("_sk"):
+        raise ValueError(f"variant must be a persistent configuration of {variant_names()}, got {variant!r}")
+    sm_count = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 0
+    return Plan(variant, getattr(_library(), f"dare_gemm_{variant}"), (0, 1), sm_count, None)
 
 
 def plans(rows: int, out_features: int, in_features: int) -> list[Plan]:
@@ -98,13 +111,7 @@ def cutlass_linear(x: torch.Tensor, weight: torch.Tensor, variant: str) -> torch
     if rows.data_ptr() % 16:
         rows = rows.clone()
     out = torch.empty(rows.shape[0], weight.shape[0], device=x.device, dtype=x.dtype)
-    status = getattr(_library(), f"dare_gemm_{variant}")(
-        rows.data_ptr(), weight.data_ptr(), out.data_ptr(), rows.shape[0], weight.shape[0], rows.shape[1], None, 0,
-        1, torch.cuda.get_device_properties(x.device).multi_processor_count, torch.cuda.current_stream().cuda_stream)
-    if status != 0:
-        raise RuntimeError(f"CUTLASS GEMM {variant} failed with status {status} at {tuple(rows.shape)} x "
-                           f"{tuple(weight.shape)}")
-    return out.view(*x.shape[:-1], weight.shape[0])
+    return persistent_plan(variant)(rows, weight, out).view(*x.shape[:-1], weight.shape[0])
 
 
 @cutlass_linear.register_fake
@@ -119,14 +126,13 @@ def route_narrow_projections(model: torch.nn.Module, variant: str = "pp_64x128_c
     otherwise; returns how many projections were routed. ``matmul_variants.py --cutlass`` measured the 64 x 128
     ping-pong kernel 7-14 % under cuBLAS for these 4096-wide outputs at 256 rows (H100; down also at 224), and no
     faster at 512; in whole rollouts (``rollout.py`` / ``bd_rollout.py --cutlass-narrow``) that came to under 1 %."""
-    if variant not in variant_names() or variant.endswith("_sk"):
-        raise ValueError(f"variant must be a persistent configuration of {variant_names()}, got {variant!r}")
-    _library()  # a missing library fails here, not inside a compiled region
+    persistent_plan(variant)  # a bad variant or a missing library fails here, not inside a compiled region
     routed = 0
     for name, module in model.named_modules():
         if isinstance(module, torch.nn.Linear) and module.bias is None and re.search(NARROW_PROJECTIONS, name):
             def forward(x, module=module):
-                if rows[0] <= x.numel() // x.shape[-1] <= rows[1] and x.dtype == torch.bfloat16 == module.weight.dtype:
+                if (x.is_cuda and x.dtype == torch.bfloat16 == module.weight.dtype
+                        and rows[0] <= x.numel() // x.shape[-1] <= rows[1]):
                     return cutlass_linear(x, module.weight, variant)
                 return torch.nn.functional.linear(x, module.weight)
             module.forward = forward

@@ -11,7 +11,6 @@ single ``eos_id``). The tiny models never propose the mask token (its logit is -
 exclude by construction.
 """
 
-import importlib
 import importlib.util
 import json
 import re
@@ -721,20 +720,14 @@ def test_benchmark_refuses_options_it_would_ignore_in_one_line(script, argv, mes
     assert exit_.value.code == 2 and message in err and "Traceback" not in err
 
 
-def _benchmark_helper(name: str):
-    """A helper module of ``benchmarks/`` imported by its own name (as the scripts import it: once per process)."""
-    import sys
-
-    if str(ROOT / "benchmarks") not in sys.path:
-        sys.path.append(str(ROOT / "benchmarks"))
-    return importlib.import_module(name)
-
-
 @pytest.mark.parametrize("family, expected", [("llada", {"attn_out", "ff_out"}), ("sdar", {"o_proj", "down_proj"})])
 def test_cutlass_routing_selects_each_layers_narrow_projections_and_not_the_lm_head(family, expected):
+    import sys
+
     from dare.models.tiny import tiny_model
 
-    cutlass_gemm = _benchmark_helper("cutlass_gemm")
+    sys.path.insert(0, str(ROOT / "benchmarks"))  # by its own name, as the scripts import it (one op registration)
+    import cutlass_gemm
     model = tiny_model(family)
     linears = {name: m for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
     chosen = [name for name in linears if re.search(cutlass_gemm.NARROW_PROJECTIONS, name)]
