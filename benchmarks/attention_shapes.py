@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import graph_us, require_cuda  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-from dare.models.decode_attention import decode_attention  # noqa: E402
+from dare.models.decode_attention import MAX_ROWS, decode_attention  # noqa: E402
 
 
 def variants(q, k, v, mask, valid):
@@ -74,6 +74,23 @@ REFERENCES = ("valid keys only, no mask (flash)", "split-KV kernel (decode_atten
 """The variants ``--kernel-only`` keeps."""
 
 
+def backend_variants(q, k, v, valid):
+    """SDPA over the valid keys (no mask) on each fused backend in turn. On Hopper PyTorch's default order tries
+    cuDNN first, whose calls each add a memset node to a recorded graph."""
+    groups = q.shape[1] // k.shape[1]
+    ks, vs = k[:, :, :valid], v[:, :, :valid]
+
+    def only(backend):
+        def run():
+            with sdpa_kernel([backend]):
+                return F.scaled_dot_product_attention(q, ks, vs, enable_gqa=groups > 1)
+        return run
+
+    return {f"valid keys only, no mask ({name})": only(backend) for name, backend in
+            (("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash only", SDPBackend.FLASH_ATTENTION),
+             ("efficient", SDPBackend.EFFICIENT_ATTENTION))}
+
+
 def kernel_mask(mask, valid):
     """The mask the engine passes: none where every key is attendable (a full-attention cache step)."""
     return None if valid == mask.shape[-1] else mask
@@ -107,6 +124,8 @@ def main(argv=None) -> int:
     p.add_argument("--head-dim", type=int, default=128)
     p.add_argument("--layers", type=int, default=36, help="layers per forward in the per-forward column (SDAR-8B: 36)")
     p.add_argument("--sweep", action="store_true", help="also time the split-KV kernel's launch settings")
+    p.add_argument("--backends", action="store_true",
+                   help="also time SDPA over the valid keys on each fused backend alone (cudnn, flash, efficient)")
     p.add_argument("--kernel-only", action="store_true",
                    help="of the SDPA variants, time only flash over the valid keys (a reference)")
     args = p.parse_args(argv)
@@ -128,6 +147,10 @@ def main(argv=None) -> int:
         cases = variants(q, k, v, mask, valid)
         if args.kernel_only:
             cases = {name: fn for name, fn in cases.items() if name in REFERENCES}
+        if args.backends:
+            cases.update(backend_variants(q, k, v, valid))
+        if args.heads // args.kv_heads * args.query > MAX_ROWS:  # beyond the split-KV kernel's rows per program
+            cases.pop("split-KV kernel (decode_attention)", None)
         if args.sweep:
             cases.update(kernel_settings(q, k, v, mask, valid))
         for name, fn in cases.items():

@@ -7,6 +7,11 @@ kernels of a whole decode (graph replays included). Diagnostic companion of roll
     python benchmarks/engine_profile.py --family llada --batch 1 --compile static   # blocks compiled first
     python benchmarks/engine_profile.py --gemm-only --batch 1 16                      # projection GEMMs only
     python benchmarks/engine_profile.py --gemm-only --family sdar --rows 4 --batch 64  # SDAR-8B shapes
+    python benchmarks/engine_profile.py --family sdar --batch 64 --compile static --max-blocks 0 --timeline
+
+``--timeline`` also splits the profiled decode into kernel time by kind and the GPU's idle time between kernels
+(short gaps inside a recorded step vs waits on the host), and profiles one more decode's host functions
+(``cProfile``). Under the profiler a graph launch takes longer on the host, so the host column is an upper bound.
 
 ``--gemm-only`` times one layer's projection matmuls at a step's row count (``batch x block``): q/k/v and
 gate/up as separate matmuls (as the checkpoints store them) vs one matmul over the concatenated weights, under
@@ -45,6 +50,8 @@ def main(argv=None) -> int:
                    help="SamplerConfig.weights of the profiled decode (fp8: FP8 projection copies)")
     p.add_argument("--gemm-only", action="store_true", help="time the projection matmuls, separate vs fused")
     p.add_argument("--rows", type=int, help="--gemm-only: query rows per batch row (the block; default 32)")
+    p.add_argument("--timeline", action="store_true",
+                   help="also split the profiled decode into kernel time and GPU idle time between kernels, by kernel kind")
     p.add_argument("--libraries", nargs="+", choices=sorted(MATMULS),
                    help="--gemm-only: matmul libraries to time side by side (default: cublas cublaslt)")
     args = p.parse_args(argv)
@@ -106,7 +113,101 @@ def main(argv=None) -> int:
         generate(model, prompts, None, config)
         torch.cuda.synchronize()
     print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=24, max_name_column_width=70), flush=True)
+    if args.timeline:
+        forwards = sum(len(v) for v in times.values())
+        print(timeline_report(kernel_intervals(prof), forwards), flush=True)
+        host_profile(lambda: generate(model, prompts, None, config))
     return 0
+
+
+def host_profile(decode, rows: int = 18) -> None:
+    """The host functions of one more decode, by cumulative time (cProfile; a call that waits on the GPU shows
+    the wait), and the decode's wall time."""
+    import cProfile
+    import pstats
+    import time
+
+    torch.cuda.synchronize()
+    profiler = cProfile.Profile()
+    start = time.perf_counter()
+    profiler.enable()
+    decode()
+    torch.cuda.synchronize()
+    profiler.disable()
+    print(f"host profile of one decode ({1000 * (time.perf_counter() - start):.1f} ms wall, cProfile on):", flush=True)
+    pstats.Stats(profiler).sort_stats("cumulative").print_stats(rows)
+    pstats.Stats(profiler).sort_stats("tottime").print_stats(12)
+
+
+KERNEL_KINDS = (("matmul", ("gemm", "nvjet", "cutlass", "sm90_xmma", "splitk", "splitK")),
+                ("attention", ("_partial_kernel", "_merge_kernel", "flash", "fmha", "sdpa", "attention")),
+                ("generated", ("triton_",)))
+"""Kernel kinds of :func:`timeline_report`, by substrings of the kernel name (first match wins; else ``other``)."""
+LAUNCH_GAP_US = 20.0
+"""Idle stretches up to this long count as gaps between the kernels of one recorded step; longer ones as host
+time between steps."""
+
+
+def kernel_kind(name: str) -> str:
+    for kind, marks in KERNEL_KINDS:
+        if any(mark in name for mark in marks):
+            return kind
+    return "other"
+
+
+def kernel_intervals(prof) -> list[tuple[str, float, float]]:
+    """``(name, start_us, end_us)`` of every GPU kernel the profiler saw (graph replays included), by start."""
+    out = []
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA and event.time_range.elapsed_us() > 0:
+            if "memcpy" in event.name.lower() or "memset" in event.name.lower():
+                continue
+            out.append((event.name, float(event.time_range.start), float(event.time_range.end)))
+    return sorted(out, key=lambda item: item[1])
+
+
+def timeline_report(kernels: list[tuple[str, float, float]], forwards: int) -> str:
+    """Per forward: kernel time by kind, idle time between kernels (short gaps inside a step vs host time), and
+    the kernel names that most often start after a gap, with their mean gap."""
+    if not kernels:
+        return "timeline: the profiler saw no kernels"
+    by_kind: dict[str, float] = {}
+    short_gap = long_gap = 0.0
+    gaps_before: dict[str, list[float]] = {}
+    long_gaps: list[tuple[float, float, str, str]] = []
+    end, previous = kernels[0][1], ""
+    for name, start, stop in kernels:
+        kind = kernel_kind(name)
+        by_kind[kind] = by_kind.get(kind, 0.0) + (stop - start)
+        gap = max(0.0, start - end)
+        if gap <= LAUNCH_GAP_US:
+            short_gap += gap
+            gaps_before.setdefault(name, []).append(gap)
+        else:
+            long_gap += gap
+            long_gaps.append((gap, end - kernels[0][1], previous, name))
+        end, previous = max(end, stop), name
+    span = end - kernels[0][1]
+    per = 1000.0 * forwards
+    lines = [f"timeline over {forwards} forwards, {len(kernels) / forwards:.0f} kernels per forward: "
+             f"span {span / per:.3f} ms per forward"]
+    for kind in sorted(by_kind, key=by_kind.get, reverse=True):
+        lines.append(f"  {kind:10s} {by_kind[kind] / per:7.3f} ms ({100 * by_kind[kind] / span:4.1f} %)")
+    lines.append(f"  {'gaps<=' + str(int(LAUNCH_GAP_US)) + 'us':10s} {short_gap / per:7.3f} ms "
+                 f"({100 * short_gap / span:4.1f} %; {short_gap / len(kernels):.2f} us per kernel)")
+    lines.append(f"  {'host':10s} {long_gap / per:7.3f} ms ({100 * long_gap / span:4.1f} %)")
+    worst = sorted(gaps_before.items(), key=lambda item: sum(item[1]), reverse=True)[:12]
+    lines.append("  kernels after the most in-step idle time (count per forward, mean gap us, mean length us):")
+    durations: dict[str, list[float]] = {}
+    for name, start, stop in kernels:
+        durations.setdefault(name, []).append(stop - start)
+    for name, gaps in worst:
+        lines.append(f"    {len(gaps) / forwards:6.1f} x gap {sum(gaps) / len(gaps):5.2f} us, "
+                     f"length {sum(durations[name]) / len(durations[name]):7.2f} us  {name[:90]}")
+    lines.append("  longest host gaps (us, at ms from the first kernel, kernel before -> kernel after):")
+    for gap, at, before, after in sorted(long_gaps, reverse=True)[:10]:
+        lines.append(f"    {gap:9.1f} us at {at / 1000:8.2f} ms  {before[:50]} -> {after[:50]}")
+    return "\n".join(lines)
 
 
 def blocks(args, default: int) -> int | None:
@@ -118,6 +219,8 @@ def check_arguments(p, args) -> None:
     """One-line errors for options this run would ignore."""
     if args.gemm_only and (args.compile != "none" or args.cache or args.weights != "model"):
         p.error("--gemm-only times bare matmuls: --compile, --cache and --weights apply to the profiled decode")
+    if args.timeline and args.gemm_only:
+        p.error("--timeline splits a profiled decode; --gemm-only times bare matmuls")
     if not args.gemm_only and (args.rows is not None or len(args.batch) > 1 or args.libraries is not None):
         p.error("--rows, --libraries and several --batch sizes apply to --gemm-only; a profiled decode takes one "
                 "batch size")

@@ -693,6 +693,7 @@ def test_benchmark_times_each_rollout_weights_value_side_by_side(tmp_path):
     ("engine_profile", ["--max-blocks", "-1"], "--max-blocks takes a count >= 0"),
     ("engine_profile", ["--gemm-only", "--libraries", "mkl"], "invalid choice: 'mkl'"),
     ("engine_profile", ["--family", "sdar", "--cache", "dual"], "--cache chooses LLaDA's Fast-dLLM cache"),
+    ("engine_profile", ["--gemm-only", "--timeline"], "--timeline splits a profiled decode"),
     ("attention_shapes", ["--keys", "192", "256", "--valid", "136"], "--valid takes one count per --keys width"),
     ("attention_shapes", ["--keys", "192", "--valid", "200"], "each in 1..width"),
     ("bd_rollout", ["--tiny", "--engines", "eager", "--weights", "fp8"], "--weights applies to the static/graph engines"),
@@ -718,6 +719,23 @@ def test_benchmark_refuses_options_it_would_ignore_in_one_line(script, argv, mes
         bench.main(argv)
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and message in err and "Traceback" not in err
+
+
+def test_timeline_splits_kernel_time_by_kind_and_idle_time_by_gap_length():
+    spec = importlib.util.spec_from_file_location("engine_profile_benchmark", ROOT / "benchmarks" / "engine_profile.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    # two forwards of kernels (name, start us, end us): a 2 us and a 1 us gap inside steps, a 100 us host wait
+    kernels = [("nvjet_sm90_gemm", 0, 10000), ("triton_poi_fused_add", 10002, 13002), ("_partial_kernel", 13002, 18002),
+               ("nvjet_sm90_gemm", 18102, 28102), ("cudnn_generated_fort_native_sdpa", 28103, 32103)]
+    lines = bench.timeline_report(kernels, forwards=2).splitlines()
+    by_kind = {line.split()[0]: float(line.split()[1]) for line in lines[1:6]}
+    assert by_kind == pytest.approx({"matmul": 10.0, "attention": 4.5, "generated": 1.5, "gaps<=20us": 0.0015,
+                                     "host": 0.05}, abs=1e-3)
+    assert "span 16.052 ms per forward" in lines[0]
+    assert any("100.0 us" in line and "_partial_kernel -> nvjet_sm90_gemm" in line for line in lines)
+    assert bench.kernel_kind("void cublasLt::splitKreduce_kernel<32>") == "matmul"
+    assert bench.kernel_kind("void at::native::vectorized_elementwise_kernel<4>") == "other"
 
 
 @pytest.mark.parametrize("family, expected", [("llada", {"attn_out", "ff_out"}), ("sdar", {"o_proj", "down_proj"})])

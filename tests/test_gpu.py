@@ -160,6 +160,7 @@ GRAPH_CASES = [
     ("dream", dict(sampler="fastdllm_dream", cache="dual", threshold=0.3)),
     ("sdar", dict(sampler="sdar", cache="block")),
     ("sdar", dict(sampler="sdar", cache="none", decoder="quota")),
+    ("sdar", dict(sampler="sdar", cache="block", decoder="quota", block_steps=4)),  # steps queued back to back
 ]
 
 

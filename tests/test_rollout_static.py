@@ -616,3 +616,61 @@ def test_progress_shows_a_bar_of_blocks_and_changes_nothing_else(family, sampler
     generate(model, ids, mask, config, engine="static", progress=True)
     total, unit, _ = bars[0]  # SDAR: a prompt that ends inside a block adds one (16 / 4 + 1)
     assert unit == "block" and total == 16 // config.block_length + (family == "sdar") and bars[1:] == [1] * total
+
+
+FIXED_BLOCK_CASES = [dict(decoder="quota"), dict(decoder="quota", block_steps=3),
+                     dict(decoder="quota", num_to_transfer=3), dict(decoder="sequential", block_steps=4)]
+
+
+def spy_host_reads(monkeypatch) -> tuple[list[int], list[int]]:
+    """The blocks a static block decode begins, and the block during which each of its host flag reads happens."""
+    from dare.rollout.engine.block import BlockState
+    from dare.rollout.engine.graphs import HostFlag
+
+    begun, reads, current, begin, read = [], [], [-1], BlockState.begin_block, HostFlag.read
+
+    def begin_block(self, k):
+        current[0] = k
+        begun.append(k)
+        return begin(self, k)
+
+    def counted(self, value):
+        reads.append(current[0])
+        return read(self, value)
+
+    monkeypatch.setattr(BlockState, "begin_block", begin_block)
+    monkeypatch.setattr(HostFlag, "read", counted)
+    return begun, reads
+
+
+@pytest.mark.parametrize("eos_early_stop", [False, True])
+@pytest.mark.parametrize("overrides", FIXED_BLOCK_CASES)
+def test_fixed_count_block_decoders_read_no_flag_inside_later_blocks(overrides, eos_early_stop, monkeypatch):
+    """A fixed-count decoder's later blocks queue their scheduled steps back to back (the host waits on no flag
+    between them) and decode exactly what the eager loop does; with EOS stops one read per block remains."""
+    model = sharp_model("sdar")
+    ids, mask = padded([11, 4, 17])
+    config = SamplerConfig(sampler="sdar", gen_length=32, block_length=8, cache="block",
+                           eos_early_stop=eos_early_stop, **overrides)
+    eager = generate(model, ids, mask, config, engine="eager")
+    blocks, reads = spy_host_reads(monkeypatch)
+    static = generate(model, ids, mask, config, engine="static")
+    assert_same(eager, static, block=True)
+    assert blocks == list(range(len(blocks))) and len(blocks) > 2
+    assert reads.count(0) > 1  # the first block may hold a prompt tail: read after each step
+    for k in blocks[1:-1]:
+        assert reads.count(k) == (1 if eos_early_stop else 0), (k, reads)
+    assert reads.count(blocks[-1]) == (1 if eos_early_stop else 0) + 1  # + the plan check after the decode
+
+
+def test_a_schedule_that_leaves_masks_after_its_planned_steps_is_an_error(monkeypatch):
+    """If a block's planned steps ever left masks (a schedule that does not flush), the decode says so instead of
+    returning unfinished blocks."""
+    from dare.rollout.engine.block import BlockState
+
+    monkeypatch.setattr(BlockState, "planned_steps", lambda self, k: None if k == 0 else 1)
+    model = sharp_model("sdar")
+    ids, mask = padded([11, 4])
+    config = SamplerConfig(sampler="sdar", gen_length=32, block_length=8, cache="block", decoder="quota")
+    with pytest.raises(RuntimeError, match="still had masks after its scheduled steps"):
+        generate(model, ids, mask, config, engine="static")

@@ -214,3 +214,14 @@ def test_on_step_callback_adds_metrics_and_can_stop_early(tmp_path):
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [(r["step"], r["eval/custom"]) for r in records] == [(3, 30)]  # the stopping step is always logged
     assert (tmp_path / "final").is_dir()  # the export still happens
+
+
+def test_progress_bar_says_when_training_stopped_early(tmp_path, capsys):
+    config = small_config(tmp_path, "trainer.max_steps=5", "trainer.progress=true")
+    trainer = Trainer(config)
+    trainer.train(lambda tr, record: tr.request_stop() if tr.step == 2 else None)
+    err = capsys.readouterr().err
+    assert "stopped early at step 2" in err and "2/5" in err
+    complete = Trainer(small_config(tmp_path / "full", "trainer.max_steps=2", "trainer.progress=true"))
+    complete.train()
+    assert "stopped early" not in capsys.readouterr().err

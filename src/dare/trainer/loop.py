@@ -516,6 +516,8 @@ class Trainer:
             record = self._run_steps(on_step, bar, kill_at) or {"step": self.step}
         finally:
             if bar is not None:  # also when interrupted: the bar's line ends before any message
+                if self.stop_requested and self.step < self.total_steps:  # not an interrupted run: say so
+                    bar.set_description(f"train (stopped early at step {self.step})", refresh=True)
                 bar.close()
         if self.empty_steps:  # for the end-of-run summary (not a logged metric)
             record = {**record, "steps_run": self.steps_run, "steps_trained_nothing": self.empty_steps}

@@ -4,8 +4,17 @@ The loop of :func:`dare.rollout.block.denoise_blocks` as fixed-shape steps (:cla
 (:class:`~dare.rollout.block.BlockLayout`) gets a fixed width for every batch of a shape: ``prefix`` = the
 rounded prompt width (full prompt blocks right-aligned before it) and enough decode blocks for any prompt
 remainder. Rows stay in place when they stop; per-block ``alive``/``post`` flags, the schedule, token editing
-and the block's stop rule run on the device, and the host reads one flag per step (whether any row still
-steps in this block; the step is already queued when it waits) and one per block (whether any row goes on).
+and the block's stop rule run on the device. What the host reads (each read waits for the queued steps, and the
+GPU idles until the host queues the next one):
+
+* fixed-count decoders (``quota``, ``sequential``) without token editing: nothing inside a block after the first.
+  A block that starts fully masked takes exactly its schedule's steps (:meth:`BlockState.planned_steps`; the
+  schedule's last step flushes the masks left), so they are queued back to back; a device flag records a block
+  that would have needed more, and the decode raises if one did (:meth:`BlockState.check_plan`);
+* the first block (it may hold a prompt tail) and the decoders that commit by confidence: whether any row still
+  steps, after every step;
+* with ``eos_early_stop``: whether any row goes on, once per block (without it, rows stop only at their last
+  block, which the host knows).
 
 Forwards write this call's keys/values into their columns of a preallocated cache and attend to every column
 under the block-causal rule (:mod:`dare.rollout.engine.forward`), so later columns are never seen:
@@ -32,6 +41,7 @@ from dare.rollout.engine.sampling import propose_static
 from dare.rollout.engine.state import StaticState
 from dare.rollout.engine.trajectory import StaticTrajectory
 from dare.rollout.kernels import NEG_INF, linear_quota, select, select_edits
+from dare.rollout.engine.mdlm import FIXED_COUNT_DECODERS
 from dare.rollout.output import RolloutOutput, completion_mask, finished_rows
 from dare.rollout.progress import block_progress
 
@@ -72,6 +82,7 @@ class BlockState(StaticState):
             most = self.decode_blocks * (self.lb + self.max_post + 1)
             self.trajectory = StaticTrajectory(batch, self.gen, most, self.tok.mask, device)
         self.blocks_needed = 0
+        self.overrun = torch.zeros((), dtype=torch.bool, device=device)
 
     # ---- per call ----------------------------------------------------------------------------------
     def load(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, seeds: list[int]) -> None:
@@ -98,6 +109,7 @@ class BlockState(StaticState):
         self.logp_at.zero_()
         self.conf_at.zero_()
         self.active.copy_(self.reset_rows(n, seeds))
+        self.overrun.zero_()
         self.blocks_needed = int(layout.num_blocks[:n].max())
         if self.trajectory is not None:
             self.trajectory.reset()
@@ -215,6 +227,18 @@ class BlockState(StaticState):
             kind = ("first", 0 if k == 0 else 1) if first else ("inner",)
         return kind + (self.kv_length(k),)
 
+    def planned_steps(self, k: int) -> int | None:
+        """The forwards block ``k`` takes when its steps are known in advance: a fixed-count decoder without token
+        editing on a block after the first (every such block starts with all its columns masked; the first may hold
+        a prompt tail) takes its schedule's steps, the last of which commits every mask left. None otherwise (the
+        host reads after each step whether the block goes on)."""
+        config = self.config
+        if k == 0 or self.editing or config.decoder not in FIXED_COUNT_DECODERS:
+            return None
+        if config.num_to_transfer is not None:
+            return -(-self.lb // config.num_to_transfer)
+        return min(config.block_steps or self.lb, self.lb)
+
     def decode(self, progress: bool = False) -> None:
         blocks = self.blocks_needed
         if self.config.max_blocks is not None:
@@ -222,14 +246,26 @@ class BlockState(StaticState):
         with block_progress(blocks, progress) as advance:
             for k in range(blocks):
                 self.begin_block(k)
-                first = True
-                while self.flag.read(self.more)[0]:
-                    self.runner.run(self.step_key(first, k), lambda first=first, k=k: self.step(first, k))
-                    first = False
+                planned = self.planned_steps(k)
+                for forward in range(planned or 1):  # every block takes a step: it starts with masks
+                    self.runner.run(self.step_key(forward == 0, k), lambda first=forward == 0, k=k: self.step(first, k))
+                if planned is None:
+                    while self.flag.read(self.more)[0]:
+                        self.runner.run(self.step_key(False, k), lambda k=k: self.step(False, k))
+                else:
+                    self.overrun |= self.more.bool()  # read once, by check_plan
                 self.end_block(k)
                 advance()
-                if not self.flag.read(self.active.any().long())[0]:
+                if self.config.eos_early_stop and not self.flag.read(self.active.any().long())[0]:
                     break
+        self.check_plan()
+
+    def check_plan(self) -> None:
+        """Raise if a block with planned steps still had masks after them (a schedule that does not flush: a bug,
+        never a silently unfinished block)."""
+        if self.planned_steps(1) is not None and self.flag.read(self.overrun.long())[0]:
+            raise RuntimeError(f"a {self.config.decoder} block still had masks after its scheduled steps "
+                               f"({self.planned_steps(1)}): please report this")
 
     @staticmethod
     def needs_padding(input_ids, attention_mask, prompt_width: int, config) -> bool:
