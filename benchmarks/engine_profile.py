@@ -11,7 +11,9 @@ kernels of a whole decode (graph replays included). Diagnostic companion of roll
 
 ``--timeline`` also splits the profiled decode into kernel time by kind and the GPU's idle time between kernels
 (short gaps inside a recorded step vs waits on the host), and profiles one more decode's host functions
-(``cProfile``). Under the profiler a graph launch takes longer on the host, so the host column is an upper bound.
+(``cProfile``). The host column overstates the waits of an unprofiled decode (the twentieth session's SDAR B=64
+runs: 0.8 ms per forward less under the profiler, 0.12 ms less in the benchmark's wall time); read it as an upper
+bound.
 
 ``--gemm-only`` times one layer's projection matmuls at a step's row count (``batch x block``): q/k/v and
 gate/up as separate matmuls (as the checkpoints store them) vs one matmul over the concatenated weights, under
