@@ -694,6 +694,7 @@ def test_benchmark_times_each_rollout_weights_value_side_by_side(tmp_path):
     ("engine_profile", ["--gemm-only", "--libraries", "mkl"], "invalid choice: 'mkl'"),
     ("engine_profile", ["--family", "sdar", "--cache", "dual"], "--cache chooses LLaDA's Fast-dLLM cache"),
     ("engine_profile", ["--gemm-only", "--timeline"], "--timeline splits a profiled decode"),
+    ("conditional_steps", ["--steps", "0"], "--rows, --layers, --steps and --reps take counts >= 1"),
     ("attention_shapes", ["--keys", "192", "256", "--valid", "136"], "--valid takes one count per --keys width"),
     ("attention_shapes", ["--keys", "192", "--valid", "200"], "each in 1..width"),
     ("bd_rollout", ["--tiny", "--engines", "eager", "--weights", "fp8"], "--weights applies to the static/graph engines"),
