@@ -192,11 +192,12 @@ def test_early_eos_stop_static_equals_eager(family, sampler):
     assert_same(eager, static, block=family != "llada")
 
 
-@pytest.mark.parametrize("family,sampler", [("llada", "llada"), ("sdar", "sdar")])
-def test_trajectory_static_equals_eager(family, sampler):
+@pytest.mark.parametrize("family,sampler,overrides", [("llada", "llada", {}), ("sdar", "sdar", {}),
+                                                      ("sdar", "sdar", dict(decoder="quota", block_steps=3))])
+def test_trajectory_static_equals_eager(family, sampler, overrides):
     model = sharp_model(family)
     ids, mask = padded([7, 12])
-    config = SamplerConfig(sampler=sampler, gen_length=16, block_length=8, record_trajectory=True)
+    config = SamplerConfig(sampler=sampler, gen_length=16, block_length=8, record_trajectory=True, **overrides)
     assert_same_trajectory(*decode_both(model, ids, mask, config))
 
 
