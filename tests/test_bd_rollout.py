@@ -759,3 +759,18 @@ def test_cutlass_routing_selects_each_layers_narrow_projections_and_not_the_lm_h
         cutlass_gemm.route_narrow_projections(model, variant="coop_128x128_c1_sk")
     assert "pp_64x128_c1_p" in cutlass_gemm.variant_names()
     assert len(set(cutlass_gemm.variant_names())) == len(cutlass_gemm.variant_names()) == 16
+
+
+def test_every_cutlass_variant_has_its_own_build_guard_in_order():
+    """build.sh compiles variant i of dare_gemm.cu with -DDARE_ONLY=i for i < the number of DARE_VARIANT lines: a
+    guard numbered out of order would drop one variant from the library and build another twice."""
+    import re
+
+    lines = (ROOT / "benchmarks" / "cutlass" / "dare_gemm.cu").read_text().splitlines()
+    variants = [i for i, line in enumerate(lines) if line.startswith("DARE_VARIANT(")]
+    guards = [re.fullmatch(r"#if !defined\(DARE_ONLY\) \|\| DARE_ONLY == (\d+)", lines[i - 1]) for i in variants]
+    assert all(guards), "each DARE_VARIANT line follows its DARE_ONLY guard"
+    assert [int(g.group(1)) for g in guards] == list(range(len(variants)))
+    assert all(lines[i + 1] == "#endif" for i in variants)
+    names = [re.match(r"DARE_VARIANT\((\w+),", lines[i]).group(1) for i in variants]
+    assert len(set(names)) == len(names)
