@@ -361,6 +361,9 @@ DECODER_SETTINGS = {
 
 SCHEDULE_DECODERS = ("quota", "dynamic", "sequential")
 """Rules that commit a scheduled count, and so read ``steps`` and ``schedule``; the others commit by confidence."""
+FIXED_COUNT_DECODERS = ("quota", "sequential")
+"""Rules that commit exactly the scheduled count: a block's steps are known in advance (the static engines queue
+them without reading a flag from the device)."""
 
 
 def select(decoder: str, confidence: torch.Tensor, eligible: torch.Tensor, k: torch.Tensor, *,

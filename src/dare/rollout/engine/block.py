@@ -40,8 +40,7 @@ from dare.rollout.engine.forward import StaticKVCache, static_hidden
 from dare.rollout.engine.sampling import propose_static
 from dare.rollout.engine.state import StaticState
 from dare.rollout.engine.trajectory import StaticTrajectory
-from dare.rollout.kernels import NEG_INF, linear_quota, select, select_edits
-from dare.rollout.engine.mdlm import FIXED_COUNT_DECODERS
+from dare.rollout.kernels import FIXED_COUNT_DECODERS, NEG_INF, linear_quota, select, select_edits
 from dare.rollout.output import RolloutOutput, completion_mask, finished_rows
 from dare.rollout.progress import block_progress
 

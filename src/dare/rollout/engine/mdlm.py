@@ -34,12 +34,9 @@ from dare.rollout.engine.forward import StaticKVCache, static_hidden
 from dare.rollout.engine.sampling import propose_static
 from dare.rollout.engine.state import StaticState
 from dare.rollout.engine.trajectory import StaticTrajectory
-from dare.rollout.kernels import SCHEDULES, select
+from dare.rollout.kernels import FIXED_COUNT_DECODERS, SCHEDULES, select
 from dare.rollout.output import RolloutOutput, completion_mask, finished_rows
 from dare.rollout.progress import block_progress
-
-FIXED_COUNT_DECODERS = ("quota", "sequential")
-"""Decoders whose steps per block are known in advance (the host reads no flag inside a block)."""
 
 
 class MdlmState(StaticState):
