@@ -141,7 +141,8 @@ def host_profile(decode, rows: int = 18) -> None:
     pstats.Stats(profiler).sort_stats("tottime").print_stats(12)
 
 
-KERNEL_KINDS = (("matmul", ("gemm", "nvjet", "cutlass", "sm90_xmma", "splitk", "splitK")),
+KERNEL_KINDS = (("copy", ("Memcpy", "Memset")),
+                ("matmul", ("gemm", "nvjet", "cutlass", "sm90_xmma", "splitk", "splitK")),
                 ("attention", ("_partial_kernel", "_merge_kernel", "flash", "fmha", "sdpa", "attention")),
                 ("generated", ("triton_",)))
 """Kernel kinds of :func:`timeline_report`, by substrings of the kernel name (first match wins; else ``other``)."""
@@ -158,13 +159,10 @@ def kernel_kind(name: str) -> str:
 
 
 def kernel_intervals(prof) -> list[tuple[str, float, float]]:
-    """``(name, start_us, end_us)`` of every GPU kernel the profiler saw (graph replays included), by start."""
-    out = []
-    for event in prof.events():
-        if event.device_type == torch.autograd.DeviceType.CUDA and event.time_range.elapsed_us() > 0:
-            if "memcpy" in event.name.lower() or "memset" in event.name.lower():
-                continue
-            out.append((event.name, float(event.time_range.start), float(event.time_range.end)))
+    """``(name, start_us, end_us)`` of every GPU kernel, copy and memset the profiler saw (graph replays included),
+    by start."""
+    out = [(event.name, float(event.time_range.start), float(event.time_range.end)) for event in prof.events()
+           if event.device_type == torch.autograd.DeviceType.CUDA and event.time_range.elapsed_us() > 0]
     return sorted(out, key=lambda item: item[1])
 
 

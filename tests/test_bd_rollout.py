@@ -737,6 +737,7 @@ def test_timeline_splits_kernel_time_by_kind_and_idle_time_by_gap_length():
     assert any("100.0 us" in line and "_partial_kernel -> nvjet_sm90_gemm" in line for line in lines)
     assert bench.kernel_kind("void cublasLt::splitKreduce_kernel<32>") == "matmul"
     assert bench.kernel_kind("void at::native::vectorized_elementwise_kernel<4>") == "other"
+    assert bench.kernel_kind("Memcpy DtoD (Device -> Device)") == bench.kernel_kind("Memset (Unknown)") == "copy"
 
 
 @pytest.mark.parametrize("family, expected", [("llada", {"attn_out", "ff_out"}), ("sdar", {"o_proj", "down_proj"})])
