@@ -247,10 +247,10 @@ class BlockState(StaticState):
                 self.begin_block(k)
                 planned = self.planned_steps(k)
                 for forward in range(planned or 1):  # every block takes a step: it starts with masks
-                    self.runner.run(self.step_key(forward == 0, k), lambda first=forward == 0, k=k: self.step(first, k))
+                    self.run_step(forward == 0, k)
                 if planned is None:
                     while self.flag.read(self.more)[0]:
-                        self.runner.run(self.step_key(False, k), lambda k=k: self.step(False, k))
+                        self.run_step(False, k)
                 else:
                     self.overrun |= self.more.bool()  # read once, by check_plan
                 self.end_block(k)
@@ -258,6 +258,10 @@ class BlockState(StaticState):
                 if self.config.eos_early_stop and not self.flag.read(self.active.any().long())[0]:
                     break
         self.check_plan()
+
+    def run_step(self, first: bool, k: int) -> None:
+        """Queue one step of block ``k`` (its recorded graph, recorded at its first call)."""
+        self.runner.run(self.step_key(first, k), lambda: self.step(first, k))
 
     def check_plan(self) -> None:
         """Raise if a block with planned steps still had masks after them (a schedule that does not flush: a bug,
