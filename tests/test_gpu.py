@@ -292,12 +292,14 @@ def test_torchrun_nccl_expert_parallel_matches_plain_fsdp(tmp_path):
                                rtol=2e-2, atol=2e-3)
 
 
-def test_compiled_proposals_at_a_real_vocabulary_equal_the_eager_ops():
+def test_compiled_proposals_at_a_real_vocabulary_equal_the_eager_ops(monkeypatch):
     """The compiled proposal kernels build at LLaDA's vocabulary size (32-bit hash constants once overflowed the
     compiler's int32 index arithmetic, and every T>0 rollout fell back to the eager ops) and give the eager
-    ops' tokens, confidences and log-probabilities."""
+    ops' tokens, confidences and log-probabilities (the one-pass kernel, which serves greedy steps, is off)."""
     from dare.rollout import SamplerConfig
     from dare.rollout.engine import noise, sampling
+
+    monkeypatch.setenv("DARE_PROPOSAL_KERNEL", "0")
 
     logits = torch.randn(3, 32, 126464, device="cuda", dtype=torch.bfloat16) * 4
     eligible = torch.rand(3, 32, device="cuda") < 0.7
@@ -317,6 +319,48 @@ def test_compiled_proposals_at_a_real_vocabulary_equal_the_eager_ops():
         assert torch.equal(compiled.tokens, eager.tokens)
         torch.testing.assert_close(compiled.confidence, eager.confidence, atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(compiled.logprob, eager.logprob, atol=1e-4, rtol=1e-5)
+
+
+@pytest.mark.parametrize("b,w,vocab", [(3, 32, 126464), (64, 4, 151936), (1, 4, 151936)])
+def test_proposal_kernel_at_real_vocabularies_matches_the_compiled_ops(b, w, vocab, monkeypatch):
+    """The one-pass proposal kernel at LLaDA's and SDAR's vocabularies, bf16 logits: greedy tokens equal the
+    compiled ops' (ties included: bf16 logits tie often); a Gumbel-max token is a maximum of the same noisy keys
+    (up to float32 rounding of the logarithms); the random confidence is the same numbers; confidences and
+    log-probabilities agree to float32 rounding."""
+    from dare.rollout import SamplerConfig
+    from dare.rollout.engine import noise, proposal_kernel, sampling
+
+    torch.manual_seed(0)
+    logits = torch.randn(b, w, vocab, device="cuda", dtype=torch.bfloat16) * 4
+    logits[0, 0, 7] = 100.0  # the banned id
+    eligible = torch.rand(b, w, device="cuda") < 0.7
+    keys = noise.row_keys(list(range(11, 11 + b)), "cuda")
+    counters, positions = torch.arange(b, device="cuda") + 3, torch.arange(w, device="cuda")[None].expand(b, w)
+    for settings in (dict(temperature=0.0), dict(temperature=0.9), dict(temperature=1.3, confidence_source="sampling"),
+                     dict(temperature=0.7, confidence="random")):
+        config = SamplerConfig(sampler="llada", **settings).resolved()
+        args = dict(config=config, banned=7, keys=keys, counters=counters, positions=positions)
+        monkeypatch.setenv("DARE_PROPOSAL_KERNEL", "1")
+        assert proposal_kernel.serves(config, logits)
+        fast = sampling.propose_static(logits, eligible, **args)
+        assert not sampling._KERNEL_FAILED
+        monkeypatch.setenv("DARE_PROPOSAL_KERNEL", "0")
+        slow = sampling.propose_static(logits, eligible, **args)
+        t = config.temperature
+        if t == 0:
+            assert torch.equal(fast.tokens, slow.tokens)
+        else:
+            scores = logits.double().masked_fill(torch.arange(vocab, device="cuda") == 7, float("-inf")) / t
+            base = noise.position_hash(keys, counters, positions, noise.STREAM_SAMPLE)
+            u = noise.uniform(noise.mix32(base[..., None] ^ noise.vocabulary_salts(vocab, "cuda"))).double()
+            noisy = scores - torch.log(-torch.log(u))
+            picked = noisy.gather(-1, fast.tokens[..., None]).squeeze(-1)
+            assert (picked >= noisy.max(-1).values - 1e-4).all()
+            assert (fast.tokens == slow.tokens).float().mean() > 0.99
+        same = eligible & (fast.tokens == slow.tokens)
+        torch.testing.assert_close(fast.confidence[same], slow.confidence[same], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(fast.logprob[same], slow.logprob[same], atol=1e-4, rtol=1e-5)
+        assert torch.equal(fast.confidence == float("-inf"), ~eligible) and (fast.logprob[~eligible] == 0).all()
 
 
 @pytest.mark.parametrize("overrides", [dict(sampler="fastdllm", cache="dual", threshold=0.3, temperature=0.9),

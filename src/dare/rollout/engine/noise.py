@@ -14,7 +14,8 @@ from __future__ import annotations
 import torch
 
 MASK32 = 0xFFFFFFFF
-_GOLDEN = 0x9E3779B9
+GOLDEN = 0x9E3779B9
+"""The 32-bit golden-ratio constant: streams and vocabulary entries are spaced by it before mixing."""
 STREAM_SAMPLE = 1
 """Stream of the Gumbel noise tokens are drawn with."""
 STREAM_CONFIDENCE = 2
@@ -37,7 +38,7 @@ def row_keys(seeds: list[int], device) -> torch.Tensor:
 def position_hash(keys: torch.Tensor, counters: torch.Tensor, positions: torch.Tensor, stream: int) -> torch.Tensor:
     """``[B, W]`` hashes of (row key ``[B, 2]``, row step ``[B]``, completion position ``[W]`` or ``[B, W]``, stream)."""
     pos = positions if positions.ndim == 2 else positions[None, :]
-    h = mix32((pos.long() + stream * _GOLDEN) & MASK32)
+    h = mix32((pos.long() + stream * GOLDEN) & MASK32)
     h = mix32(h ^ keys[:, 0:1])
     h = mix32(h ^ keys[:, 1:2])
     return mix32(h ^ (counters[:, None].long() & MASK32))
@@ -69,5 +70,5 @@ def vocabulary_salts(vocab: int, device) -> torch.Tensor:
     index expressions in int32, where the 32-bit constant does not fit."""
     key = (vocab, str(device))
     if key not in _SALTS:
-        _SALTS[key] = (torch.arange(vocab, device=device, dtype=torch.long) * _GOLDEN) & MASK32
+        _SALTS[key] = (torch.arange(vocab, device=device, dtype=torch.long) * GOLDEN) & MASK32
     return _SALTS[key]

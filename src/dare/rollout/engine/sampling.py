@@ -9,14 +9,22 @@ under the distribution it is drawn from), computed the way a captured step can a
 * ``T > 0`` is Gumbel-max with the noise of :mod:`dare.rollout.engine.noise` (a per-row counter-based stream);
 * the ``random`` confidence is a uniform of the same stream family.
 
+On CUDA, the settings most rollouts use (no top-p / top-k, a ``prob`` or ``random`` confidence) run as one read of
+the logits (:mod:`dare.rollout.engine.proposal_kernel`); the others as compiled tensor ops
+(:mod:`dare.rollout.engine.compiled`). A kernel failure logs one warning and leaves the tensor ops in place.
+
 Confidences are float32 for every ``confidence_dtype`` (the eager samplers honour ``model``/``float64``; the
 values differ only by rounding).
 """
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
+from dare.errors import first_line
+from dare.rollout.engine import proposal_kernel
 from dare.rollout.engine.compiled import CudaCompiled
 from dare.rollout.engine.noise import (
     STREAM_CONFIDENCE,
@@ -27,6 +35,10 @@ from dare.rollout.engine.noise import (
     vocabulary_salts,
 )
 from dare.rollout.kernels import NEG_INF, Proposal, filter_logits
+
+log = logging.getLogger("dare.rollout")
+_KERNEL_FAILED = False
+"""Set when the proposal kernel failed once: the compiled tensor ops serve every later step."""
 
 
 def _gathered_prob(scores: torch.Tensor, tokens: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
@@ -47,8 +59,22 @@ def propose_static(
 
     ``config`` is a resolved :class:`~dare.rollout.SamplerConfig`; ``banned`` the mask id (never proposed);
     ``keys [B, 2]``, ``counters [B]`` (each row's step) and ``positions [B, W]`` (completion coordinates) index
-    the random streams. On CUDA the vocabulary-wide math runs compiled (:mod:`dare.rollout.engine.compiled`).
+    the random streams. On CUDA the vocabulary-wide math runs in one pass (:mod:`~dare.rollout.engine.proposal_kernel`)
+    or compiled (:mod:`dare.rollout.engine.compiled`).
     """
+    global _KERNEL_FAILED
+    if not _KERNEL_FAILED and proposal_kernel.serves(config, logits):
+        try:
+            tokens, score, logprob = proposal_kernel.propose_fused(
+                logits, eligible, banned=banned, temperature=config.temperature,
+                confidence_source=config.confidence_source, confidence=config.confidence, keys=keys,
+                counters=counters, positions=positions)
+            return Proposal(tokens=tokens, confidence=score, logprob=logprob)
+        except torch.OutOfMemoryError:
+            raise
+        except Exception as error:  # noqa: BLE001 - any kernel failure: the compiled tensor ops
+            _KERNEL_FAILED = True
+            log.warning("proposal kernel unavailable, using compiled tensor ops: %s", first_line(error)[:200])
     salts = vocabulary_salts(logits.shape[-1], logits.device) if config.temperature > 0 else None
     tokens, score, logprob = _propose(
         logits, eligible, keys, counters, positions, salts, banned=banned, temperature=config.temperature,

@@ -1,0 +1,245 @@
+"""A static step's token proposals in one read of the logits (Triton).
+
+:func:`dare.rollout.engine.sampling.propose_static` needs, per window position, the proposed token (argmax, or
+Gumbel-max at ``T > 0``), the log-sum-exp of the confidence source and of the sampling distribution, and two
+gathered logits. Compiled as tensor ops these are several passes over the ``B x W x V`` logits; here the
+vocabulary is read once (H100, ``benchmarks/proposal.py``: LLaDA-8B B=16 window, greedy, 197 -> 117 us; B=1
+44 -> 12 us; SDAR-8B B=64 block, greedy 267 -> 70 us, T = 1 370 -> 170 us):
+
+* :func:`_partial_kernel` - one program per (window position, vocabulary slice) streams its slice in tiles and
+  keeps, per lane, an online max / sum-exp of the source and of the sampling scores and the best (first) index
+  of the selection key; it writes one partial record per slice. Slices are chosen so that the programs fill the
+  GPU several times over (:func:`num_slices`): batch 1 has as many programs as batch 64.
+* :func:`_final_kernel` - one program per position merges the slices, gathers the two logits of the token and
+  writes the token, its confidence and its log-probability (``-inf`` / ``0`` at positions that are not eligible).
+
+The random numbers are those of :mod:`dare.rollout.engine.noise` (the same hashes of row key, row step, position
+and vocabulary index), computed inside the kernels in uint32 arithmetic. It serves the settings most rollouts use:
+no top-p / top-k filter and a ``prob`` or ``random`` confidence (:func:`serves`); the others keep the compiled
+tensor ops. ``DARE_PROPOSAL_KERNEL=0`` turns the kernel off. Greedy tokens equal the tensor ops' (both compare
+the same float32 values; ties go to the first index); Gumbel-max tokens equal them unless two noisy keys lie
+within the float32 rounding of the logarithms. Confidences and log-probabilities differ by float32 rounding
+(one online log-sum-exp instead of a two-pass one).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dare.config import env_switch
+from dare.rollout.engine.noise import GOLDEN, STREAM_CONFIDENCE, STREAM_SAMPLE
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - CPU-only installs
+    triton = None
+
+BLOCK = 1024
+"""Vocabulary entries per tile."""
+NUM_WARPS = 4
+"""Warps per program of the slice kernel (4 with 1024-entry tiles: 8 bf16 entries, one 16-byte load, a thread)."""
+PROGRAMS_PER_SM = 4
+"""Slice programs per multiprocessor the slicing aims for (:func:`num_slices`). H100, ``benchmarks/proposal.py
+--sweep``: 4 against 2 took LLaDA-8B B=1 proposals from 14.2 to 11.5 us (greedy) and 28.5 to 22.7 us (T = 1),
+B=16 at T = 1 from 298 to 272 us; B=16 greedy within 2 %; 2048-4096-entry tiles and 8 warps gained nothing."""
+MAX_SLICES = 64
+"""Most vocabulary slices per position."""
+
+
+def kernel_enabled() -> bool:
+    """``DARE_PROPOSAL_KERNEL`` (default 1; only ``0``/``1``): whether CUDA steps may use the kernel."""
+    return env_switch("DARE_PROPOSAL_KERNEL", default=True)
+
+
+def serves(config, logits: torch.Tensor) -> bool:
+    """Whether :func:`propose_fused` serves ``config`` on ``logits``: CUDA, Triton installed,
+    ``DARE_PROPOSAL_KERNEL`` not ``0`` and settings it computes (:func:`settings_served`)."""
+    return triton is not None and logits.is_cuda and kernel_enabled() and settings_served(config, logits.shape[-1])
+
+
+def settings_served(config, vocab: int) -> bool:
+    """No top-p / top-k filter over a ``vocab``-wide distribution, and a ``prob`` or ``random`` confidence."""
+    unfiltered = (config.top_p is None or config.top_p >= 1) and (
+        config.top_k is None or not 0 < config.top_k < vocab)
+    return unfiltered and config.confidence in ("prob", "random")
+
+
+def num_slices(positions: int, vocab: int, processors: int) -> int:
+    """Vocabulary slices per position: enough programs for :data:`PROGRAMS_PER_SM` per multiprocessor, each slice
+    whole tiles."""
+    wanted = max(1, -(-PROGRAMS_PER_SM * processors // positions))
+    return max(1, min(wanted, MAX_SLICES, -(-vocab // BLOCK)))
+
+
+def propose_fused(logits: torch.Tensor, eligible: torch.Tensor, *, banned: int, temperature: float,
+                  confidence_source: str, confidence: str, keys: torch.Tensor, counters: torch.Tensor,
+                  positions: torch.Tensor, processors: int | None = None):
+    """``(tokens, confidence, logprob)`` for ``logits [B, W, V]`` at the ``eligible [B, W]`` positions, as
+    :func:`dare.rollout.engine.sampling._propose_ops` computes them without top-p / top-k (see the module).
+    ``keys [B, 2]``, ``counters [B]`` and ``positions [W]`` or ``[B, W]`` index the random streams;
+    ``processors`` (default: the GPU's multiprocessor count, 8 off CUDA) sets the slices."""
+    b, w, vocab = logits.shape
+    rows = b * w
+    if logits.stride(-1) != 1:
+        logits = logits.contiguous()
+    strides = (logits.stride(0), logits.stride(1))  # any window view of wider logits: no copy
+    if processors is None:
+        processors = torch.cuda.get_device_properties(logits.device).multi_processor_count if logits.is_cuda else 8
+    slices = num_slices(rows, vocab, processors)
+    per_slice = -(-(-(-vocab // slices)) // BLOCK) * BLOCK
+    slices = -(-vocab // per_slice)
+    pos = positions.long()
+    pos = pos.expand(b, w) if pos.ndim == 2 else pos[None, :].expand(b, w)
+    partial = torch.empty((5, rows, slices), dtype=torch.float32, device=logits.device)
+    best = torch.empty((rows, slices), dtype=torch.int32, device=logits.device)
+    tokens = torch.empty((b, w), dtype=torch.long, device=logits.device)
+    score = torch.empty((b, w), dtype=torch.float32, device=logits.device)
+    logprob = torch.empty((b, w), dtype=torch.float32, device=logits.device)
+    sampled = temperature > 0
+    scaled_source = sampled and confidence_source != "logits"
+    want_source = confidence == "prob"
+    hash_args = (keys.contiguous(), counters.contiguous(), pos, w, *pos.stride())
+    _partial_kernel[(rows, slices)](
+        logits, *strides, vocab, banned, float(temperature if sampled else 1.0), partial, best, *hash_args,
+        PER_SLICE=per_slice, SLICES=slices, BLOCK=BLOCK, SAMPLED=sampled, SCALED_SOURCE=scaled_source,
+        WANT_SOURCE=want_source, STREAM=STREAM_SAMPLE, GOLDEN=GOLDEN, num_warps=NUM_WARPS)
+    _final_kernel[(rows,)](
+        logits, *strides, float(temperature if sampled else 1.0), partial, best,
+        eligible.reshape(rows).view(torch.uint8) if eligible.dtype == torch.bool else eligible.reshape(rows),
+        tokens, score, logprob, *hash_args,
+        SLICES=slices, SLICE_BLOCK=max(2, triton.next_power_of_2(slices)), SAMPLED=sampled,
+        SCALED_SOURCE=scaled_source, WANT_SOURCE=want_source, STREAM=STREAM_CONFIDENCE, GOLDEN=GOLDEN,
+        num_warps=1)
+    return tokens, score, logprob
+
+
+if triton is not None:
+
+    @triton.jit
+    def _mix32(x):
+        """:func:`dare.rollout.engine.noise.mix32` on uint32 (products wrap modulo 2^32)."""
+        x = (x ^ (x >> 16)) * 0x21F0AAAD
+        x = (x ^ (x >> 15)) * 0x735A2D97
+        return x ^ (x >> 15)
+
+    @triton.jit
+    def _position_hash(row, Keys, Counters, Pos, W, spb, spw, STREAM: tl.constexpr, GOLDEN: tl.constexpr):
+        """:func:`dare.rollout.engine.noise.position_hash` of one window position (uint32)."""
+        b = row // W
+        p = tl.load(Pos + b * spb + (row % W) * spw)
+        h = _mix32(((p + STREAM * GOLDEN) & 0xFFFFFFFF).to(tl.uint32))
+        h = _mix32(h ^ tl.load(Keys + 2 * b).to(tl.uint32))
+        h = _mix32(h ^ tl.load(Keys + 2 * b + 1).to(tl.uint32))
+        return _mix32(h ^ (tl.load(Counters + b).to(tl.int64) & 0xFFFFFFFF).to(tl.uint32))
+
+    @triton.jit
+    def _online(m, s, x):
+        """One step of a per-lane online log-sum-exp with one exponential: the smaller of the running max and
+        ``x`` is shifted by the larger (``-inf`` lanes stay ``(-inf, 0)``)."""
+        e = tl.exp(-tl.abs(x - m))
+        grows = x > m
+        s = tl.where(x == float("-inf"), s, tl.where(grows, s * e + 1.0, s + e))
+        return tl.maximum(m, x), s
+
+    @triton.jit
+    def _merge(m, s):
+        """Lanes' ``(max, sum-exp)`` pairs merged into one."""
+        top = tl.max(m, 0)
+        shift = tl.where(top == float("-inf"), 0.0, top)
+        return top, tl.sum(tl.where(m == float("-inf"), 0.0, s * tl.exp(m - shift)), 0)
+
+    @triton.jit
+    def _partial_kernel(Logits, stride_b, stride_w, V, banned, temperature, Partial, Best, Keys, Counters, Pos, W, spb,
+                        spw, PER_SLICE: tl.constexpr, SLICES: tl.constexpr, BLOCK: tl.constexpr,
+                        SAMPLED: tl.constexpr, SCALED_SOURCE: tl.constexpr, WANT_SOURCE: tl.constexpr,
+                        STREAM: tl.constexpr, GOLDEN: tl.constexpr):
+        row = tl.program_id(0)
+        piece = tl.program_id(1)
+        rows = tl.num_programs(0)
+        lanes = tl.arange(0, BLOCK)
+        base = Logits + (row // W).to(tl.int64) * stride_b + (row % W).to(tl.int64) * stride_w
+        if SAMPLED:
+            noise_base = _position_hash(row, Keys, Counters, Pos, W, spb, spw, STREAM, GOLDEN)
+        m_src = tl.full((BLOCK,), float("-inf"), tl.float32)
+        s_src = tl.zeros((BLOCK,), tl.float32)
+        m_smp = tl.full((BLOCK,), float("-inf"), tl.float32)
+        s_smp = tl.zeros((BLOCK,), tl.float32)
+        best_key = tl.full((BLOCK,), float("-inf"), tl.float32)
+        best_col = tl.full((BLOCK,), 2147483647, tl.int32)
+        begin = piece * PER_SLICE
+        for offset in range(0, PER_SLICE, BLOCK):  # a compile-time bound: one kernel per slicing
+            cols = begin + offset + lanes
+            inside = cols < V
+            x = tl.load(base + cols, mask=inside, other=float("-inf")).to(tl.float32)
+            choice = tl.where(cols == banned, float("-inf"), x)
+            if SAMPLED:
+                scores = choice / temperature
+                salt = cols.to(tl.uint32) * GOLDEN  # uint32 products wrap: (v x golden) mod 2^32
+                h = _mix32(noise_base ^ salt)
+                u = ((h >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0)
+                key = scores - tl.log(-tl.log(u))
+                key = tl.where(inside, key, float("-inf"))
+            else:
+                scores = choice
+                key = choice
+            m_smp, s_smp = _online(m_smp, s_smp, scores)
+            if WANT_SOURCE:
+                if SCALED_SOURCE:
+                    m_src, s_src = _online(m_src, s_src, x / temperature)
+                else:
+                    m_src, s_src = _online(m_src, s_src, x)
+            better = key > best_key  # strict: a lane's earlier column wins a tie
+            best_col = tl.where(better, cols, best_col)
+            best_key = tl.where(better, key, best_key)
+        top = tl.max(best_key, 0)
+        col = tl.min(tl.where(best_key == top, best_col, 2147483647), 0)  # the first column of the slice's max
+        out = row * SLICES + piece
+        total = rows * SLICES
+        m, s = _merge(m_smp, s_smp)
+        tl.store(Partial + out, m)
+        tl.store(Partial + total + out, s)
+        if WANT_SOURCE:
+            m, s = _merge(m_src, s_src)
+            tl.store(Partial + 2 * total + out, m)
+            tl.store(Partial + 3 * total + out, s)
+        tl.store(Partial + 4 * total + out, top)
+        tl.store(Best + out, col)
+
+    @triton.jit
+    def _final_kernel(Logits, stride_b, stride_w, temperature, Partial, Best, Eligible, Tokens, Score, Logprob, Keys,
+                      Counters, Pos, W, spb, spw, SLICES: tl.constexpr, SLICE_BLOCK: tl.constexpr,
+                      SAMPLED: tl.constexpr, SCALED_SOURCE: tl.constexpr, WANT_SOURCE: tl.constexpr,
+                      STREAM: tl.constexpr, GOLDEN: tl.constexpr):
+        row = tl.program_id(0)
+        rows = tl.num_programs(0)
+        total = rows * SLICES
+        pieces = tl.arange(0, SLICE_BLOCK)
+        used = pieces < SLICES
+        at = row * SLICES + pieces
+        keys = tl.load(Partial + 4 * total + at, mask=used, other=float("-inf"))
+        cols = tl.load(Best + at, mask=used, other=2147483647)
+        top = tl.max(keys, 0)
+        token = tl.min(tl.where(keys == top, cols, 2147483647), 0)  # slices are in column order: the first max
+        x = tl.load(Logits + (row // W).to(tl.int64) * stride_b + (row % W).to(tl.int64) * stride_w + token)
+        x = x.to(tl.float32)
+        m, s = _merge(tl.load(Partial + at, mask=used, other=float("-inf")),
+                      tl.load(Partial + total + at, mask=used, other=0.0))
+        if SAMPLED:
+            logprob = x / temperature - (m + tl.log(s))
+        else:
+            logprob = x - (m + tl.log(s))
+        if WANT_SOURCE:
+            m, s = _merge(tl.load(Partial + 2 * total + at, mask=used, other=float("-inf")),
+                          tl.load(Partial + 3 * total + at, mask=used, other=0.0))
+            if SCALED_SOURCE:
+                score = tl.exp(x / temperature - (m + tl.log(s)))
+            else:
+                score = tl.exp(x - (m + tl.log(s)))
+        else:
+            h = _position_hash(row, Keys, Counters, Pos, W, spb, spw, STREAM, GOLDEN)
+            score = ((h >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0)
+        eligible = tl.load(Eligible + row) != 0
+        tl.store(Tokens + row, token.to(tl.int64))
+        tl.store(Score + row, tl.where(eligible, score, float("-inf")))
+        tl.store(Logprob + row, tl.where(eligible, logprob, 0.0))

@@ -1,0 +1,100 @@
+"""The one-pass proposal kernel (dare.rollout.engine.proposal_kernel) against the tensor ops it replaces.
+
+The kernel is Triton; without a GPU it runs in Triton's interpreter (``TRITON_INTERPRET=1``, in a subprocess because
+the interpreter is chosen when the kernels are defined). Skipped where Triton is not installed (the CPU-only CI);
+``tests/test_gpu.py`` runs it compiled at LLaDA's vocabulary and inside the rollout engine.
+"""
+
+import importlib.util
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from dare.rollout import SamplerConfig
+from dare.rollout.engine import proposal_kernel
+from dare.rollout.engine.proposal_kernel import BLOCK, MAX_SLICES, num_slices, settings_served
+
+CHECK = textwrap.dedent("""
+    import torch
+    from dare.rollout.engine.noise import vocabulary_salts
+    from dare.rollout.engine.proposal_kernel import propose_fused
+    from dare.rollout.engine.sampling import _propose_ops
+
+    torch.manual_seed(0)
+    # (batch, window, vocabulary, dtype, temperature, confidence source, confidence, processors)
+    cases = [(2, 3, 3000, torch.float32, 0.0, "logits", "prob", 8),        # three slices, the last one partial
+             (1, 4, 5000, torch.float16, 0.0, "sampling", "prob", 64),     # five slices of one tile each
+             (3, 2, 2500, torch.float32, 0.7, "logits", "prob", 16),       # Gumbel-max, unscaled confidence
+             (2, 5, 4100, torch.float32, 1.3, "sampling", "prob", 4),      # Gumbel-max, scaled confidence
+             (2, 2, 3000, torch.float32, 0.9, "sampling", "random", 8),    # the random confidence stream
+             (1, 3, 2100, torch.float32, 0.0, "logits", "random", 1)]      # one slice
+    worst = 0.0
+    for b, w, v, dtype, temperature, source, confidence, processors in cases:
+        logits = (torch.randn(b, w + 2, v) * 3).to(dtype)[:, 1:-1]  # a window of wider logits, as engines pass
+        logits[0, 0, 7] = 50.0                             # the banned id would win the argmax here
+        logits[..., 1000] = logits[..., 1001] = 40.0       # a tie across lanes: the first column wins
+        logits[0, 0, 100] = logits[0, 0, 100 + 1024] = 47.0  # ... within a lane (one tile apart)
+        logits[0, -1, 2047] = logits[0, -1, 2048] = 45.0   # ... across tiles and slices
+        eligible = torch.rand(b, w) < 0.7
+        keys = torch.randint(0, 2**32, (b, 2))
+        counters = torch.randint(0, 50, (b,))
+        positions = torch.arange(w) + 10 if b % 2 else torch.randint(0, 100, (b, w))
+        salts = vocabulary_salts(v, "cpu") if temperature > 0 else None
+        want = _propose_ops(logits, eligible, keys, counters, positions, salts, banned=7, temperature=temperature,
+                            top_p=None, top_k=None, top_k_first=False, confidence_source=source,
+                            confidence=confidence)
+        for procs in (processors, 2 * processors + 1):     # other slicings: the same proposals
+            got = propose_fused(logits, eligible, banned=7, temperature=temperature, confidence_source=source,
+                                confidence=confidence, keys=keys, counters=counters, positions=positions,
+                                processors=procs)
+            assert torch.equal(got[0], want[0]), (got[0], want[0])
+            assert torch.equal(got[1] == float("-inf"), ~eligible) and torch.equal(got[2][~eligible], want[2][~eligible])
+            if temperature == 0:
+                first = torch.full((b, w), 1000)
+                first[0, 0], first[0, -1] = 100, 2047
+                assert torch.equal(got[0], first)  # the first of tied maxima, never the banned 7
+            seen = eligible
+            worst = max(worst, (got[1][seen] - want[1][seen]).abs().max().item(),
+                        (got[2][seen] - want[2][seen]).abs().max().item())
+    print("max error", worst)
+    assert 0 < worst < 1e-5 or worst == 0, worst
+""")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="Triton is not installed")
+def test_kernel_equals_the_tensor_ops_in_the_interpreter():
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    run = subprocess.run([sys.executable, "-W", "ignore", "-c", CHECK], env=env, capture_output=True, text=True,
+                         timeout=600)
+    assert run.returncode == 0, run.stdout + run.stderr
+
+
+def test_slices_fill_the_gpu_with_whole_tiles():
+    assert num_slices(positions=512, vocab=126464, processors=132) == 2  # LLaDA B=16 dual: 1024 programs
+    assert num_slices(positions=32, vocab=126464, processors=132) == 17  # B=1: 544 programs
+    assert num_slices(positions=1, vocab=126464, processors=132) == MAX_SLICES
+    assert num_slices(positions=1, vocab=3 * BLOCK - 5, processors=132) == 3  # never a slice without a tile
+    assert num_slices(positions=4, vocab=10, processors=8) == 1
+
+
+def test_only_the_settings_it_computes_are_routed_to_it():
+    def served(**settings):
+        return settings_served(SamplerConfig(sampler="llada", **settings).resolved(), vocab=1000)
+
+    assert served(temperature=0.0) and served(temperature=0.9) and served(temperature=0.9, confidence="random")
+    assert served(temperature=0.9, top_k=1000) and served(temperature=0.9, top_p=1.0)  # filters that keep all
+    assert not served(temperature=0.9, top_k=50) and not served(temperature=0.9, top_p=0.95)
+    assert not served(confidence="margin") and not served(confidence="neg_entropy")
+    config = SamplerConfig(sampler="llada").resolved()
+    assert not proposal_kernel.serves(config, torch.zeros(1, 2, 1000))  # CPU tensors: the tensor ops
+
+
+def test_the_switch_turns_it_off(monkeypatch):
+    monkeypatch.setenv("DARE_PROPOSAL_KERNEL", "0")
+    assert not proposal_kernel.kernel_enabled()
+    monkeypatch.setenv("DARE_PROPOSAL_KERNEL", "1")
+    assert proposal_kernel.kernel_enabled()
