@@ -98,3 +98,37 @@ def test_the_switch_turns_it_off(monkeypatch):
     assert not proposal_kernel.kernel_enabled()
     monkeypatch.setenv("DARE_PROPOSAL_KERNEL", "1")
     assert proposal_kernel.kernel_enabled()
+
+
+def test_a_failing_kernel_warns_once_and_leaves_the_tensor_ops(monkeypatch, caplog):
+    """A kernel that cannot run (an old Triton, an unsupported GPU) must not end a rollout: the step warns once,
+    uses the compiled tensor ops' numbers, and never tries the kernel again in this process."""
+    from dare.rollout.engine import noise, sampling
+
+    calls = []
+
+    def broken(*args, **kwargs):
+        calls.append(1)
+        raise RuntimeError("PTX .version 9.9 does not support .target sm_00\nmore detail")
+
+    monkeypatch.setattr(proposal_kernel, "serves", lambda config, logits: True)
+    monkeypatch.setattr(proposal_kernel, "propose_fused", broken)
+    monkeypatch.setattr(sampling, "_KERNEL_FAILED", False)
+    torch.manual_seed(0)
+    logits, eligible = torch.randn(2, 3, 50), torch.rand(2, 3) < 0.7
+    config = SamplerConfig(sampler="llada", temperature=0.8).resolved()
+    args = dict(config=config, banned=7, keys=noise.row_keys([1, 2], "cpu"), counters=torch.arange(2),
+                positions=torch.arange(3)[None].expand(2, 3))
+    with caplog.at_level("WARNING", logger="dare.rollout"):
+        first = sampling.propose_static(logits, eligible, **args)
+        second = sampling.propose_static(logits, eligible, **args)
+    assert len(calls) == 1 and sampling._KERNEL_FAILED
+    warnings = [r.getMessage() for r in caplog.records if "proposal kernel" in r.getMessage()]
+    assert warnings == ["proposal kernel unavailable, using compiled tensor ops: PTX .version 9.9 does not support "
+                        ".target sm_00"]
+    want = sampling._propose_ops(logits, eligible, args["keys"], args["counters"], args["positions"],
+                                 noise.vocabulary_salts(50, "cpu"), banned=7, temperature=0.8, top_p=None, top_k=None,
+                                 top_k_first=False, confidence_source=config.confidence_source,
+                                 confidence=config.confidence)
+    for got in (first, second):
+        assert torch.equal(got.tokens, want[0]) and torch.equal(got.confidence, want[1])
