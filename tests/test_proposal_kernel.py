@@ -39,7 +39,9 @@ CHECK = textwrap.dedent("""
         logits[..., 1000] = logits[..., 1001] = 40.0       # a tie across lanes: the first column wins
         logits[0, 0, 100] = logits[0, 0, 100 + 1024] = 47.0  # ... within a lane (one tile apart)
         logits[0, -1, 2047] = logits[0, -1, 2048] = 45.0   # ... across tiles and slices
+        logits[-1, 1] = float("-inf")                      # no finite logit: argmax answers column 0
         eligible = torch.rand(b, w) < 0.7
+        eligible[-1, 1] = False                            # (its confidence would be NaN either way)
         keys = torch.randint(0, 2**32, (b, 2))
         counters = torch.randint(0, 50, (b,))
         positions = torch.arange(w) + 10 if b % 2 else torch.randint(0, 100, (b, w))
@@ -55,7 +57,7 @@ CHECK = textwrap.dedent("""
             assert torch.equal(got[1] == float("-inf"), ~eligible) and torch.equal(got[2][~eligible], want[2][~eligible])
             if temperature == 0:
                 first = torch.full((b, w), 1000)
-                first[0, 0], first[0, -1] = 100, 2047
+                first[0, 0], first[0, -1], first[-1, 1] = 100, 2047, 0
                 assert torch.equal(got[0], first)  # the first of tied maxima, never the banned 7
             seen = eligible
             worst = max(worst, (got[1][seen] - want[1][seen]).abs().max().item(),

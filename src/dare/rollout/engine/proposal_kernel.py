@@ -194,6 +194,7 @@ if triton is not None:
             best_key = tl.where(better, key, best_key)
         top = tl.max(best_key, 0)
         col = tl.min(tl.where(best_key == top, best_col, 2147483647), 0)  # the first column of the slice's max
+        col = tl.where(top == float("-inf"), begin, col)  # no finite key: its first column, as argmax answers
         out = row * SLICES + piece
         total = rows * SLICES
         m, s = _merge(m_smp, s_smp)
