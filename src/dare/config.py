@@ -29,7 +29,8 @@ ENVIRONMENT = {
     "DARE_DECODE_ATTENTION": "decode attention kernel: auto (Triton for masked steps on CUDA), triton or sdpa",
     "DARE_FUSE_PROJECTIONS": "0 decodes with the model's own q/k/v and gate/up matmuls (default 1: fused copies)",
     "DARE_FUSE_MAX_ROWS": "largest step, in rows, decoded with fused projections",
-    "DARE_COMPILE_SAMPLING": "0 keeps the graph engine's sampling math eager (default 1: compiled on CUDA)",
+    "DARE_COMPILE_SAMPLING": "0 keeps the graph engine's sampling tensor ops eager (default 1: compiled on CUDA; "
+                             "steps the proposal kernel serves use it unless DARE_PROPOSAL_KERNEL=0)",
     "DARE_PROPOSAL_KERNEL": "0 leaves the graph engine's token proposals to compiled tensor ops (default 1: one-pass kernel)",
     "DARE_FUSE_CACHE_WRITES": "0 leaves static steps' KV-cache writes to the cache instead of each block (default 1)",
     "DARE_KILL_AT_STEP": "test seam: the trainer SIGKILLs itself after saving step N",

@@ -7,6 +7,8 @@ fuses the chain into a few reductions, and eagerly elsewhere. A compiler failure
 eager ops in place for the rest of the process (same numbers up to float rounding); running out of device memory
 is not a compiler failure and propagates (the eager ops need more memory, not less).
 ``DARE_COMPILE_SAMPLING=0`` never compiles (``1``, the default, compiles; any other value is a one-line error).
+Proposals that :mod:`dare.rollout.engine.proposal_kernel` serves do not reach these ops unless
+``DARE_PROPOSAL_KERNEL=0``.
 """
 
 from __future__ import annotations
