@@ -97,15 +97,16 @@ def propose_fused(logits: torch.Tensor, eligible: torch.Tensor, *, banned: int, 
     score = torch.empty((b, w), dtype=torch.float32, device=logits.device)
     logprob = torch.empty((b, w), dtype=torch.float32, device=logits.device)
     sampled = temperature > 0
+    divisor = float(temperature) if sampled else 1.0  # unread when greedy
     scaled_source = sampled and confidence_source != "logits"
     want_source = confidence == "prob"
     hash_args = (keys.contiguous(), counters.contiguous(), pos, w, *pos.stride())
     _partial_kernel[(rows, slices)](
-        logits, *strides, vocab, banned, float(temperature if sampled else 1.0), partial, best, *hash_args,
+        logits, *strides, vocab, banned, divisor, partial, best, *hash_args,
         PER_SLICE=per_slice, SLICES=slices, BLOCK=BLOCK, SAMPLED=sampled, SCALED_SOURCE=scaled_source,
         WANT_SOURCE=want_source, STREAM=STREAM_SAMPLE, GOLDEN=GOLDEN, num_warps=NUM_WARPS)
     _final_kernel[(rows,)](
-        logits, *strides, float(temperature if sampled else 1.0), partial, best,
+        logits, *strides, divisor, partial, best,
         eligible.reshape(rows).view(torch.uint8) if eligible.dtype == torch.bool else eligible.reshape(rows),
         tokens, score, logprob, *hash_args,
         SLICES=slices, SLICE_BLOCK=max(2, triton.next_power_of_2(slices)), SAMPLED=sampled,
@@ -172,21 +173,21 @@ if triton is not None:
             cols = begin + offset + lanes
             inside = cols < V
             x = tl.load(base + cols, mask=inside, other=float("-inf")).to(tl.float32)
-            choice = tl.where(cols == banned, float("-inf"), x)
             if SAMPLED:
-                scores = choice / temperature
+                scaled = x / temperature  # once: the sampling scores and a scaled confidence source share it
+                scores = tl.where(cols == banned, float("-inf"), scaled)
                 salt = cols.to(tl.uint32) * GOLDEN  # uint32 products wrap: (v x golden) mod 2^32
                 h = _mix32(noise_base ^ salt)
                 u = ((h >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0)
                 key = scores - tl.log(-tl.log(u))
                 key = tl.where(inside, key, float("-inf"))
             else:
-                scores = choice
-                key = choice
+                scores = tl.where(cols == banned, float("-inf"), x)
+                key = scores
             m_smp, s_smp = _online(m_smp, s_smp, scores)
             if WANT_SOURCE:
                 if SCALED_SOURCE:
-                    m_src, s_src = _online(m_src, s_src, x / temperature)
+                    m_src, s_src = _online(m_src, s_src, scaled)
                 else:
                     m_src, s_src = _online(m_src, s_src, x)
             better = key > best_key  # strict: a lane's earlier column wins a tie
@@ -224,17 +225,18 @@ if triton is not None:
         token = tl.min(tl.where(keys == top, cols, 2147483647), 0)  # slices are in column order: the first max
         x = tl.load(Logits + (row // W).to(tl.int64) * stride_b + (row % W).to(tl.int64) * stride_w + token)
         x = x.to(tl.float32)
+        if SAMPLED:
+            scaled = x / temperature
+        else:
+            scaled = x
         m, s = _merge(tl.load(Partial + at, mask=used, other=float("-inf")),
                       tl.load(Partial + total + at, mask=used, other=0.0))
-        if SAMPLED:
-            logprob = x / temperature - (m + tl.log(s))
-        else:
-            logprob = x - (m + tl.log(s))
+        logprob = scaled - (m + tl.log(s))
         if WANT_SOURCE:
             m, s = _merge(tl.load(Partial + 2 * total + at, mask=used, other=float("-inf")),
                           tl.load(Partial + 3 * total + at, mask=used, other=0.0))
             if SCALED_SOURCE:
-                score = tl.exp(x / temperature - (m + tl.log(s)))
+                score = tl.exp(scaled - (m + tl.log(s)))
             else:
                 score = tl.exp(x - (m + tl.log(s)))
         else:
