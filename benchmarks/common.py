@@ -395,10 +395,10 @@ def check_engine_arguments(p, args) -> None:
     if args.weights != ["model"] and not [e for e in args.engines if e != "eager"]:
         p.error("--weights applies to the static/graph engines: add --engines static or graph")
     if args.cutlass_narrow:
-        from cutlass_gemm import LIBRARY
+        from cutlass_gemm import missing_library
 
-        if not LIBRARY.exists():
-            p.error(f"--cutlass-narrow needs {LIBRARY.name}: build it with `bash benchmarks/cutlass/build.sh`")
+        if error := missing_library("--cutlass-narrow"):
+            p.error(error)
     if "graph" in args.engines and not args.device.startswith("cuda"):
         p.error(f"the graph engine records CUDA graphs; on {args.device} compare eager with static (--engines eager static)")
 

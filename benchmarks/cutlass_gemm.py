@@ -32,6 +32,13 @@ DECOMPOSITIONS = {"heur": (0, 1), "dp": (1, 1), "split2": (2, 2), "split4": (2, 
 """Stream-K scheduler decompositions tried per stream-K variant: name -> (DecompositionMode, splits)."""
 
 
+def missing_library(option: str) -> str | None:
+    """The one-line error of a benchmark ``option`` that needs the library while it is not built, else None."""
+    if LIBRARY.exists():
+        return None
+    return f"{option} needs {LIBRARY.name}: build it with `bash benchmarks/cutlass/build.sh` (no GPU needed)"
+
+
 def variant_names() -> list[str]:
     """The configurations the library exports, in source order (``DARE_VARIANT(name, ...)`` lines)."""
     return re.findall(r"^DARE_VARIANT\((\w+),", (HERE / "dare_gemm.cu").read_text(), flags=re.M)

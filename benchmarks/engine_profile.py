@@ -174,11 +174,13 @@ def timeline_report(kernels: list[tuple[str, float, float]], forwards: int) -> s
     by_kind: dict[str, float] = {}
     short_gap = long_gap = 0.0
     gaps_before: dict[str, list[float]] = {}
+    durations: dict[str, list[float]] = {}
     long_gaps: list[tuple[float, float, str, str]] = []
     end, previous = kernels[0][1], ""
     for name, start, stop in kernels:
         kind = kernel_kind(name)
         by_kind[kind] = by_kind.get(kind, 0.0) + (stop - start)
+        durations.setdefault(name, []).append(stop - start)
         gap = max(0.0, start - end)
         if gap <= LAUNCH_GAP_US:
             short_gap += gap
@@ -198,9 +200,6 @@ def timeline_report(kernels: list[tuple[str, float, float]], forwards: int) -> s
     lines.append(f"  {'host':10s} {long_gap / per:7.3f} ms ({100 * long_gap / span:4.1f} %)")
     worst = sorted(gaps_before.items(), key=lambda item: sum(item[1]), reverse=True)[:12]
     lines.append("  kernels after the most in-step idle time (count per forward, mean gap us, mean length us):")
-    durations: dict[str, list[float]] = {}
-    for name, start, stop in kernels:
-        durations.setdefault(name, []).append(stop - start)
     for name, gaps in worst:
         lines.append(f"    {len(gaps) / forwards:6.1f} x gap {sum(gaps) / len(gaps):5.2f} us, "
                      f"length {sum(durations[name]) / len(durations[name]):7.2f} us  {name[:90]}")

@@ -54,10 +54,10 @@ def main(argv=None) -> int:
         p.error("--rows and --rounds take counts >= 1, --split-k slice counts >= 2, --lt-algos a count >= 0")
     quack_gemm = load_quack(p) if args.quack else None
     if args.cutlass:
-        from cutlass_gemm import LIBRARY
+        from cutlass_gemm import missing_library
 
-        if not LIBRARY.exists():
-            p.error(f"--cutlass needs {LIBRARY.name}: build it with `bash benchmarks/cutlass/build.sh` (no GPU needed)")
+        if error := missing_library("--cutlass"):
+            p.error(error)
     require_cuda("matmul_variants.py")
     shape = GEMM_SHAPES[args.family]
     hidden, kv, ffn, layers = shape["hidden"], shape["kv"], shape["ffn"], shape["layers"]
