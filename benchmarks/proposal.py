@@ -110,6 +110,7 @@ def main() -> int:
                     f"{k} {us:.1f}" for k, us in row["sweep"].items()) + " |||||||", flush=True)
     os.environ.pop("DARE_PROPOSAL_KERNEL", None)
     if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)  # as the other benchmarks' result files
         Path(args.json).write_text(json.dumps({"rows": rows, "device": torch.cuda.get_device_name()}, indent=1))
     return 0
 
