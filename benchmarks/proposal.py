@@ -3,11 +3,14 @@
 
     python benchmarks/proposal.py
     python benchmarks/proposal.py --shapes 16,32,126464 --temperatures 0 1 --json proposal.json
+    python benchmarks/proposal.py --sampler dream --shapes 1,256,152064 16,256,152064   # neg_entropy confidence
 
 Each shape is ``batch,window,vocabulary`` of bf16 logits (defaults: LLaDA-8B B=1 and B=16 windows of 32, SDAR-8B
 B=1 and B=64 blocks of 4). For every shape and temperature it prints microseconds per proposal for
 ``dare.rollout.engine.proposal_kernel`` and for the compiled ops it replaces (``DARE_PROPOSAL_KERNEL=0``), the
-floor of reading the logits once, and the fraction of proposed tokens the two agree on (greedy: all).
+floor of reading the logits once, and the fraction of proposed tokens the two agree on (greedy: all). The
+confidence settings are ``--sampler``'s preset (default ``llada``: the token's probability; ``dream``: the
+negative entropy of the sampling distribution).
 ``--sweep`` also times the kernel under other launch settings (tile size, warps, programs per multiprocessor)::
 
     python benchmarks/proposal.py --sweep
@@ -27,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from common import graph_us, memory_bandwidth, require_cuda  # noqa: E402
-from dare.rollout import SamplerConfig  # noqa: E402
+from dare.rollout import SAMPLERS, SamplerConfig  # noqa: E402
 from dare.rollout.engine import noise, proposal_kernel, sampling  # noqa: E402
 
 SHAPES = ["1,32,126464", "16,32,126464", "1,4,151936", "64,4,151936"]
@@ -75,12 +78,15 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shapes", nargs="+", type=shape, default=[shape(s) for s in SHAPES])
     p.add_argument("--temperatures", nargs="+", type=temperature, default=[0.0, 1.0])
+    p.add_argument("--sampler", default="llada", choices=sorted(SAMPLERS),
+                   help="the preset whose confidence settings are timed (default llada)")
     p.add_argument("--json", help="also write the rows to this file")
     p.add_argument("--sweep", action="store_true", help="also time the kernel under each launch setting of SWEEP")
     args = p.parse_args()
     require_cuda("proposal.py")
     bandwidth = memory_bandwidth(torch.device("cuda"), 2**30)
     rows = []
+    print(f"sampler {args.sampler}")
     print("| B | W | V | T | kernel us | compiled us | compiled / kernel | read floor us | same tokens |")
     print("|---|---|---|---|---|---|---|---|---|")
     for b, w, v in args.shapes:
@@ -91,14 +97,15 @@ def main() -> int:
         counters = torch.arange(b, device="cuda")
         positions = torch.arange(w, device="cuda")[None].expand(b, w)
         for t in args.temperatures:
-            config = SamplerConfig(sampler="llada", temperature=t).resolved()
+            config = SamplerConfig(sampler=args.sampler, temperature=t).resolved()
             call = dict(config=config, banned=7, keys=keys, counters=counters, positions=positions)
             fast = propose_with(logits, eligible, call, kernel=True)
             slow = propose_with(logits, eligible, call, kernel=False)
             same = (fast.tokens == slow.tokens)[eligible].float().mean().item()
             times = {k: graph_us(lambda k=k: propose_with(logits, eligible, call, kernel=k)) for k in (True, False)}
             floor = logits.numel() * logits.element_size() / bandwidth * 1e6
-            row = dict(batch=b, window=w, vocab=v, temperature=t, kernel_us=times[True], compiled_us=times[False],
+            row = dict(sampler=args.sampler, confidence=config.confidence, batch=b, window=w, vocab=v, temperature=t,
+                       kernel_us=times[True], compiled_us=times[False],
                        read_floor_us=floor, same_tokens=same)
             if args.sweep:
                 row["sweep"] = sweep(lambda: propose_with(logits, eligible, call, kernel=True))

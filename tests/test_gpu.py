@@ -325,8 +325,8 @@ def test_compiled_proposals_at_a_real_vocabulary_equal_the_eager_ops(monkeypatch
 def test_proposal_kernel_at_real_vocabularies_matches_the_compiled_ops(b, w, vocab, monkeypatch):
     """The one-pass proposal kernel at LLaDA's and SDAR's vocabularies, bf16 logits: greedy tokens equal the
     compiled ops' (ties included: bf16 logits tie often); a Gumbel-max token is a maximum of the same noisy keys
-    (up to float32 rounding of the logarithms); the random confidence is the same numbers; confidences and
-    log-probabilities agree to float32 rounding."""
+    (up to float32 rounding of the logarithms); the random confidence is the same numbers; confidences (the
+    probability and Dream's ``neg_entropy``) and log-probabilities agree to float32 rounding."""
     from dare.rollout import SamplerConfig
     from dare.rollout.engine import noise, proposal_kernel, sampling
 
@@ -337,7 +337,8 @@ def test_proposal_kernel_at_real_vocabularies_matches_the_compiled_ops(b, w, voc
     keys = noise.row_keys(list(range(11, 11 + b)), "cuda")
     counters, positions = torch.arange(b, device="cuda") + 3, torch.arange(w, device="cuda")[None].expand(b, w)
     for settings in (dict(temperature=0.0), dict(temperature=0.9), dict(temperature=1.3, confidence_source="sampling"),
-                     dict(temperature=0.7, confidence="random")):
+                     dict(temperature=0.7, confidence="random"), dict(temperature=0.0, confidence="neg_entropy"),
+                     dict(temperature=0.2, confidence="neg_entropy", confidence_source="sampling")):
         config = SamplerConfig(sampler="llada", **settings).resolved()
         args = dict(config=config, banned=7, keys=keys, counters=counters, positions=positions)
         monkeypatch.setenv("DARE_PROPOSAL_KERNEL", "1")

@@ -31,7 +31,9 @@ CHECK = textwrap.dedent("""
              (3, 2, 2500, torch.float32, 0.7, "logits", "prob", 16),       # Gumbel-max, unscaled confidence
              (2, 5, 4100, torch.float32, 1.3, "sampling", "prob", 4),      # Gumbel-max, scaled confidence
              (2, 2, 3000, torch.float32, 0.9, "sampling", "random", 8),    # the random confidence stream
-             (1, 3, 2100, torch.float32, 0.0, "logits", "random", 1)]      # one slice
+             (1, 3, 2100, torch.float32, 0.0, "logits", "random", 1),      # one slice
+             (2, 3, 3000, torch.float32, 0.0, "logits", "neg_entropy", 8),  # entropy: a second read of the slices
+             (2, 4, 4100, torch.float16, 0.8, "sampling", "neg_entropy", 4)]  # ... of the tempered distribution
     worst = 0.0
     for b, w, v, dtype, temperature, source, confidence, processors in cases:
         logits = (torch.randn(b, w + 2, v) * 3).to(dtype)[:, 1:-1]  # a window of wider logits, as engines pass
@@ -64,6 +66,22 @@ CHECK = textwrap.dedent("""
                         (got[2][seen] - want[2][seen]).abs().max().item())
     print("max error", worst)
     assert 0 < worst < 1e-5 or worst == 0, worst
+
+    # neg_entropy of spread distributions (the planted ties above make every entropy ~log 2, blind to the
+    # 1e-10 inside Dream's log(p + 1e-10))
+    for temperature, source, dtype in ((0.0, "logits", torch.float32), (0.8, "sampling", torch.float16)):
+        logits = (torch.randn(2, 5, 3000) * 3).to(dtype)
+        eligible = torch.ones(2, 5, dtype=torch.bool)
+        keys, counters, positions = torch.randint(0, 2**32, (2, 2)), torch.arange(2), torch.arange(5)
+        salts = vocabulary_salts(3000, "cpu") if temperature > 0 else None
+        want = _propose_ops(logits, eligible, keys, counters, positions, salts, banned=7, temperature=temperature,
+                            top_p=None, top_k=None, top_k_first=False, confidence_source=source,
+                            confidence="neg_entropy")
+        got = propose_fused(logits, eligible, banned=7, temperature=temperature, confidence_source=source,
+                            confidence="neg_entropy", keys=keys, counters=counters, positions=positions, processors=8)
+        error = (got[1] - want[1]).abs().max().item()
+        print("neg_entropy error", error)
+        assert error < 1e-5 and (want[1] < -1).all(), (error, want[1])
 """)
 
 
@@ -90,7 +108,8 @@ def test_only_the_settings_it_computes_are_routed_to_it():
     assert served(temperature=0.0) and served(temperature=0.9) and served(temperature=0.9, confidence="random")
     assert served(temperature=0.9, top_k=1000) and served(temperature=0.9, top_p=1.0)  # filters that keep all
     assert not served(temperature=0.9, top_k=50) and not served(temperature=0.9, top_p=0.95)
-    assert not served(confidence="margin") and not served(confidence="neg_entropy")
+    assert served(confidence="neg_entropy") and served(confidence="neg_entropy", temperature=0.2)
+    assert not served(confidence="margin")
     config = SamplerConfig(sampler="llada").resolved()
     assert not proposal_kernel.serves(config, torch.zeros(1, 2, 1000))  # CPU tensors: the tensor ops
 

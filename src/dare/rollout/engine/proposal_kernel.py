@@ -10,15 +10,18 @@ vocabulary is read once (H100, ``benchmarks/proposal.py``: LLaDA-8B B=16 window,
   keeps, per lane, an online max / sum-exp of the source and of the sampling scores and the best (first) index
   of the selection key; it writes one partial record per slice. Slices are chosen so that the programs fill the
   GPU several times over (:func:`num_slices`): batch 1 has as many programs as batch 64.
+* :func:`_entropy_kernel` - only for the ``neg_entropy`` confidence: a second read of the slices, each program
+  merging its position's log-sum-exp first. Dream's reference computes ``sum p log(p + 1e-10)``, and the epsilon
+  term needs every ``p``, so the final log-sum-exp, before the sum can start;
 * :func:`_final_kernel` - one program per position merges the slices, gathers the two logits of the token and
   writes the token, its confidence and its log-probability (``-inf`` / ``0`` at positions that are not eligible).
 
 The random numbers are those of :mod:`dare.rollout.engine.noise` (the same hashes of row key, row step, position
 and vocabulary index), computed inside the kernels in uint32 arithmetic. It serves the settings most rollouts use:
-no top-p / top-k filter and a ``prob`` or ``random`` confidence (:func:`serves`); the others keep the compiled
-tensor ops. ``DARE_PROPOSAL_KERNEL=0`` turns the kernel off. Greedy tokens equal the tensor ops' (both compare
-the same float32 values; ties go to the first index); Gumbel-max tokens equal them unless two noisy keys lie
-within the float32 rounding of the logarithms. Confidences and log-probabilities differ by float32 rounding
+no top-p / top-k filter and a ``prob``, ``neg_entropy`` or ``random`` confidence (:func:`serves`): every sampler
+preset's defaults. The others keep the compiled tensor ops. ``DARE_PROPOSAL_KERNEL=0`` turns the kernel off.
+Greedy tokens equal the tensor ops' (both compare the same float32 values; ties go to the first index); Gumbel-max
+tokens equal them unless two noisy keys lie within the float32 rounding of the logarithms. Confidences and log-probabilities differ by float32 rounding
 (one online log-sum-exp instead of a two-pass one).
 """
 
@@ -59,10 +62,15 @@ def serves(config, logits: torch.Tensor) -> bool:
 
 
 def settings_served(config, vocab: int) -> bool:
-    """No top-p / top-k filter over a ``vocab``-wide distribution, and a ``prob`` or ``random`` confidence."""
+    """No top-p / top-k filter over a ``vocab``-wide distribution, and a ``prob``, ``neg_entropy`` or ``random``
+    confidence."""
     unfiltered = (config.top_p is None or config.top_p >= 1) and (
         config.top_k is None or not 0 < config.top_k < vocab)
-    return unfiltered and config.confidence in ("prob", "random")
+    return unfiltered and config.confidence in CONFIDENCES
+
+
+CONFIDENCES = ("prob", "neg_entropy", "random")
+"""The confidences the kernel computes (``margin`` needs the source's top two: the compiled tensor ops)."""
 
 
 def num_slices(positions: int, vocab: int, processors: int) -> int:
@@ -91,7 +99,8 @@ def propose_fused(logits: torch.Tensor, eligible: torch.Tensor, *, banned: int, 
     slices = -(-vocab // per_slice)
     pos = positions.long()
     pos = pos.expand(b, w) if pos.ndim == 2 else pos[None, :].expand(b, w)
-    partial = torch.empty((5, rows, slices), dtype=torch.float32, device=logits.device)
+    entropy = confidence == "neg_entropy"
+    partial = torch.empty((6 if entropy else 5, rows, slices), dtype=torch.float32, device=logits.device)
     best = torch.empty((rows, slices), dtype=torch.int32, device=logits.device)
     tokens = torch.empty((b, w), dtype=torch.long, device=logits.device)
     score = torch.empty((b, w), dtype=torch.float32, device=logits.device)
@@ -99,19 +108,23 @@ def propose_fused(logits: torch.Tensor, eligible: torch.Tensor, *, banned: int, 
     sampled = temperature > 0
     divisor = float(temperature) if sampled else 1.0  # unread when greedy
     scaled_source = sampled and confidence_source != "logits"
-    want_source = confidence == "prob"
+    want_source = confidence != "random"
     hash_args = (keys.contiguous(), counters.contiguous(), pos, w, *pos.stride())
     _partial_kernel[(rows, slices)](
         logits, *strides, vocab, banned, divisor, partial, best, *hash_args,
         PER_SLICE=per_slice, SLICES=slices, BLOCK=BLOCK, SAMPLED=sampled, SCALED_SOURCE=scaled_source,
         WANT_SOURCE=want_source, STREAM=STREAM_SAMPLE, GOLDEN=GOLDEN, num_warps=NUM_WARPS)
+    slice_block = max(2, triton.next_power_of_2(slices))
+    if entropy:
+        _entropy_kernel[(rows, slices)](
+            logits, *strides, vocab, w, divisor, partial, PER_SLICE=per_slice, SLICES=slices, SLICE_BLOCK=slice_block,
+            BLOCK=BLOCK, SCALED_SOURCE=scaled_source, num_warps=NUM_WARPS)
     _final_kernel[(rows,)](
         logits, *strides, divisor, partial, best,
         eligible.reshape(rows).view(torch.uint8) if eligible.dtype == torch.bool else eligible.reshape(rows),
         tokens, score, logprob, *hash_args,
-        SLICES=slices, SLICE_BLOCK=max(2, triton.next_power_of_2(slices)), SAMPLED=sampled,
-        SCALED_SOURCE=scaled_source, WANT_SOURCE=want_source, STREAM=STREAM_CONFIDENCE, GOLDEN=GOLDEN,
-        num_warps=1)
+        SLICES=slices, SLICE_BLOCK=slice_block, SAMPLED=sampled, SCALED_SOURCE=scaled_source,
+        WANT_SOURCE=want_source, ENTROPY=entropy, STREAM=STREAM_CONFIDENCE, GOLDEN=GOLDEN, num_warps=1)
     return tokens, score, logprob
 
 
@@ -209,10 +222,42 @@ if triton is not None:
         tl.store(Best + out, col)
 
     @triton.jit
+    def _source_lse(Partial, row, rows, SLICES: tl.constexpr, SLICE_BLOCK: tl.constexpr):
+        """The log-sum-exp of ``row``'s confidence source, merged from its slices' partial records."""
+        total = rows * SLICES
+        pieces = tl.arange(0, SLICE_BLOCK)
+        used = pieces < SLICES
+        at = row * SLICES + pieces
+        m, s = _merge(tl.load(Partial + 2 * total + at, mask=used, other=float("-inf")),
+                      tl.load(Partial + 3 * total + at, mask=used, other=0.0))
+        return m + tl.log(s)
+
+    @triton.jit
+    def _entropy_kernel(Logits, stride_b, stride_w, V, W, temperature, Partial, PER_SLICE: tl.constexpr,
+                        SLICES: tl.constexpr, SLICE_BLOCK: tl.constexpr, BLOCK: tl.constexpr,
+                        SCALED_SOURCE: tl.constexpr):
+        row = tl.program_id(0)
+        piece = tl.program_id(1)
+        rows = tl.num_programs(0)
+        lse = _source_lse(Partial, row, rows, SLICES, SLICE_BLOCK)
+        lanes = tl.arange(0, BLOCK)
+        base = Logits + (row // W).to(tl.int64) * stride_b + (row % W).to(tl.int64) * stride_w
+        acc = tl.zeros((BLOCK,), tl.float32)
+        begin = piece * PER_SLICE
+        for offset in range(0, PER_SLICE, BLOCK):
+            cols = begin + offset + lanes
+            x = tl.load(base + cols, mask=cols < V, other=float("-inf")).to(tl.float32)
+            if SCALED_SOURCE:
+                x = x / temperature
+            p = tl.exp(x - lse)
+            acc += tl.where(x == float("-inf"), 0.0, p * tl.log(p + 1e-10))
+        tl.store(Partial + 5 * rows * SLICES + row * SLICES + piece, tl.sum(acc, 0))
+
+    @triton.jit
     def _final_kernel(Logits, stride_b, stride_w, temperature, Partial, Best, Eligible, Tokens, Score, Logprob, Keys,
                       Counters, Pos, W, spb, spw, SLICES: tl.constexpr, SLICE_BLOCK: tl.constexpr,
                       SAMPLED: tl.constexpr, SCALED_SOURCE: tl.constexpr, WANT_SOURCE: tl.constexpr,
-                      STREAM: tl.constexpr, GOLDEN: tl.constexpr):
+                      ENTROPY: tl.constexpr, STREAM: tl.constexpr, GOLDEN: tl.constexpr):
         row = tl.program_id(0)
         rows = tl.num_programs(0)
         total = rows * SLICES
@@ -232,13 +277,14 @@ if triton is not None:
         m, s = _merge(tl.load(Partial + at, mask=used, other=float("-inf")),
                       tl.load(Partial + total + at, mask=used, other=0.0))
         logprob = scaled - (m + tl.log(s))
-        if WANT_SOURCE:
-            m, s = _merge(tl.load(Partial + 2 * total + at, mask=used, other=float("-inf")),
-                          tl.load(Partial + 3 * total + at, mask=used, other=0.0))
+        if ENTROPY:
+            score = tl.sum(tl.load(Partial + 5 * total + at, mask=used, other=0.0), 0)
+        elif WANT_SOURCE:
+            lse = _source_lse(Partial, row, rows, SLICES, SLICE_BLOCK)
             if SCALED_SOURCE:
-                score = tl.exp(scaled - (m + tl.log(s)))
+                score = tl.exp(scaled - lse)
             else:
-                score = tl.exp(x - (m + tl.log(s)))
+                score = tl.exp(x - lse)
         else:
             h = _position_hash(row, Keys, Counters, Pos, W, spb, spw, STREAM, GOLDEN)
             score = ((h >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0)

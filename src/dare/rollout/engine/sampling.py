@@ -9,9 +9,10 @@ under the distribution it is drawn from), computed the way a captured step can a
 * ``T > 0`` is Gumbel-max with the noise of :mod:`dare.rollout.engine.noise` (a per-row counter-based stream);
 * the ``random`` confidence is a uniform of the same stream family.
 
-On CUDA, the settings most rollouts use (no top-p / top-k, a ``prob`` or ``random`` confidence) run as one read of
-the logits (:mod:`dare.rollout.engine.proposal_kernel`); the others as compiled tensor ops
-(:mod:`dare.rollout.engine.compiled`). A kernel failure logs one warning and leaves the tensor ops in place.
+On CUDA, the settings most rollouts use (no top-p / top-k, a ``prob``, ``neg_entropy`` or ``random`` confidence)
+run in one read of the logits, two for ``neg_entropy`` (:mod:`dare.rollout.engine.proposal_kernel`); the others as
+compiled tensor ops (:mod:`dare.rollout.engine.compiled`). A kernel failure logs one warning and leaves the tensor
+ops in place.
 
 Confidences are float32 for every ``confidence_dtype`` (the eager samplers honour ``model``/``float64``; the
 values differ only by rounding).
