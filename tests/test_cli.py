@@ -82,3 +82,8 @@ def test_lazy_public_api_and_auto_class_registration():
     before = "import transformers, dare; print(type(transformers.AutoConfig.for_model('Dream')).__name__)"
     proc = subprocess.run([sys.executable, "-c", before], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and proc.stdout.strip() == "DreamConfig", proc.stderr
+
+
+def test_python_dash_m_dare_is_the_dare_command():
+    run = subprocess.run([sys.executable, "-m", "dare", "tiny"], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2 and run.stderr.strip().startswith("error: dare tiny: the following arguments"), run

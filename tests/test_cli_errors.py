@@ -335,7 +335,7 @@ def test_the_pass_at_k_warning_is_one_clean_line(gsm8k):
     proc = subprocess.run([sys.executable, "-m", "dare.cli", *eval_args(gsm8k, "-n", "2", "--limit", "1", "--no-progress")],
                           capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr
-    assert proc.stderr.splitlines() == ["2 samples per problem with temperature 0 are identical; pass@k needs temperature > 0"]
+    assert proc.stderr.splitlines() == ["warning: 2 samples per problem with temperature 0 are identical; pass@k needs temperature > 0"]
 
 
 def split_dir(tmp_path, layout: dict[str, list[dict]]):

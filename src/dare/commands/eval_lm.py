@@ -43,11 +43,39 @@ def loading_error(err: BaseException) -> str | None:
     return None
 
 
+def model_args_text(argv: list[str]) -> list[str]:
+    """The ``--model_args`` values in lm-eval's ``argv`` (``--model_args X`` and ``--model_args=X``)."""
+    found = []
+    for index, item in enumerate(argv):
+        if item == "--model_args" and index + 1 < len(argv):
+            found.append(argv[index + 1])
+        elif item.startswith("--model_args="):
+            found.append(item.partition("=")[2])
+    return found
+
+
+def reject_repeated_model_args(argv: list[str]) -> None:
+    """One-line :class:`~dare.errors.ConfigError` for a key given twice in ``--model_args k=v,k=v``: lm-eval keeps
+    the last one without a word (a JSON ``--model_args`` is lm-eval's to parse)."""
+    from dare.errors import ConfigError
+
+    for text in model_args_text(argv):
+        if text.lstrip().startswith("{"):
+            continue
+        seen = {}
+        for item in filter(None, (part.strip() for part in text.split(","))):
+            key, _, value = item.partition("=")
+            if key in seen:
+                raise ConfigError(f"--model_args sets {key} twice ({key}={seen[key]} and {key}={value}); give it once")
+            seen[key] = value
+
+
 def run(args: argparse.Namespace) -> int:
     from dare.commands.passthrough import exit_status, program_argv
     from dare.errors import DareError, InputError
     from dare.eval.lm_harness import require_lm_eval
 
+    reject_repeated_model_args(args.lm_eval_args)
     require_lm_eval()
     import dare.eval.lm_harness  # noqa: F401  (registers the dare model)
     from lm_eval.__main__ import cli_evaluate

@@ -81,17 +81,19 @@ def add_sampler_arguments(parser: argparse.ArgumentParser, default: str | None =
 
 
 def _parse_value(text: str):
-    """``true``/``false`` -> bool, ``null`` -> None (unset: the preset's value), Python literals -> numbers or lists;
-    anything else, ``none`` included, is text, as in a YAML recipe (``cache=none`` means no cache)."""
+    """``true``/``false`` -> bool, ``null`` -> None (unset: the preset's value), numbers and lists -> themselves;
+    anything else is text, as in a YAML recipe: ``none`` and ``None`` included (``cache=none`` means no cache, and
+    ``cache=None`` is a misspelt choice, not an unset value)."""
     lowered = text.lower()
     if lowered in ("true", "false"):
         return lowered == "true"
     if lowered == "null":
         return None
     try:
-        return ast.literal_eval(text)
+        value = ast.literal_eval(text)
     except (ValueError, SyntaxError):
         return text
+    return text if value is None else value
 
 
 def sampler_config(args: argparse.Namespace, sampler: str | None = None, model=None):
@@ -187,9 +189,13 @@ def run(args: argparse.Namespace) -> int:
     from dare.devices import resolve_device
     from dare.rollout import default_sampler, generate
 
-    sampler_values(args)  # a setting given twice fails before the model is loaded
+    from dare.rollout import SamplerConfig
+
+    values = sampler_values(args)  # a setting given twice fails before the model is loaded
     if args.sampler:
         sampler_config(args)  # a typo fails before the model is loaded
+    else:
+        SamplerConfig.from_dict(values).check_values()  # so does a value out of range
     device = resolve_device(args.device)
     dtype = getattr(torch, args.dtype) if args.dtype else (torch.bfloat16 if device.type == "cuda" else torch.float32)
     model, tokenizer = load_model(args.model, device, dtype)

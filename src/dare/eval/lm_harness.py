@@ -92,7 +92,7 @@ class DareLM(_LM):
         self.seed = int(seed)
         compile_blocks = boolean("compile_blocks", compile_blocks)
         self.sampler_fields, likelihood = split_options(options, OWN_ARGS, "dare model arg")
-        SamplerConfig.from_dict(self.sampler_fields)  # field types are checked per request, names here
+        SamplerConfig.from_dict(self.sampler_fields).check_values()  # names, types and ranges before the model loads
         if "sampler" in self.sampler_fields:
             SamplerConfig.from_dict({**self.sampler_fields, "seed": self.seed}).resolved()
         self.likelihood = LikelihoodConfig.from_dict(likelihood)

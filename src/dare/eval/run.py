@@ -271,7 +271,7 @@ def _generation(model, tokenizer, bench, samples, pool, shots, sampler, config, 
     kernels = kernel_settings()  # before decoding: a misspelt switch fails now, not after the run
     n = config.num_samples
     if n > 1 and resolved.temperature == 0 and resolved.confidence != "random":
-        log.warning("%d samples per problem with temperature 0 are identical; pass@k needs temperature > 0", n)
+        log.warning("warning: %d samples per problem with temperature 0 are identical; pass@k needs temperature > 0", n)
     chat = config.chat
     if chat is None:
         chat = getattr(tokenizer, "chat_template", None) is not None

@@ -38,6 +38,20 @@ ENGINES = ("auto", "eager", "static", "graph")
 WEIGHTS = ("model", "merged", "fp8")
 """Values of :attr:`SamplerConfig.weights`."""
 _NUMERIC_TYPES = ("int", "float")
+RANGES = {
+    "gen_length": (lambda v: v >= 1, ">= 1"),
+    "block_length": (lambda v: v >= 1, ">= 1"),
+    "temperature": (lambda v: v >= 0, ">= 0"),
+    "top_p": (lambda v: 0 < v <= 1, "in (0, 1]"),
+    "top_k": (lambda v: v >= 0, ">= 0 (0 = off)"),
+    "threshold": (lambda v: 0 < v <= 1, "in (0, 1]"),
+    "factor": (lambda v: v > 0, "> 0"),
+    "entropy_bound": (lambda v: v > 0, "> 0"),
+    "eps": (lambda v: 0 < v < 1, "in (0, 1)"),
+    "refresh_every": (lambda v: v >= 0, ">= 0"),
+    "max_blocks": (lambda v: v >= 1, ">= 1"),
+}
+"""Allowed values of the numeric :class:`SamplerConfig` fields (a test and the words of the one-line error)."""
 """Annotated field types of :class:`SamplerConfig` whose values must be numbers."""
 _WARNED: set[tuple] = set()
 """Keys of the warnings :func:`warn_once` has logged in this process."""
@@ -264,7 +278,7 @@ class SamplerConfig:
             raise ConfigError("sampler is unset and there is no model to take its family's default from: name one "
                               f"({', '.join(sorted(SAMPLERS))}), or call for_family(FAMILY) first")
         preset = get_sampler(self.sampler)
-        self.check_types()  # before the preset's defaults compare values
+        self.check_values()  # before the preset's defaults compare values; also a value a decoder will not read
         values = dataclasses.asdict(self)
         if values["gen_length"] is None:
             values["gen_length"] = DEFAULT_GEN_LENGTH
@@ -302,28 +316,7 @@ class SamplerConfig:
         if self.weights != "model" and self.engine == "eager":
             raise ConfigError(f"weights '{self.weights}' decodes on the static engines: set engine to 'static' or "
                               f"'graph' ('auto' picks 'graph' on CUDA); the eager loops read the model's weights")
-        if self.gen_length < 1:
-            raise ConfigError(f"gen_length must be >= 1; got {self.gen_length}")
-        if self.block_length < 1:
-            raise ConfigError(f"block_length must be >= 1; got {self.block_length}")
-        if self.temperature < 0:
-            raise ConfigError(f"temperature must be >= 0; got {self.temperature}")
-        if self.top_p is not None and not 0 < self.top_p <= 1:
-            raise ConfigError(f"top_p must be in (0, 1]; got {self.top_p}")
-        if self.top_k is not None and self.top_k < 0:
-            raise ConfigError(f"top_k must be >= 0 (0 = off); got {self.top_k}")
-        if self.threshold is not None and not 0 < self.threshold <= 1:
-            raise ConfigError(f"threshold must be in (0, 1]; got {self.threshold}")
-        if self.factor is not None and self.factor <= 0:
-            raise ConfigError(f"factor must be > 0; got {self.factor}")
-        if self.entropy_bound is not None and self.entropy_bound <= 0:
-            raise ConfigError(f"entropy_bound must be > 0; got {self.entropy_bound}")
-        if not 0 < self.eps < 1:
-            raise ConfigError(f"eps must be in (0, 1); got {self.eps}")
-        if self.refresh_every < 0:
-            raise ConfigError(f"refresh_every must be >= 0; got {self.refresh_every}")
-        if self.max_blocks is not None and self.max_blocks < 1:
-            raise ConfigError(f"max_blocks must be >= 1; got {self.max_blocks}")
+        self.check_ranges()
         if self.decoder == "entropy_bounded" and self.confidence != "neg_entropy":
             raise ConfigError(f"decoder 'entropy_bounded' ranks by entropy: confidence must be 'neg_entropy' "
                               f"(got '{self.confidence}')")
@@ -341,15 +334,32 @@ class SamplerConfig:
             if getattr(self, key) not in (None, False) and decoder not in readers:
                 warn_unread(key, getattr(self, key), decoder, readers)
 
+    def check_values(self) -> None:
+        """:meth:`check_types` and :meth:`check_ranges`: what can be checked before the config is resolved (and
+        before a model is loaded), on the fields that are set."""
+        self.check_types()
+        self.check_ranges()
+
+    def check_ranges(self) -> None:
+        """One-line error for a set field outside its range (:data:`RANGES`); unset fields are skipped."""
+        for key, (allowed, rule) in RANGES.items():
+            value = getattr(self, key)
+            if value is not None and not allowed(value):
+                raise ConfigError(f"{key} must be {rule}; got {value}")
+
     def check_types(self) -> None:
         """One-line error for a numeric field holding something else (e.g. ``threshold='a'`` from a command line),
-        before a comparison with it would fail with a stack trace. Choice fields are checked by :meth:`choice`."""
+        before a comparison with it would fail with a stack trace, and for a switch holding anything but
+        ``True``/``False``: ``suppress_eos='no'`` is a non-empty string, so it would act as true. Choice fields are
+        checked by :meth:`choice`."""
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             kinds = [k.strip() for k in str(f.type).split("|") if k.strip() != "None"]
-            if value is None or not set(kinds) <= set(_NUMERIC_TYPES):
+            if value is None:
                 continue
-            if not isinstance(value, (int, float)):
+            if kinds == ["bool"] and not isinstance(value, bool):
+                raise ConfigError(f"{f.name} must be true or false; got {value!r}")
+            if set(kinds) <= set(_NUMERIC_TYPES) and not isinstance(value, (int, float)):
                 raise ConfigError(f"{f.name} must be a number; got {value!r}")
 
     def choice(self, key: str, options) -> None:
