@@ -11,7 +11,8 @@
   command's output directory (``dare merge-lora --out``, ``dare tiny --out``, ``dare demo --out``) must be new,
   empty, or an earlier output of the same command, recognised by the :data:`OUTPUT_MARKER` file the command
   writes into it. :func:`check_apart` refuses an output directory that is, or contains, one of the command's
-  inputs (replacing it would delete them).
+  inputs (replacing it would delete them). :func:`check_file_replaceable` does the same for an output file
+  (``dare eval run/score --out``): new, an earlier output of the command, and not one of its input files.
 
 This module imports nothing heavy (the CLI validates paths before loading torch).
 """
@@ -21,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 from dare.errors import ConfigError
@@ -152,6 +154,35 @@ def check_replaceable(path: str | os.PathLike, what: str, command: str) -> bool:
                       f"give a new or empty directory (nothing was written)")
 
 
+def check_file_replaceable(path: str | os.PathLike, what: str, earlier: str, is_earlier: Callable[[Path], bool],
+                           inputs: dict[str, str | os.PathLike | None] | None = None) -> bool:
+    """The file analogue of :func:`check_replaceable`: check that a command may write file ``path`` (``what`` names
+    the flag in the errors). True when it holds an earlier output of the command (``is_earlier(path)``, to be
+    replaced), False when it is missing. A one-line :class:`~dare.errors.ConfigError`, before anything is written,
+    when ``path`` is the same file as one of the command's ``inputs`` (``{flag: path}``; symlinks and hard links
+    followed, missing paths and hub names skipped), when it exists and is not ``earlier`` (e.g. ``"an earlier `dare
+    eval run`/`dare eval score` results file"``), and for :func:`check_file_target`'s cases (a directory, an
+    unwritable file or directory)."""
+    path = Path(path).expanduser()
+    for flag, source in (inputs or {}).items():
+        if source is not None and _same_file(path, Path(source).expanduser()):
+            raise ConfigError(f"{what} {path}: is the same file as {flag} {source}; give another file name "
+                              f"(nothing was written)")
+    existing = path.exists() and not path.is_dir()
+    if existing and not is_earlier(path):
+        raise ConfigError(f"{what} {path}: exists and is not {earlier}; give a new file name (nothing was written)")
+    check_file_target(path, what)
+    return existing
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    """Whether ``a`` and ``b`` are one existing file (symlinks followed, hard links included)."""
+    try:
+        return a.is_file() and b.is_file() and os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
 def check_apart(path: str | os.PathLike, what: str, inputs: dict[str, str | os.PathLike]) -> None:
     """One-line :class:`~dare.errors.ConfigError` when output directory ``path`` is, or contains, one of the
     ``inputs`` (``{description: directory}``; entries that are not existing directories, e.g. hub names, are
@@ -188,5 +219,5 @@ def remove_strays(root: str | os.PathLike) -> list[Path]:
 
 
 __all__ = ["OUTPUT_MARKER", "absolute_path", "atomic_write_text", "check_apart", "check_dir_target",
-           "check_file_target", "check_replaceable", "ensure_dir", "mark_output", "publish_dir", "read_marker",
-           "remove_strays", "staging_dir"]
+           "check_file_replaceable", "check_file_target", "check_replaceable", "ensure_dir", "mark_output",
+           "publish_dir", "read_marker", "remove_strays", "staging_dir"]

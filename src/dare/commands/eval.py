@@ -7,6 +7,9 @@ generates completions (free-form benchmarks, or ``--mode generate``) or scores e
 multiple-choice benchmark by its MC-ELBO (``--mode likelihood``, the default there), then scores them and
 prints the metrics; ``--out`` writes the full results file (settings, timings, per-sample records).
 
+``--out`` (both commands) is a new file or an earlier results file (replaced); one of the command's inputs or any
+other existing file is a one-line error before any work (:func:`dare.eval.results.check_results_out`).
+
 ``dare eval score --benchmark B --predictions FILE.jsonl``: each predictions line is a JSON object with ``prediction`` (a completion, or a list of ``n``
 completions for pass@k) and either ``{"id"|"question", "answer"}`` or the benchmark's native fields
 (e.g. HumanEval's ``task_id/prompt/test/entry_point``); with ``--data`` the lines are joined to the
@@ -42,7 +45,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     score.add_argument("--data", default=None, help="benchmark data (file, directory or HF name) to join predictions with by id")
     score.add_argument("--split", default=None, help="split of --data when it is a HF dataset")
     score.add_argument("--k", type=int, nargs="*", default=None, help="pass@k values (default: 1,5,10,... up to n)")
-    score.add_argument("--out", default=None, help="also write the full results file (per-sample records) here")
+    score.add_argument("--out", default=None, help="also write the full results file (per-sample records) here: a new "
+                       "file or an earlier results file")
     score.add_argument("--json", action="store_true", help="print one compact JSON line instead of indented JSON")
     score.add_argument("--workers", type=int, default=None, help="parallel sandboxed programs (code benchmarks)")
     score.add_argument("--timeout", type=float, default=None, help="seconds per sandboxed program (code benchmarks)")
@@ -90,7 +94,8 @@ def configure_run(run: argparse.ArgumentParser) -> None:
                      help="likelihood: option score normalisation (default none)")
     run.add_argument("--batch-size", type=int, default=8,
                      help="prompts per generate call / corrupted rows per forward (likelihood)")
-    run.add_argument("--out", default=None, help="write the full results file (settings, per-sample records) here")
+    run.add_argument("--out", default=None, help="write the full results file (settings, per-sample records) here: a "
+                     "new file or an earlier results file")
     run.add_argument("--json", action="store_true", help="print one compact JSON line")
     run.add_argument("--workers", type=int, default=None, help="parallel sandboxed programs (code benchmarks)")
     run.add_argument("--timeout", type=float, default=None, help="seconds per sandboxed program (code benchmarks)")
@@ -133,6 +138,7 @@ def _run_configs(args: argparse.Namespace, bench):
     from dare.rollout import SamplerConfig
 
     check = SamplerConfig.from_dict(values)  # unknown -o keys
+    check.check_values()  # types and ranges, before loading the model
     if "sampler" in values:
         check.resolved()  # unknown sampler / bad values, before loading the model
     return config, values, None
@@ -143,14 +149,14 @@ def run_run(args: argparse.Namespace) -> int:
     from dare.devices import resolve_device
     from dare.errors import ConfigError
     from dare.eval import evaluate, get_benchmark
+    from dare.eval.results import check_results_out
     from dare.eval.run import load_for_eval
-    from dare.outputs import check_file_target
     from dare.rollout import SamplerConfig, default_sampler
 
     if args.limit is not None and args.limit < 1:
         raise ConfigError(f"--limit must be positive (omit it to evaluate every problem); got {args.limit}")
-    if args.out:
-        check_file_target(args.out, "--out")
+    if args.out:  # never an input, nor a file an evaluation did not write
+        check_results_out(args.out, "--out", {"--data": args.data, "--fewshot-data": args.fewshot_data})
     resolve_device(args.device)  # before the data and the model are loaded
     bench = get_benchmark(args.benchmark)
     config, sampler_values_, likelihood = _run_configs(args, bench)
@@ -278,10 +284,10 @@ def not_in_data(key: str | None, obj: dict, data_samples, data_name: str) -> str
 def run_score(args: argparse.Namespace) -> int:
     from dare.errors import ConfigError
     from dare.eval import get_benchmark, score_predictions
-    from dare.outputs import check_file_target
+    from dare.eval.results import check_results_out
 
-    if args.out:
-        check_file_target(args.out, "--out")
+    if args.out:  # never an input, nor a file an evaluation did not write
+        check_results_out(args.out, "--out", {"--predictions": args.predictions, "--data": args.data})
     bench = get_benchmark(args.benchmark)
     options = code_reward_options(args, bench)
     if bench.reward != "code" and args.trust_prediction_tests:

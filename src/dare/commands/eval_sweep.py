@@ -4,7 +4,9 @@
 --grid sampler=llada:steps=8,4,2`` runs :func:`dare.eval.evaluate` once per point (common flags such as
 ``--gen-length`` or ``-o cache=dual`` apply to every point, a point's own settings win) and writes
 ``DIR/points/NN.json``, ``DIR/summary.{json,md}`` and ``DIR/accuracy_vs_parallelism.png`` (:mod:`dare.eval.sweep`),
-replacing those of an earlier sweep in ``DIR``. One ``--grid`` varies one key; a key given twice (in a point, a grid,
+replacing those of an earlier sweep in ``DIR``. ``DIR`` must be new, empty or an earlier sweep's (marked by the
+sweep), and neither be nor contain the model, adapter or data files' directory: anything else is a one-line error before
+any work. One ``--grid`` varies one key; a key given twice (in a point, a grid,
 ``-o`` or a flag and ``-o``) is a one-line error.
 """
 
@@ -32,8 +34,8 @@ def configure(sweep: argparse.ArgumentParser) -> None:
                             "sampler=fastdllm:threshold=0.5,0.7,0.9 or sampler=llada:steps=8,4,2 (repeat --grid to "
                             "vary another key)")
     sweep.add_argument("--batch-size", type=int, default=8, help="prompts per generate call (default 8)")
-    sweep.add_argument("--out", required=True, help="output directory (points/, summary.json, summary.md, plot; an "
-                       "earlier sweep's files there are replaced)")
+    sweep.add_argument("--out", required=True, help="output directory (points/, summary.json, summary.md, plot): new, "
+                       "empty or an earlier sweep's (its files there are replaced)")
     sweep.set_defaults(eval_parser=sweep)
 
 
@@ -95,15 +97,29 @@ def grid_of_several_keys(text: str, parts: list[str]) -> str:
     return message
 
 
+def sweep_inputs(args: argparse.Namespace) -> dict[str, str | None]:
+    """The input directories ``--out`` must neither be nor contain: the model's and the adapter's, and those of
+    the data files (:func:`dare.outputs.check_apart` skips what is not an existing directory: hub names,
+    ``tiny:FAMILY``, HF dataset names)."""
+    from pathlib import Path
+
+    def directory(path: str | None) -> str | None:
+        return str(Path(path).expanduser().parent) if path and Path(path).expanduser().is_file() else path
+
+    return {"the --model directory": args.model, "the --adapter directory": args.adapter,
+            "the --data directory": directory(args.data), "the --fewshot-data directory": directory(args.fewshot_data)}
+
+
 def run(args: argparse.Namespace) -> int:
     from dare.commands.eval_inputs import eval_sampler_values, load_samples, reject_option_seed
     from dare.errors import ConfigError
     from dare.eval import EvalConfig, evaluate, get_benchmark
     from dare.eval.run import load_for_eval
-    from dare.eval.sweep import run_sweep
+    from dare.eval.sweep import check_sweep_out, run_sweep
     from dare.outputs import ensure_dir
     from dare.rollout import SamplerConfig, default_sampler
 
+    check_sweep_out(args.out, "--out", sweep_inputs(args))  # new, empty or an earlier sweep; before any work
     ensure_dir(args.out, "--out")  # before the data and the model are loaded
     bench = get_benchmark(args.benchmark)
     if bench.kind == "choice":

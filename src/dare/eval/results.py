@@ -20,6 +20,10 @@ Schema ``dare.eval.results/1``::
                    "partial": null, "components": {...}, "info": {...},
                    "tokens": 87, "steps": 87, "finish": "stop"}, ...]   # generation; likelihood: choice_elbo, ...
     }
+
+A results file is recognised by its ``schema`` key (:func:`is_results_file`, written by every DARE version): ``dare
+eval run/score --out`` replaces one, and refuses any other existing file or one of its own inputs
+(:func:`check_results_out`).
 """
 
 from __future__ import annotations
@@ -34,6 +38,33 @@ from typing import Any
 from dare.errors import InputError
 
 SCHEMA = "dare.eval.results/1"
+EARLIER = "an earlier `dare eval run`/`dare eval score` results file"
+"""What ``--out`` may replace, as the one-line error names it."""
+
+
+def is_results_file(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is a results file :meth:`EvalResults.write` wrote: a JSON object whose ``schema`` is
+    :data:`SCHEMA` (false for anything unreadable or other JSON: data, predictions, a checkpoint's config.json)."""
+    try:
+        with open(path, "rb") as handle:
+            if handle.read(1).strip() not in (b"{", b""):  # JSONL data / predictions, binaries: not parsed whole
+                return False
+            handle.seek(0)
+            data = json.loads(handle.read().decode("utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and data.get("schema") == SCHEMA
+
+
+def check_results_out(path: str | os.PathLike, what: str = "--out",
+                      inputs: dict[str, str | os.PathLike | None] | None = None) -> bool:
+    """Check, before any work, that a results file may be written to ``path`` (``what`` names the flag): True when
+    it replaces an earlier results file, False when ``path`` is new. ``path`` being one of the command's ``inputs``
+    (``{flag: path}``, e.g. ``--predictions``, ``--data``) or an existing file of other contents is a one-line
+    :class:`~dare.errors.ConfigError` (:func:`dare.outputs.check_file_replaceable`); nothing is written."""
+    from dare.outputs import check_file_replaceable
+
+    return check_file_replaceable(path, what, EARLIER, is_results_file, inputs)
 
 
 @dataclass

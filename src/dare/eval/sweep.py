@@ -11,8 +11,10 @@ run (same samples, prompts and seed) and writes its own results file; the sweep 
 * ``nfe``: model forwards of the whole run (a forward serves one step of every row in its batch);
 * ``tokens_per_second``: generated tokens per second of decoding.
 
-A sweep first removes what an earlier sweep wrote into the same directory (``points/NN.json``, the summary, the
-plot; nothing else), so its point files are exactly the ones its summary lists. ``summary.json`` and
+The output directory must be new, empty or an earlier sweep's (:func:`check_sweep_out`): a sweep marks it
+(:func:`dare.outputs.mark_output`) and never writes into a directory of other contents. A sweep first removes what
+an earlier sweep wrote into the same directory (``points/NN.json``, the summary, the plot; nothing else), so its
+point files are exactly the ones its summary lists. ``summary.json`` and
 ``summary.md`` hold the table; ``accuracy_vs_parallelism.png`` plots accuracy against tokens
 per forward, one line per series (sampler / decoder), when matplotlib is installed (the ``plot`` extra).
 """
@@ -28,6 +30,8 @@ from typing import Any
 from dare.errors import ConfigError
 
 PLOT = "accuracy_vs_parallelism.png"
+COMMAND = "eval sweep"
+"""The command named in the output marker (:func:`dare.outputs.mark_output`) and in the errors."""
 
 
 def tokens_per_forward(records: Sequence[Mapping[str, Any]]) -> float | None:
@@ -55,11 +59,17 @@ def point_row(index: int, fields: Mapping[str, Any], results, path: str) -> dict
 def run_sweep(evaluate_point: Callable[[dict[str, Any]], Any], points: Sequence[Mapping[str, Any]],
               out_dir: str | Path, log: Callable[[str], None] = print) -> list[dict[str, Any]]:
     """Run every point (``evaluate_point(fields) -> EvalResults``), write ``points/NN.json`` per point, the
-    summary (``summary.json``, ``summary.md``) and the plot; returns the summary rows."""
+    summary (``summary.json``, ``summary.md``) and the plot; returns the summary rows. ``out_dir`` must be new,
+    empty or an earlier sweep's (:func:`check_sweep_out`, before the first point); it is marked as a sweep's."""
     if not points:
         raise ConfigError("a sweep needs at least one point (points is empty)",
                           cli="a sweep needs at least one --point or --grid")
+    from dare.outputs import ensure_dir, mark_output
+
     out = Path(out_dir)
+    check_sweep_out(out, "out_dir")
+    ensure_dir(out, "out_dir")
+    mark_output(out, COMMAND, points=len(points))  # first: an interrupted sweep can be rerun into ``out``
     removed = clear_earlier_sweep(out)
     if removed:
         log(f"removed {len(removed)} files of an earlier sweep in {out} ({', '.join(p.name for p in removed[:4])}"
@@ -83,6 +93,34 @@ def run_sweep(evaluate_point: Callable[[dict[str, Any]], Any], points: Sequence[
 
 POINT_FILE = re.compile(r"\d{2,}\.json")
 """Names of the per-point results files under ``OUT/points`` (``00.json``, ``01.json``, ...)."""
+
+
+def check_sweep_out(out_dir: str | Path, what: str = "out_dir",
+                    inputs: Mapping[str, str | Path | None] | None = None) -> bool:
+    """Check, before any work, that a sweep may write directory ``out_dir`` (``what`` names it in the one-line
+    errors): True when it holds an earlier sweep (marked, or from before sweeps were marked:
+    :func:`is_unmarked_sweep`), False when it is missing or empty. A file, a directory of other contents, or one
+    that is or contains one of the ``inputs`` (``{description: directory}``, e.g. the model directory) is a
+    :class:`~dare.errors.ConfigError`; nothing is written."""
+    from dare.outputs import check_apart, check_replaceable
+
+    check_apart(out_dir, what, {name: path for name, path in (inputs or {}).items() if path})
+    out = Path(out_dir).expanduser()
+    if out.is_dir() and is_unmarked_sweep(out):
+        return True
+    return check_replaceable(out, what, COMMAND)
+
+
+def is_unmarked_sweep(out: Path) -> bool:
+    """Whether ``out`` holds a sweep written before sweeps were marked: a ``summary.json`` of ``{"points": [...]}``
+    rows whose results files are ``points/NN.json``."""
+    try:
+        rows = json.loads((out / "summary.json").read_text(encoding="utf-8"))["points"]
+    except (OSError, ValueError, TypeError, KeyError):
+        return False
+    return isinstance(rows, list) and bool(rows) and all(
+        isinstance(row, dict) and isinstance(row.get("results"), str) and row["results"].startswith("points/")
+        and POINT_FILE.fullmatch(row["results"][len("points/"):]) is not None for row in rows)
 
 
 def clear_earlier_sweep(out: Path) -> list[Path]:
@@ -147,5 +185,5 @@ def plot_sweep(rows: Sequence[Mapping[str, Any]], path: Path) -> Path | None:
     return path
 
 
-__all__ = ["PLOT", "clear_earlier_sweep", "markdown_table", "plot_sweep", "point_row", "run_sweep",
-           "tokens_per_forward"]
+__all__ = ["COMMAND", "PLOT", "check_sweep_out", "clear_earlier_sweep", "is_unmarked_sweep", "markdown_table",
+           "plot_sweep", "point_row", "run_sweep", "tokens_per_forward"]
