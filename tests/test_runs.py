@@ -8,7 +8,12 @@ import pytest
 import yaml
 
 from dare.errors import ConfigError
+from dare.outputs import OUTPUT_MARKER
 from dare.trainer import Trainer, load_train_config
+from dare.trainer.output_dir import LOCK_FILE
+
+KEPT = (OUTPUT_MARKER, LOCK_FILE)
+"""Hidden files a run keeps in its output directory (its marker and its lock), not strays."""
 
 ROOT = Path(__file__).resolve().parents[1]
 SFT = ["trainer.progress=false", "data.num_examples=16", "data.max_length=32", "trainer.batch_size=4",
@@ -99,12 +104,12 @@ def test_an_interrupted_export_never_looks_finished_and_is_cleaned_up(tmp_path, 
     with pytest.raises(KeyboardInterrupt):
         trainer.export()  # dies after the weights were written
     assert (tmp_path / "final" / "model.safetensors").read_bytes() == good  # the previous export is untouched
-    strays = [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]
+    strays = [p.name for p in tmp_path.iterdir() if p.name.startswith(".") and p.name not in KEPT]
     assert strays == [".final.partial"]
     monkeypatch.undo()
     (tmp_path / "checkpoints" / "step_00000009.tmp").mkdir()  # a checkpoint killed while being written
     Trainer(sft(tmp_path))
-    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".") and p.name not in KEPT]
     assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["step_00000002"]
 
 

@@ -208,8 +208,58 @@ def merge(base: dict, update: dict) -> dict:
     return out
 
 
+def _unique_key_loader():
+    """A ``yaml.SafeLoader`` subclass whose mappings refuse a key given twice (PyYAML keeps the last one silently):
+    :class:`ConfigError` ``KEY.PATH given twice (lines A and B)``; the caller adds the file name."""
+    import yaml
+
+    class UniqueKeyLoader(yaml.SafeLoader):
+        def construct_mapping(self, node, deep=False):
+            if isinstance(node, yaml.MappingNode):
+                seen = {}
+                for key_node, _ in node.value:
+                    if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *anchor`: its keys may be overridden
+                        continue
+                    key = self.construct_object(key_node, deep=True)
+                    try:
+                        first = seen.setdefault(key, key_node)
+                    except TypeError:  # an unhashable key: the base constructor's error
+                        break
+                    if first is not key_node:
+                        dotted = ".".join(str(k) for k in (*self._key_path(node), key))
+                        raise ConfigError(f"{dotted} is given twice (lines {first.start_mark.line + 1} and "
+                                          f"{key_node.start_mark.line + 1}); keep one")
+            return super().construct_mapping(node, deep=deep)
+
+        def _key_path(self, target) -> list:
+            """The keys leading from the document's root mapping to mapping node ``target``."""
+            def walk(node, path):
+                if node is target:
+                    return path
+                if isinstance(node, yaml.MappingNode):
+                    for key_node, value_node in node.value:
+                        found = walk(value_node, [*path, getattr(key_node, "value", "?")])
+                        if found is not None:
+                            return found
+                elif isinstance(node, yaml.SequenceNode):
+                    for index, item in enumerate(node.value):
+                        found = walk(item, [*path[:-1], f"{path[-1]}[{index}]"] if path else [f"[{index}]"])
+                        if found is not None:
+                            return found
+                return None
+
+            return walk(self._root, []) or []
+
+        def construct_document(self, node):
+            self._root = node
+            return super().construct_document(node)
+
+    return UniqueKeyLoader
+
+
 def load_yaml(path: str | Path) -> dict:
-    """Read a YAML mapping (one-line error for a missing file or bad YAML)."""
+    """Read a YAML mapping (one-line error for a missing file, bad YAML, an empty file or one holding only comments,
+    and a key given twice in one mapping: a section or a setting)."""
     import yaml
 
     path = Path(path)
@@ -218,11 +268,15 @@ def load_yaml(path: str | Path) -> dict:
     if not path.is_file():
         raise ConfigError(f"config file {path} does not exist")
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = yaml.load(path.read_text(), Loader=_unique_key_loader())  # noqa: S506 (a SafeLoader subclass)
+    except ConfigError as err:
+        raise ConfigError(f"{path}: {err}") from None
     except yaml.YAMLError as err:
         mark, problem = getattr(err, "problem_mark", None), getattr(err, "problem", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
         raise ConfigError(f"{path}: invalid YAML{where} ({problem or first_line(err)})") from None
+    if data is None:
+        raise ConfigError(f"{path} is empty")
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of sections")
     return data

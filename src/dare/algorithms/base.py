@@ -126,6 +126,12 @@ class Algorithm:
     def bind_model(self, model) -> None:
         """Resolve model-dependent options against ``model`` (a ``DiffusionLM``); default: nothing."""
 
+    @classmethod
+    def check_family(cls, config, spec) -> None:
+        """One-line :class:`ConfigError` when this algorithm, with section ``config``, cannot train a model of family
+        ``spec`` (a :class:`~dare.models.spec.FamilySpec`); ``bind_model`` and ``dare train --dry-run`` (which knows
+        the family but loads no model) both call it. Default: every family."""
+
     def auxiliary_models(self, load_backbone) -> dict[str, Auxiliary]:
         """Models trained alongside the policy, by name (called once after ``bind_model``); ``load_backbone()``
         returns a fresh copy of the initial policy weights (a ``DiffusionLM``). Default: none."""

@@ -214,22 +214,30 @@ class RLAlgorithm(Algorithm):
         """Resolve the block layout of a block-causal family (``block_size`` or the model's); reject a family
         whose attention the estimator is not defined for, and ``block_size`` on full-attention families."""
         from dare.models.loading import unwrap
-        from dare.models.spec import FAMILIES, family_of
+        from dare.models.spec import family_of
 
         spec = family_of(model)
-        if spec.attention not in self.attentions:
-            fits = ", ".join(sorted(n for n, f in FAMILIES.items() if f.attention in self.attentions))
-            kinds = " or ".join(a.replace("_", "-") for a in self.attentions)
-            raise ConfigError(f"algorithm '{self.name}' needs a {kinds} model family ({fits}); {spec.name} is "
-                              f"{spec.attention.replace('_', '-')}")
+        self.check_family(self.config, spec)
         size = getattr(self.config, "block_size", None)
         if spec.attention == "block_causal":
             self.blocks = BlockLayout(size or unwrap(model).block_size or spec.block_size)
-        elif size is not None:
-            raise ConfigError(f"algorithm.block_size applies to block-causal families; {spec.name} uses full attention")
         else:
             self.blocks = None
         self._bound = True
+
+    @classmethod
+    def check_family(cls, config, spec) -> None:
+        """Reject a family whose attention the estimator is not defined for (:attr:`attentions`), and
+        ``algorithm.block_size`` on a full-attention family."""
+        from dare.models.spec import FAMILIES
+
+        if spec.attention not in cls.attentions:
+            fits = ", ".join(sorted(n for n, f in FAMILIES.items() if f.attention in cls.attentions))
+            kinds = " or ".join(a.replace("_", "-") for a in cls.attentions)
+            raise ConfigError(f"algorithm '{cls.name}' needs a {kinds} model family ({fits}); {spec.name} is "
+                              f"{spec.attention.replace('_', '-')}")
+        if spec.attention != "block_causal" and getattr(config, "block_size", None) is not None:
+            raise ConfigError(f"algorithm.block_size applies to block-causal families; {spec.name} uses full attention")
 
     def ensure_bound(self, model) -> None:
         if not self._bound:

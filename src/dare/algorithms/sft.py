@@ -73,23 +73,32 @@ class SFT(Algorithm):
 
     def bind_model(self, model) -> None:
         """Resolve the block layout of a block-causal family; reject block options on full-attention ones."""
-        from dare.models.spec import FAMILIES, family_of
+        from dare.models.spec import family_of
 
         cfg = self.config
         spec = family_of(model)
+        self.check_family(cfg, spec)
         if spec.attention == "block_causal":
             self.blocks = BlockLayout(cfg.block_size or getattr(model, "block_size", None) or spec.block_size,
                                       cfg.block_origin)
             _record_block_size(model, self.blocks.size)
         else:
-            for key, value, default in (("block_size", cfg.block_size, None), ("per_block_t", cfg.per_block_t, False),
-                                        ("block_origin", cfg.block_origin, "global")):
-                if value != default:
-                    block_causal = ", ".join(sorted(n for n, f in FAMILIES.items() if f.attention == "block_causal"))
-                    raise ConfigError(f"algorithm.{key} applies to block-causal families ({block_causal}); "
-                                      f"{spec.name} uses full attention")
             self.blocks = None
         self._bound = True
+
+    @classmethod
+    def check_family(cls, config, spec) -> None:
+        """Reject block options (``block_size``, ``per_block_t``, ``block_origin``) on a full-attention family."""
+        from dare.models.spec import FAMILIES
+
+        if spec.attention == "block_causal":
+            return
+        for key, value, default in (("block_size", config.block_size, None), ("per_block_t", config.per_block_t, False),
+                                    ("block_origin", config.block_origin, "global")):
+            if value != default:
+                block_causal = ", ".join(sorted(n for n, f in FAMILIES.items() if f.attention == "block_causal"))
+                raise ConfigError(f"algorithm.{key} applies to block-causal families ({block_causal}); "
+                                  f"{spec.name} uses full attention")
 
     def corrupt(self, batch: TensorDict, step: int) -> TensorDict:
         if self.config.per_block_t and not self._bound:

@@ -16,8 +16,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="print every config key with its type, value and meaning (of the recipe with its overrides "
                              "when given, else the defaults; the chosen algorithm's section only), then exit")
     parser.add_argument("--dry-run", action="store_true",
-                        help="validate (config, model and data paths, rollout sampler and reward, trainer.resume; "
-                             "loads nothing) and print the resolved config, then exit")
+                        help="validate (config, model and data paths, the algorithm against the model family, "
+                             "rollout sampler and reward, trainer.resume and trainer.output_dir; loads nothing) and "
+                             "print the resolved config, then exit")
     parser.set_defaults(train_parser=parser)
 
 
@@ -114,14 +115,16 @@ def run(args: argparse.Namespace) -> int:
         from dare.trainer.preflight import check_run, fill_rollout_defaults
 
         fill_rollout_defaults(config)
-        check_run(config)  # what a run checks before it loads the model and the data
+        check_run(config, dry_run=True)  # what a run checks before it loads the model and the data
         from pathlib import Path
 
         from dare.trainer.config import config_dict
+        from dare.trainer.output_dir import check_not_in_use
         from dare.trainer.resume import resume_point
 
-        # a run into an output directory trained with other settings, or one whose trainer.resume=never would
-        # delete its own model, is refused (reads only; creates nothing)
+        # a run into an output directory another run is writing, trained with other settings, or one whose
+        # trainer.resume=never would delete its own model, is refused (reads only; creates nothing)
+        check_not_in_use(config.trainer.output_dir)
         resume_point(Path(config.trainer.output_dir), config.trainer.resume, config_dict(config))
         print_quietly(yaml.safe_dump(to_dict(config), sort_keys=False))
         return 0
@@ -134,10 +137,32 @@ def run(args: argparse.Namespace) -> int:
         if "rollout/reward" in record:
             rewarded.update(step=record["step"], reward=record["rollout/reward"])
 
-    record = run_training(config, on_step=remember_reward)
+    try:
+        record = run_training(config, on_step=remember_reward)
+    except KeyboardInterrupt:  # say where to resume from; the CLI then prints "interrupted"
+        if int(os.environ.get("RANK", "0")) == 0:
+            from dare.cli import _close_progress_bars
+            from dare.trainer.resume import interrupt_message
+
+            _close_progress_bars()
+            print(interrupt_message(config.trainer.output_dir, resume_command(config_path, overrides)),
+                  file=sys.stderr)
+        raise
     if int(os.environ.get("RANK", "0")) == 0:
         print(run_summary(config, record, rewarded or None))
     return 0
+
+
+def resume_command(config_path: str | None, overrides: list[str]) -> str:
+    """The ``dare train`` command line that continues an interrupted run: the recipe and overrides, with
+    ``trainer.resume=auto`` in place of any other ``trainer.resume`` (under torchrun: its launch with the same
+    arguments)."""
+    import shlex
+
+    kept = [item for item in overrides if item.split("=", 1)[0].strip() != "trainer.resume"]
+    words = [*([config_path] if config_path is not None else []), *kept, "trainer.resume=auto"]
+    head = "torchrun ... -m dare.cli train" if "RANK" in os.environ else "dare train"
+    return f"{head} {shlex.join(words)}"
 
 
 def run_summary(config, record: dict, rewarded: dict | None = None) -> str:

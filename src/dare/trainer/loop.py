@@ -44,11 +44,13 @@ from dare.distributed import (
 )
 from dare.distributed.grad_norm import clip_grad_norm_
 from dare.errors import ConfigError, and_join, first_line
-from dare.outputs import atomic_write_text, ensure_dir, publish_dir, remove_strays, staging_dir
+from dare.outputs import atomic_write_text, ensure_dir, mark_output, publish_dir, remove_strays, staging_dir
 from dare.trainer.checkpoint import load_checkpoint, remove_partial_checkpoints, save_checkpoint
 from dare.trainer.config import TrainConfig, config_dict, revalidate
 from dare.trainer.metrics import MetricsLogger, truncate_jsonl
 from dare.trainer.preflight import check_run, fill_rollout_defaults, record_given_model
+from dare.trainer.output_dir import COMMAND as RUN_COMMAND
+from dare.trainer.output_dir import OutputLock
 from dare.trainer.resume import resume_point
 from dare.trainer.sources import batch_keys_read_by
 from dare.trainer.optim import build_optimizer, build_scheduler
@@ -98,7 +100,6 @@ class Trainer:
     """
 
     def __init__(self, config: TrainConfig, *, source=None, info: DistInfo | None = None, model=None):
-        from dare.models.loading import load_model, resolve_dtype, unwrap
         from dare.models.spec import family_of
         from dare.trainer.config import check_config_object
 
@@ -111,12 +112,23 @@ class Trainer:
         if model is not None:
             record_given_model(cfg, model)  # where the given model comes from and its dtype, for config.yaml
         fill_rollout_defaults(cfg, model)  # the family's sampler, before config.yaml records it
-        check_run(cfg, model=model is None, data=source is None, warn=self.info.is_main)  # what --dry-run checks
-        if self.info.device.type == "cpu" and cfg.model.attn_backend in ("flex", "varlen"):
-            raise ConfigError(f"model.attn_backend={cfg.model.attn_backend} cannot train on CPU "
-                              "(flex has no CPU backward, varlen needs CUDA); use sdpa or eager")
+        check_run(cfg, model=model is None, data=source is None, warn=self.info.is_main,  # what --dry-run checks
+                  family=family_of(model) if model is not None else None, device=self.info.device.type)
         self.output_dir = Path(cfg.trainer.output_dir)
-        self.resume_from = self._prepare_output_dir()
+        self._lock, self._locked = OutputLock(self.output_dir), False
+        self.resume_from = self._prepare_output_dir()  # locks the output directory (rank 0) until train() ends
+        try:
+            self._build(config, source, model)
+        except BaseException:
+            self.release_output_dir()
+            raise
+
+    def _build(self, config: TrainConfig, source, model) -> None:
+        """The model, algorithm, reference, batch source, optimizers and logger (after the output directory)."""
+        from dare.models.loading import load_model, resolve_dtype, unwrap
+        from dare.models.spec import family_of
+
+        cfg = config
         torch.manual_seed(cfg.trainer.seed)
 
         given = model is not None
@@ -204,8 +216,13 @@ class Trainer:
         cfg, out = self.config, self.output_dir
         settings = config_dict(cfg)
         ensure_dir(out, "trainer.output_dir")
-        resume = cfg.trainer.resume
-        checkpoint = resume_point(out, resume, settings)  # resume=never: refused if it would delete an input
+        self._lock_output_dir()
+        try:
+            resume = cfg.trainer.resume
+            checkpoint = resume_point(out, resume, settings)  # resume=never: refused if it would delete an input
+        except BaseException:
+            self.release_output_dir()
+            raise
         if self.info.is_main:
             remove_strays(out)
             remove_partial_checkpoints(out)
@@ -216,6 +233,33 @@ class Trainer:
             atomic_write_text(out / "config.yaml", yaml_text(settings))
         barrier(self.info)
         return checkpoint
+
+    def _lock_output_dir(self) -> None:
+        """Take the output directory's lock (:class:`~dare.trainer.output_dir.OutputLock`; rank 0 only, every rank learns
+        whether it got it) and mark the directory as a ``dare train`` output; a one-line error on every rank when
+        another process holds it."""
+        if self._locked:
+            return
+        refused = None
+        if self.info.is_main:
+            try:
+                self._lock.acquire()
+            except ConfigError as err:
+                refused = err
+        if self.info.initialized and all_reduce_max_int(int(refused is not None), self.info) and refused is None:
+            raise ConfigError(f"trainer.output_dir {self.output_dir} is in use by another `dare train` run (rank 0 "
+                              "says which)")
+        if refused is not None:
+            raise refused
+        self._locked = True
+        if self.info.is_main:
+            mark_output(self.output_dir, RUN_COMMAND)
+
+    def release_output_dir(self) -> None:
+        """Let other runs write the output directory again (:meth:`train` does at its end; a later :meth:`train`
+        takes the lock again)."""
+        self._lock.release()
+        self._locked = False
 
     def _logs(self) -> list[str]:
         """The per-step logs of this run that start empty when it starts at step 0."""
@@ -504,6 +548,13 @@ class Trainer:
         returns (e.g. a periodic held-out evaluation) are added to the record, and it may end training early with
         :meth:`request_stop` (the final checkpoint / export is still written). It must not change the parameters
         (sources and corruptions are seeded per step, so evaluating in between does not change the run)."""
+        self._lock_output_dir()
+        try:
+            return self._train(on_step)
+        finally:
+            self.release_output_dir()
+
+    def _train(self, on_step) -> dict:
         cfg = self.config.trainer
         self.maybe_resume()
         kill_at = int(os.environ.get("DARE_KILL_AT_STEP", "0") or 0)

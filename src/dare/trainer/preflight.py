@@ -1,9 +1,11 @@
 """Checks of a training run that load no model and read no data.
 
 ``dare train --dry-run`` runs them, and so does every run before it loads anything (:class:`~dare.trainer.Trainer`),
-with the same functions the run uses later (the sampler and reward of :mod:`dare.trainer.rl`, the data path checks
-of :mod:`dare.data.sft` / :mod:`dare.trainer.prompts`, ``trainer.resume``, ``trainer.output_dir``), so a dry run
-cannot pass a config that the run rejects before its first step. Settings the run does not use (``rollout.*``
+with the same functions the run uses later (the sampler and reward of :mod:`dare.trainer.rl`, the algorithm's
+``check_family`` against the model family read from ``model.path``, ``model.attn_backend`` on the device, the data
+path checks of :mod:`dare.data.sft` / :mod:`dare.trainer.prompts`, ``trainer.resume``, ``trainer.output_dir``), so
+a dry run cannot pass a config that the run rejects before its first step (a hub model whose config is not cached
+locally: its family checks are skipped, with a note). Settings the run does not use (``rollout.*``
 without rollouts, ``lora.*`` without ``lora.enabled``, data options of another kind of source) get one warning line
 per section, and so does each setting that another one overrides (:data:`OVERRIDDEN`).
 """
@@ -28,19 +30,31 @@ UNUSED_DATA = {
 """``data`` keys each kind of batch source ignores (RL prompts, preference pairs, SFT examples)."""
 
 
-def check_run(config, *, model: bool = True, data: bool = True, warn: bool = True) -> None:
-    """Raise the one-line error a run of ``config`` would raise for its model path, tokenizer path, data path,
-    rollout sampler and reward, ``trainer.resume`` or ``trainer.output_dir``; ``model`` / ``data``: check those
-    sections (False when the trainer is given its own model / batch source); ``warn``: log the settings the run
-    ignores."""
+def check_run(config, *, model: bool = True, data: bool = True, warn: bool = True, family=None,
+              device: str | None = None, dry_run: bool = False) -> None:
+    """Raise the one-line error a run of ``config`` would raise for its model path, the algorithm's settings against
+    the model family, ``model.attn_backend`` on the device, tokenizer path, data path, rollout sampler and reward,
+    ``trainer.resume`` or ``trainer.output_dir`` (another command's output or the user's files: refused before the
+    run writes there); ``model`` / ``data``: check those sections (False when the trainer is given its own model /
+    batch source); ``family``: the model's :class:`~dare.models.spec.FamilySpec` (default: read from
+    ``model.path``, no weights loaded); ``device``: ``cpu`` / ``cuda`` (default: the one ``distributed.device``
+    picks); ``warn``: log the settings the run ignores; ``dry_run``: say so when a hub model's family is unknown
+    (not in the local cache) and its checks are skipped."""
     from dare.algorithms import get_algorithm
+    from dare.trainer.output_dir import check_output_dir
     from dare.trainer.resume import check_resume
 
-    needs = get_algorithm(config.algorithm.name).needs
+    algorithm = get_algorithm(config.algorithm.name)
+    needs = algorithm.needs
     check_resume(config.trainer.resume)
     check_dir_target(config.trainer.output_dir, "trainer.output_dir")  # what ensure_dir would refuse
     if model:
         check_model_path(config.model.path)
+        if family is None:
+            family = known_family(config.model.path, note=dry_run)
+    if family is not None:
+        algorithm.check_family(config.algorithm, family)  # what bind_model checks on the loaded model
+    check_attn_backend(config, device or run_device(config))
     check_tokenizer_path(config.model.tokenizer)
     if data and needs.rollout:
         from dare.trainer.prompts import check_prompt_path
@@ -54,8 +68,53 @@ def check_run(config, *, model: bool = True, data: bool = True, warn: bool = Tru
         from dare.data.sft import check_data_path
 
         check_relative(check_data_path, config.data.path)
+    check_output_dir(config.trainer.output_dir)  # after the config's own mistakes
     if warn:
         warn_unused(config, needs)
+
+
+def known_family(path: str, note: bool = False):
+    """The :class:`~dare.models.spec.FamilySpec` of model path ``path`` without loading weights: of ``tiny:FAMILY``
+    or a local checkpoint (:func:`dare.models.loading.family_of_path`), or of a hub name whose config is in the local
+    Hugging Face cache; None for a hub name that is not (nothing is downloaded; ``note``: log that the checks that
+    depend on the family are skipped; the run makes them once the model is loaded)."""
+    from dare.models.loading import family_of_path, local_path, parse_tiny
+
+    if parse_tiny(path) is not None or local_path(path, f"model path {path}: no such checkpoint directory"):
+        return family_of_path(path)
+    from transformers import AutoConfig
+
+    from dare.models.spec import family_of
+
+    try:
+        hf_config = AutoConfig.from_pretrained(str(path), local_files_only=True)
+    except (OSError, ValueError):  # not cached (or a model_type transformers does not know: load_model says so)
+        if note:
+            log.warning(f"note: model.path={path} is a hub name whose config is not in the local cache: the dry run "
+                        "skips the checks of algorithm.* against the model family (the run makes them once the "
+                        "model is downloaded)")
+        return None
+    return family_of(hf_config)
+
+
+def run_device(config) -> str:
+    """``cuda`` or ``cpu``: the device a run of ``config`` trains on (as :func:`dare.distributed.init_distributed`
+    picks it from ``distributed.device``; the same one-line error for ``cuda`` without CUDA)."""
+    import torch
+
+    device = config.distributed.device
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("distributed.device=cuda but no CUDA device is available")
+    return device
+
+
+def check_attn_backend(config, device: str) -> None:
+    """``model.attn_backend`` flex / varlen cannot train on CPU (``device``: ``cpu`` or ``cuda``)."""
+    if device == "cpu" and config.model.attn_backend in ("flex", "varlen"):
+        raise ConfigError(f"model.attn_backend={config.model.attn_backend} cannot train on CPU "
+                          "(flex has no CPU backward, varlen needs CUDA); use sdpa or eager")
 
 
 def model_dtype(model) -> str:
@@ -221,6 +280,6 @@ def overridden(config) -> list[tuple[str, str]]:
     return moot
 
 
-__all__ = ["OVERRIDDEN", "UNUSED_DATA", "changed", "check_model_path", "check_relative", "check_run",
-           "check_tokenizer_path", "fill_rollout_defaults", "model_dtype", "overridden", "record_given_model",
-           "warn_unused"]
+__all__ = ["OVERRIDDEN", "UNUSED_DATA", "changed", "check_attn_backend", "check_model_path", "check_relative",
+           "check_run", "check_tokenizer_path", "fill_rollout_defaults", "known_family", "model_dtype", "overridden",
+           "record_given_model", "run_device", "warn_unused"]

@@ -38,6 +38,10 @@ SHOWN = 4
 """Differing keys named in the error (then "and N more")."""
 START_OVER_DIRS = ("checkpoints", "final")
 """What ``trainer.resume=never`` deletes from the output directory before training."""
+RESUME_VALUES = ("auto", "never")
+"""The ``trainer.resume`` modes (or a checkpoint directory, ``OUTPUT_DIR/checkpoints/step_N``)."""
+
+
 NOT_PATHS = ("tiny:", "synthetic:")
 """Prefixes of model / data settings that name no file."""
 
@@ -172,7 +176,7 @@ def check_resume(resume: str) -> None:
     """One-line error unless ``trainer.resume`` is ``auto``, ``never`` or a complete checkpoint directory."""
     from dare.trainer.checkpoint import STATE_FILE
 
-    if resume in ("auto", "never") or (Path(resume) / STATE_FILE).is_file():
+    if resume in RESUME_VALUES or (Path(resume) / STATE_FILE).is_file():
         return
     path = Path(resume)
     missing = not path.exists() and len(path.parts) > 1  # a path (e.g. a deleted step_N), not a misspelt mode
@@ -217,5 +221,20 @@ def resume_point(output_dir: Path, resume: str, settings: dict) -> Path | None:
     return checkpoint
 
 
-__all__ = ["FREE_KEYS", "LENGTH_KEYS", "START_OVER_DIRS", "check_resume", "check_same_settings", "check_start_over",
-           "differing_keys", "input_paths", "relevant", "resume_point", "saved_settings", "start_over_blocker"]
+def interrupt_message(output_dir, resume_command: str | None = None) -> str:
+    """The line ``dare train`` prints after Ctrl-C (before the CLI's ``interrupted``): the latest complete checkpoint
+    in ``output_dir`` (if any) and how to continue from it (``resume_command``: the command line with
+    ``trainer.resume=auto``)."""
+    from dare.trainer.checkpoint import list_checkpoints
+
+    found = list_checkpoints(Path(output_dir))
+    if not found:
+        return (f"no checkpoint in {output_dir} yet (trainer.save_every sets how often one is saved): a rerun starts "
+                "from step 0")
+    how = resume_command or "rerun with trainer.resume=auto"
+    return f"latest checkpoint: {found[-1]} (step {int(found[-1].name.split('_')[-1])}); to resume from it: {how}"
+
+
+__all__ = ["FREE_KEYS", "LENGTH_KEYS", "RESUME_VALUES", "START_OVER_DIRS", "check_resume", "check_same_settings",
+           "check_start_over", "differing_keys", "input_paths", "interrupt_message", "relevant", "resume_point",
+           "saved_settings", "start_over_blocker"]

@@ -1,0 +1,229 @@
+"""`dare train` defects of a user audit: the dry run fails with the run's error for the algorithm against the model
+family and the attention backend on CPU; duplicate YAML keys and empty recipes are one-line errors; a locked or
+foreign output directory is refused before anything is written; Ctrl-C names the latest checkpoint and the resume
+override."""
+
+import json
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dare.cli import main
+from dare.config import load_yaml
+from dare.errors import ConfigError
+from dare.outputs import OUTPUT_MARKER, mark_output
+from dare.trainer import output_dir as output_dir_module
+from dare.trainer.output_dir import LOCK_FILE, OutputLock, check_not_in_use
+from dare.trainer.resume import interrupt_message
+
+ROOT = Path(__file__).resolve().parents[1]
+SFT = str(ROOT / "configs/llada/sft_tiny.yaml")
+SMALL = ["trainer.progress=false", "data.num_examples=8", "data.max_length=32", "trainer.batch_size=4",
+         "trainer.micro_batch_size=4", "trainer.max_steps=1", "optim.scheduler=constant", "optim.warmup_steps=0",
+         "distributed.device=cpu"]
+
+
+def one_line_error(capsys, *args) -> str:
+    assert main(list(args)) == 2, args
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), lines
+    return lines[0]
+
+
+def train(capsys, out, *overrides) -> str:
+    assert main(["train", SFT, f"trainer.output_dir={out}", *SMALL, *overrides]) == 0, capsys.readouterr().err
+    return capsys.readouterr().out
+
+
+# ---- A. the dry run fails where the run does ----------------------------------------------------------------------
+CASES = {
+    "ebpo on a full-attention family": (
+        ["configs/llada/d1_tiny.yaml", "algorithm.name=ebpo"],
+        "error: algorithm 'ebpo' needs a block-causal model family (llada2, sdar, sdar_moe); llada is full"),
+    "espo on a block-causal family": (
+        ["configs/sdar/d1_tiny.yaml", "algorithm.name=espo"],
+        "error: algorithm 'espo' needs a full model family (dream, llada, llada_moe); sdar is block-causal"),
+    "block_size on a full-attention family": (
+        ["configs/llada/sft_tiny.yaml", "algorithm.block_size=8"],
+        "error: algorithm.block_size applies to block-causal families (llada2, sdar, sdar_moe); llada uses full "
+        "attention"),
+    "flex attention on CPU": (
+        ["configs/llada/sft_tiny.yaml", "model.attn_backend=flex", "distributed.device=cpu"],
+        "error: model.attn_backend=flex cannot train on CPU (flex has no CPU backward, varlen needs CUDA); use sdpa "
+        "or eager"),
+    "varlen attention on CPU": (
+        ["configs/llada/sft_tiny.yaml", "model.attn_backend=varlen", "distributed.device=cpu"],
+        "error: model.attn_backend=varlen cannot train on CPU (flex has no CPU backward, varlen needs CUDA); use sdpa "
+        "or eager"),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_the_dry_run_fails_with_the_runs_error(case, tmp_path, capsys):
+    (recipe, *overrides), expected = CASES[case]
+    args = ["train", str(ROOT / recipe), *overrides, f"trainer.output_dir={tmp_path / 'run'}"]
+    assert one_line_error(capsys, *args, "--dry-run") == expected
+    assert one_line_error(capsys, *args) == expected
+    assert not (tmp_path / "run").exists()  # refused before the output directory is made
+
+
+def test_a_config_mistake_is_reported_before_the_output_directory_clash(tmp_path, capsys):
+    out = tmp_path / "run"
+    train(capsys, out)
+    other = ["train", SFT, f"trainer.output_dir={out}", *SMALL, "optim.lr=1e-2"]
+    assert "trained with other settings" in one_line_error(capsys, *other, "--dry-run")
+    for extra in (["--dry-run"], []):
+        assert one_line_error(capsys, *other, "algorithm.block_size=8", *extra).startswith(
+            "error: algorithm.block_size applies to block-causal families")
+
+
+def test_a_hub_model_not_in_the_cache_skips_the_family_checks_with_a_note(tmp_path, capsys, caplog, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with caplog.at_level(logging.WARNING, logger="dare.trainer"):
+        assert main(["train", SFT, "model.path=dare-test-org/no-such-model", f"trainer.output_dir={tmp_path}/r",
+                     "--dry-run"]) == 0
+    notes = [r.getMessage() for r in caplog.records if r.getMessage().startswith("note: ")]
+    assert notes == ["note: model.path=dare-test-org/no-such-model is a hub name whose config is not in the local "
+                     "cache: the dry run skips the checks of algorithm.* against the model family (the run makes "
+                     "them once the model is downloaded)"]
+
+
+# ---- B. YAML recipes that would lose settings ---------------------------------------------------------------------
+@pytest.mark.parametrize("text, expected", [
+    ("trainer:\n  max_steps: 1\nmodel:\n  path: tiny:llada\ntrainer:\n  max_steps: 2\n",
+     "trainer is given twice (lines 1 and 5); keep one"),
+    ("optim:\n  lr: 1e-3\n  weight_decay: 0.0\n  lr: 5e-2\n", "optim.lr is given twice (lines 2 and 4); keep one"),
+    ("rollout:\n  sampler:\n    steps: 4\n    steps: 8\n", "rollout.sampler.steps is given twice (lines 3 and 4); "
+                                                          "keep one"),
+])
+def test_a_key_given_twice_is_a_one_line_error(tmp_path, capsys, text, expected):
+    recipe = tmp_path / "c4.yaml"
+    recipe.write_text(text)
+    assert one_line_error(capsys, "train", str(recipe), "--dry-run") == f"error: {recipe}: {expected}"
+    with pytest.raises(ConfigError, match="given twice"):
+        load_yaml(recipe)
+
+
+def test_merge_keys_may_override_an_anchor(tmp_path):
+    path = tmp_path / "a.yaml"
+    path.write_text("base: &b\n  lr: 1\noptim:\n  <<: *b\n  lr: 2\n")
+    assert load_yaml(path) == {"base": {"lr": 1}, "optim": {"lr": 2}}
+
+
+@pytest.mark.parametrize("text", ["", "\n\n", "# a recipe\n# with only comments\n"])
+def test_an_empty_recipe_is_an_error(tmp_path, capsys, monkeypatch, text):
+    recipe = tmp_path / "c4.yaml"
+    recipe.write_text(text)
+    monkeypatch.chdir(tmp_path)  # the defaults would train into runs/dare here
+    assert one_line_error(capsys, "train", "c4.yaml") == "error: c4.yaml is empty"
+    assert not (tmp_path / "runs").exists()
+
+
+# ---- C. one run per output directory; not into a foreign directory -----------------------------------------------
+HOLD = ("import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT); "
+        "fcntl.flock(fd, fcntl.LOCK_EX); os.write(fd, str(os.getpid()).encode()); print('held', flush=True); "
+        "time.sleep(120)")
+"""Another `dare train` run holding the output directory's lock (what OutputLock.acquire does)."""
+
+
+def test_a_second_run_on_a_locked_output_dir_fails_with_the_holders_pid(tmp_path, capsys):
+    out = tmp_path / "run"
+    out.mkdir()
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(out / LOCK_FILE)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        expected = (f"error: trainer.output_dir {out} is in use by another `dare train` run (pid {holder.pid}); wait "
+                    "for it to end, or use another trainer.output_dir")
+        args = ["train", SFT, f"trainer.output_dir={out}", *SMALL]
+        assert one_line_error(capsys, *args, "--dry-run") == expected
+        assert one_line_error(capsys, *args) == expected
+        assert sorted(p.name for p in out.iterdir()) == [LOCK_FILE]  # nothing written
+    finally:
+        holder.kill()
+        holder.wait()
+    train(capsys, out, "trainer.save_every=1")
+    check_not_in_use(out)  # released at the end of the run (in this process too)
+    assert OutputLock(out).key not in output_dir_module._HELD
+    printed = train(capsys, out, "trainer.max_steps=2")  # a later run resumes
+    assert f"resumed from {out / 'checkpoints' / 'step_00000001'} at step 1" in printed
+
+
+def test_the_lock_is_released_when_the_run_fails(tmp_path, capsys, monkeypatch):
+    def fail(*args, **kwargs):
+        raise ConfigError("no model today")
+
+    monkeypatch.setattr("dare.models.loading.load_model", fail)
+    out = tmp_path / "run"
+    assert one_line_error(capsys, "train", SFT, f"trainer.output_dir={out}", *SMALL) == "error: no model today"
+    monkeypatch.undo()
+    check_not_in_use(out)
+    assert OutputLock(out).key not in output_dir_module._HELD
+    train(capsys, out)
+
+
+@pytest.mark.parametrize("kind", ["user files", "model checkpoint"])
+def test_a_foreign_non_empty_output_dir_is_refused_and_left_alone(tmp_path, capsys, kind):
+    out = tmp_path / "out"
+    if kind == "user files":
+        out.mkdir()
+        (out / "notes.txt").write_text("mine")
+        holds = "it holds notes.txt"
+    else:
+        assert main(["tiny", "--family", "llada", "--out", str(out)]) == 0
+        capsys.readouterr()
+        holds = "it is a `dare tiny` output"
+    before = sorted(p.name for p in out.iterdir())
+    expected = (f"error: trainer.output_dir {out}: the directory is not empty and is not an earlier `dare train` run "
+                f"({holds}); give a new or empty directory (nothing was written)")
+    args = ["train", SFT, f"trainer.output_dir={out}", *SMALL]
+    assert one_line_error(capsys, *args, "--dry-run") == expected
+    assert one_line_error(capsys, *args) == expected
+    assert sorted(p.name for p in out.iterdir()) == before
+
+
+def test_earlier_runs_are_accepted_marked_or_not(tmp_path, capsys):
+    out = tmp_path / "run"
+    train(capsys, out, "trainer.save_every=1")
+    assert json.loads((out / OUTPUT_MARKER).read_text()) == {"written_by": "dare train"}
+    (out / OUTPUT_MARKER).unlink()  # a run of an older DARE: recognised by config.yaml + metrics.jsonl, checkpoints/
+    (out / LOCK_FILE).unlink()
+    assert "resumed from" in train(capsys, out, "trainer.max_steps=2", "trainer.save_every=1")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    train(capsys, empty)
+    marked = tmp_path / "marked"
+    mark_output(marked, "train")  # marked, nothing else yet (a run that failed before config.yaml)
+    train(capsys, marked)
+
+
+# ---- D. Ctrl-C says how to resume ---------------------------------------------------------------------------------
+def test_an_interrupted_run_names_its_latest_checkpoint_and_the_resume_override(tmp_path, capsys, monkeypatch):
+    from dare.trainer.loop import Trainer
+
+    step = Trainer.train_step
+
+    def interrupted_at_3(self, s):
+        if s == 2:
+            raise KeyboardInterrupt
+        return step(self, s)
+
+    monkeypatch.setattr(Trainer, "train_step", interrupted_at_3)
+    out = tmp_path / "run"
+    args = [f"trainer.output_dir={out}", *SMALL, "trainer.max_steps=4", "trainer.save_every=1"]
+    assert main(["train", SFT, *args, "trainer.resume=never"]) == 130
+    err = capsys.readouterr().err.strip().splitlines()
+    checkpoint = out / "checkpoints" / "step_00000002"
+    assert err[-2:] == [f"latest checkpoint: {checkpoint} (step 2); to resume from it: dare train {SFT} "
+                        f"{' '.join(args)} trainer.resume=auto", "interrupted"]
+    monkeypatch.undo()
+    assert main(["train", SFT, *args, "trainer.resume=auto"]) == 0  # the lock was released
+    assert f"resumed from {checkpoint} at step 2" in capsys.readouterr().out
+
+
+def test_an_interrupt_before_any_checkpoint_says_a_rerun_starts_over(tmp_path):
+    assert interrupt_message(tmp_path) == (f"no checkpoint in {tmp_path} yet (trainer.save_every sets how often one is "
+                                           "saved): a rerun starts from step 0")
