@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from dare.errors import ConfigError, DareError, InputError, first_line, wrong_type
+from dare.errors import ConfigError, DareError, InputError, and_join, closest, described, first_line, wrong_type
 
 log = logging.getLogger("dare.models")
 
@@ -53,10 +53,21 @@ def loading_errors(path: str, adapter: str | None = None) -> Iterator[None]:
         yield
     except DareError:
         raise
-    except (OSError, ValueError) as err:
+    except loading_exceptions() as err:
         kind = "tiny model" if parse_tiny(path) else "model"
         with_adapter = f" with adapter {adapter}" if adapter else ""
-        raise InputError(f"cannot load {kind} {path}{with_adapter}: {first_line(err)}") from None
+        hint = "; a .safetensors file may be truncated or corrupt" if not isinstance(err, (OSError, ValueError)) else ""
+        raise InputError(f"cannot load {kind} {path}{with_adapter}: {first_line(err)}{hint}") from None
+
+
+def loading_exceptions() -> tuple[type[BaseException], ...]:
+    """What loading a checkpoint raises for an unreadable one: ``OSError`` / ``ValueError`` (transformers, peft)
+    and safetensors' ``SafetensorError`` (a damaged weights file; it derives from ``Exception`` alone)."""
+    try:
+        from safetensors import SafetensorError
+    except ImportError:  # pragma: no cover - transformers requires safetensors
+        return OSError, ValueError
+    return OSError, ValueError, SafetensorError
 
 
 def parse_tiny(path: str) -> tuple[str, int] | None:
@@ -86,12 +97,25 @@ def local_path(path: str, missing: str) -> Path | None:
     return None
 
 
-def check_checkpoint_path(path: str) -> None:
-    """One-line errors for a local checkpoint path that cannot hold a model: missing (unless it looks like a hub
-    name), a file, no ``config.json``, or no weight files."""
+def check_checkpoint_path(path: str) -> Path | None:
+    """One-line :class:`ConfigError` for a local checkpoint path that cannot hold a model, without reading any
+    weights: the cheap check every loader (:func:`load_model`, :func:`family_of_path`) and ``dare train --dry-run``
+    / ``dare eval opencompass`` make before loading.
+
+    A local ``path`` must be a directory (not missing, not a file) with ``config.json`` and weight files; its
+    ``config.json`` must parse as a JSON object naming a ``model_type`` DARE loads (:func:`check_model_type`); its
+    safetensors weights (``model.safetensors``, or every shard ``model.safetensors.index.json`` names) must exist
+    and have a readable header that fits the file (:func:`check_safetensors_file`). Only each file's 8-byte length
+    and JSON header are read (a few KiB per file, also for an 8B checkpoint): a truncated or overwritten file is
+    found, but not damage inside the tensor data (loading then says so in one line, :func:`loading_errors`).
+    ``*.bin`` weights are not read.
+
+    Returns the local directory; None when ``path`` does not exist but looks like a hub name (nothing checked: the
+    hub is asked when the model loads).
+    """
     local = local_path(path, f"model path {path}: no such checkpoint directory")
     if local is None:
-        return
+        return None
     if not local.is_dir():
         raise ConfigError(f"model path {path} is a file; expected a checkpoint directory")
     if not (local / "config.json").is_file():
@@ -104,6 +128,113 @@ def check_checkpoint_path(path: str) -> None:
         raise ConfigError(f"{path} is not a model checkpoint (no config.json){hint}")
     if not any(next(local.glob(pattern), None) for pattern in WEIGHT_FILES):
         raise ConfigError(f"{path} is not a model checkpoint (config.json but no weights: *.safetensors or *.bin)")
+    check_model_type(path, read_json_file(path, local / "config.json"))
+    for file in safetensors_files(path, local):
+        check_safetensors_file(path, file)
+    return local
+
+
+def read_json_file(path: str, file: Path) -> Any:
+    """The parsed JSON file ``file`` of model ``path``: one-line :class:`ConfigError` when it cannot be read or is
+    not valid JSON (with the line and column of the first mistake)."""
+    try:
+        text = file.read_bytes().decode("utf-8")
+    except OSError as err:
+        raise ConfigError(f"model {path}: cannot read {file.name} ({err.strerror or first_line(err)})") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"model {path}: {file.name} is not valid JSON (not UTF-8 text)") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ConfigError(f"model {path}: {file.name} is not valid JSON (line {err.lineno} column {err.colno}: "
+                          f"{err.msg})") from None
+
+
+def known_model_types() -> list[str]:
+    """The config.json ``model_type`` values DARE loads, those of its families' config classes (the released
+    LLaDA-MoE config says ``llada``, dispatched to LLaDA-MoE on ``num_experts``)."""
+    from dare.models.spec import FAMILIES
+
+    return sorted({spec.config_class.model_type for spec in FAMILIES.values()}, key=str.lower)
+
+
+def check_model_type(path: str, config: Any) -> None:
+    """One-line :class:`ConfigError` unless ``config`` (model ``path``'s parsed config.json) is a JSON object whose
+    ``model_type`` is one DARE loads (:func:`known_model_types`): the one check of a config's model type, for local
+    checkpoints before loading and for hub models after."""
+    if not isinstance(config, dict):
+        raise ConfigError(f"model {path}: config.json must hold a JSON object; got {described(config)}")
+    from dare.models.spec import FAMILIES
+
+    types = known_model_types()
+    listing = f"DARE loads model_type {', '.join(types[:-1])} or {types[-1]} (families {', '.join(sorted(FAMILIES))})"
+    model_type = config.get("model_type")
+    if model_type in types:
+        return
+    if model_type is None or model_type == "":
+        raise ConfigError(f"model {path}: config.json has no model_type; {listing}")
+    hint = closest(str(model_type), types) if isinstance(model_type, str) else None
+    did_you_mean = f" (did you mean '{hint}'?)" if hint else ""
+    shown = repr(model_type) if isinstance(model_type, str) else described(model_type)
+    raise ConfigError(f"model {path}: config.json has model_type {shown}, not a DARE model{did_you_mean}; {listing}")
+
+
+SAFETENSORS_INDEX = "model.safetensors.index.json"
+SAFETENSORS_HEADER_LIMIT = 100_000_000
+"""The largest header the safetensors library reads (bytes)."""
+
+
+def safetensors_files(path: str, local: Path) -> list[Path]:
+    """The safetensors files transformers loads from checkpoint directory ``local``: every shard its
+    ``model.safetensors.index.json`` names (one-line :class:`ConfigError` for an unreadable index or a missing
+    shard), else ``model.safetensors`` when present, else none."""
+    index = local / SAFETENSORS_INDEX
+    if index.is_file():
+        weight_map = read_json_file(path, index)
+        weight_map = weight_map.get("weight_map") if isinstance(weight_map, dict) else None
+        if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+            raise ConfigError(f"model {path}: {SAFETENSORS_INDEX} has no weight_map of tensor names to files")
+        shards = [local / name for name in sorted(set(weight_map.values()))]
+        missing = [shard.name for shard in shards if not shard.is_file()]
+        if missing:
+            verb = "is" if len(missing) == 1 else "are"
+            named = and_join(missing[:3] + ([f"{len(missing) - 3} more"] if len(missing) > 3 else []))
+            raise ConfigError(f"model {path}: {SAFETENSORS_INDEX} names {named}, which {verb} missing; the "
+                              "checkpoint is incomplete")
+        return shards
+    single = local / "model.safetensors"
+    return [single] if single.is_file() else []
+
+
+def check_safetensors_file(path: str, file: Path) -> None:
+    """One-line :class:`ConfigError` unless ``file`` (a weights file of model ``path``) starts with a readable
+    safetensors header - an 8-byte length, then that many bytes of JSON - whose tensors all end within the file.
+    Reads the header alone, never the tensor data."""
+
+    def unreadable(reason: str, likely: str = "truncated") -> ConfigError:
+        return ConfigError(f"model {path}: {file.name} is not a readable safetensors file ({reason}); the file may "
+                           f"be {likely}")
+
+    try:
+        size = file.stat().st_size
+        with open(file, "rb") as handle:
+            prefix = handle.read(8)
+            length = int.from_bytes(prefix, "little") if len(prefix) == 8 else None
+            if length is None or length > size - 8:
+                raise unreadable("invalid header length")
+            if length > SAFETENSORS_HEADER_LIMIT:
+                raise unreadable("header too large", "corrupt")
+            raw = handle.read(length)
+    except OSError as err:
+        raise ConfigError(f"model {path}: cannot read {file.name} ({err.strerror or first_line(err)})") from None
+    try:
+        header = json.loads(raw.decode("utf-8"))
+        ends = [entry["data_offsets"][1] for key, entry in header.items() if key != "__metadata__"]
+        end = max((int(e) for e in ends), default=0)
+    except (UnicodeDecodeError, json.JSONDecodeError, AttributeError, KeyError, IndexError, TypeError, ValueError):
+        raise unreadable("invalid header", "corrupt") from None
+    if 8 + length + end > size:
+        raise unreadable(f"its header describes {8 + length + end} bytes, the file has {size}")
 
 
 def check_path_argument(argument: str, value: Any, expected: str, optional: bool = False) -> None:
@@ -169,13 +300,21 @@ def load_model(path: str, adapter: str | None = None, *, dtype="float32", device
     else:
         from transformers import AutoModel
 
-        check_checkpoint_path(path)
+        local = check_checkpoint_path(path)  # config.json, model_type, weight files and their headers: one line
         kwargs = {"dtype": torch_dtype} if torch_dtype is not None else {"dtype": "auto"}
-        try:
-            model = AutoModel.from_pretrained(str(path), **kwargs)
-        except OSError as err:  # a hub name that cannot be fetched (offline, private, misspelt)
-            raise ConfigError(f"model {path}: no such local directory, and the hub did not provide it "
-                              f"({first_line(err)})") from None
+        with loading_errors(path):  # what the cheap check cannot see (damaged tensor data, ...): one line
+            try:
+                model = AutoModel.from_pretrained(str(path), **kwargs)
+            except OSError as err:
+                if local is not None:
+                    raise
+                # a hub name that cannot be fetched (offline, private, misspelt)
+                offline = "" if os.environ.get("HF_HUB_OFFLINE") else \
+                    "; without a network, HF_HUB_OFFLINE=1 skips the retries"
+                raise ConfigError(f"model {path}: no such local directory, and the hub did not provide it "
+                                  f"({first_line(err)}){offline}") from None
+        if local is None:  # a hub model of a type transformers knows but DARE does not (an AR model, ...)
+            check_model_type(path, {"model_type": getattr(model.config, "model_type", None)})
     model = model.to(device)
     if adapter is not None:
         from peft import PeftModel

@@ -235,9 +235,9 @@ class Trainer:
         return checkpoint
 
     def _lock_output_dir(self) -> None:
-        """Take the output directory's lock (:class:`~dare.trainer.output_dir.OutputLock`; rank 0 only, every rank learns
-        whether it got it) and mark the directory as a ``dare train`` output; a one-line error on every rank when
-        another process holds it."""
+        """Take the output directory's lock (:class:`~dare.trainer.output_dir.OutputLock`; rank 0 only, every rank
+        learns whether it got it) and mark the directory as a ``dare train`` output; a one-line error on every rank
+        when another process holds it."""
         if self._locked:
             return
         refused = None
