@@ -87,3 +87,32 @@ def test_lazy_public_api_and_auto_class_registration():
 def test_python_dash_m_dare_is_the_dare_command():
     run = subprocess.run([sys.executable, "-m", "dare", "tiny"], capture_output=True, text=True, timeout=120)
     assert run.returncode == 2 and run.stderr.strip().startswith("error: dare tiny: the following arguments"), run
+
+
+def test_generate_applies_an_adapter_and_takes_eval_s_no_chat_spelling(tmp_path, capsys):
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    from dare.models.loading import load_model
+    from dare.models.spec import family_of
+
+    base = tmp_path / "base"
+    assert main(["tiny", "--family", "llada", "--out", str(base)]) == 0
+    model = load_model(str(base))
+    peft = get_peft_model(model, LoraConfig(r=4, target_modules=family_of(model).lora_targets))
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for name, param in peft.named_parameters():
+            if "lora_B" in name:
+                param.normal_(0, 2.0)  # a zero-initialised adapter would change nothing
+    peft.save_pretrained(tmp_path / "adapter")
+    capsys.readouterr()
+
+    def tokens(*extra):
+        assert main(["generate", "--model", str(base), "--prompt", "12+7=", "--gen-length", "16", "--block-length",
+                     "16", "--json", *extra]) == 0
+        return json.loads(capsys.readouterr().out)["results"][0]["tokens"]
+
+    adapted = tokens("--adapter", str(tmp_path / "adapter"), "--no-chat")
+    assert adapted == tokens("--adapter", str(tmp_path / "adapter"), "--no-chat-template")
+    assert adapted != tokens("--no-chat")  # the adapter was applied

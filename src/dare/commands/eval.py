@@ -43,7 +43,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     score.add_argument("--benchmark", required=True, help="benchmark name (gsm8k, math500, humaneval, mmlu, ...)")
     score.add_argument("--predictions", required=True, help='JSONL: {"id"|"question", "prediction", "answer"} or native fields')
     score.add_argument("--data", default=None, help="benchmark data (file, directory or HF name) to join predictions with by id")
-    score.add_argument("--split", default=None, help="split of --data when it is a HF dataset")
+    score.add_argument("--split", default=None, help="split of --data when it is a HF dataset or a directory of split files")
     score.add_argument("--k", type=int, nargs="*", default=None, help="pass@k values (default: 1,5,10,... up to n)")
     score.add_argument("--out", default=None, help="also write the full results file (per-sample records) here: a new "
                        "file or an earlier results file")

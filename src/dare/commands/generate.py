@@ -28,10 +28,12 @@ def sampler_names() -> list[str]:
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True,
                         help="checkpoint directory / hub name, or tiny:FAMILY[:SEED] (e.g. tiny:llada)")
+    parser.add_argument("--adapter", default=None, help="LoRA adapter directory to apply on top of --model")
     parser.add_argument("--prompt", action="append", required=True,
                         help="prompt text (repeat for a batch)")
     add_sampler_arguments(parser, default=None)
-    parser.add_argument("--no-chat-template", action="store_true", help="tokenize the prompt as raw text")
+    parser.add_argument("--no-chat-template", "--no-chat", dest="no_chat_template", action="store_true",
+                        help="tokenize the prompt as raw text (--no-chat, as dare eval spells it, is the same)")
     parser.add_argument("--device", help="torch device (default: cuda if available, else cpu)")
     parser.add_argument("--dtype", choices=["bfloat16", "float16", "float32"],
                         help="weights dtype (default: bfloat16 on GPU, float32 on CPU)")
@@ -159,12 +161,14 @@ def parse_options(items: list[str], what: str = "-o") -> dict:
     return values
 
 
-def load_model(spec: str, device, dtype):
-    """``(model, tokenizer)`` from a checkpoint directory, a hub name or ``tiny:FAMILY[:SEED]``."""
+def load_model(spec: str, device, dtype, adapter: str | None = None):
+    """``(model, tokenizer)`` from a checkpoint directory, a hub name or ``tiny:FAMILY[:SEED]``, with LoRA
+    ``adapter`` applied when given."""
     from dare.errors import InputError, first_line
-    from dare.models.loading import load_model as load, load_tokenizer
+    from dare.models.loading import load_model as load, load_tokenizer, loading_errors
 
-    model = load(spec, dtype=dtype, device=device)
+    with loading_errors(spec, adapter):
+        model = load(spec, adapter, dtype=dtype, device=device)
     try:
         tokenizer = load_tokenizer(spec)
     except (OSError, ValueError) as err:
@@ -198,7 +202,7 @@ def run(args: argparse.Namespace) -> int:
         SamplerConfig.from_dict(values).check_values()  # so does a value out of range
     device = resolve_device(args.device)
     dtype = getattr(torch, args.dtype) if args.dtype else (torch.bfloat16 if device.type == "cuda" else torch.float32)
-    model, tokenizer = load_model(args.model, device, dtype)
+    model, tokenizer = load_model(args.model, device, dtype, args.adapter)
     compiled = compile_if_asked(model, args)
     config = sampler_config(args, default_sampler(model), model)
     prompts = [encode(tokenizer, text, not args.no_chat_template) for text in args.prompt]
