@@ -5,6 +5,7 @@ import json
 from pathlib import Path
 
 import pytest
+from cli_helpers import one_line_error
 import torch
 
 from dare.cli import main
@@ -27,13 +28,6 @@ def blocked(tmp_path):
     """A path that cannot be created on any machine, even as root: its parent is a regular file."""
     (tmp_path / "file").write_text("")
     return tmp_path / "file" / "sub"
-
-
-def one_line_error(capsys, *args) -> str:
-    assert main(list(args)) == 2, args
-    lines = capsys.readouterr().err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), lines
-    return lines[0]
 
 
 def eval_args(gsm8k, *extra):

@@ -6,6 +6,7 @@ import logging
 from pathlib import Path
 
 import pytest
+from cli_helpers import one_line_error
 
 from dare.cli import main
 from dare.errors import ConfigError
@@ -14,13 +15,6 @@ from dare.trainer.config import load_train_config
 ROOT = Path(__file__).resolve().parents[1]
 SFT = str(ROOT / "configs/llada/sft_tiny.yaml")
 D1 = str(ROOT / "configs/llada/d1_tiny.yaml")
-
-
-def one_line_error(capsys, *args) -> str:
-    assert main(list(args)) == 2, args
-    lines = capsys.readouterr().err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), lines
-    return lines[0]
 
 
 @pytest.mark.parametrize("override, message", [

@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 import pytest
+from cli_helpers import one_line_error
 
 from dare.cli import main
 from dare.errors import ConfigError
@@ -22,13 +23,6 @@ NOT_A_SWEEP = "the directory is not empty and is not an earlier `dare eval sweep
 
 def cli(args) -> int:
     return main([str(a) for a in args])
-
-
-def one_line_error(capsys, *args) -> str:
-    assert cli(args) == 2, args
-    lines = capsys.readouterr().err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), lines
-    return lines[0]
 
 
 def snapshot(directory: Path) -> dict:

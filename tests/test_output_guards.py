@@ -4,16 +4,10 @@ own earlier output (recognised by its marker file); anything else is a one-line 
 import json
 
 import pytest
+from cli_helpers import one_line_error
 
 from dare import outputs
 from dare.cli import main
-
-
-def one_line_error(capsys, *args) -> str:
-    assert main([str(a) for a in args]) == 2, args
-    lines = capsys.readouterr().err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), lines
-    return lines[0]
 
 
 def snapshot(directory) -> dict:

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from cli_helpers import one_line_error
 
 from dare.cli import main
 from dare.config import load_yaml
@@ -25,13 +26,6 @@ SFT = str(ROOT / "configs/llada/sft_tiny.yaml")
 SMALL = ["trainer.progress=false", "data.num_examples=8", "data.max_length=32", "trainer.batch_size=4",
          "trainer.micro_batch_size=4", "trainer.max_steps=1", "optim.scheduler=constant", "optim.warmup_steps=0",
          "distributed.device=cpu"]
-
-
-def one_line_error(capsys, *args) -> str:
-    assert main(list(args)) == 2, args
-    lines = capsys.readouterr().err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), lines
-    return lines[0]
 
 
 def train(capsys, out, *overrides) -> str:

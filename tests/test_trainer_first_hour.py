@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from cli_helpers import one_line_error
 from test_config_validation import warnings_of
 
 from dare.cli import main
@@ -22,13 +23,6 @@ SFT = str(ROOT / "configs/llada/sft_tiny.yaml")
 D1 = str(ROOT / "configs/llada/d1_tiny.yaml")
 SMALL = ["trainer.progress=false", "data.num_examples=8", "data.max_length=32", "trainer.batch_size=4",
          "trainer.micro_batch_size=4", "trainer.max_steps=1"]
-
-
-def one_line_error(capsys, *args) -> str:
-    assert main(list(args)) == 2, args
-    lines = capsys.readouterr().err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), lines
-    return lines[0]
 
 
 def train(capsys, out, *overrides) -> str:
