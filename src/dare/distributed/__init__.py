@@ -53,12 +53,19 @@ def launched_by_torchrun() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
 
 
-def init_distributed(backend: str = "auto", device: str = "auto", timeout_s: int = 1800) -> DistInfo:
-    """Initialise the process group when launched by torchrun (NCCL on CUDA, gloo on CPU)."""
+def training_device(device: str = "auto") -> str:
+    """``cuda`` or ``cpu``: what ``distributed.device`` trains on (``auto``: CUDA when available); ``cuda`` without
+    CUDA is a one-line error. :func:`init_distributed` and ``dare train --dry-run`` both ask it."""
     if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+        return "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("distributed.device=cuda but no CUDA device is available")
+    return device
+
+
+def init_distributed(backend: str = "auto", device: str = "auto", timeout_s: int = 1800) -> DistInfo:
+    """Initialise the process group when launched by torchrun (NCCL on CUDA, gloo on CPU)."""
+    device = training_device(device)
     if not launched_by_torchrun():
         return DistInfo(device=torch.device("cuda:0" if device == "cuda" else "cpu"))
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])

@@ -57,7 +57,13 @@ def check_output_dir(output_dir) -> None:
                       f"run ({holds}); give a new or empty directory (nothing was written)")
 
 
-def _in_use(directory, pid: str) -> ConfigError:
+BUSY = (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES)
+"""``flock(..., LOCK_NB)`` errors meaning that another process holds the lock."""
+
+
+def _in_use(directory, fd: int) -> ConfigError:
+    """The one-line error for ``directory``'s lock held elsewhere, naming the pid its holder wrote into ``fd``."""
+    pid = os.pread(fd, 32, 0).decode(errors="replace").strip()
     who = f"pid {pid}" if pid else "pid unknown"
     return ConfigError(f"trainer.output_dir {directory} is in use by another `dare train` run ({who}); wait for it "
                        "to end, or use another trainer.output_dir")
@@ -94,10 +100,10 @@ class OutputLock:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as err:
-            pid = os.pread(fd, 32, 0).decode(errors="replace").strip()
+            refusal = _in_use(self.directory, fd) if err.errno in BUSY else None
             os.close(fd)
-            if err.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                raise _in_use(self.directory, pid) from None
+            if refusal is not None:
+                raise refusal from None
             raise ConfigError(f"trainer.output_dir {self.directory}: cannot lock {LOCK_FILE} "
                               f"({err.strerror or err})") from None
         os.ftruncate(fd, 0)
@@ -146,8 +152,8 @@ def check_not_in_use(output_dir) -> None:
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except OSError as err:
-        if err.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-            raise _in_use(directory, os.pread(fd, 32, 0).decode(errors="replace").strip()) from None
+        if err.errno in BUSY:
+            raise _in_use(directory, fd) from None
     else:
         fcntl.flock(fd, fcntl.LOCK_UN)
     finally:

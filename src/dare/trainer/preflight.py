@@ -37,10 +37,11 @@ def check_run(config, *, model: bool = True, data: bool = True, warn: bool = Tru
     ``trainer.resume`` or ``trainer.output_dir`` (another command's output or the user's files: refused before the
     run writes there); ``model`` / ``data``: check those sections (False when the trainer is given its own model /
     batch source); ``family``: the model's :class:`~dare.models.spec.FamilySpec` (default: read from
-    ``model.path``, no weights loaded); ``device``: ``cpu`` / ``cuda`` (default: the one ``distributed.device``
-    picks); ``warn``: log the settings the run ignores; ``dry_run``: say so when a hub model's family is unknown
-    (not in the local cache) and its checks are skipped."""
+    ``model.path``, no weights loaded); ``device``: ``cpu`` / ``cuda`` (default:
+    :func:`dare.distributed.training_device`); ``warn``: log the settings the run ignores; ``dry_run``: say so when a
+    hub model's family is unknown (not in the local cache) and its checks are skipped."""
     from dare.algorithms import get_algorithm
+    from dare.distributed import training_device
     from dare.trainer.output_dir import check_output_dir
     from dare.trainer.resume import check_resume
 
@@ -48,13 +49,11 @@ def check_run(config, *, model: bool = True, data: bool = True, warn: bool = Tru
     needs = algorithm.needs
     check_resume(config.trainer.resume)
     check_dir_target(config.trainer.output_dir, "trainer.output_dir")  # what ensure_dir would refuse
-    if model:
-        check_model_path(config.model.path)
-        if family is None:
-            family = known_family(config.model.path, note=dry_run)
+    if model and family is None:  # also the model path's own errors (a missing directory, no weights, ...)
+        family = known_family(config.model.path, note=dry_run)
     if family is not None:
         algorithm.check_family(config.algorithm, family)  # what bind_model checks on the loaded model
-    check_attn_backend(config, device or run_device(config))
+    check_attn_backend(config, device or training_device(config.distributed.device))
     check_tokenizer_path(config.model.tokenizer)
     if data and needs.rollout:
         from dare.trainer.prompts import check_prompt_path
@@ -77,7 +76,8 @@ def known_family(path: str, note: bool = False):
     """The :class:`~dare.models.spec.FamilySpec` of model path ``path`` without loading weights: of ``tiny:FAMILY``
     or a local checkpoint (:func:`dare.models.loading.family_of_path`), or of a hub name whose config is in the local
     Hugging Face cache; None for a hub name that is not (nothing is downloaded; ``note``: log that the checks that
-    depend on the family are skipped; the run makes them once the model is loaded)."""
+    depend on the family are skipped; the run makes them once the model is loaded). A local path that cannot hold a
+    model is a one-line error (:func:`dare.models.loading.check_checkpoint_path`, as the loader checks it)."""
     from dare.models.loading import family_of_path, local_path, parse_tiny
 
     if parse_tiny(path) is not None or local_path(path, f"model path {path}: no such checkpoint directory"):
@@ -95,19 +95,6 @@ def known_family(path: str, note: bool = False):
                         "model is downloaded)")
         return None
     return family_of(hf_config)
-
-
-def run_device(config) -> str:
-    """``cuda`` or ``cpu``: the device a run of ``config`` trains on (as :func:`dare.distributed.init_distributed`
-    picks it from ``distributed.device``; the same one-line error for ``cuda`` without CUDA)."""
-    import torch
-
-    device = config.distributed.device
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("distributed.device=cuda but no CUDA device is available")
-    return device
 
 
 def check_attn_backend(config, device: str) -> None:
@@ -171,19 +158,6 @@ def fill_rollout_defaults(config, model=None) -> None:
     if sampler.gen_length is None:
         sampler = sampler.replace(gen_length=DEFAULT_GEN_LENGTH)
     config.rollout.sampler = sampler
-
-
-def check_model_path(path: str) -> None:
-    """The family of ``tiny:FAMILY[:SEED]``, or a local checkpoint directory (:func:`dare.models.loading.load_model`
-    checks the same before loading)."""
-    from dare.models.loading import check_checkpoint_path, parse_tiny
-    from dare.models.spec import get_family
-
-    tiny = parse_tiny(path)
-    if tiny is not None:
-        get_family(tiny[0])
-    else:
-        check_checkpoint_path(path)
 
 
 TOKENIZER_FILES = ("tokenizer_config.json", "tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt",
@@ -280,6 +254,6 @@ def overridden(config) -> list[tuple[str, str]]:
     return moot
 
 
-__all__ = ["OVERRIDDEN", "UNUSED_DATA", "changed", "check_attn_backend", "check_model_path", "check_relative",
+__all__ = ["OVERRIDDEN", "UNUSED_DATA", "changed", "check_attn_backend", "check_relative",
            "check_run", "check_tokenizer_path", "fill_rollout_defaults", "known_family", "model_dtype", "overridden",
-           "record_given_model", "run_device", "warn_unused"]
+           "record_given_model", "warn_unused"]
