@@ -208,53 +208,35 @@ def merge(base: dict, update: dict) -> dict:
     return out
 
 
-def _unique_key_loader():
-    """A ``yaml.SafeLoader`` subclass whose mappings refuse a key given twice (PyYAML keeps the last one silently):
-    :class:`ConfigError` ``KEY.PATH given twice (lines A and B)``; the caller adds the file name."""
+def _reject_repeated_keys(loader, node, path: tuple = (), visited: set | None = None) -> None:
+    """:class:`ConfigError` ``KEY.PATH is given twice (lines A and B); keep one`` for a key given twice in one mapping
+    of the composed YAML ``node`` (PyYAML keeps the last one silently); the caller adds the file name. Keys compare
+    as ``loader`` constructs them; the keys of a ``<<: *anchor`` merge may be overridden."""
     import yaml
 
-    class UniqueKeyLoader(yaml.SafeLoader):
-        def construct_mapping(self, node, deep=False):
-            if isinstance(node, yaml.MappingNode):
-                seen = {}
-                for key_node, _ in node.value:
-                    if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *anchor`: its keys may be overridden
-                        continue
-                    key = self.construct_object(key_node, deep=True)
-                    try:
-                        first = seen.setdefault(key, key_node)
-                    except TypeError:  # an unhashable key: the base constructor's error
-                        break
-                    if first is not key_node:
-                        dotted = ".".join(str(k) for k in (*self._key_path(node), key))
-                        raise ConfigError(f"{dotted} is given twice (lines {first.start_mark.line + 1} and "
-                                          f"{key_node.start_mark.line + 1}); keep one")
-            return super().construct_mapping(node, deep=deep)
-
-        def _key_path(self, target) -> list:
-            """The keys leading from the document's root mapping to mapping node ``target``."""
-            def walk(node, path):
-                if node is target:
-                    return path
-                if isinstance(node, yaml.MappingNode):
-                    for key_node, value_node in node.value:
-                        found = walk(value_node, [*path, getattr(key_node, "value", "?")])
-                        if found is not None:
-                            return found
-                elif isinstance(node, yaml.SequenceNode):
-                    for index, item in enumerate(node.value):
-                        found = walk(item, [*path[:-1], f"{path[-1]}[{index}]"] if path else [f"[{index}]"])
-                        if found is not None:
-                            return found
-                return None
-
-            return walk(self._root, []) or []
-
-        def construct_document(self, node):
-            self._root = node
-            return super().construct_document(node)
-
-    return UniqueKeyLoader
+    visited = set() if visited is None else visited
+    if id(node) in visited:  # an alias of a node already checked (or a recursive one)
+        return
+    visited.add(id(node))
+    if isinstance(node, yaml.SequenceNode):
+        for index, item in enumerate(node.value):
+            _reject_repeated_keys(loader, item, (*path[:-1], f"{path[-1]}[{index}]") if path else (f"[{index}]",),
+                                  visited)
+    if not isinstance(node, yaml.MappingNode):
+        return
+    seen, hashable = {}, True
+    for key_node, value_node in node.value:
+        if hashable and key_node.tag != "tag:yaml.org,2002:merge":
+            key = loader.construct_object(key_node, deep=True)
+            try:
+                first = seen.setdefault(key, key_node)
+            except TypeError:  # an unhashable key: construction reports it
+                hashable = False
+            else:
+                if first is not key_node:
+                    raise ConfigError(f"{'.'.join(map(str, (*path, key)))} is given twice (lines "
+                                      f"{first.start_mark.line + 1} and {key_node.start_mark.line + 1}); keep one")
+        _reject_repeated_keys(loader, value_node, (*path, getattr(key_node, "value", "?")), visited)
 
 
 def load_yaml(path: str | Path) -> dict:
@@ -267,14 +249,20 @@ def load_yaml(path: str | Path) -> dict:
         raise ConfigError(f"config file {path} is a directory, not a YAML file")
     if not path.is_file():
         raise ConfigError(f"config file {path} does not exist")
+    loader = yaml.SafeLoader(path.read_text())
     try:
-        data = yaml.load(path.read_text(), Loader=_unique_key_loader())  # noqa: S506 (a SafeLoader subclass)
+        node = loader.get_single_node()
+        if node is not None:
+            _reject_repeated_keys(loader, node)
+        data = None if node is None else loader.construct_document(node)
     except ConfigError as err:
         raise ConfigError(f"{path}: {err}") from None
     except yaml.YAMLError as err:
         mark, problem = getattr(err, "problem_mark", None), getattr(err, "problem", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
         raise ConfigError(f"{path}: invalid YAML{where} ({problem or first_line(err)})") from None
+    finally:
+        loader.dispose()
     if data is None:
         raise ConfigError(f"{path} is empty")
     if not isinstance(data, dict):
