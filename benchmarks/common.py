@@ -1,4 +1,4 @@
-"""Helpers shared by the benchmark scripts: LLaDA-8B- and SDAR-8B-shaped random models built on the device,
+"""Helpers shared by the benchmark scripts: LLaDA-8B-, Dream-7B- and SDAR-8B-shaped random models built on the device,
 device synchronisation, and the visible confidence injection that lets threshold decoding run on random weights.
 
 Import from a script in this directory (``benchmarks/`` is put on ``sys.path`` by the scripts)::
@@ -25,6 +25,13 @@ SDAR_8B = dict(vocab_size=151936, hidden_size=4096, intermediate_size=12288, num
                max_window_layers=36, tie_word_embeddings=False, mask_token_id=151669, eos_token_id=151643,
                pad_token_id=151643, bos_token_id=None)
 """SDAR-8B's architecture and special ids (JetLM/SDAR-8B-Chat config.json)."""
+
+
+DREAM_7B = dict(vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
+                num_attention_heads=28, num_key_value_heads=4, max_position_embeddings=131072, rope_theta=1000000.0,
+                max_window_layers=28, tie_word_embeddings=False, mask_token_id=151666, eos_token_id=151643,
+                pad_token_id=151643, bos_token_id=151643)
+"""Dream-7B's architecture and special ids (Dream-org/Dream-v0-Instruct-7B config.json; docs/models.md 4.1)."""
 
 
 def random_on_device(model_class, config, device: torch.device, dtype: torch.dtype, seed: int, is_norm):
@@ -65,6 +72,18 @@ def build_sdar(device: torch.device, *, dtype: torch.dtype = torch.bfloat16, see
     raw = tiny_sdar_config(**{**SDAR_8B, **overrides})
     raw.pop("model_type")
     return random_on_device(SDARForCausalLM, SDARConfig.from_dict(raw), device, dtype, seed,
+                            lambda name: "norm" in name)
+
+
+def build_dream(device: torch.device, *, dtype: torch.dtype = torch.bfloat16, seed: int = 0, **overrides):
+    """A Dream-7B-shaped model (``overrides`` change fields of :data:`DREAM_7B`) with random weights created on
+    ``device`` (:func:`random_on_device`)."""
+    import dare  # noqa: F401  (registers the families)
+    from dare.models.dream import DreamConfig, DreamModel, tiny_dream_config
+
+    raw = tiny_dream_config(**{**DREAM_7B, **overrides})
+    raw.pop("model_type")
+    return random_on_device(DreamModel, DreamConfig.from_dict(raw), device, dtype, seed,
                             lambda name: "norm" in name)
 
 

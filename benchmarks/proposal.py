@@ -4,13 +4,16 @@
     python benchmarks/proposal.py
     python benchmarks/proposal.py --shapes 16,32,126464 --temperatures 0 1 --json proposal.json
     python benchmarks/proposal.py --sampler dream --shapes 1,256,152064 16,256,152064   # neg_entropy confidence
+    python benchmarks/proposal.py --sampler dream --top-p 0.95 --temperatures 1   # a filter: the tensor ops only
 
 Each shape is ``batch,window,vocabulary`` of bf16 logits (defaults: LLaDA-8B B=1 and B=16 windows of 32, SDAR-8B
 B=1 and B=64 blocks of 4). For every shape and temperature it prints microseconds per proposal for
 ``dare.rollout.engine.proposal_kernel`` and for the compiled ops it replaces (``DARE_PROPOSAL_KERNEL=0``), the
 floor of reading the logits once, and the fraction of proposed tokens the two agree on (greedy: all). The
 confidence settings are ``--sampler``'s preset (default ``llada``: the token's probability; ``dream``: the
-negative entropy of the sampling distribution).
+negative entropy of the sampling distribution). ``--top-p`` / ``--top-k`` add the filters, which the kernel does
+not serve: both columns then time the compiled tensor ops, and the ``unfiltered us`` column times the same call
+without the filters (the kernel where it serves), so the filters' cost reads off one row.
 ``--sweep`` also times the kernel under other launch settings (tile size, warps, programs per multiprocessor)::
 
     python benchmarks/proposal.py --sweep
@@ -80,15 +83,23 @@ def main() -> int:
     p.add_argument("--temperatures", nargs="+", type=temperature, default=[0.0, 1.0])
     p.add_argument("--sampler", default="llada", choices=sorted(SAMPLERS),
                    help="the preset whose confidence settings are timed (default llada)")
+    p.add_argument("--top-p", type=float, help="top-p filter of the timed settings (0 < p < 1)")
+    p.add_argument("--top-k", type=int, help="top-k filter of the timed settings (k > 0)")
     p.add_argument("--json", help="also write the rows to this file")
     p.add_argument("--sweep", action="store_true", help="also time the kernel under each launch setting of SWEEP")
     args = p.parse_args()
+    if args.top_p is not None and not 0 < args.top_p < 1:
+        p.error(f"--top-p must lie in (0, 1), got {args.top_p}")
+    if args.top_k is not None and args.top_k < 1:
+        p.error(f"--top-k must be >= 1, got {args.top_k}")
+    filters = {k: v for k, v in dict(top_p=args.top_p, top_k=args.top_k).items() if v is not None}
     require_cuda("proposal.py")
     bandwidth = memory_bandwidth(torch.device("cuda"), 2**30)
     rows = []
-    print(f"sampler {args.sampler}")
-    print("| B | W | V | T | kernel us | compiled us | compiled / kernel | read floor us | same tokens |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print(f"sampler {args.sampler}" + "".join(f", {k} {v}" for k, v in filters.items()))
+    print("| B | W | V | T | kernel us | compiled us | compiled / kernel | read floor us | same tokens |"
+          + (" unfiltered us |" if filters else ""))
+    print("|---|---|---|---|---|---|---|---|---|" + ("---|" if filters else ""))
     for b, w, v in args.shapes:
         torch.manual_seed(0)
         logits = torch.randn(b, w, v, device="cuda", dtype=torch.bfloat16) * 4
@@ -97,7 +108,7 @@ def main() -> int:
         counters = torch.arange(b, device="cuda")
         positions = torch.arange(w, device="cuda")[None].expand(b, w)
         for t in args.temperatures:
-            config = SamplerConfig(sampler=args.sampler, temperature=t).resolved()
+            config = SamplerConfig(sampler=args.sampler, temperature=t, **filters).resolved()
             call = dict(config=config, banned=7, keys=keys, counters=counters, positions=positions)
             fast = propose_with(logits, eligible, call, kernel=True)
             slow = propose_with(logits, eligible, call, kernel=False)
@@ -107,11 +118,15 @@ def main() -> int:
             row = dict(sampler=args.sampler, confidence=config.confidence, batch=b, window=w, vocab=v, temperature=t,
                        kernel_us=times[True], compiled_us=times[False],
                        read_floor_us=floor, same_tokens=same)
+            if filters:
+                plain = dict(call, config=SamplerConfig(sampler=args.sampler, temperature=t).resolved())
+                row.update(filters, unfiltered_us=graph_us(lambda: propose_with(logits, eligible, plain, kernel=True)))
             if args.sweep:
                 row["sweep"] = sweep(lambda: propose_with(logits, eligible, call, kernel=True))
             rows.append(row)
             print(f"| {b} | {w} | {v} | {t:g} | {times[True]:.1f} | {times[False]:.1f} | "
-                  f"{times[False] / times[True]:.2f}x | {floor:.1f} | {100 * same:.2f} % |", flush=True)
+                  f"{times[False] / times[True]:.2f}x | {floor:.1f} | {100 * same:.2f} % |"
+                  + (f" {row['unfiltered_us']:.1f} |" if filters else ""), flush=True)
             if args.sweep:
                 print("|  | sweep (block, warps, programs per SM): " + ", ".join(
                     f"{k} {us:.1f}" for k, us in row["sweep"].items()) + " |||||||", flush=True)

@@ -9,7 +9,10 @@ CPU smoke test (tiny model)::
 
     python benchmarks/rollout.py --tiny
 
-What is measured, per batch size and generation length (block 32, greedy, no early stop):
+``--family dream`` runs the same configurations on a Dream-7B-shaped model with the ``fastdllm_dream`` preset
+(``--confidence neg_entropy`` gives Dream's own entropy confidence instead of the preset's probability).
+
+What is measured, per batch size and generation length (block 32, greedy unless ``--temperature``, no early stop):
 
 * ``naive``: full forward every step, one token per step (``steps = gen_length``): the LLaDA/Fast-dLLM
   baseline;
@@ -33,7 +36,9 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -47,6 +52,7 @@ from common import (  # noqa: E402,F401
     Roofline,
     add_engine_arguments,
     apply_compile,
+    build_dream,
     build_llada,
     check_engine_arguments,
     default_engines,
@@ -72,9 +78,33 @@ CONFIGS = {
 }
 
 
+class Family(NamedTuple):
+    """A benchmarked model shape: its builder, its Fast-dLLM sampler preset, and the prompt ids drawn
+    (``[0, prompt_ids)``: below every special token)."""
+
+    build: Callable
+    sampler: str
+    prompt_ids: int
+
+
+FAMILIES = {
+    "llada": Family(build_llada, "fastdllm", 126000),
+    "dream": Family(build_dream, "fastdllm_dream", 151000),
+}
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--tiny", action="store_true", help="tiny LLaDA on CPU (smoke test)")
+    p.add_argument("--tiny", action="store_true", help="tiny model of the family on CPU (smoke test)")
+    p.add_argument("--family", choices=list(FAMILIES), default="llada",
+                   help="model shape and sampler preset: llada (LLaDA-8B, fastdllm) or dream (Dream-7B, "
+                   "fastdllm_dream)")
+    p.add_argument("--confidence", choices=["prob", "margin", "neg_entropy"],
+                   help="confidence of the decoders (default: the preset's, prob)")
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="sampling temperature (default 0: greedy; > 0 draws, as RL rollouts do: engines then draw "
+                   "from different random streams, so their tokens differ)")
+    p.add_argument("--top-p", type=float, help="top-p filter of the sampling distribution (0 < p < 1)")
     p.add_argument("--device", help="default: cuda if available (cpu with --tiny)")
     p.add_argument("--batch", type=int, nargs="+", help="batch sizes (default 1 16; tiny: 1 4)")
     p.add_argument("--gen", type=int, nargs="+", help="generation lengths (default 256 512; tiny: 32 64)")
@@ -98,6 +128,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     args.device = args.device or ("cpu" if tiny or not torch.cuda.is_available() else "cuda")
     args.engines = args.engines or default_engines(args.device)
     check_engine_arguments(p, args)
+    if args.temperature < 0:
+        p.error(f"--temperature must be >= 0, got {args.temperature}")
+    if args.top_p is not None and not 0 < args.top_p < 1:
+        p.error(f"--top-p must lie in (0, 1), got {args.top_p}")
     if args.lora_rank is not None and args.lora_rank < 1:
         p.error(f"--lora-rank must be >= 1, got {args.lora_rank}")
     args.batch = args.batch or ([1, 4] if tiny else [1, 16])
@@ -109,13 +143,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def build_model(tiny: bool, device: torch.device):
-    """Tiny fp32 LLaDA, or an LLaDA-8B-shaped model with random bf16 weights initialised on ``device``."""
+def build_model(family: str, tiny: bool, device: torch.device):
+    """Tiny fp32 model of ``family``, or its real shape (LLaDA-8B, Dream-7B) with random bf16 weights initialised
+    on ``device``."""
     from dare.models.tiny import tiny_model
 
     if tiny:
-        return tiny_model("llada", seed=0).to(device)
-    return build_llada(device)
+        return tiny_model(family, seed=0).to(device)
+    return FAMILIES[family].build(device)
 
 
 def inject_confidence(model, fraction: float, device: torch.device, margin: float = 20.0):
@@ -128,8 +163,10 @@ def run_once(model, prompts, gen_length, args, overrides, max_blocks, engine="ea
 
     overrides = dict(overrides)
     steps = gen_length // overrides.pop("tokens_per_step", 1)
-    config = SamplerConfig(sampler="fastdllm", gen_length=gen_length, block_length=args.block, steps=steps,
-                           temperature=0.0, eos_early_stop=False, max_blocks=max_blocks, engine=engine,
+    if args.confidence:
+        overrides["confidence"] = args.confidence
+    config = SamplerConfig(sampler=FAMILIES[args.family].sampler, gen_length=gen_length, block_length=args.block, steps=steps,
+                           temperature=args.temperature, top_p=args.top_p, eos_early_stop=False, max_blocks=max_blocks, engine=engine,
                            weights=weights, **threshold_setting(overrides["decoder"], args.threshold), **overrides)
     device = prompts.device
     sync(device)
@@ -148,8 +185,8 @@ def main(argv=None) -> int:
     if device.type == "cpu":
         torch.set_num_threads(1)  # tiny models: extra OpenMP threads only add contention
     t_start = time.perf_counter()
-    model = build_model(args.tiny, device)
-    vocab_hi = 256 if args.tiny else 126000  # prompt ids below every special token
+    model = build_model(args.family, args.tiny, device)
+    vocab_hi = 256 if args.tiny else FAMILIES[args.family].prompt_ids  # prompt ids below every special token
     bandwidth, wbytes = weights_floor(model, device, t_start)
     if args.lora_rank:
         from dare.models.lora import apply_lora
@@ -192,7 +229,7 @@ def main(argv=None) -> int:
                            tokens=decoded, seconds=seconds, tokens_per_s=decoded / seconds,
                            tokens_per_forward=decoded / batch / out.nfe, floor_s=floor, gap_to_floor=seconds / floor)
                 results.append(row)
-                common = dict(family="llada", sampler="fastdllm", cache=overrides["cache"],
+                common = dict(family=args.family, sampler=FAMILIES[args.family].sampler, cache=overrides["cache"],
                               decoder=overrides["decoder"], batch=batch, gen_length=gen_length,
                               steps=gen_length // overrides.get("tokens_per_step", 1)
                               if overrides["decoder"] == "quota" else None, roofline=roofline,
@@ -210,10 +247,12 @@ def main(argv=None) -> int:
                 records += time_engines(model, args, timed, out, common, label)
 
     print_table(results, args)
-    print_engine_table(records, f"engines (prompt {args.prompt_length}, block {args.block}, greedy, confident fraction "
+    drawn = "greedy" if args.temperature == 0 else f"T {args.temperature:g}" + (f" top-p {args.top_p:g}" if args.top_p else "")
+    print_engine_table(records, f"engines (prompt {args.prompt_length}, block {args.block}, {drawn}, confident fraction "
                                 f"{args.confident_fraction}): tokens/s (ms per forward) [weights floor, roofline]")
     for record in records:  # settings of the decoded model that the engine records do not name
-        record.update(lora_rank=args.lora_rank, autocast=args.autocast)
+        record.update(lora_rank=args.lora_rank, autocast=args.autocast, confidence=args.confidence or "prob",
+                      temperature=args.temperature, top_p=args.top_p)
     write_engine_records(args, bandwidth, wbytes, roofline, records)
     if args.json:
         Path(args.json).write_text(json.dumps(dict(args=vars(args), bandwidth=bandwidth, weight_bytes=wbytes,

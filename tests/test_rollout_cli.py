@@ -4,6 +4,8 @@ import importlib.util
 import json
 from pathlib import Path
 
+import pytest
+
 from rollout_helpers import single_thread  # noqa: F401  (fixture)
 
 from dare.cli import main
@@ -67,6 +69,41 @@ def test_benchmark_tiny_smoke(tmp_path, capsys):
     assert runs["naive"]["nfe"] == runs["dual"]["nfe"] == 16 and runs["naive"]["tokens"] == 32
     assert runs["dual+threshold"]["tokens_per_forward"] >= 1
     assert "| dual+threshold |" in printed and "x naive" in printed
+
+
+def test_benchmark_dream_shape_records_its_family_preset_and_sampling_settings(tmp_path, capsys, monkeypatch):
+    import dare.rollout
+
+    records, decoded = tmp_path / "records.json", []
+    generate = dare.rollout.generate
+
+    def spy(model, prompts, mask, config, **kwargs):
+        decoded.append((type(model).__name__, config))
+        return generate(model, prompts, mask, config, **kwargs)
+
+    monkeypatch.setattr(dare.rollout, "generate", spy)
+    bench = load_benchmark()
+    assert bench.main(["--tiny", "--family", "dream", "--batch", "2", "--gen", "16", "--configs", "dual",
+                       "--confidence", "neg_entropy", "--temperature", "0.7", "--top-p", "0.9",
+                       "--records", str(records)]) == 0
+    assert "T 0.7 top-p 0.9" in capsys.readouterr().out
+    rows = json.loads(records.read_text())["records"]
+    assert {r["engine"] for r in rows} == {"eager", "static"}
+    for row in rows:
+        assert (row["family"], row["sampler"], row["cache"]) == ("dream", "fastdllm_dream", "dual")
+        assert (row["confidence"], row["temperature"], row["top_p"]) == ("neg_entropy", 0.7, 0.9)
+        assert row["tokens"] == 32 and row["nfe"] == 16
+    assert decoded and all(name == "DreamModel" and (c.sampler, c.confidence, c.temperature, c.top_p)
+                           == ("fastdllm_dream", "neg_entropy", 0.7, 0.9) for name, c in decoded)
+
+
+@pytest.mark.parametrize("argv,message", [(["--top-p", "1.5"], "--top-p must lie in (0, 1)"),
+                                          (["--temperature", "-1"], "--temperature must be >= 0"),
+                                          (["--family", "sdar"], "invalid choice: 'sdar'")])
+def test_benchmark_rejects_bad_sampling_options(argv, message, capsys):
+    with pytest.raises(SystemExit):
+        load_benchmark().parse_args(["--tiny", *argv])
+    assert message in capsys.readouterr().err
 
 
 def test_option_values_parse_like_a_recipe():
