@@ -15,6 +15,7 @@ import sys
 
 from dare import __version__
 from dare.errors import DareError, closest
+from dare.progress import close_progress_bars
 
 COMMANDS = {
     "demo": "dare.commands.demo",
@@ -122,16 +123,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err.cli_message}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        _close_progress_bars()
+        close_progress_bars()  # "interrupted" gets a line of its own
         print("interrupted", file=sys.stderr)
         return 130
-
-
-def _close_progress_bars() -> None:
-    """End any open tqdm bar's line, so "interrupted" gets a line of its own."""
-    tqdm = sys.modules.get("tqdm")
-    for bar in list(getattr(getattr(tqdm, "tqdm", None), "_instances", ()) or ()):
-        bar.close()
 
 
 if __name__ == "__main__":

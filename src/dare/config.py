@@ -33,6 +33,8 @@ ENVIRONMENT = {
                              "steps the proposal kernel serves use it unless DARE_PROPOSAL_KERNEL=0)",
     "DARE_PROPOSAL_KERNEL": "0 leaves the graph engine's token proposals to compiled tensor ops (default 1: one-pass kernel)",
     "DARE_FUSE_CACHE_WRITES": "0 leaves static steps' KV-cache writes to the cache instead of each block (default 1)",
+    "DARE_PROGRESS_INTERVAL": "seconds between two progress lines when stderr is not a terminal (default 30; "
+                              "0: every update; inf: only each bar's final line)",
     "DARE_KILL_AT_STEP": "test seam: the trainer SIGKILLs itself after saving step N",
     "DARE_OPENCOMPASS_ENV": "where .ci/run makes the OpenCompass environment",
 }

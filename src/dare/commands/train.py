@@ -141,10 +141,10 @@ def run(args: argparse.Namespace) -> int:
         record = run_training(config, on_step=remember_reward)
     except KeyboardInterrupt:  # say where to resume from; the CLI then prints "interrupted"
         if int(os.environ.get("RANK", "0")) == 0:
-            from dare.cli import _close_progress_bars
+            from dare.progress import close_progress_bars
             from dare.trainer.resume import interrupt_message
 
-            _close_progress_bars()
+            close_progress_bars()
             print(interrupt_message(config.trainer.output_dir, resume_command(config_path, overrides)),
                   file=sys.stderr)
         raise

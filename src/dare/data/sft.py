@@ -142,9 +142,9 @@ def build_sft_dataset(cfg, tokenizer, eos_id: int, seed: int = 0, progress: bool
     records = read_records(cfg.path, cfg.num_examples, seed)
     iterator = records
     if progress:
-        from tqdm import tqdm
+        from dare.progress import progress_bar
 
-        iterator = tqdm(records, desc="tokenizing", leave=False)
+        iterator = progress_bar(len(records), "tokenizing", leave=False, iterable=records)
     examples, dropped = [], 0
     for number, record in enumerate(iterator):
         prompt, answer = tokenize_record(record, tokenizer, cfg, eos_id, number)

@@ -181,9 +181,9 @@ def continuation_elbo(model, requests: Sequence[Request], config: LikelihoodConf
     batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
     bar = None
     if progress:
-        from tqdm.auto import tqdm
+        from dare.progress import progress_bar
 
-        bar = tqdm(total=len(rows), desc="likelihood", unit="row", leave=False)
+        bar = progress_bar(len(rows), "likelihood", unit="row", leave=False)
     for batch in batches:
         clean_rows, noisy_rows = [], []
         for i in batch:

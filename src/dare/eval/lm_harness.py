@@ -193,9 +193,9 @@ class DareLM(_LM):
 
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
         import torch
-        from tqdm.auto import tqdm
 
         from dare.eval.harness import completion_text
+        from dare.progress import progress_bar
         from dare.rollout import generate
 
         seen: dict[tuple, int] = defaultdict(int)
@@ -208,7 +208,7 @@ class DareLM(_LM):
         for i, req in enumerate(requests):
             groups[json.dumps(req.args[1], sort_keys=True, default=str)].append(i)
         results: list[str] = [""] * len(requests)
-        bar = tqdm(total=len(requests), desc="dare generate_until", disable=disable_tqdm or self.rank != 0)
+        bar = progress_bar(len(requests), "dare generate_until", disable=disable_tqdm or self.rank != 0)
         for members in groups.values():
             gen_kwargs = dict(requests[members[0]].args[1])
             until = gen_kwargs.get("until") or []

@@ -285,9 +285,9 @@ def _generation(model, tokenizer, bench, samples, pool, shots, sampler, config, 
     nfe = generated = 0
     bar = None
     if progress:
-        from tqdm.auto import tqdm
+        from dare.progress import progress_bar
 
-        bar = tqdm(total=len(rows), desc=f"{bench.name} ({resolved.sampler})", unit="sample")
+        bar = progress_bar(len(rows), f"{bench.name} ({resolved.sampler})", unit="sample")
     start = time.perf_counter()
     for b in range(0, len(order), config.batch_size):
         batch = order[b:b + config.batch_size]

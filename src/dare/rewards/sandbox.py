@@ -452,9 +452,9 @@ class Sandbox:
         with ThreadPoolExecutor(max_workers=min(self.workers, len(programs))) as pool:
             futures = pool.map(self.run, programs)
             if progress:
-                from tqdm.auto import tqdm
+                from dare.progress import progress_bar
 
-                futures = tqdm(futures, total=len(programs), desc=desc)
+                futures = progress_bar(len(programs), desc, iterable=futures)
             return list(futures)
 
     def _limits(self, uid: int | None) -> dict[str, int]:

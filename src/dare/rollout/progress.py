@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import contextlib
 
+from dare.progress import progress_bar as make_bar
+
 
 def progress_bar(total: int, enabled: bool, unit: str = "tok"):
-    """A transient "decoding" bar of ``total`` units, or None when not ``enabled``."""
+    """A transient "decoding" bar of ``total`` units (plain lines when stderr is not a terminal:
+    :func:`dare.progress.progress_bar`), or None when not ``enabled``."""
     if not enabled:
         return None
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, desc="decoding", unit=unit, leave=False)
+    return make_bar(total, "decoding", unit=unit, leave=False)
 
 
 @contextlib.contextmanager

@@ -70,11 +70,17 @@ log = logging.getLogger("dare.trainer")
 @contextlib.contextmanager
 def hf_progress_bars(enabled: bool):
     """transformers' own progress bars (e.g. "Writing model shards") off for the block unless ``enabled`` (as
-    ``trainer.progress``); left as they are otherwise (a caller may have turned them off), and restored after."""
+    ``trainer.progress``) and stderr draws bars (a terminal: in a log their ``\\r`` redraws would run together,
+    :func:`dare.progress.draws_bars`); left as they are otherwise (a caller may have turned them off), and restored
+    after."""
+    import sys
+
     from transformers.utils import logging as hf_logging
 
+    from dare.progress import draws_bars
+
     before = hf_logging.is_progress_bar_enabled()
-    if not enabled:
+    if not enabled or not draws_bars(sys.stderr):
         hf_logging.disable_progress_bar()
     try:
         yield
@@ -560,9 +566,9 @@ class Trainer:
         kill_at = int(os.environ.get("DARE_KILL_AT_STEP", "0") or 0)
         bar = None
         if cfg.progress and self.info.is_main:
-            from tqdm import tqdm
+            from dare.progress import progress_bar
 
-            bar = tqdm(total=self.total_steps, initial=self.step, desc="train", dynamic_ncols=True)
+            bar = progress_bar(self.total_steps, "train", initial=self.step, dynamic_ncols=True)
         try:
             record = self._run_steps(on_step, bar, kill_at) or {"step": self.step}
         finally:

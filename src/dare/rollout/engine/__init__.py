@@ -110,15 +110,17 @@ def kernel_settings() -> dict:
 def check_environment() -> None:
     """Check the ``DARE_*`` environment before any work (the ``dare`` command, the lm-eval and OpenCompass models):
     one warning line on stderr per ``DARE_*`` name DARE does not read (:func:`dare.config.unknown_environment`), and
-    every kernel switch read once, so that a misspelt value is a one-line error on any device, not only where (and
-    if) a decode reads it."""
+    every kernel switch (and ``DARE_PROGRESS_INTERVAL``) read once, so that a misspelt value is a one-line error on
+    any device, not only where (and if) a decode reads it (or a progress bar is drawn)."""
     import sys
 
     from dare.config import unknown_environment
+    from dare.progress import progress_interval
 
     for line in unknown_environment():
         print(line, file=sys.stderr)
     kernel_settings()
+    progress_interval()
 
 
 def check_engine(name: str) -> None:
