@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from cli_helpers import lora_adapter
 
 from dare.errors import ConfigError, DareError, InputError
 from dare.models.loading import check_checkpoint_path, family_of_path, load_model
@@ -199,9 +200,7 @@ def test_eval_and_merge_print_the_same_line(good, tmp_path, damage, capsys):
     ck = damaged(good, tmp_path, damage)
     data = tmp_path / "gsm8k.jsonl"
     data.write_text(json.dumps({"question": "What is 1 + 1?", "answer": "#### 2"}) + "\n")
-    adapter = tmp_path / "adapter"
-    adapter.mkdir()
-    (adapter / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": str(ck)}))
+    adapter = lora_adapter(tmp_path / "adapter", base=str(ck))  # a sound adapter: the base is what is damaged
     for args in (["eval", "run", "--model", str(ck), "--benchmark", "gsm8k", "--data", str(data), "--gen-length", "4"],
                  ["merge-lora", "--adapter", str(adapter), "--out", str(tmp_path / "merged")]):
         assert main(args) == 2, args

@@ -151,6 +151,7 @@ def run_run(args: argparse.Namespace) -> int:
     from dare.eval import evaluate, get_benchmark
     from dare.eval.results import check_results_out
     from dare.eval.run import load_for_eval
+    from dare.models.loading import check_adapter_path
     from dare.rollout import SamplerConfig, default_sampler
 
     if args.limit is not None and args.limit < 1:
@@ -161,6 +162,8 @@ def run_run(args: argparse.Namespace) -> int:
     bench = get_benchmark(args.benchmark)
     config, sampler_values_, likelihood = _run_configs(args, bench)
     options = code_reward_options(args, bench)
+    if args.adapter is not None:  # before the data and the base model are loaded
+        check_adapter_path(args.adapter)
     samples, pool, pool_source, data = load_samples(bench, args)
     model, tokenizer, model_info = load_for_eval(args.model, args.adapter, args.device, args.dtype,
                                                  compile_blocks=args.compile_blocks)

@@ -16,7 +16,9 @@ def add_model_data_arguments(run: argparse.ArgumentParser) -> None:
     from dare.commands.generate import add_compile_argument
 
     run.add_argument("--model", required=True, help="checkpoint directory / hub name, or tiny:FAMILY[:SEED]")
-    run.add_argument("--adapter", default=None, help="LoRA adapter directory to apply on top of --model")
+    run.add_argument("--adapter", default=None,
+                     help="LoRA adapter to apply on top of --model: a directory with adapter_config.json and "
+                          "adapter_model.safetensors (e.g. RUN/final), or a hub id")
     run.add_argument("--benchmark", required=True, help="benchmark name (gsm8k, math500, humaneval, mmlu, ...)")
     run.add_argument("--data", default=None,
                      help="local file/directory in the dataset's schema, or a HF dataset name (default: packaged/HF)")

@@ -116,6 +116,7 @@ def run(args: argparse.Namespace) -> int:
     from dare.eval import EvalConfig, evaluate, get_benchmark
     from dare.eval.run import load_for_eval
     from dare.eval.sweep import check_sweep_out, run_sweep
+    from dare.models.loading import check_adapter_path
     from dare.outputs import ensure_dir
     from dare.rollout import SamplerConfig, default_sampler
 
@@ -137,6 +138,8 @@ def run(args: argparse.Namespace) -> int:
         SamplerConfig.from_dict(merged)
         if "sampler" in merged:
             SamplerConfig.from_dict(merged).resolved()
+    if args.adapter is not None:  # before the data and the base model are loaded
+        check_adapter_path(args.adapter)
     samples, pool, pool_source, data = load_samples(bench, args)
     model, tokenizer, model_info = load_for_eval(args.model, args.adapter, args.device, args.dtype,
                                                  compile_blocks=args.compile_blocks)

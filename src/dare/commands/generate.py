@@ -28,7 +28,9 @@ def sampler_names() -> list[str]:
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True,
                         help="checkpoint directory / hub name, or tiny:FAMILY[:SEED] (e.g. tiny:llada)")
-    parser.add_argument("--adapter", default=None, help="LoRA adapter directory to apply on top of --model")
+    parser.add_argument("--adapter", default=None,
+                        help="LoRA adapter to apply on top of --model: a directory with adapter_config.json and "
+                             "adapter_model.safetensors (e.g. RUN/final), or a hub id")
     parser.add_argument("--prompt", action="append", required=True,
                         help="prompt text (repeat for a batch)")
     add_sampler_arguments(parser, default=None)

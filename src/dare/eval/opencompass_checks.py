@@ -66,9 +66,9 @@ def check_model_config(entry: Mapping[str, Any]) -> None:
 
 
 def check_model_path(path: str, adapter: str | None = None) -> None:
-    """``tiny:FAMILY`` names a registered family; a local checkpoint holds a model (a hub name is left to the
-    hub); an adapter directory holds ``adapter_config.json``."""
-    from dare.models.loading import check_checkpoint_path, parse_tiny
+    """``tiny:FAMILY`` names a registered family; a local checkpoint holds a model and a local adapter directory
+    a LoRA adapter (hub names are left to the hub): the loader's own checks, reading no weights."""
+    from dare.models.loading import check_adapter_path, check_checkpoint_path, parse_tiny
     from dare.models.spec import get_family
 
     tiny = parse_tiny(path)
@@ -76,8 +76,8 @@ def check_model_path(path: str, adapter: str | None = None) -> None:
         get_family(tiny[0])
     else:
         check_checkpoint_path(path)
-    if adapter is not None and not (Path(adapter).expanduser() / "adapter_config.json").is_file():
-        raise ConfigError(f"{adapter} is not a LoRA adapter directory (no adapter_config.json)")
+    if adapter is not None:
+        check_adapter_path(str(adapter))
 
 
 # ------------------------------------------------------------------------------------------ datasets

@@ -134,19 +134,69 @@ def check_checkpoint_path(path: str) -> Path | None:
     return local
 
 
-def read_json_file(path: str, file: Path) -> Any:
-    """The parsed JSON file ``file`` of model ``path``: one-line :class:`ConfigError` when it cannot be read or is
-    not valid JSON (with the line and column of the first mistake)."""
+ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin")
+ADAPTER_CONTENTS = ("a LoRA adapter directory holds adapter_config.json and adapter_model.safetensors (or "
+                    "adapter_model.bin), as LoRA training writes them to RUN/final")
+
+
+def check_adapter_path(adapter: str) -> Path | None:
+    """One-line :class:`ConfigError` for a local LoRA adapter path that cannot be loaded, without reading any
+    weights: the cheap check :func:`load_model` (so ``dare generate`` / ``dare eval run --adapter``, the lm-eval
+    model and ``dare merge-lora``) and the OpenCompass config check make before the base model loads.
+
+    A local ``adapter`` must be a directory (not missing, not a file) holding ``adapter_config.json`` - valid JSON,
+    an object naming its ``peft_type`` as peft writes it - and adapter weights (``adapter_model.safetensors``,
+    whose header is checked as a checkpoint's, or ``adapter_model.bin``). A full model checkpoint or a training run
+    directory given as the adapter is named as such.
+
+    Returns the local directory; None when ``adapter`` does not exist but looks like a hub name (nothing checked:
+    peft asks the hub when the adapter loads)."""
+
+    def not_adapter(reason: str, hint: str = ADAPTER_CONTENTS) -> str:
+        return f"{adapter} is not a LoRA adapter directory ({reason}); {hint}"
+
+    local = local_path(adapter, not_adapter("no such directory"))
+    if local is None:
+        return None
+    if not local.is_dir():
+        raise ConfigError(not_adapter("it is a file"))
+    config_file = local / ADAPTER_CONFIG
+    if not config_file.is_file():
+        if (local / "config.json").is_file():
+            raise ConfigError(not_adapter(f"no {ADAPTER_CONFIG}", "it holds a full model checkpoint (config.json): "
+                                                                  "load it as the model, without an adapter"))
+        if (local / "final" / ADAPTER_CONFIG).is_file():
+            raise ConfigError(not_adapter(f"no {ADAPTER_CONFIG}", "it looks like a training run directory: its "
+                                                                  f"adapter is in {local / 'final'}"))
+        raise ConfigError(not_adapter(f"no {ADAPTER_CONFIG}"))
+    config = read_json_file(adapter, config_file, kind="adapter")
+    if not isinstance(config, dict):
+        raise ConfigError(f"adapter {adapter}: {ADAPTER_CONFIG} must hold a JSON object; got {described(config)}")
+    if not isinstance(config.get("peft_type"), str) or not config["peft_type"]:
+        raise ConfigError(f"adapter {adapter}: {ADAPTER_CONFIG} names no peft_type, so it is no PEFT adapter "
+                          f"config; {ADAPTER_CONTENTS}")
+    weights = [local / name for name in ADAPTER_WEIGHTS if (local / name).is_file()]
+    if not weights:
+        raise ConfigError(not_adapter(f"{ADAPTER_CONFIG} but no adapter weights: {' or '.join(ADAPTER_WEIGHTS)}"))
+    if weights[0].suffix == ".safetensors":
+        check_safetensors_file(adapter, weights[0], kind="adapter")
+    return local
+
+
+def read_json_file(path: str, file: Path, kind: str = "model") -> Any:
+    """The parsed JSON file ``file`` of ``kind`` (model, adapter) ``path``: one-line :class:`ConfigError` when it
+    cannot be read or is not valid JSON (with the line and column of the first mistake)."""
     try:
         text = file.read_bytes().decode("utf-8")
     except OSError as err:
-        raise ConfigError(f"model {path}: cannot read {file.name} ({err.strerror or first_line(err)})") from None
+        raise ConfigError(f"{kind} {path}: cannot read {file.name} ({err.strerror or first_line(err)})") from None
     except UnicodeDecodeError:
-        raise ConfigError(f"model {path}: {file.name} is not valid JSON (not UTF-8 text)") from None
+        raise ConfigError(f"{kind} {path}: {file.name} is not valid JSON (not UTF-8 text)") from None
     try:
         return json.loads(text)
     except json.JSONDecodeError as err:
-        raise ConfigError(f"model {path}: {file.name} is not valid JSON (line {err.lineno} column {err.colno}: "
+        raise ConfigError(f"{kind} {path}: {file.name} is not valid JSON (line {err.lineno} column {err.colno}: "
                           f"{err.msg})") from None
 
 
@@ -206,13 +256,13 @@ def safetensors_files(path: str, local: Path) -> list[Path]:
     return [single] if single.is_file() else []
 
 
-def check_safetensors_file(path: str, file: Path) -> None:
-    """One-line :class:`ConfigError` unless ``file`` (a weights file of model ``path``) starts with a readable
-    safetensors header - an 8-byte length, then that many bytes of JSON - whose tensors all end within the file.
-    Reads the header alone, never the tensor data."""
+def check_safetensors_file(path: str, file: Path, kind: str = "model") -> None:
+    """One-line :class:`ConfigError` unless ``file`` (a weights file of ``kind`` (model, adapter) ``path``) starts
+    with a readable safetensors header - an 8-byte length, then that many bytes of JSON - whose tensors all end
+    within the file. Reads the header alone, never the tensor data."""
 
     def unreadable(reason: str, likely: str = "truncated") -> ConfigError:
-        return ConfigError(f"model {path}: {file.name} is not a readable safetensors file ({reason}); the file may "
+        return ConfigError(f"{kind} {path}: {file.name} is not a readable safetensors file ({reason}); the file may "
                            f"be {likely}")
 
     try:
@@ -226,7 +276,7 @@ def check_safetensors_file(path: str, file: Path) -> None:
                 raise unreadable("header too large", "corrupt")
             raw = handle.read(length)
     except OSError as err:
-        raise ConfigError(f"model {path}: cannot read {file.name} ({err.strerror or first_line(err)})") from None
+        raise ConfigError(f"{kind} {path}: cannot read {file.name} ({err.strerror or first_line(err)})") from None
     try:
         header = json.loads(raw.decode("utf-8"))
         ends = [entry["data_offsets"][1] for key, entry in header.items() if key != "__metadata__"]
@@ -280,7 +330,8 @@ def load_model(path: str, adapter: str | None = None, *, dtype="float32", device
 
     Args:
         path: checkpoint directory / hub name, or ``tiny:FAMILY[:SEED]``.
-        adapter: directory written by LoRA training (``adapter_config.json`` + weights), or None.
+        adapter: directory written by LoRA training (``adapter_config.json`` + weights) or a hub adapter id, or
+            None; a local one is checked (:func:`check_adapter_path`) before the base model loads.
         dtype: ``torch.dtype`` or name; ``auto`` keeps the checkpoint's dtype.
         device: where to put the model.
         trainable: keep the adapter trainable (resume LoRA training); default frozen (eval/rollout).
@@ -291,6 +342,11 @@ def load_model(path: str, adapter: str | None = None, *, dtype="float32", device
     torch_dtype = resolve_dtype(dtype)
     device = resolve_load_device(device)
     tiny = parse_tiny(path)
+    # config.json, model_type, weight files and their headers of both: one line before any weights load
+    local = None if tiny is not None else check_checkpoint_path(path)
+    if adapter is not None:
+        check_adapter_path(adapter)
+        warn_other_base(adapter, path)
     if tiny is not None:
         from dare.models.tiny import tiny_model
 
@@ -300,7 +356,6 @@ def load_model(path: str, adapter: str | None = None, *, dtype="float32", device
     else:
         from transformers import AutoModel
 
-        local = check_checkpoint_path(path)  # config.json, model_type, weight files and their headers: one line
         kwargs = {"dtype": torch_dtype} if torch_dtype is not None else {"dtype": "auto"}
         with loading_errors(path):  # what the cheap check cannot see (damaged tensor data, ...): one line
             try:
@@ -319,9 +374,6 @@ def load_model(path: str, adapter: str | None = None, *, dtype="float32", device
     if adapter is not None:
         from peft import PeftModel
 
-        if not (Path(adapter) / "adapter_config.json").is_file():
-            raise ConfigError(f"{adapter} is not a LoRA adapter directory (no adapter_config.json)")
-        warn_other_base(adapter, path)
         with loading_errors(path, adapter):  # e.g. an adapter trained on another family: one line
             model = PeftModel.from_pretrained(model, str(adapter), is_trainable=trainable)
         model = model.to(device)
@@ -359,18 +411,25 @@ def load_tokenizer(path: str):
 
 
 def recorded_base(adapter: str) -> str | None:
-    """The base model recorded in the ``adapter_config.json`` of adapter directory ``adapter`` (None: none)."""
-    return json.loads((Path(adapter) / "adapter_config.json").read_text()).get("base_model_name_or_path") or None
+    """The base model recorded in the ``adapter_config.json`` of adapter directory ``adapter`` (None: none, or no
+    local adapter directory: a hub adapter)."""
+    config_path = Path(adapter).expanduser() / ADAPTER_CONFIG
+    if not config_path.is_file():
+        return None
+    config = read_json_file(adapter, config_path, kind="adapter")
+    return (config.get("base_model_name_or_path") if isinstance(config, dict) else None) or None
 
 
 def adapter_base(adapter: str) -> str:
-    """The base model recorded in an adapter's ``adapter_config.json`` (one-line errors without one)."""
-    config_path = Path(adapter) / "adapter_config.json"
-    if not config_path.is_file():
-        raise ConfigError(f"{adapter} is not a LoRA adapter directory (no adapter_config.json)")
+    """The base model recorded in an adapter's ``adapter_config.json`` (one-line errors for an adapter directory
+    :func:`check_adapter_path` refuses, a hub adapter and a config without one)."""
+    local = check_adapter_path(adapter)
+    if local is None:
+        raise ConfigError(f"adapter {adapter} is no local directory, so the base model it records is not read "
+                          "here; pass --base")
     base = recorded_base(adapter)
     if not base:
-        raise ConfigError(f"{config_path} does not name its base model; pass --base")
+        raise ConfigError(f"{local / ADAPTER_CONFIG} does not name its base model; pass --base")
     return base
 
 
