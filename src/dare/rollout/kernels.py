@@ -80,16 +80,18 @@ def linear_schedule(num_masked: torch.Tensor, steps: int) -> torch.Tensor:
 # ---------------------------------------------------------------------------------------------------
 
 
-def _top_p(logits: torch.Tensor, top_p: float | None) -> torch.Tensor:
+def _top_p(logits: torch.Tensor, top_p: float | None, mask=None) -> torch.Tensor:
     if top_p is None or top_p >= 1:
         return logits
-    return _top_p_mask(logits, top_p)
+    return (mask or top_p_sorted)(logits, top_p)
 
 
 # Eager inside compiled proposals (a graph break): inductor's CUDA code generation for a vocabulary-wide cumsum
 # (a split scan) fails in torch 2.11, and the sort it follows gains nothing from compilation.
 @torch.compiler.disable
-def _top_p_mask(logits: torch.Tensor, top_p: float) -> torch.Tensor:
+def top_p_sorted(logits: torch.Tensor, top_p: float) -> torch.Tensor:
+    """``logits`` with the tokens outside the ``top_p`` nucleus set to ``-inf``: sort, cumulative sum of the
+    probabilities, shifted by one so that the token crossing ``top_p`` is kept (Dream's and SDAR's code)."""
     sorted_logits, sorted_idx = torch.sort(logits, dim=-1, descending=True)
     cum = torch.cumsum(torch.softmax(sorted_logits, dim=-1), dim=-1)
     remove = cum > top_p
@@ -107,7 +109,7 @@ def _top_k(logits: torch.Tensor, top_k: int | None) -> torch.Tensor:
 
 
 def filter_logits(logits: torch.Tensor, temperature: float = 0.0, top_p: float | None = None,
-                  top_k: int | None = None, top_k_first: bool = False) -> torch.Tensor:
+                  top_k: int | None = None, top_k_first: bool = False, top_p_mask=None) -> torch.Tensor:
     """Sampling preprocessing in the logits' dtype: divide by ``temperature`` (when > 0), keep the smallest
     set of tokens whose probability reaches ``top_p`` (the token crossing the threshold is kept) and the
     tokens at least as large as the ``top_k``-th largest. Removed tokens become ``-inf``. ``top_p``
@@ -115,13 +117,14 @@ def filter_logits(logits: torch.Tensor, temperature: float = 0.0, top_p: float |
 
     The order is Dream's (top-p, then top-k) by default; ``top_k_first`` applies top-k before top-p as
     SDAR's ``sample_with_temperature_topk_topp`` and LLaDA2's ``generate`` do (the two orders differ when
-    both filters are active).
+    both filters are active). ``top_p_mask(logits, top_p)`` replaces the sorted top-p filter (the static engine
+    passes its sort-free kernel on CUDA, :mod:`dare.rollout.engine.top_p_kernel`).
     """
     if temperature > 0:
         logits = logits / temperature
     if top_k_first:
-        return _top_p(_top_k(logits, top_k), top_p)
-    return _top_k(_top_p(logits, top_p), top_k)
+        return _top_p(_top_k(logits, top_k), top_p, top_p_mask)
+    return _top_k(_top_p(logits, top_p, top_p_mask), top_k)
 
 
 def sampling_distribution(logits: torch.Tensor, temperature: float, keep: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,126 @@
+"""The sort-free top-p filter (dare.rollout.engine.top_p_kernel) against the sorted cumulative sum.
+
+The kernel is Triton; without a GPU it runs in Triton's interpreter (``TRITON_INTERPRET=1``, in a subprocess because
+the interpreter is chosen when the kernels are defined). Skipped where Triton is not installed (the CPU-only CI);
+``tests/test_gpu.py`` runs it compiled at real vocabularies.
+"""
+
+import importlib.util
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from dare.rollout.engine import sampling, top_p_kernel
+
+CHECK = textwrap.dedent("""
+    import torch
+    from dare.rollout.engine import sampling, top_p_kernel
+    from dare.rollout.engine.top_p_kernel import top_p_filter
+    from dare.rollout.kernels import top_p_sorted
+
+    def stable_reference(x, p):  # the sorted filter with ties in index order (torch promises no order otherwise)
+        s, idx = torch.sort(x, dim=-1, descending=True, stable=True)
+        remove = torch.cumsum(torch.softmax(s, -1), -1) > p
+        remove[..., 1:] = remove[..., :-1].clone()
+        remove[..., 0] = False
+        return x.masked_fill(torch.zeros_like(remove).scatter(-1, idx, remove), float("-inf"))
+
+    torch.manual_seed(0)
+    # (rows, vocabulary, top_p, dtype, processors): slicings of 1 to 5 slices, continuous and bf16-tied values
+    for rows, v, p, dtype, procs in [(3, 3000, 0.9, torch.float32, 8), (2, 5000, 0.5, torch.float32, 64),
+                                     (4, 2100, 0.99, torch.float32, 1), (2, 3000, 0.3, torch.bfloat16, 8),
+                                     (2, 3000, 0.95, torch.bfloat16, 2), (1, 4100, 0.05, torch.float32, 16)]:
+        x = (torch.randn(rows, v) * 2).to(dtype).float()
+        x[0, 5] = float("-inf")                                  # a removed entry (the banned id) stays out
+        got = top_p_filter(x, p, processors=procs)
+        want = stable_reference(x, p)
+        assert torch.equal(got, want), (rows, v, p, dtype, torch.isfinite(got).sum(-1), torch.isfinite(want).sum(-1))
+        if dtype == torch.float32:                               # no ties: the sorted filter itself agrees
+            assert torch.equal(got, top_p_sorted(x, p))
+
+    # ties at the threshold, across two slices (columns 1018-1029; slices of 1024): the lowest indices are kept
+    x = torch.full((2, 3000), -12.0)
+    x[:, :10] = 0.0
+    x[:, 1018:1030] = -1.0
+    x[1, 2000] = float("-inf")
+    z = torch.softmax(x[0], -1)
+    top, tie = z[:10].sum().item(), z[1018].item()
+    for p, kept in ((top + 6.5 * tie, 7), (top + 0.2 * tie, 1), (top + 11.9 * tie, 12), (0.2, 0)):
+        got = top_p_filter(x, p, processors=4)
+        assert torch.equal(got, stable_reference(x, p)), p
+        ties = torch.isfinite(got[0, 1018:1030]).nonzero().flatten().tolist()
+        assert ties == list(range(kept)), (p, ties)
+
+    # a window view of wider logits, a row without a finite entry (unchanged), and 3-d input
+    wide = torch.randn(2, 5, 2500) * 3
+    window = wide[:, 1:-1]
+    window[1, 2] = float("-inf")
+    got = top_p_filter(window, 0.8, processors=8)
+    assert got.shape == window.shape and torch.equal(got, stable_reference(window, 0.8))
+
+    # the static engine's proposals route their filter through it: same tokens as the sorted filter
+    from dare.rollout.engine.noise import vocabulary_salts
+    logits, eligible = torch.randn(2, 4, 3000) * 3, torch.ones(2, 4, dtype=torch.bool)
+    keys, counters, positions = torch.randint(0, 2**32, (2, 2)), torch.arange(2), torch.arange(4)
+    args = (logits, eligible, keys, counters, positions, vocabulary_salts(3000, "cpu"))
+    settings = dict(banned=7, temperature=0.9, top_p=0.7, top_k=None, top_k_first=False,
+                    confidence_source="sampling", confidence="prob")
+    want = sampling._propose_ops(*args, **settings)
+    calls = []
+    top_p_kernel.serves = lambda scores: calls.append(scores.shape) or True
+    got = sampling._propose_ops(*args, **settings)
+    assert len(calls) == 2 and torch.equal(got[0], want[0]), calls  # the choice's and the source's filters
+    assert (got[1] - want[1]).abs().max() < 1e-5 and (got[2] - want[2]).abs().max() < 1e-5
+    print("ok")
+""")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="Triton is not installed")
+def test_kernel_equals_the_sorted_filter_in_the_interpreter():
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    run = subprocess.run([sys.executable, "-W", "ignore", "-c", CHECK], env=env, capture_output=True, text=True,
+                         timeout=900)
+    assert run.returncode == 0 and "ok" in run.stdout, run.stdout + run.stderr
+
+
+def test_cpu_tensors_and_the_switch_keep_the_sorted_filter(monkeypatch):
+    assert not top_p_kernel.serves(torch.zeros(2, 100))
+    monkeypatch.setenv("DARE_TOP_P_KERNEL", "0")
+    assert not top_p_kernel.kernel_enabled()
+    monkeypatch.setenv("DARE_TOP_P_KERNEL", "1")
+    assert top_p_kernel.kernel_enabled()
+
+
+def test_slices_are_whole_tiles():
+    assert top_p_kernel.num_slices(rows=512, vocab=152064, processors=132) == 2
+    assert top_p_kernel.num_slices(rows=1, vocab=152064, processors=132) == top_p_kernel.MAX_SLICES
+    assert top_p_kernel.num_slices(rows=1, vocab=3 * top_p_kernel.BLOCK - 5, processors=132) == 3
+    assert top_p_kernel.BLOCK % top_p_kernel.RADIX_BLOCK == 0  # the histogram passes tile every slice exactly
+
+
+def test_a_failing_kernel_warns_once_and_leaves_the_sorted_filter(monkeypatch, caplog):
+    calls = []
+
+    def broken(scores, top_p):
+        calls.append(1)
+        raise RuntimeError("no kernel image is available for execution on the device\nmore")
+
+    monkeypatch.setattr(top_p_kernel, "serves", lambda scores: True)
+    monkeypatch.setattr(top_p_kernel, "top_p_filter", broken)
+    monkeypatch.setattr(sampling, "_TOP_P_FAILED", False)
+    torch.manual_seed(0)
+    x = torch.randn(3, 500)
+    with caplog.at_level(logging.WARNING, logger="dare.rollout"):
+        first = sampling._top_p_filter(x, 0.8)
+        second = sampling._top_p_filter(x, 0.8)
+    from dare.rollout.kernels import top_p_sorted
+
+    assert torch.equal(first, top_p_sorted(x, 0.8)) and torch.equal(second, first)
+    assert calls == [1]
+    warnings = [r.getMessage() for r in caplog.records if "top-p kernel" in r.getMessage()]
+    assert len(warnings) == 1 and "\n" not in warnings[0]
