@@ -32,6 +32,7 @@ ENVIRONMENT = {
     "DARE_COMPILE_SAMPLING": "0 keeps the graph engine's sampling tensor ops eager (default 1: compiled on CUDA; "
                              "steps the proposal kernel serves use it unless DARE_PROPOSAL_KERNEL=0)",
     "DARE_PROPOSAL_KERNEL": "0 leaves the graph engine's token proposals to compiled tensor ops (default 1: one-pass kernel)",
+    "DARE_TOP_P_KERNEL": "0 sorts the vocabulary for the graph engine's top-p filter (default 1: sort-free kernel on CUDA)",
     "DARE_FUSE_CACHE_WRITES": "0 leaves static steps' KV-cache writes to the cache instead of each block (default 1)",
     "DARE_PROGRESS_INTERVAL": "seconds between two progress lines when stderr is not a terminal (default 30; "
                               "0: every update; inf: only each bar's final line)",

@@ -95,15 +95,18 @@ def kernel_settings() -> dict:
     """The environment switches that choose a decode's kernels, as results files record them next to the
     sampler settings: ``decode_attention`` (``DARE_DECODE_ATTENTION``), ``fuse_max_rows`` (largest step decoded
     with fused projections; 0 = never), ``compile_sampling`` (``DARE_COMPILE_SAMPLING``), ``proposal_kernel``
-    (``DARE_PROPOSAL_KERNEL``) and ``cache_writes_in_blocks`` (``DARE_FUSE_CACHE_WRITES``)."""
+    (``DARE_PROPOSAL_KERNEL``), ``top_p_kernel`` (``DARE_TOP_P_KERNEL``) and ``cache_writes_in_blocks``
+    (``DARE_FUSE_CACHE_WRITES``)."""
     from dare.models.decode_attention import setting
     from dare.rollout.engine.compiled import sampling_compiled
     from dare.rollout.engine.forward import cache_writes_in_blocks
     from dare.rollout.engine.fused import fusion_max_rows
     from dare.rollout.engine.proposal_kernel import kernel_enabled
+    from dare.rollout.engine.top_p_kernel import kernel_enabled as top_p_kernel_enabled
 
     return {"decode_attention": setting(), "fuse_max_rows": fusion_max_rows(),
             "compile_sampling": sampling_compiled(), "proposal_kernel": kernel_enabled(),
+            "top_p_kernel": top_p_kernel_enabled(),
             "cache_writes_in_blocks": cache_writes_in_blocks()}
 
 

@@ -192,8 +192,8 @@ if triton is not None:
         lanes = tl.arange(0, BLOCK)
         digits = tl.arange(0, 16)
         base = Scores + row.to(tl.int64) * stride
-        mass = tl.zeros((16,), tl.float32)
-        count = tl.zeros((16,), tl.float32)
+        mass = tl.zeros((BLOCK, 16), tl.float32)  # per lane: one reduction after the loop, none per tile
+        count = tl.zeros((BLOCK, 16), tl.float32)
         shift_bits: tl.constexpr = 28 - 4 * PASS
         begin = piece * PER_SLICE
         for offset in range(0, PER_SLICE, BLOCK):
@@ -203,15 +203,15 @@ if triton is not None:
             inside = x > float("-inf")
             if PASS > 0:
                 inside = inside & ((key >> (shift_bits + 4)).to(tl.int64) == prefix)
-            digit = ((key >> shift_bits) & 15).to(tl.int32)
+            bucket = ((key >> shift_bits) & 15).to(tl.int32)
             p = tl.where(inside, tl.exp(x - m), 0.0)
-            hit = (digit[:, None] == digits[None, :]) & inside[:, None]
-            mass += tl.sum(tl.where(hit, p[:, None], 0.0), 0)
-            count += tl.sum(hit.to(tl.float32), 0)
+            hit = (bucket[:, None] == digits[None, :]) & inside[:, None]
+            mass += tl.where(hit, p[:, None], 0.0)
+            count += hit.to(tl.float32)
         plane = rows * SLICES * 16
         at = (row * SLICES + piece) * 16 + digits
-        tl.store(Hist + (2 * (PASS % 2)) * plane + at, mass)
-        tl.store(Hist + (2 * (PASS % 2) + 1) * plane + at, count)
+        tl.store(Hist + (2 * (PASS % 2)) * plane + at, tl.sum(mass, 0))
+        tl.store(Hist + (2 * (PASS % 2) + 1) * plane + at, tl.sum(count, 0))
 
     @triton.jit
     def _write_kernel(Scores, stride, V, top_p, Lse, Hist, Prefix, Above, Out, PER_SLICE: tl.constexpr,
@@ -237,16 +237,24 @@ if triton is not None:
         lanes = tl.arange(0, BLOCK)
         base = Scores + row.to(tl.int64) * stride
         out = Out + row.to(tl.int64) * V
-        seen = earlier
         begin = piece * PER_SLICE
-        for offset in range(0, PER_SLICE, BLOCK):
-            cols = begin + offset + lanes
-            inside = cols < V
-            x = tl.load(base + cols, mask=inside, other=float("-inf")).to(tl.float32)
-            key = _ukey(x)
-            finite = x > float("-inf")
-            tie = finite & (key == threshold)
-            rank = seen + tl.cumsum(tie.to(tl.float32), 0) - 1.0  # the tie's place among the row's ties
-            keep = (finite & (key > threshold)) | (tie & (rank < keep_ties)) | empty
-            tl.store(out + cols, tl.where(keep, x, float("-inf")), mask=inside)
-            seen += tl.sum(tie.to(tl.float32), 0)
+        if (keep_ties >= tied) | empty:  # every tie kept (the usual case): no ranks, no per-tile reductions
+            for offset in range(0, PER_SLICE, BLOCK):
+                cols = begin + offset + lanes
+                inside = cols < V
+                x = tl.load(base + cols, mask=inside, other=float("-inf")).to(tl.float32)
+                keep = ((x > float("-inf")) & (_ukey(x) >= threshold)) | empty
+                tl.store(out + cols, tl.where(keep, x, float("-inf")), mask=inside)
+        else:
+            seen = earlier
+            for offset in range(0, PER_SLICE, BLOCK):
+                cols = begin + offset + lanes
+                inside = cols < V
+                x = tl.load(base + cols, mask=inside, other=float("-inf")).to(tl.float32)
+                key = _ukey(x)
+                finite = x > float("-inf")
+                tie = finite & (key == threshold)
+                rank = seen + tl.cumsum(tie.to(tl.float32), 0) - 1.0  # the tie's place among the row's ties
+                keep = (finite & (key > threshold)) | (tie & (rank < keep_ties))
+                tl.store(out + cols, tl.where(keep, x, float("-inf")), mask=inside)
+                seen += tl.sum(tie.to(tl.float32), 0)
