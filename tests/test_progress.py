@@ -45,6 +45,26 @@ def test_a_log_gets_rate_limited_lines_and_a_final_line_without_carriage_returns
     ]
 
 
+def test_a_transient_bar_leaves_a_final_line_only_after_a_progress_line(clock, capfd):
+    """Each RL step's rollout decodes under a transient bar: a short one must not add a line per step to the log."""
+    short = progress_bar(64, "decoding", unit="tok", leave=False)
+    clock[0] = 12
+    short.update(64)
+    short.close()
+    kept = progress_bar(64, "tokenizing", unit="row")  # leave=True: its final line always
+    kept.update(64)
+    kept.close()
+    assert capfd.readouterr().err.splitlines() == ["tokenizing: 64/64 row (100%), in 0s"]
+    long = progress_bar(64, "decoding", unit="tok", leave=False)
+    clock[0] = 50
+    long.update(10)
+    clock[0] = 60
+    long.update(54)
+    long.close()
+    assert capfd.readouterr().err.splitlines() == ["decoding: 10/64 tok (15%), 0.26 tok/s, 3m25s left",
+                                                   "decoding: 64/64 tok (100%), 1.33 tok/s, in 48s"]
+
+
 def test_the_interval_comes_from_the_environment(clock, capfd, monkeypatch):
     monkeypatch.setenv("DARE_PROGRESS_INTERVAL", "5")
     bar = progress_bar(None, "sandbox", unit="program")  # no total: counts and rates only
@@ -185,9 +205,13 @@ def test_dare_generate_and_train_write_plain_lines_to_a_log(tmp_path, capfd, mon
     """The commands themselves, stderr captured: no ``\\r`` anywhere (transformers' checkpoint-writing bar
     included), each bar's final line with its counts."""
     monkeypatch.delenv("DARE_PROGRESS_INTERVAL", raising=False)
-    assert main(["generate", "--model", "tiny:llada", "--prompt", "Hi", "--prompt", "Yo", "--gen-length", "16"]) == 0
+    generate = ["generate", "--model", "tiny:llada", "--prompt", "Hi", "--prompt", "Yo", "--gen-length", "16"]
+    assert main(generate) == 0
+    assert capfd.readouterr().err == ""  # a decoding shorter than the interval: its transient bar writes nothing
+    monkeypatch.setenv("DARE_PROGRESS_INTERVAL", "0")  # a line at every update
+    assert main(generate) == 0
     err = capfd.readouterr().err
-    assert "\r" not in err and re.fullmatch(r"decoding: 32/32 tok \(100%\), [\d.]+ tok/s, in \d+s\n", err), err
+    assert "\r" not in err and re.search(r"(?m)^decoding: 32/32 tok \(100%\), [\d.]+ tok/s, in \d+s\n\Z", err), err
     assert main(["train", str(ROOT / "configs/llada/sft_tiny.yaml"), f"trainer.output_dir={tmp_path / 'run'}",
                  "trainer.max_steps=3", "data.num_examples=16", "trainer.batch_size=4"]) == 0
     err = capfd.readouterr().err

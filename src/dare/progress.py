@@ -70,7 +70,9 @@ def progress_bar(total: int | None, desc: str = "", *, unit: str = "it", leave: 
     On a terminal: ``tqdm.auto.tqdm(iterable, total=..., desc=..., unit=..., leave=..., initial=...,
     **tqdm_options)`` (``tqdm_options`` apply to this bar only, e.g. ``dynamic_ncols``). Otherwise a
     :class:`PlainProgress` writing whole lines. ``disable``: a bar that shows nothing (iterating it still yields
-    ``iterable``). ``leave=False`` (a transient bar) has no effect on the plain lines: a log keeps its lines."""
+    ``iterable``). ``leave=False`` (a transient bar: each rollout's decoding, tokenizing) writes its final line
+    only if it wrote a progress line before, i.e. lasted at least the interval: an RL run's short rollouts leave
+    no line per step in the log, a long ``dare generate`` still reports."""
     file = sys.stderr
     if disable or file is None:
         return PlainProgress(total, desc, unit=unit, initial=initial, iterable=iterable, disable=True)
@@ -78,18 +80,19 @@ def progress_bar(total: int | None, desc: str = "", *, unit: str = "it", leave: 
         from tqdm.auto import tqdm
 
         return tqdm(iterable, total=total, desc=desc, unit=unit, leave=leave, initial=initial, **tqdm_options)
-    return PlainProgress(total, desc, unit=unit, initial=initial, iterable=iterable, file=file,
+    return PlainProgress(total, desc, unit=unit, initial=initial, iterable=iterable, file=file, transient=not leave,
                          interval=progress_interval())
 
 
 class PlainProgress:
     """A progress "bar" for logs: ``desc: 120/512 tok (23%), 45.1 tok/s, 8s left`` at most every ``interval``
     seconds while it advances, and ``desc: 512/512 tok (100%), 45.3 tok/s, in 11s`` when closed (no line when
-    nothing was done or when disabled). The methods are the subset of tqdm's that DARE's callers use."""
+    nothing was done, when disabled, or for a ``transient`` bar that wrote no line before). The methods are the
+    subset of tqdm's that DARE's callers use."""
 
     def __init__(self, total: int | None, desc: str = "", *, unit: str = "it", initial: int = 0,
                  iterable: Iterable | None = None, file=None, interval: float = DEFAULT_INTERVAL,
-                 disable: bool = False):
+                 disable: bool = False, transient: bool = False):
         if total is None and iterable is not None:
             try:
                 total = len(iterable)  # type: ignore[arg-type]
@@ -101,6 +104,7 @@ class PlainProgress:
         self.disable = disable or file is None
         self.postfix = ""
         self.closed = False
+        self.transient, self.wrote = transient, False
         self.start = self.last_line = monotonic()
         if not self.disable:
             _OPEN.add(self)
@@ -114,14 +118,14 @@ class PlainProgress:
         now = monotonic()
         if now - self.last_line >= self.interval and (self.total is None or self.n < self.total):
             self._write(self.line(now))
-            self.last_line = now
+            self.last_line, self.wrote = now, True
 
     def close(self) -> None:
         if self.closed:
             return
         self.closed = True
         _OPEN.discard(self)
-        if not self.disable and self.n != self.initial:
+        if not self.disable and self.n != self.initial and (self.wrote or not self.transient):
             self._write(self.line(monotonic(), final=True))
 
     def set_description(self, desc: str | None = None, refresh: bool = True) -> None:
