@@ -97,10 +97,14 @@ def test_cpu_tensors_and_the_switch_keep_the_sorted_filter(monkeypatch):
 
 
 def test_slices_are_whole_tiles():
-    assert top_p_kernel.num_slices(rows=512, vocab=152064, processors=132) == 2
-    assert top_p_kernel.num_slices(rows=1, vocab=152064, processors=132) == top_p_kernel.MAX_SLICES
-    assert top_p_kernel.num_slices(rows=1, vocab=3 * top_p_kernel.BLOCK - 5, processors=132) == 3
-    assert top_p_kernel.BLOCK % top_p_kernel.RADIX_BLOCK == 0  # the histogram passes tile every slice exactly
+    from dare.rollout.engine.proposal_kernel import BLOCK, MAX_SLICES, slicing
+
+    cpu = torch.device("cpu")
+    assert slicing(rows=512, vocab=152064, processors=132, device=cpu) == (2, 76800)
+    assert slicing(rows=1, vocab=152064, processors=132, device=cpu) == (50, 3072)  # 64 wanted, whole tiles
+    assert slicing(rows=1, vocab=3 * BLOCK - 5, processors=132, device=cpu) == (3, BLOCK)
+    assert slicing(rows=1, vocab=10 ** 6, processors=132, device=cpu)[0] <= MAX_SLICES
+    assert BLOCK % top_p_kernel.RADIX_BLOCK == 0  # the histogram passes tile every slice exactly
 
 
 def test_a_failing_kernel_warns_once_and_leaves_the_sorted_filter(monkeypatch, caplog):

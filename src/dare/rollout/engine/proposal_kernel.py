@@ -80,6 +80,16 @@ def num_slices(positions: int, vocab: int, processors: int) -> int:
     return max(1, min(wanted, MAX_SLICES, -(-vocab // BLOCK)))
 
 
+def slicing(rows: int, vocab: int, processors: int | None, device: torch.device) -> tuple[int, int]:
+    """``(slices, entries per slice)`` of a ``rows x vocab`` launch (:func:`num_slices`, each slice whole tiles and
+    none empty); ``processors`` defaults to the GPU's multiprocessor count (8 off CUDA)."""
+    if processors is None:
+        processors = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 8
+    slices = num_slices(rows, vocab, processors)
+    per_slice = -(-(-(-vocab // slices)) // BLOCK) * BLOCK
+    return -(-vocab // per_slice), per_slice
+
+
 def propose_fused(logits: torch.Tensor, eligible: torch.Tensor, *, banned: int, temperature: float,
                   confidence_source: str, confidence: str, keys: torch.Tensor, counters: torch.Tensor,
                   positions: torch.Tensor, processors: int | None = None):
@@ -92,11 +102,7 @@ def propose_fused(logits: torch.Tensor, eligible: torch.Tensor, *, banned: int, 
     if logits.stride(-1) != 1:
         logits = logits.contiguous()
     strides = (logits.stride(0), logits.stride(1))  # any window view of wider logits: no copy
-    if processors is None:
-        processors = torch.cuda.get_device_properties(logits.device).multi_processor_count if logits.is_cuda else 8
-    slices = num_slices(rows, vocab, processors)
-    per_slice = -(-(-(-vocab // slices)) // BLOCK) * BLOCK
-    slices = -(-vocab // per_slice)
+    slices, per_slice = slicing(rows, vocab, processors, logits.device)
     pos = positions.long()
     pos = pos.expand(b, w) if pos.ndim == 2 else pos[None, :].expand(b, w)
     entropy = confidence == "neg_entropy"

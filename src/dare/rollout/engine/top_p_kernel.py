@@ -27,24 +27,16 @@ from __future__ import annotations
 import torch
 
 from dare.config import env_switch
+from dare.rollout.engine.proposal_kernel import BLOCK, NUM_WARPS, slicing, triton  # triton: None without it
 
-try:
-    import triton
+if triton is not None:
     import triton.language as tl
-except ImportError:  # pragma: no cover - CPU-only installs
-    triton = None
 
-BLOCK = 1024
-"""Vocabulary entries per tile (slices are whole tiles)."""
 RADIX_BLOCK = 256
 """Entries per tile of the histogram passes (each entry meets all 16 buckets: smaller tiles, fewer registers)."""
-NUM_WARPS = 4
 DIGIT_BITS = 4
 """Bits of the key chosen per pass (16 buckets)."""
 PASSES = 32 // DIGIT_BITS
-PROGRAMS_PER_SM = 4
-"""Programs per multiprocessor the slicing aims for (as :mod:`dare.rollout.engine.proposal_kernel`)."""
-MAX_SLICES = 64
 
 
 def kernel_enabled() -> bool:
@@ -57,17 +49,11 @@ def serves(scores: torch.Tensor) -> bool:
     return triton is not None and scores.is_cuda and kernel_enabled()
 
 
-def num_slices(rows: int, vocab: int, processors: int) -> int:
-    """Vocabulary slices per row: enough programs for :data:`PROGRAMS_PER_SM` per multiprocessor, whole tiles."""
-    wanted = max(1, -(-PROGRAMS_PER_SM * processors // rows))
-    return max(1, min(wanted, MAX_SLICES, -(-vocab // BLOCK)))
-
-
 def top_p_filter(scores: torch.Tensor, top_p: float, *, processors: int | None = None) -> torch.Tensor:
     """``scores [..., V]`` (float; already divided by the temperature) with the tokens outside the ``top_p``
     nucleus set to ``-inf``, as float32 (see the module). Entries that are ``-inf`` already stay out; a row
     without a finite entry comes back unchanged. ``processors`` (default: the GPU's multiprocessor count, 8 off
-    CUDA) sets the slicing."""
+    CUDA) sets the slicing (the proposal kernel's, :func:`~dare.rollout.engine.proposal_kernel.slicing`)."""
     shape, vocab = scores.shape, scores.shape[-1]
     flat = scores.reshape(-1, vocab)
     if flat.stride(-1) != 1:
@@ -76,11 +62,7 @@ def top_p_filter(scores: torch.Tensor, top_p: float, *, processors: int | None =
     out = torch.empty((rows, vocab), dtype=torch.float32, device=scores.device)
     if rows == 0:
         return out.reshape(shape)
-    if processors is None:
-        processors = torch.cuda.get_device_properties(scores.device).multi_processor_count if scores.is_cuda else 8
-    slices = num_slices(rows, vocab, processors)
-    per_slice = -(-(-(-vocab // slices)) // BLOCK) * BLOCK
-    slices = -(-vocab // per_slice)
+    slices, per_slice = slicing(rows, vocab, processors, scores.device)
     slice_block = max(2, triton.next_power_of_2(slices))
     device = scores.device
     lse = torch.empty((2, rows, slices), dtype=torch.float32, device=device)
