@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 
 HELP = ("evaluate models on benchmarks (run: generate/likelihood + score; score: score a predictions file; sweep: "
         "accuracy under several decoder settings; lm-eval: lm-evaluation-harness with the dare model; opencompass: "
@@ -170,7 +169,7 @@ def run_run(args: argparse.Namespace) -> int:
     sampler = None
     if sampler_values_ is not None:
         sampler = SamplerConfig.from_dict({"sampler": default_sampler(model), **sampler_values_})
-    progress = not args.no_progress and sys.stderr.isatty()
+    progress = not args.no_progress  # plain lines when stderr is not a terminal (dare.progress)
     if bench.reward == "code":
         options["progress"] = progress
     results = evaluate(model, tokenizer, bench, samples, sampler=sampler, likelihood=likelihood, config=config,
@@ -306,7 +305,7 @@ def run_score(args: argparse.Namespace) -> int:
         data_name = f"the {bench.name} data (pass --data, or --trust-prediction-tests to run the file's own tests)"
     samples, predictions = samples_for(bench, lines, args.predictions, data, data_name)
     if bench.reward == "code":
-        options["progress"] = sys.stderr.isatty()
+        options["progress"] = True  # plain lines when stderr is not a terminal (dare.progress)
     results = score_predictions(
         bench, samples, predictions, ks=args.k, reward_options=options,
         data={"source": args.data, "split": args.split, "predictions": args.predictions},

@@ -143,7 +143,7 @@ def run(args: argparse.Namespace) -> int:
     samples, pool, pool_source, data = load_samples(bench, args)
     model, tokenizer, model_info = load_for_eval(args.model, args.adapter, args.device, args.dtype,
                                                  compile_blocks=args.compile_blocks)
-    progress = not args.no_progress and sys.stderr.isatty()
+    progress = not args.no_progress  # plain lines when stderr is not a terminal (dare.progress)
 
     def evaluate_point(fields):
         sampler = SamplerConfig.from_dict({"sampler": default_sampler(model), **common, **fields})
