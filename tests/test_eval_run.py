@@ -3,6 +3,7 @@ multiple-choice options, results files, determinism, batching invariance, stop i
 
 import dataclasses
 import json
+import re
 
 import pytest
 import torch
@@ -143,8 +144,11 @@ def test_eval_run_generation_records_every_setting(data, tmp_path, capsys, monke
             "--limit", "3", "--sampler", "fastdllm", "--cache", "dual", "--gen-length", "16", "--block-length", "8",
             "-o", "threshold=0.7", "--batch-size", "2", "--seed", "3", "--out", str(out), "--json"]
     assert main(args) == 0
-    summary = json.loads(capsys.readouterr().out)
+    captured = capsys.readouterr()
+    summary = json.loads(captured.out)
     assert summary["benchmark"] == "gsm8k" and summary["mode"] == "generate" and summary["num_problems"] == 3
+    # stderr is no terminal here (a log): the run still reports its progress, as a plain final line
+    assert "\r" not in captured.err and re.search(r"(?m)^gsm8k \(fastdllm\): 3/3 sample \(100%\)", captured.err)
     results = EvalResults.read(out)
     assert results.model["path"] == "tiny:llada" and results.model["family"] == "llada"
     assert results.model["dtype"] == "float32" and results.model["adapter"] is None
