@@ -597,6 +597,7 @@ def test_progress_shows_a_bar_of_blocks_and_changes_nothing_else(family, sampler
     not ignored; the decode is the same with and without it."""
     import dare.rollout.progress as progress
 
+    monkeypatch.setenv("DARE_PROGRESS_INTERVAL", "0")  # stderr is no terminal: a plain line at every advance
     model = sharp_model(family)
     ids, mask = padded([9, 14, 5])
     config = SamplerConfig(sampler=sampler, gen_length=16, block_length=4 if family == "sdar" else 8, **overrides)
