@@ -76,6 +76,9 @@ CHECK = textwrap.dedent("""
     got = sampling._propose_ops(*args, **settings)
     assert len(calls) == 2 and torch.equal(got[0], want[0]), calls  # the choice's and the source's filters
     assert (got[1] - want[1]).abs().max() < 1e-5 and (got[2] - want[2]).abs().max() < 1e-5
+    calls.clear()
+    random = sampling._propose_ops(*args, **dict(settings, confidence="random"))
+    assert len(calls) == 1 and torch.equal(random[0], got[0])  # the random confidence filters no source
     print("ok")
 """)
 

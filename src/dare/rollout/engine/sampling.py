@@ -110,7 +110,7 @@ def _propose_ops(logits, eligible, keys, counters, positions, salts, *, banned: 
     choice = x.clone()
     choice[..., banned] = NEG_INF  # a fill kernel: no host-to-device copy inside a recorded step
     filtered = filter_logits(choice, temperature, top_p, top_k, top_k_first, top_p_mask=_top_p_filter)
-    if confidence_source == "logits":
+    if confidence_source == "logits" or confidence == "random":  # (the random confidence reads no source)
         source = x
     else:
         source = filter_logits(x, temperature, top_p, top_k, top_k_first, top_p_mask=_top_p_filter)
