@@ -7,7 +7,7 @@ logits) against 0.49 ms unfiltered, and a Dream-7B B=16 dual-cache rollout at ``
 with ``top_p = 0.95`` against 19.3 ms without.
 
 The kept set is every token above a threshold value ``v*`` plus some of the tokens equal to it: with ``A(v)``
-the mass of the tokens strictly above ``v`` and ``P = top_p x`` (the total mass), ``v*`` is the smallest value
+the mass of the tokens strictly above ``v`` and ``P`` = ``top_p`` times the total mass, ``v*`` is the smallest value
 with ``A(v*) <= P`` (the token crossing ``top_p`` is kept, as in the sorted version). ``v*`` is found digit by
 digit on the order-preserving 32-bit key of the float values, four bits per pass (:func:`_radix_kernel`, eight
 passes): each pass histograms, per vocabulary slice, the mass and the count of the tokens whose key starts with
@@ -34,9 +34,9 @@ if triton is not None:
 
 RADIX_BLOCK = 256
 """Entries per tile of the histogram passes (each entry meets all 16 buckets: smaller tiles, fewer registers)."""
-DIGIT_BITS = 4
-"""Bits of the key chosen per pass (16 buckets)."""
-PASSES = 32 // DIGIT_BITS
+PASSES = 8
+"""Histogram passes: each chooses 4 bits (one of 16 buckets) of the threshold's 32-bit key (the kernels' shifts
+and bucket counts are written for 4)."""
 
 
 def kernel_enabled() -> bool:
@@ -76,7 +76,8 @@ def top_p_filter(scores: torch.Tensor, top_p: float, *, processors: int | None =
     for step in range(PASSES):
         _radix_kernel[grid](flat, flat.stride(0), vocab, float(top_p), lse, hist, prefix, above, PASS=step,
                             **dict(common, BLOCK=RADIX_BLOCK))
-    _write_kernel[grid](flat, flat.stride(0), vocab, float(top_p), lse, hist, prefix, above, out, **common)
+    _write_kernel[grid](flat, flat.stride(0), vocab, float(top_p), lse, hist, prefix, above, out, LAST=PASSES - 1,
+                        **common)
     return out.reshape(shape)
 
 
@@ -196,16 +197,16 @@ if triton is not None:
         tl.store(Hist + (2 * (PASS % 2) + 1) * plane + at, tl.sum(count, 0))
 
     @triton.jit
-    def _write_kernel(Scores, stride, V, top_p, Lse, Hist, Prefix, Above, Out, PER_SLICE: tl.constexpr,
-                      SLICES: tl.constexpr, SLICE_BLOCK: tl.constexpr, BLOCK: tl.constexpr):
+    def _write_kernel(Scores, stride, V, top_p, Lse, Hist, Prefix, Above, Out, LAST: tl.constexpr,
+                      PER_SLICE: tl.constexpr, SLICES: tl.constexpr, SLICE_BLOCK: tl.constexpr, BLOCK: tl.constexpr):
         row = tl.program_id(0)
         piece = tl.program_id(1)
         rows = tl.num_programs(0)
         m, total = _row_mass(Lse, row, rows, SLICES, SLICE_BLOCK)
         budget = top_p * total
-        last = (32 // 4 - 1) % 2
-        key_star, above, digit = _choose(Hist, last, row, rows, tl.load(Prefix + (32 // 4 - 1) * rows + row),
-                                         tl.load(Above + (32 // 4 - 1) * rows + row), budget, SLICES, SLICE_BLOCK)
+        last = LAST % 2  # the last histogram pass's buffer
+        key_star, above, digit = _choose(Hist, last, row, rows, tl.load(Prefix + LAST * rows + row),
+                                         tl.load(Above + LAST * rows + row), budget, SLICES, SLICE_BLOCK)
         # the tokens equal to v*: their count per slice is the last histogram's chosen digit
         pieces = tl.arange(0, SLICE_BLOCK)
         ties = tl.load(Hist + (2 * last + 1) * rows * SLICES * 16 + (row * SLICES + pieces) * 16 + digit,
