@@ -1,0 +1,74 @@
+"""The Triton kernels compile for a Hopper GPU (sm_90) without one: Triton's own front end, its NVIDIA backend and
+its bundled ``ptxas`` run on the CPU.
+
+Triton's interpreter (the CPU tests of each kernel) accepts programs that the compiler rejects: a loop variable
+whose type changes (a scalar reused as a tile) passed every interpreter test of the top-p kernel and failed its
+first GPU run. Compiling each kernel for ``sm_90`` here, with the settings the launches use, catches that class of
+error before a device call. Skipped where Triton or its NVIDIA backend is not installed (the CPU-only CI).
+"""
+
+import importlib.util
+
+import pytest
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="Triton is not installed")
+
+TYPES = {
+    # proposal kernel
+    "Logits": "*bf16", "stride_b": "i64", "stride_w": "i64", "V": "i32", "banned": "i32", "temperature": "fp32",
+    "Partial": "*fp32", "Best": "*i32", "Keys": "*i64", "Counters": "*i64", "Pos": "*i64", "W": "i32",
+    "spb": "i64", "spw": "i64", "Eligible": "*u8", "Tokens": "*i64", "Score": "*fp32", "Logprob": "*fp32",
+    # top-p kernel
+    "Scores": "*fp32", "stride": "i64", "top_p": "fp32", "Lse": "*fp32", "Hist": "*fp32", "Prefix": "*i64",
+    "Above": "*fp32", "Out": "*fp32",
+}
+"""The launches' argument types, by parameter name."""
+
+
+def compile_for_hopper(kernel, num_warps: int, **constexprs) -> str:
+    """PTX of ``kernel`` for sm_90 with ``constexprs``; every other parameter typed by :data:`TYPES`."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    signature = {p.name: "constexpr" if p.is_constexpr else TYPES[p.name] for p in kernel.params}
+    assert set(constexprs) == {name for name, kind in signature.items() if kind == "constexpr"}, kernel
+    source = ASTSource(fn=kernel, signature=signature, constexprs=constexprs)
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps}).asm["ptx"]
+
+
+@pytest.fixture(scope="module")
+def nvidia_backend():
+    try:
+        from triton.backends.nvidia.compiler import get_ptxas
+
+        get_ptxas()
+    except Exception as error:  # noqa: BLE001 - no NVIDIA backend or no ptxas: nothing to compile with
+        pytest.skip(f"Triton's NVIDIA backend is unavailable: {error}")
+
+
+@pytest.mark.parametrize("step", [0, 1, 7])
+def test_top_p_kernels_compile(nvidia_backend, step):
+    from dare.rollout.engine import top_p_kernel as k
+    from dare.rollout.engine.proposal_kernel import BLOCK, NUM_WARPS
+
+    sliced = dict(PER_SLICE=76800, SLICES=2, SLICE_BLOCK=2)
+    assert "ld.global" in compile_for_hopper(k._radix_kernel, NUM_WARPS, PASS=step, BLOCK=k.RADIX_BLOCK, **sliced)
+    if step == 0:
+        compile_for_hopper(k._lse_kernel, NUM_WARPS, PER_SLICE=76800, SLICES=2, BLOCK=BLOCK)
+        compile_for_hopper(k._write_kernel, NUM_WARPS, LAST=k.PASSES - 1, BLOCK=BLOCK, **sliced)
+
+
+@pytest.mark.parametrize("sampled,scaled,want,entropy", [(False, False, True, False), (True, True, True, True),
+                                                         (True, False, False, False)])
+def test_proposal_kernels_compile(nvidia_backend, sampled, scaled, want, entropy):
+    from dare.rollout.engine import proposal_kernel as k
+    from dare.rollout.engine.noise import GOLDEN, STREAM_CONFIDENCE, STREAM_SAMPLE
+
+    compile_for_hopper(k._partial_kernel, k.NUM_WARPS, PER_SLICE=2048, SLICES=17, BLOCK=k.BLOCK, SAMPLED=sampled,
+                       SCALED_SOURCE=scaled, WANT_SOURCE=want, STREAM=STREAM_SAMPLE, GOLDEN=GOLDEN)
+    compile_for_hopper(k._final_kernel, 1, SLICES=17, SLICE_BLOCK=32, SAMPLED=sampled, SCALED_SOURCE=scaled,
+                       WANT_SOURCE=want, ENTROPY=entropy, STREAM=STREAM_CONFIDENCE, GOLDEN=GOLDEN)
+    if entropy:
+        compile_for_hopper(k._entropy_kernel, k.NUM_WARPS, PER_SLICE=2048, SLICES=17, SLICE_BLOCK=32, BLOCK=k.BLOCK,
+                           SCALED_SOURCE=scaled)
