@@ -1,9 +1,9 @@
 """``dare eval lm-eval ARGS...``: register the ``dare`` model with lm-evaluation-harness and run lm-eval's own CLI.
 
-Every argument after ``lm-eval`` goes to lm-eval unchanged (``--model dare --model_args pretrained=...
---tasks ...``; ``--help`` shows lm-eval's help). Errors a user can make while lm-eval loads the model or the
-tasks (a wrong model arg, an unknown task, a missing data file) are one-line messages instead of tracebacks.
-"""
+Every argument after ``lm-eval`` goes to lm-eval unchanged (``--model dare --model_args pretrained=... --tasks
+...``; ``--help`` shows the dare model's arguments, then lm-eval's help). Errors a user can make while lm-eval
+loads the model or the tasks (a wrong model arg, an unknown task, a missing data file) are one-line messages
+instead of tracebacks."""
 
 from __future__ import annotations
 
@@ -17,6 +17,16 @@ LOADING_MESSAGES = {"Tasks not found": "check --tasks; task YAML files of your o
 """lm-eval's ``ValueError`` for an unknown task / model name (checked with lm-eval 0.4.13) -> how to fix it."""
 DATASET_HINT = ("check the task's dataset_path and dataset_kwargs (data_files); relative paths start at the "
                 "directory you run from")
+
+
+HELP_PREAMBLE = [
+    "dare eval lm-eval: lm-evaluation-harness's command line with DARE's model registered as --model dare.",
+    "  --model_args pretrained=CHECKPOINT|HUB_NAME|tiny:FAMILY[,adapter=DIR][,dtype=...][,device=...]",
+    "               [,batch_size=N][,seed=N][,sampler=NAME][,any SamplerConfig or LikelihoodConfig field=VALUE]",
+    "  e.g. dare eval lm-eval run --model dare --model_args pretrained=tiny:llada,gen_length=32 --tasks gsm8k",
+    "  Every argument goes to lm-eval unchanged; lm-eval's own help follows.",
+]
+"""DARE's lines before lm-eval's ``--help``."""
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -71,11 +81,13 @@ def reject_repeated_model_args(argv: list[str]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from dare.commands.passthrough import exit_status, program_argv
+    from dare.commands.passthrough import asks_for_help, exit_status, print_preamble, program_argv
     from dare.errors import DareError, InputError
     from dare.eval.lm_harness import require_lm_eval
 
     reject_repeated_model_args(args.lm_eval_args)
+    if asks_for_help(args.lm_eval_args):
+        print_preamble(HELP_PREAMBLE)
     require_lm_eval()
     import dare.eval.lm_harness  # noqa: F401  (registers the dare model)
     from lm_eval.__main__ import cli_evaluate

@@ -1,8 +1,9 @@
 """``dare eval opencompass ARGS...``: run OpenCompass's own CLI with one-line errors for loading mistakes.
 
 Every argument after ``opencompass`` goes to OpenCompass unchanged (``CONFIG -w WORK_DIR``, ``--datasets ...``;
-``--help`` shows OpenCompass's help). OpenCompass loads models and datasets in task subprocesses, where a
-mistake becomes a traceback in a task log and a ``-`` in the summary, with exit status 0. This command instead:
+``--help`` shows the DARE plug-in's settings, then OpenCompass's help). OpenCompass loads models and datasets in
+task subprocesses, where a mistake becomes a traceback in a task log and a ``-`` in the summary, with exit status
+0. This command instead:
 
 1. loads the config and checks it before OpenCompass starts (:func:`dare.eval.opencompass_checks.check_config`:
    DARE model arguments, checkpoint paths, custom dataset files; ``--datasets`` names; a ``read_base()``
@@ -19,6 +20,17 @@ import logging
 import os
 
 HELP = "run OpenCompass with DARE's model plug-in and one-line loading errors (all further arguments go to OpenCompass)"
+
+
+HELP_PREAMBLE = [
+    "dare eval opencompass: OpenCompass's command line with DARE's model plug-in and one-line loading errors.",
+    "  A config's models use type=DareDiffusionModel (dare.eval.opencompass) with path=CHECKPOINT|HUB_NAME|"
+    "tiny:FAMILY,",
+    "  optional adapter=DIR and sampler={...} (SamplerConfig fields); see configs/opencompass/eval_dare_tiny.py.",
+    "  e.g. dare eval opencompass configs/opencompass/eval_dare_tiny.py -w runs/oc",
+    "  Every argument goes to OpenCompass unchanged; OpenCompass's own help follows.",
+]
+"""DARE's lines before OpenCompass's ``--help``."""
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -83,11 +95,17 @@ def load_config(path: str):
 
 
 def run(args: argparse.Namespace) -> int:
-    from dare.commands.passthrough import exit_status, program_argv
+    from dare.commands.passthrough import asks_for_help, exit_status, print_preamble, program_argv
     from dare.errors import DareError, InputError, first_line
-    from dare.eval.opencompass import require_opencompass
+    from dare.eval.opencompass import opencompass_missing, require_opencompass
     from dare.eval.opencompass_checks import failure_message
 
+    if asks_for_help(args.opencompass_args):
+        print_preamble(HELP_PREAMBLE)
+        missing = opencompass_missing()
+        if missing is not None:  # the help is DARE's part alone, not an error
+            print(missing)
+            return 0
     require_opencompass()
     from opencompass.cli.main import main, parse_args
     from opencompass.utils import get_logger

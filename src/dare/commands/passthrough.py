@@ -21,3 +21,18 @@ def program_argv(program: str, argv: list[str]):
 def exit_status(exit_: SystemExit) -> int:
     """The process status a ``SystemExit`` stands for: its int code, 0 for ``None``, 2 for a message."""
     return exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 2)
+
+
+def asks_for_help(argv: list[str]) -> bool:
+    """Whether the tool's ``argv`` asks for its help (``-h`` / ``--help`` before any ``--``)."""
+    for item in argv:
+        if item == "--":
+            return False
+        if item in ("-h", "--help"):
+            return True
+    return False
+
+
+def print_preamble(lines: list[str]) -> None:
+    """DARE's part of a pass-through command's help, printed before the tool's own help."""
+    print("\n".join(lines) + "\n", flush=True)

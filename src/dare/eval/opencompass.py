@@ -52,10 +52,17 @@ OPENCOMPASS_MODEL_KEYS = ("type", "abbr", "run_cfg", "max_out_len", "batch_size"
 """Keys of a model entry that OpenCompass's tasks use and remove before they build the model."""
 
 
+def opencompass_missing() -> str | None:
+    """Why the plug-in cannot run (OpenCompass is not importable, and how to install it), or None."""
+    if _IMPORT_ERROR is None:
+        return None
+    return f"the OpenCompass plug-in needs opencompass (pip install 'dare-dllm[opencompass]'): {_IMPORT_ERROR}"
+
+
 def require_opencompass() -> None:
-    if _IMPORT_ERROR is not None:
-        raise ConfigError("the OpenCompass plug-in needs opencompass (pip install 'dare-dllm[opencompass]'): "
-                          f"{_IMPORT_ERROR}")
+    missing = opencompass_missing()
+    if missing is not None:
+        raise ConfigError(missing)
 
 
 class DareDiffusionModel(_BaseModel):
