@@ -219,3 +219,16 @@ def test_dare_generate_and_train_write_plain_lines_to_a_log(tmp_path, capfd, mon
     lines = err.splitlines()
     assert re.fullmatch(r"train: 3/3 it \(100%\), [\d.]+ it/s, in \d+s, loss=[\d.]+, lr=[\d.e+-]+", lines[-1]), lines
     assert any(line.startswith("tokenizing: 16/16 it (100%)") for line in lines), lines
+
+
+def test_transformers_loading_bar_stays_out_of_a_log(tiny_dirs, capfd):
+    """``from_pretrained``'s "Loading weights" bar wrote its redraws into logs; it shows on a terminal only, and
+    the caller's setting of transformers' bars is restored after the load."""
+    from transformers.utils import logging as hf_logging
+
+    from dare.models.loading import load_model
+
+    assert hf_logging.is_progress_bar_enabled()
+    load_model(str(tiny_dirs["llada"]))
+    assert "Loading" not in capfd.readouterr().err
+    assert hf_logging.is_progress_bar_enabled()

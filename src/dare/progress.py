@@ -13,6 +13,7 @@ Ctrl-C so that "interrupted" gets a line of its own).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import sys
@@ -217,3 +218,20 @@ def close_progress_bars() -> None:
 
 __all__ = ["DEFAULT_INTERVAL", "INTERVAL_VARIABLE", "PlainProgress", "close_progress_bars", "draws_bars",
            "progress_bar", "progress_interval"]
+
+
+@contextlib.contextmanager
+def hf_progress_bars(enabled: bool):
+    """transformers' own progress bars ("Loading checkpoint shards", "Writing model shards") off for the block
+    unless ``enabled`` (as ``trainer.progress``) and stderr draws bars (a terminal: in a log their ``\\r`` redraws
+    would run together, :func:`draws_bars`); left as they are otherwise (a caller may have turned them off), and
+    restored after."""
+    from transformers.utils import logging as hf_logging
+
+    before = hf_logging.is_progress_bar_enabled()
+    if not enabled or not draws_bars(sys.stderr):
+        hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        (hf_logging.enable_progress_bar if before else hf_logging.disable_progress_bar)()

@@ -332,7 +332,7 @@ def run_demo(config: DemoConfig, *, log: Callable[[str], None] = print) -> dict:
     ``config.threads`` CPU threads meanwhile, without transformers' progress bars (both restored after)."""
     import torch
 
-    from dare.trainer.loop import hf_progress_bars
+    from dare.progress import hf_progress_bars
 
     check_config(config)
     if check_out_dir(config):

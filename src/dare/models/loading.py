@@ -357,7 +357,11 @@ def load_model(path: str, adapter: str | None = None, *, dtype="float32", device
         from transformers import AutoModel
 
         kwargs = {"dtype": torch_dtype} if torch_dtype is not None else {"dtype": "auto"}
-        with loading_errors(path):  # what the cheap check cannot see (damaged tensor data, ...): one line
+        from dare.progress import hf_progress_bars
+
+        # what the cheap check cannot see (damaged tensor data, ...): one line; transformers' loading bar only on
+        # a terminal (in a log its \r redraws run together)
+        with loading_errors(path), hf_progress_bars(True):
             try:
                 model = AutoModel.from_pretrained(str(path), **kwargs)
             except OSError as err:

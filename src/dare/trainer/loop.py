@@ -23,7 +23,6 @@ step N has been logged (and checkpointed when due), to test kill-and-resume.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import dataclasses
 import functools
@@ -45,6 +44,7 @@ from dare.distributed import (
 from dare.distributed.grad_norm import clip_grad_norm_
 from dare.errors import ConfigError, and_join, first_line
 from dare.outputs import atomic_write_text, ensure_dir, mark_output, publish_dir, remove_strays, staging_dir
+from dare.progress import hf_progress_bars
 from dare.trainer.checkpoint import load_checkpoint, remove_partial_checkpoints, save_checkpoint
 from dare.trainer.config import TrainConfig, config_dict, revalidate
 from dare.trainer.metrics import MetricsLogger, truncate_jsonl
@@ -66,27 +66,6 @@ def present_outputs(out: Path, names: list[str]) -> list[str]:
 
 
 log = logging.getLogger("dare.trainer")
-
-@contextlib.contextmanager
-def hf_progress_bars(enabled: bool):
-    """transformers' own progress bars (e.g. "Writing model shards") off for the block unless ``enabled`` (as
-    ``trainer.progress``) and stderr draws bars (a terminal: in a log their ``\\r`` redraws would run together,
-    :func:`dare.progress.draws_bars`); left as they are otherwise (a caller may have turned them off), and restored
-    after."""
-    import sys
-
-    from transformers.utils import logging as hf_logging
-
-    from dare.progress import draws_bars
-
-    before = hf_logging.is_progress_bar_enabled()
-    if not enabled or not draws_bars(sys.stderr):
-        hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        (hf_logging.enable_progress_bar if before else hf_logging.disable_progress_bar)()
-
 
 def _add(into: dict, values: dict) -> None:
     """Accumulate scalar metrics where they live (no host sync per micro-batch; one at the end of the step)."""
