@@ -53,7 +53,8 @@ def test_top_p_kernels_compile(nvidia_backend, step):
     from dare.rollout.engine.proposal_kernel import BLOCK, NUM_WARPS
 
     sliced = dict(PER_SLICE=76800, SLICES=2, SLICE_BLOCK=2)
-    assert "ld.global" in compile_for_hopper(k._radix_kernel, NUM_WARPS, PASS=step, BLOCK=k.RADIX_BLOCK, **sliced)
+    assert "ld.global" in compile_for_hopper(k._radix_kernel, NUM_WARPS, PASS=step, COUNTS=step == k.PASSES - 1,
+                                             BLOCK=k.RADIX_BLOCK, **sliced)
     if step == 0:
         compile_for_hopper(k._lse_kernel, NUM_WARPS, PER_SLICE=76800, SLICES=2, BLOCK=BLOCK)
         compile_for_hopper(k._write_kernel, NUM_WARPS, LAST=k.PASSES - 1, BLOCK=BLOCK, **sliced)

@@ -75,7 +75,7 @@ def top_p_filter(scores: torch.Tensor, top_p: float, *, processors: int | None =
                       num_warps=NUM_WARPS)
     for step in range(PASSES):
         _radix_kernel[grid](flat, flat.stride(0), vocab, float(top_p), lse, hist, prefix, above, PASS=step,
-                            **dict(common, BLOCK=RADIX_BLOCK))
+                            COUNTS=step == PASSES - 1, **dict(common, BLOCK=RADIX_BLOCK))
     _write_kernel[grid](flat, flat.stride(0), vocab, float(top_p), lse, hist, prefix, above, out, LAST=PASSES - 1,
                         **common)
     return out.reshape(shape)
@@ -155,9 +155,16 @@ if triton is not None:
         return new_prefix, new_above, tl.where(found, digit, -1)
 
     @triton.jit
+    def _bit_or(a, b):
+        return a | b
+
+    @triton.jit
     def _radix_kernel(Scores, stride, V, top_p, Lse, Hist, Prefix, Above, PASS: tl.constexpr,
-                      PER_SLICE: tl.constexpr, SLICES: tl.constexpr, SLICE_BLOCK: tl.constexpr,
-                      BLOCK: tl.constexpr):
+                      COUNTS: tl.constexpr, PER_SLICE: tl.constexpr, SLICES: tl.constexpr,
+                      SLICE_BLOCK: tl.constexpr, BLOCK: tl.constexpr):
+        """One histogram pass. ``COUNTS`` (the last pass): count the tokens per bucket (the output pass ranks the
+        ties at the threshold by them); the earlier passes only need to know which buckets hold tokens, one bit
+        per bucket."""
         row = tl.program_id(0)
         piece = tl.program_id(1)
         rows = tl.num_programs(0)
@@ -177,6 +184,8 @@ if triton is not None:
         base = Scores + row.to(tl.int64) * stride
         mass = tl.zeros((BLOCK, 16), tl.float32)  # per lane: one reduction after the loop, none per tile
         count = tl.zeros((BLOCK, 16), tl.float32)
+        occupied = tl.zeros((BLOCK,), tl.int32)
+        chosen = prefix.to(tl.uint32)  # the digits chosen so far (4 x PASS bits)
         shift_bits: tl.constexpr = 28 - 4 * PASS
         begin = piece * PER_SLICE
         for offset in range(0, PER_SLICE, BLOCK):
@@ -185,16 +194,22 @@ if triton is not None:
             key = _ukey(x)
             inside = x > float("-inf")
             if PASS > 0:
-                inside = inside & ((key >> (shift_bits + 4)).to(tl.int64) == prefix)
-            bucket = ((key >> shift_bits) & 15).to(tl.int32)
-            p = tl.where(inside, tl.exp(x - m), 0.0)
-            hit = (bucket[:, None] == digits[None, :]) & inside[:, None]
-            mass += tl.where(hit, p[:, None], 0.0)
-            count += hit.to(tl.float32)
+                inside = inside & ((key >> (shift_bits + 4)) == chosen)
+            bucket = tl.where(inside, ((key >> shift_bits) & 15).to(tl.int32), 16)  # 16: no bucket
+            hit = bucket[:, None] == digits[None, :]
+            mass += tl.where(hit, tl.exp(x - m)[:, None], 0.0)
+            if COUNTS:
+                count += hit.to(tl.float32)
+            else:
+                occupied = occupied | (1 << bucket)
         plane = rows * SLICES * 16
         at = (row * SLICES + piece) * 16 + digits
         tl.store(Hist + (2 * (PASS % 2)) * plane + at, tl.sum(mass, 0))
-        tl.store(Hist + (2 * (PASS % 2) + 1) * plane + at, tl.sum(count, 0))
+        if COUNTS:
+            counts = tl.sum(count, 0)
+        else:
+            counts = ((tl.reduce(occupied, 0, _bit_or) >> digits) & 1).to(tl.float32)
+        tl.store(Hist + (2 * (PASS % 2) + 1) * plane + at, counts)
 
     @triton.jit
     def _write_kernel(Scores, stride, V, top_p, Lse, Hist, Prefix, Above, Out, LAST: tl.constexpr,
