@@ -10,9 +10,9 @@ The kept set is every token above a threshold value ``v*`` plus some of the toke
 the mass of the tokens strictly above ``v`` and ``P`` = ``top_p`` times the total mass, ``v*`` is the smallest value
 with ``A(v*) <= P`` (the token crossing ``top_p`` is kept, as in the sorted version). ``v*`` is found digit by
 digit on the order-preserving 32-bit key of the float values, four bits per pass (:func:`_radix_kernel`, eight
-passes): each pass histograms, per vocabulary slice, the mass and the count of the tokens whose key starts with
-the digits chosen so far, and the next pass first merges those histograms and chooses the lowest digit whose
-top token still has at most ``P`` of mass above it. The output pass (:func:`_write_kernel`) keeps the tokens
+passes): each pass histograms, per vocabulary slice, the mass of the tokens whose key starts with the digits
+chosen so far (and which buckets hold any; the last pass counts them), and the next pass first merges those
+histograms and chooses the lowest digit whose top token still has at most ``P`` of mass above it. The output pass (:func:`_write_kernel`) keeps the tokens
 above ``v*`` and, of the ``c`` tokens equal to it, the first ``n`` by vocabulary index, where ``n`` is how many
 of them the sorted cumulative sum would keep (``A(v*) + (i - 1) p(v*) <= P`` for the ``i``-th).
 
