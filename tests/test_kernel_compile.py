@@ -1,4 +1,5 @@
-"""The Triton kernels compile for a Hopper GPU (sm_90) without one: Triton's own front end, its NVIDIA backend and
+"""The Triton kernels (token proposals, top-p, split-KV decoding attention) compile for a Hopper GPU (sm_90)
+without one: Triton's own front end, its NVIDIA backend and
 its bundled ``ptxas`` run on the CPU.
 
 Triton's interpreter (the CPU tests of each kernel) accepts programs that the compiler rejects: a loop variable
@@ -25,13 +26,20 @@ TYPES = {
 """The launches' argument types, by parameter name."""
 
 
-def compile_for_hopper(kernel, num_warps: int, **constexprs) -> str:
-    """PTX of ``kernel`` for sm_90 with ``constexprs``; every other parameter typed by :data:`TYPES`."""
+ATTENTION_TYPES = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "Mask": "*u8", "Stats": "*fp32", "Out": "*bf16",
+                   "HKV": "i32", "GROUPS": "i32", "QLEN": "i32", "KLEN": "i32", "SCALE_LOG2": "fp32"}
+"""The split-KV decoding attention's argument types (strides, ``s..``: i32)."""
+
+
+def compile_for_hopper(kernel, num_warps: int, types: dict | None = None, **constexprs) -> str:
+    """PTX of ``kernel`` for sm_90 with ``constexprs``; every other parameter typed by ``types`` (default
+    :data:`TYPES`)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    signature = {p.name: "constexpr" if p.is_constexpr else TYPES[p.name] for p in kernel.params}
+    types = TYPES if types is None else types
+    signature = {p.name: "constexpr" if p.is_constexpr else types[p.name] for p in kernel.params}
     assert set(constexprs) == {name for name, kind in signature.items() if kind == "constexpr"}, kernel
     source = ASTSource(fn=kernel, signature=signature, constexprs=constexprs)
     return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps}).asm["ptx"]
@@ -73,3 +81,19 @@ def test_proposal_kernels_compile(nvidia_backend, sampled, scaled, want, entropy
     if entropy:
         compile_for_hopper(k._entropy_kernel, k.NUM_WARPS, PER_SLICE=2048, SLICES=17, SLICE_BLOCK=32, BLOCK=k.BLOCK,
                            SCALED_SOURCE=scaled)
+
+
+@pytest.mark.parametrize("final,masked,block_m", [(True, True, 32), (False, True, 64), (False, False, 16)])
+def test_decode_attention_kernels_compile(nvidia_backend, final, masked, block_m):
+    from dare.models import decode_attention as k
+
+    def typed(kernel, acc):
+        return {**ATTENTION_TYPES, "Acc": acc, **{p.name: "i32" for p in kernel.params
+                                                  if p.name.startswith("s") and len(p.name) == 3}}
+
+    compile_for_hopper(k._partial_kernel, 4, typed(k._partial_kernel, "*bf16" if final else "*fp32"),
+                       PER_SPLIT=128, SPLITS=1 if final else 3, BLOCK_M=block_m, BLOCK_N=k.BLOCK_N, HEAD=128,
+                       FINAL=final, MASKED=masked)
+    if not final:
+        compile_for_hopper(k._merge_kernel, 4, typed(k._merge_kernel, "*fp32"), SPLITS=3, BLOCK_M=block_m,
+                           HEAD=128)
