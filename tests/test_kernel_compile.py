@@ -1,6 +1,5 @@
-"""The Triton kernels (token proposals, top-p, split-KV decoding attention) compile for a Hopper GPU (sm_90)
-without one: Triton's own front end, its NVIDIA backend and
-its bundled ``ptxas`` run on the CPU.
+"""The Triton kernels (token proposals, top-p, split-KV decoding attention) compile for a Hopper GPU (sm_90) without
+one: Triton's own front end, its NVIDIA backend and its bundled ``ptxas`` run on the CPU.
 
 Triton's interpreter (the CPU tests of each kernel) accepts programs that the compiler rejects: a loop variable
 whose type changes (a scalar reused as a tile) passed every interpreter test of the top-p kernel and failed its
