@@ -165,9 +165,10 @@ def run_once(model, prompts, gen_length, args, overrides, max_blocks, engine="ea
     steps = gen_length // overrides.pop("tokens_per_step", 1)
     if args.confidence:
         overrides["confidence"] = args.confidence
-    config = SamplerConfig(sampler=FAMILIES[args.family].sampler, gen_length=gen_length, block_length=args.block, steps=steps,
-                           temperature=args.temperature, top_p=args.top_p, eos_early_stop=False, max_blocks=max_blocks, engine=engine,
-                           weights=weights, **threshold_setting(overrides["decoder"], args.threshold), **overrides)
+    config = SamplerConfig(sampler=FAMILIES[args.family].sampler, gen_length=gen_length, block_length=args.block,
+                           steps=steps, temperature=args.temperature, top_p=args.top_p, eos_early_stop=False,
+                           max_blocks=max_blocks, engine=engine, weights=weights,
+                           **threshold_setting(overrides["decoder"], args.threshold), **overrides)
     device = prompts.device
     sync(device)
     start = time.perf_counter()
@@ -247,9 +248,10 @@ def main(argv=None) -> int:
                 records += time_engines(model, args, timed, out, common, label)
 
     print_table(results, args)
-    drawn = "greedy" if args.temperature == 0 else f"T {args.temperature:g}" + (f" top-p {args.top_p:g}" if args.top_p else "")
-    print_engine_table(records, f"engines (prompt {args.prompt_length}, block {args.block}, {drawn}, confident fraction "
-                                f"{args.confident_fraction}): tokens/s (ms per forward) [weights floor, roofline]")
+    drawn = "greedy" if args.temperature == 0 else f"T {args.temperature:g}"
+    drawn += f" top-p {args.top_p:g}" if args.top_p else ""
+    print_engine_table(records, f"engines (prompt {args.prompt_length}, block {args.block}, {drawn}, confident "
+                                f"fraction {args.confident_fraction}): tokens/s (ms per forward) [weights floor, roofline]")
     for record in records:  # settings of the decoded model that the engine records do not name
         record.update(lora_rank=args.lora_rank, autocast=args.autocast, confidence=args.confidence or "prob",
                       temperature=args.temperature, top_p=args.top_p)

@@ -6,15 +6,16 @@ step: on an H100, ``benchmarks/proposal.py --top-p 0.95`` took 19.9 ms for a LLa
 logits) against 0.49 ms unfiltered, and a Dream-7B B=16 dual-cache rollout at ``T = 1`` ran 37.4 ms per forward
 with ``top_p = 0.95`` against 19.3 ms without.
 
-The kept set is every token above a threshold value ``v*`` plus some of the tokens equal to it: with ``A(v)``
-the mass of the tokens strictly above ``v`` and ``P`` = ``top_p`` times the total mass, ``v*`` is the smallest value
+The kept set is every token above a threshold value ``v*`` plus some of the tokens equal to it: with ``A(v)`` the
+mass of the tokens strictly above ``v`` and ``P`` = ``top_p`` times the total mass, ``v*`` is the smallest value
 with ``A(v*) <= P`` (the token crossing ``top_p`` is kept, as in the sorted version). ``v*`` is found digit by
 digit on the order-preserving 32-bit key of the float values, four bits per pass (:func:`_radix_kernel`, eight
-passes): each pass histograms, per vocabulary slice, the mass of the tokens whose key starts with the digits
-chosen so far (and which buckets hold any; the last pass counts them), and the next pass first merges those
-histograms and chooses the lowest digit whose top token still has at most ``P`` of mass above it. The output pass (:func:`_write_kernel`) keeps the tokens
-above ``v*`` and, of the ``c`` tokens equal to it, the first ``n`` by vocabulary index, where ``n`` is how many
-of them the sorted cumulative sum would keep (``A(v*) + (i - 1) p(v*) <= P`` for the ``i``-th).
+passes): each pass histograms, per vocabulary slice, the mass of the tokens whose key starts with the digits chosen
+so far (and which buckets hold any; the last pass counts them), and the next pass first merges those histograms and
+chooses the lowest digit whose top token still has at most ``P`` of mass above it. The output pass
+(:func:`_write_kernel`) keeps the tokens above ``v*`` and, of the ``c`` tokens equal to it, the first ``n`` by
+vocabulary index, where ``n`` is how many of them the sorted cumulative sum would keep (``A(v*) + (i - 1) p(v*) <=
+P`` for the ``i``-th).
 
 Ten reads of the logits instead of a sort. The kept set equals the sorted version's except where a cumulative
 sum lies within float32 rounding of ``top_p`` (the sums are taken in a different order) and, for tied values at
