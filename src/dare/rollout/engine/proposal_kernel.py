@@ -154,7 +154,7 @@ if triton is not None:
         return _mix32(h ^ (tl.load(Counters + b).to(tl.int64) & 0xFFFFFFFF).to(tl.uint32))
 
     @triton.jit
-    def _online(m, s, x):
+    def online_lse(m, s, x):
         """One step of a per-lane online log-sum-exp with one exponential: the smaller of the running max and
         ``x`` is shifted by the larger (``-inf`` lanes stay ``(-inf, 0)``)."""
         e = tl.exp(-tl.abs(x - m))
@@ -163,7 +163,7 @@ if triton is not None:
         return tl.maximum(m, x), s
 
     @triton.jit
-    def _merge(m, s):
+    def merge_lse(m, s):
         """Lanes' ``(max, sum-exp)`` pairs merged into one."""
         top = tl.max(m, 0)
         shift = tl.where(top == float("-inf"), 0.0, top)
@@ -203,12 +203,12 @@ if triton is not None:
             else:
                 scores = tl.where(cols == banned, float("-inf"), x)
                 key = scores
-            m_smp, s_smp = _online(m_smp, s_smp, scores)
+            m_smp, s_smp = online_lse(m_smp, s_smp, scores)
             if WANT_SOURCE:
                 if SCALED_SOURCE:
-                    m_src, s_src = _online(m_src, s_src, scaled)
+                    m_src, s_src = online_lse(m_src, s_src, scaled)
                 else:
-                    m_src, s_src = _online(m_src, s_src, x)
+                    m_src, s_src = online_lse(m_src, s_src, x)
             better = key > best_key  # strict: a lane's earlier column wins a tie
             best_col = tl.where(better, cols, best_col)
             best_key = tl.where(better, key, best_key)
@@ -217,11 +217,11 @@ if triton is not None:
         col = tl.where(top == float("-inf"), begin, col)  # no finite key: its first column, as argmax answers
         out = row * SLICES + piece
         total = rows * SLICES
-        m, s = _merge(m_smp, s_smp)
+        m, s = merge_lse(m_smp, s_smp)
         tl.store(Partial + out, m)
         tl.store(Partial + total + out, s)
         if WANT_SOURCE:
-            m, s = _merge(m_src, s_src)
+            m, s = merge_lse(m_src, s_src)
             tl.store(Partial + 2 * total + out, m)
             tl.store(Partial + 3 * total + out, s)
         tl.store(Partial + 4 * total + out, top)
@@ -234,7 +234,7 @@ if triton is not None:
         pieces = tl.arange(0, SLICE_BLOCK)
         used = pieces < SLICES
         at = row * SLICES + pieces
-        m, s = _merge(tl.load(Partial + 2 * total + at, mask=used, other=float("-inf")),
+        m, s = merge_lse(tl.load(Partial + 2 * total + at, mask=used, other=float("-inf")),
                       tl.load(Partial + 3 * total + at, mask=used, other=0.0))
         return m + tl.log(s)
 
@@ -280,7 +280,7 @@ if triton is not None:
             scaled = x / temperature
         else:
             scaled = x
-        m, s = _merge(tl.load(Partial + at, mask=used, other=float("-inf")),
+        m, s = merge_lse(tl.load(Partial + at, mask=used, other=float("-inf")),
                       tl.load(Partial + total + at, mask=used, other=0.0))
         logprob = scaled - (m + tl.log(s))
         if ENTROPY:

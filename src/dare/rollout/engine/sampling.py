@@ -36,7 +36,7 @@ from dare.rollout.engine.noise import (
     uniform,
     vocabulary_salts,
 )
-from dare.rollout.kernels import NEG_INF, Proposal, top_p_sorted, filter_logits
+from dare.rollout.kernels import NEG_INF, Proposal, filter_logits, top_p_sorted
 
 log = logging.getLogger("dare.rollout")
 _KERNEL_FAILED = False

@@ -33,6 +33,8 @@ from dare.rollout.engine.proposal_kernel import BLOCK, NUM_WARPS, slicing, trito
 if triton is not None:
     import triton.language as tl
 
+    from dare.rollout.engine.proposal_kernel import merge_lse, online_lse  # the per-lane online log-sum-exp
+
 RADIX_BLOCK = 256
 """Entries per tile of the histogram passes (each entry meets all 16 buckets: smaller tiles, fewer registers)."""
 PASSES = 8
@@ -110,14 +112,8 @@ if triton is not None:
         begin = piece * PER_SLICE
         for offset in range(0, PER_SLICE, BLOCK):
             cols = begin + offset + lanes
-            x = tl.load(base + cols, mask=cols < V, other=float("-inf")).to(tl.float32)
-            grown = tl.maximum(m, x)
-            shift = tl.where(grown == float("-inf"), 0.0, grown)
-            s = s * tl.exp(m - shift) + tl.where(x == float("-inf"), 0.0, tl.exp(x - shift))
-            m = grown
-        top = tl.max(m, 0)
-        shift = tl.where(top == float("-inf"), 0.0, top)
-        total = tl.sum(s * tl.exp(m - shift), 0)
+            m, s = online_lse(m, s, tl.load(base + cols, mask=cols < V, other=float("-inf")).to(tl.float32))
+        top, total = merge_lse(m, s)
         at = row * SLICES + piece
         tl.store(Lse + at, top)
         tl.store(Lse + rows * SLICES + at, total)
@@ -128,11 +124,9 @@ if triton is not None:
         pieces = tl.arange(0, SLICE_BLOCK)
         used = pieces < SLICES
         at = row * SLICES + pieces
-        m = tl.load(Lse + at, mask=used, other=float("-inf"))
-        s = tl.load(Lse + rows * SLICES + at, mask=used, other=0.0)
-        top = tl.max(m, 0)
-        shift = tl.where(top == float("-inf"), 0.0, top)
-        return shift, tl.sum(tl.where(m == float("-inf"), 0.0, s * tl.exp(m - shift)), 0)
+        top, total = merge_lse(tl.load(Lse + at, mask=used, other=float("-inf")),
+                            tl.load(Lse + rows * SLICES + at, mask=used, other=0.0))
+        return tl.where(top == float("-inf"), 0.0, top), total  # 0 for an empty row: exp(x - max) stays 0
 
     @triton.jit
     def _choose(Hist, buffer, row, rows, prefix, above, budget, SLICES: tl.constexpr, SLICE_BLOCK: tl.constexpr):
