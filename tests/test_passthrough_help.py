@@ -28,3 +28,4 @@ def test_opencompass_help_is_a_help_even_without_opencompass(capsys):
     assert status == 0 and captured.out.startswith("dare eval opencompass: ") and "DareDiffusionModel" in captured.out
     if importlib.util.find_spec("opencompass") is None:
         assert "pip install 'dare-dllm[opencompass]'" in captured.out and "error" not in captured.err
+        assert "own help follows" not in captured.out  # none follows without OpenCompass

@@ -217,7 +217,7 @@ def close_progress_bars() -> None:
 
 
 __all__ = ["DEFAULT_INTERVAL", "INTERVAL_VARIABLE", "PlainProgress", "close_progress_bars", "draws_bars",
-           "progress_bar", "progress_interval"]
+           "hf_progress_bars", "progress_bar", "progress_interval"]
 
 
 @contextlib.contextmanager

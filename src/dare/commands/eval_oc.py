@@ -101,11 +101,12 @@ def run(args: argparse.Namespace) -> int:
     from dare.eval.opencompass_checks import failure_message
 
     if asks_for_help(args.opencompass_args):
-        print_preamble(HELP_PREAMBLE)
         missing = opencompass_missing()
-        if missing is not None:  # the help is DARE's part alone, not an error
+        if missing is not None:  # the help is DARE's part alone (no OpenCompass help follows), not an error
+            print_preamble(HELP_PREAMBLE[:-1])
             print(missing)
             return 0
+        print_preamble(HELP_PREAMBLE)
     require_opencompass()
     from opencompass.cli.main import main, parse_args
     from opencompass.utils import get_logger
