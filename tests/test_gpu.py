@@ -370,25 +370,40 @@ def test_top_p_kernel_at_real_vocabularies_matches_the_sorted_filter(rows, vocab
     against a float64 stable sort (ties in index order): each row's kept set is a prefix of the same sorted order
     (so one set contains the other), the tokens on which they differ carry at most 2e-5 of probability (float32
     rounding of a cumulative sum; near-uniform rows, ``scale`` 1, have ~1e-5 per token), and the kept entries are
-    the input's."""
-    from dare.rollout.engine.top_p_kernel import top_p_filter
+    the input's. Float32 scores (32-bit keys), bf16 logits divided by a temperature inside the kernel (16-bit keys),
+    and the drawn / source pair sharing their passes."""
+    from dare.rollout.engine.top_p_kernel import top_p_filter, top_p_filter_pair
 
     torch.manual_seed(0)
-    x = (torch.randn(rows, vocab, device="cuda") * scale).to(torch.bfloat16).float()
-    x[0, 7] = float("-inf")
-    probs = torch.softmax(x.double(), -1)
-    for p in (0.05, 0.5, 0.95):
-        got = torch.isfinite(top_p_filter(x, p))
-        s, idx = torch.sort(x.double(), dim=-1, descending=True, stable=True)
+    logits = (torch.randn(rows, vocab, device="cuda") * scale).to(torch.bfloat16)
+    logits[0, 7] = float("-inf")
+    banned, t = 11, 0.8
+
+    def check(filtered, scores, p):
+        got = torch.isfinite(filtered)
+        x = scores.double()
+        s, idx = torch.sort(x, dim=-1, descending=True, stable=True)
         remove = torch.cumsum(torch.softmax(s, -1), -1) > p
         remove[..., 1:] = remove[..., :-1].clone()
         remove[..., 0] = False
         want = ~torch.zeros_like(remove).scatter(-1, idx, remove) & torch.isfinite(x)
         nested = ((got & ~want).any(-1) & (want & ~got).any(-1)).sum().item()
         assert nested == 0, (p, nested)
-        differ = torch.where(got ^ want, probs, 0.0).sum(-1).max().item()
+        differ = torch.where(got ^ want, torch.softmax(x, -1), 0.0).sum(-1).max().item()
         assert differ <= 2e-5, (p, differ)
-        assert torch.equal(top_p_filter(x, p)[got], x[got]) and not got[0, 7]
+        assert torch.equal(filtered[got], scores[got]), p  # kept entries are the scores, bit for bit
+
+    x = logits.float()
+    scaled = x / t
+    choice = scaled.clone()
+    choice[:, banned] = float("-inf")
+    for p in (0.05, 0.5, 0.95):
+        check(top_p_filter(x, p), x, p)
+        check(top_p_filter(logits, p, temperature=t), scaled, p)
+        drawn, source = top_p_filter_pair(logits, p, banned=banned, temperature=t)
+        check(drawn, choice, p)
+        check(source, scaled, p)
+        assert not torch.isfinite(drawn[:, banned]).any()
 
 
 @pytest.mark.parametrize("overrides", [dict(sampler="fastdllm", cache="dual", threshold=0.3, temperature=0.9),

@@ -19,8 +19,8 @@ TYPES = {
     "Partial": "*fp32", "Best": "*i32", "Keys": "*i64", "Counters": "*i64", "Pos": "*i64", "W": "i32",
     "spb": "i64", "spw": "i64", "Eligible": "*u8", "Tokens": "*i64", "Score": "*fp32", "Logprob": "*fp32",
     # top-p kernel
-    "Scores": "*fp32", "stride": "i64", "top_p": "fp32", "Lse": "*fp32", "Hist": "*fp32", "Prefix": "*i64",
-    "Above": "*fp32", "Out": "*fp32",
+    "stride": "i64", "divisor": "fp32", "top_p": "fp32", "Lse": "*fp32", "Hist": "*fp32", "Prefix": "*i64",
+    "Above": "*fp32", "Own": "*i32", "Out": "*fp32", "Drawn": "*fp32",
 }
 """The launches' argument types, by parameter name."""
 
@@ -54,17 +54,25 @@ def nvidia_backend():
         pytest.skip(f"Triton's NVIDIA backend is unavailable: {error}")
 
 
-@pytest.mark.parametrize("step", [0, 1, 7])
-def test_top_p_kernels_compile(nvidia_backend, step):
+@pytest.mark.parametrize("bits,step,banned", [(16, 0, "pair"), (16, 3, "drawn"), (32, 1, None), (32, 7, "pair")])
+def test_top_p_kernels_compile(nvidia_backend, bits, step, banned):
+    """Every launch setting of the top-p filter: bf16 (16-bit keys) and float32 scores, plain, the drawn
+    distribution's gated passes and the source chain of a pair."""
     from dare.rollout.engine import top_p_kernel as k
     from dare.rollout.engine.proposal_kernel import BLOCK, NUM_WARPS
 
-    sliced = dict(PER_SLICE=76800, SLICES=2, SLICE_BLOCK=2)
-    assert "ld.global" in compile_for_hopper(k._radix_kernel, NUM_WARPS, PASS=step, COUNTS=step == k.PASSES - 1,
-                                             BLOCK=k.RADIX_BLOCK, **sliced)
+    types = dict(TYPES, Logits="*bf16" if bits == 16 else "*fp32")
+    passes = bits // 4
+    flags = dict(PER_SLICE=76800, SLICES=2, SLICE_BLOCK=2, KEY_BITS=bits, SCALED=True, WITH_BANNED=banned == "pair",
+                 WITHOUT_BANNED=banned == "drawn", GATED=banned == "drawn")
+    ptx = compile_for_hopper(k._radix_kernel, k.RADIX_WARPS, types, PASS=step, COUNTS=step == passes - 1,
+                             BLOCK=k.RADIX_BLOCK, **flags)
+    assert "ld.global" in ptx
     if step == 0:
-        compile_for_hopper(k._lse_kernel, NUM_WARPS, PER_SLICE=76800, SLICES=2, BLOCK=BLOCK)
-        compile_for_hopper(k._write_kernel, NUM_WARPS, LAST=k.PASSES - 1, BLOCK=BLOCK, **sliced)
+        compile_for_hopper(k._lse_kernel, NUM_WARPS, types, PER_SLICE=76800, SLICES=2, BLOCK=BLOCK, KEY_BITS=bits,
+                           SCALED=True, WITHOUT_BANNED=banned is not None)
+    compile_for_hopper(k._write_kernel, NUM_WARPS, types, LAST=passes - 1, BLOCK=BLOCK, PAIR=banned == "pair",
+                       **flags)
 
 
 @pytest.mark.parametrize("sampled,scaled,want,entropy", [(False, False, True, False), (True, True, True, True),

@@ -63,22 +63,74 @@ CHECK = textwrap.dedent("""
     got = top_p_filter(window, 0.8, processors=8)
     assert got.shape == window.shape and torch.equal(got, stable_reference(window, 0.8))
 
-    # the static engine's proposals route their filter through it: same tokens as the sorted filter
+    # bf16 / float16 logits divided by the temperature inside the kernel (bf16: 16-bit keys, half the passes), with
+    # the banned column removed, and the drawn / source pair sharing their passes
+    def scores(logits, t):
+        return logits.float() / t if t > 0 else logits.float()
+
+    for rows, v, p, dtype, procs, t in [(2, 3000, 0.3, torch.bfloat16, 8, 0.7), (3, 3000, 0.95, torch.bfloat16, 2, 1.0),
+                                        (2, 2100, 0.9, torch.float16, 1, 1.3), (2, 3000, 0.6, torch.float32, 4, 0.9)]:
+        logits = (torch.randn(rows, v) * 2).to(dtype)
+        logits[0, 5] = float("-inf")
+        got = top_p_filter(logits, p, temperature=t, processors=procs)
+        assert torch.equal(got, stable_reference(scores(logits, t), p))
+        choice = scores(logits, t).clone()
+        choice[..., 11] = float("-inf")
+        want = stable_reference(choice, p)
+        assert torch.equal(top_p_filter(logits, p, temperature=t, banned=11, processors=procs), want), (dtype, p)
+        drawn, source, own = top_p_kernel._nucleus(logits, p, t, 11, pair=True, processors=procs)
+        assert torch.equal(drawn, want) and torch.equal(source, stable_reference(scores(logits, t), p)), (dtype, p)
+        assert own.sum() < rows, own  # a light banned token: most rows' drawn filter comes from the shared passes
+
+    # a banned token heavy enough to move the boundary, above every other token, tied with the top, or the only
+    # finite entry: those rows take their own passes, with the same result as a separate filter
+    logits = (torch.randn(9, 3000) * 2).bfloat16()
+    logits[0, 11], logits[1, 11], logits[2, 11], logits[3, 11] = 9.0, 30.0, logits[2].max(), -20.0  # 3: light
+    logits[4:] = -12.0
+    logits[4:6] = float("-inf")
+    logits[4, 11] = 1.0                              # the banned token is the only finite entry
+    logits[6, :4], logits[6, 11], logits[6, 100] = 0.0, 0.5, 1.0  # banned kept (not first), ahead of four ties
+    logits[7, :2], logits[7, [5, 11, 20, 30]] = 1.0, 0.0  # banned tied with three tokens at the threshold
+    logits[8, :4], logits[8, 11] = 0.0, -0.3         # banned removed, just behind four equal tokens
+    choice = logits.float().clone()
+    choice[..., 11] = float("-inf")
+    # 0.86: row 6's drawn nucleus keeps a fourth token the source's loses (the banned token ahead of the boundary);
+    # 0.77: row 7's keeps column 20 (the banned token among the ties); 0.65: row 8's loses the fourth token the
+    # source's keeps (the banned token behind it)
+    for p, moved in ((0.3, []), (0.65, [8]), (0.77, [7]), (0.86, [6]), (0.9, [])):
+        drawn, source, own = top_p_kernel._nucleus(logits, p, 0.0, 11, pair=True, processors=4)
+        assert torch.equal(drawn, stable_reference(choice, p))
+        assert torch.equal(source, stable_reference(logits.float(), p))
+        assert own[:3].tolist() == [1, 1, 1] and own[3] == 0 and own[5] == 0, (p, own)
+        assert all(own[r] == 1 for r in moved), (p, own)
+        kept = torch.isfinite(source) & (torch.arange(3000) != 11)
+        assert all(not torch.equal(kept[r], torch.isfinite(drawn[r])) for r in moved), p  # the boundary moved
+    assert torch.isinf(drawn[4]).all() and torch.isinf(drawn[5]).all()
+
+    # the static engine's proposals route their filters through it: one call for the drawn and the source
+    # distributions, the same tokens as the sorted filter
     from dare.rollout.engine.noise import vocabulary_salts
-    logits, eligible = torch.randn(2, 4, 3000) * 3, torch.ones(2, 4, dtype=torch.bool)
-    keys, counters, positions = torch.randint(0, 2**32, (2, 2)), torch.arange(2), torch.arange(4)
-    args = (logits, eligible, keys, counters, positions, vocabulary_salts(3000, "cpu"))
-    settings = dict(banned=7, temperature=0.9, top_p=0.7, top_k=None, top_k_first=False,
-                    confidence_source="sampling", confidence="prob")
-    want = sampling._propose_ops(*args, **settings)
-    calls = []
-    top_p_kernel.serves = lambda scores: calls.append(scores.shape) or True
-    got = sampling._propose_ops(*args, **settings)
-    assert len(calls) == 2 and torch.equal(got[0], want[0]), calls  # the choice's and the source's filters
-    assert (got[1] - want[1]).abs().max() < 1e-5 and (got[2] - want[2]).abs().max() < 1e-5
-    calls.clear()
-    random = sampling._propose_ops(*args, **dict(settings, confidence="random"))
-    assert len(calls) == 1 and torch.equal(random[0], got[0])  # the random confidence filters no source
+    for dtype in (torch.float32, torch.bfloat16):
+        logits, eligible = (torch.randn(2, 4, 3000) * 3).to(dtype), torch.ones(2, 4, dtype=torch.bool)
+        keys, counters, positions = torch.randint(0, 2**32, (2, 2)), torch.arange(2), torch.arange(4)
+        args = (logits, eligible, keys, counters, positions, vocabulary_salts(3000, "cpu"))
+        settings = dict(banned=7, temperature=0.9, top_p=0.7, top_k=None, top_k_first=False,
+                        confidence_source="sampling", confidence="prob")
+        serves = top_p_kernel.serves
+        top_p_kernel.serves = lambda scores: False
+        want = sampling._propose_ops(*args, **settings)
+        calls = []
+        top_p_kernel.serves = lambda scores: calls.append(scores.dtype) or True
+        got = sampling._propose_ops(*args, **settings)
+        assert calls == [dtype] and torch.equal(got[0], want[0]), calls  # one call, on the model's logits
+        assert (got[1] - want[1]).abs().max() < 1e-5 and (got[2] - want[2]).abs().max() < 1e-5
+        calls.clear()
+        random = sampling._propose_ops(*args, **dict(settings, confidence="random"))
+        assert len(calls) == 1 and torch.equal(random[0], got[0])
+        calls.clear()
+        both = sampling._propose_ops(*args, **dict(settings, top_k=50))  # with top-k: float32 scores, two calls
+        assert calls == [torch.float32, torch.float32], calls
+        top_p_kernel.serves = serves
     print("ok")
 """)
 
@@ -113,12 +165,13 @@ def test_slices_are_whole_tiles():
 def test_a_failing_kernel_warns_once_and_leaves_the_sorted_filter(monkeypatch, caplog):
     calls = []
 
-    def broken(scores, top_p):
+    def broken(*args, **kwargs):
         calls.append(1)
         raise RuntimeError("no kernel image is available for execution on the device\nmore")
 
     monkeypatch.setattr(top_p_kernel, "serves", lambda scores: True)
     monkeypatch.setattr(top_p_kernel, "top_p_filter", broken)
+    monkeypatch.setattr(top_p_kernel, "top_p_filter_pair", broken)
     monkeypatch.setattr(sampling, "_TOP_P_FAILED", False)
     torch.manual_seed(0)
     x = torch.randn(3, 500)
@@ -128,6 +181,13 @@ def test_a_failing_kernel_warns_once_and_leaves_the_sorted_filter(monkeypatch, c
     from dare.rollout.kernels import top_p_sorted
 
     assert torch.equal(first, top_p_sorted(x, 0.8)) and torch.equal(second, first)
+    assert calls == [1]
+    logits = torch.randn(2, 3, 500).bfloat16()  # the pair of a step filtered by top-p alone: sorted filters too
+    choice = logits.float().masked_fill(torch.arange(500) == 7, float("-inf"))
+    drawn, source = sampling._nucleus_filters(logits, choice, logits.float(), top_p=0.8, temperature=0.7, banned=7,
+                                              want_source=True)
+    assert torch.equal(drawn, top_p_sorted(choice / 0.7, 0.8))
+    assert torch.equal(source, top_p_sorted(logits.float() / 0.7, 0.8))
     assert calls == [1]
     warnings = [r.getMessage() for r in caplog.records if "top-p kernel" in r.getMessage()]
     assert len(warnings) == 1 and "\n" not in warnings[0]

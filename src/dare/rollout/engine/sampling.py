@@ -47,19 +47,47 @@ _TOP_P_FAILED = False
 
 @torch.compiler.disable
 def _top_p_filter(scores: torch.Tensor, top_p: float) -> torch.Tensor:
-    """The top-p filter of static steps: without a sort on CUDA (:mod:`dare.rollout.engine.top_p_kernel`; sorted,
-    a B=16 Dream window of 32 took ~20 ms on an H100), :func:`~dare.rollout.kernels.top_p_sorted` elsewhere. A
-    kernel failure warns once and leaves the sorted filter in place."""
-    global _TOP_P_FAILED
-    if not _TOP_P_FAILED and top_p_kernel.serves(scores):
+    """The top-p filter of float32 ``scores`` (steps that also filter by top-k): without a sort on CUDA
+    (:mod:`dare.rollout.engine.top_p_kernel`; sorted, a B=16 Dream window of 32 took ~20 ms on an H100),
+    :func:`~dare.rollout.kernels.top_p_sorted` elsewhere. A kernel failure warns once and leaves the sorted filter
+    in place."""
+    if _top_p_kernel_usable(scores):
         try:
             return top_p_kernel.top_p_filter(scores, top_p).to(scores.dtype)
         except torch.OutOfMemoryError:
             raise
         except Exception as error:  # noqa: BLE001 - any kernel failure: the sorted filter
-            _TOP_P_FAILED = True
-            log.warning("top-p kernel unavailable, using the sorted filter: %s", first_line(error)[:200])
+            _top_p_kernel_failed(error)
     return top_p_sorted(scores, top_p)
+
+
+@torch.compiler.disable
+def _nucleus_filters(logits, choice, x, *, top_p: float, temperature: float, banned: int, want_source: bool):
+    """``(filtered, source)`` of a step filtered by top-p alone: the drawn distribution (``choice``, the logits
+    without ``banned``) and, with ``want_source``, the confidence source (``x``) after the temperature and the
+    filter (else None). On CUDA the kernel reads the model's ``logits`` directly (bf16: half the passes) and
+    shares the two filters' passes; elsewhere, or after a kernel failure, the sorted filter."""
+    if _top_p_kernel_usable(logits):
+        try:
+            if want_source:
+                return top_p_kernel.top_p_filter_pair(logits, top_p, banned=banned, temperature=temperature)
+            return top_p_kernel.top_p_filter(logits, top_p, temperature=temperature, banned=banned), None
+        except torch.OutOfMemoryError:
+            raise
+        except Exception as error:  # noqa: BLE001 - any kernel failure: the sorted filter
+            _top_p_kernel_failed(error)
+    filtered = filter_logits(choice, temperature, top_p, top_p_mask=top_p_sorted)
+    return filtered, filter_logits(x, temperature, top_p, top_p_mask=top_p_sorted) if want_source else None
+
+
+def _top_p_kernel_usable(tensor: torch.Tensor) -> bool:
+    return not _TOP_P_FAILED and top_p_kernel.serves(tensor)
+
+
+def _top_p_kernel_failed(error: Exception) -> None:
+    global _TOP_P_FAILED
+    _TOP_P_FAILED = True
+    log.warning("top-p kernel unavailable, using the sorted filter: %s", first_line(error)[:200])
 
 
 def _gathered_prob(scores: torch.Tensor, tokens: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
@@ -109,11 +137,17 @@ def _propose_ops(logits, eligible, keys, counters, positions, salts, *, banned: 
     x = logits.float()
     choice = x.clone()
     choice[..., banned] = NEG_INF  # a fill kernel: no host-to-device copy inside a recorded step
-    filtered = filter_logits(choice, temperature, top_p, top_k, top_k_first, top_p_mask=_top_p_filter)
-    if confidence_source == "logits" or confidence == "random":  # (the random confidence reads no source)
-        source = x
+    want_source = not (confidence_source == "logits" or confidence == "random")  # (random reads no source)
+    top_k_active = top_k is not None and 0 < top_k < logits.shape[-1]
+    if top_p is not None and top_p < 1 and not top_k_active:
+        filtered, source = _nucleus_filters(logits, choice, x, top_p=top_p, temperature=temperature, banned=banned,
+                                            want_source=want_source)
     else:
-        source = filter_logits(x, temperature, top_p, top_k, top_k_first, top_p_mask=_top_p_filter)
+        filtered = filter_logits(choice, temperature, top_p, top_k, top_k_first, top_p_mask=_top_p_filter)
+        source = filter_logits(x, temperature, top_p, top_k, top_k_first, top_p_mask=_top_p_filter) \
+            if want_source else None
+    if not want_source:
+        source = x
 
     if temperature == 0:
         tokens = (choice if confidence_source == "logits" else filtered).argmax(-1)

@@ -9,18 +9,30 @@ with ``top_p = 0.95`` against 19.3 ms without.
 The kept set is every token above a threshold value ``v*`` plus some of the tokens equal to it: with ``A(v)`` the
 mass of the tokens strictly above ``v`` and ``P`` = ``top_p`` times the total mass, ``v*`` is the smallest value
 with ``A(v*) <= P`` (the token crossing ``top_p`` is kept, as in the sorted version). ``v*`` is found digit by
-digit on the order-preserving 32-bit key of the float values, four bits per pass (:func:`_radix_kernel`, eight
-passes): each pass histograms, per vocabulary slice, the mass of the tokens whose key starts with the digits chosen
-so far (and which buckets hold any; the last pass counts them), and the next pass first merges those histograms and
-chooses the lowest digit whose top token still has at most ``P`` of mass above it. The output pass
-(:func:`_write_kernel`) keeps the tokens above ``v*`` and, of the ``c`` tokens equal to it, the first ``n`` by
-vocabulary index, where ``n`` is how many of them the sorted cumulative sum would keep (``A(v*) + (i - 1) p(v*) <=
-P`` for the ``i``-th).
+digit on an order-preserving integer key of the values, four bits per pass (:func:`_radix_kernel`): each pass
+histograms, per vocabulary slice, the mass of the tokens whose key starts with the digits chosen so far (and which
+buckets hold any; the last pass counts them), and the next pass first merges those histograms and chooses the
+lowest digit whose top token still has at most ``P`` of mass above it. The output pass (:func:`_write_kernel`)
+keeps the tokens above ``v*`` and, of the ``c`` tokens equal to it, the first ``n`` by vocabulary index, where
+``n`` is how many of them the sorted cumulative sum would keep (``A(v*) + (i - 1) p(v*) <= P`` for the ``i``-th).
 
-Ten reads of the logits instead of a sort. The kept set equals the sorted version's except where a cumulative
-sum lies within float32 rounding of ``top_p`` (the sums are taken in a different order) and, for tied values at
-the threshold, which of them: the lowest indices here, the sort's order there (torch does not promise one).
-``DARE_TOP_P_KERNEL=0`` keeps the sort.
+* **bf16 logits take half the passes.** The kernels read the logits in their own dtype and divide by the
+  temperature themselves. Division by a positive temperature keeps the order and the ties of the values, so the
+  key of a bf16 logit (16 bits) orders the scores as well as their float32 key (32 bits): four histogram passes
+  instead of eight. Other dtypes use the float32 key of the scores.
+* **The drawn and the confidence distributions share their passes** (:func:`top_p_filter_pair`). A static step
+  draws from the logits without the mask id (``banned``) and may score confidence on the logits with it. The two
+  nuclei differ only where the banned token's mass moves the boundary: with the source's threshold, its mass
+  above, ``p(v*)`` and kept ties, the output pass checks whether the sorted rule over the drawn distribution keeps
+  exactly the source's set without the banned token (the last kept token's preceding mass at most the drawn
+  budget, the first removed token's above it), and writes both filters from one read. Rows where it does not
+  hold (the banned token tied at the threshold, above every other token, or heavy enough to move the boundary)
+  get their own passes; the other rows' programs of those launches return at once.
+
+Six (bf16) or ten reads of the logits instead of a sort. The kept set equals the sorted version's except where a
+cumulative sum lies within float32 rounding of ``top_p`` (the sums are taken in a different order) and, for tied
+values at the threshold, which of them: the lowest indices here, the sort's order there (torch does not promise
+one). ``DARE_TOP_P_KERNEL=0`` keeps the sort.
 """
 
 from __future__ import annotations
@@ -37,9 +49,14 @@ if triton is not None:
 
 RADIX_BLOCK = 256
 """Entries per tile of the histogram passes (each entry meets all 16 buckets: smaller tiles, fewer registers)."""
-PASSES = 8
-"""Histogram passes: each chooses 4 bits (one of 16 buckets) of the threshold's 32-bit key (the kernels' shifts
-and bucket counts are written for 4)."""
+RADIX_WARPS = 4
+"""Warps per program of the histogram passes."""
+
+
+def key_bits(dtype: torch.dtype) -> int:
+    """Bits of the radix key of logits of ``dtype``: 16 for bfloat16 (the logit's own bits), else 32 (the float32
+    score's)."""
+    return 16 if dtype == torch.bfloat16 else 32
 
 
 def kernel_enabled() -> bool:
@@ -47,41 +64,76 @@ def kernel_enabled() -> bool:
     return env_switch("DARE_TOP_P_KERNEL", default=True)
 
 
-def serves(scores: torch.Tensor) -> bool:
-    """Whether :func:`top_p_filter` runs on ``scores``: a CUDA tensor, Triton installed, the switch on."""
-    return triton is not None and scores.is_cuda and kernel_enabled()
+def serves(logits: torch.Tensor) -> bool:
+    """Whether the filters run on ``logits``: a CUDA tensor, Triton installed, the switch on."""
+    return triton is not None and logits.is_cuda and kernel_enabled()
 
 
-def top_p_filter(scores: torch.Tensor, top_p: float, *, processors: int | None = None) -> torch.Tensor:
-    """``scores [..., V]`` (float; already divided by the temperature) with the tokens outside the ``top_p``
-    nucleus set to ``-inf``, as float32 (see the module). Entries that are ``-inf`` already stay out; a row
-    without a finite entry comes back unchanged. ``processors`` (default: the GPU's multiprocessor count, 8 off
-    CUDA) sets the slicing (the proposal kernel's, :func:`~dare.rollout.engine.proposal_kernel.slicing`)."""
-    shape, vocab = scores.shape, scores.shape[-1]
-    flat = scores.reshape(-1, vocab)
+def top_p_filter(logits: torch.Tensor, top_p: float, *, temperature: float = 0.0, banned: int | None = None,
+                 processors: int | None = None) -> torch.Tensor:
+    """The scores of ``logits [..., V]`` (float32: divided by ``temperature`` when it is > 0) with the tokens
+    outside the ``top_p`` nucleus set to ``-inf`` (see the module); with ``banned``, that column is removed
+    (``-inf``) before the nucleus is chosen. Entries that are ``-inf`` already stay out; a row without a finite
+    entry comes back as ``-inf`` throughout. ``processors`` (default: the GPU's multiprocessor count, 8 off CUDA)
+    sets the slicing (the proposal kernel's, :func:`~dare.rollout.engine.proposal_kernel.slicing`)."""
+    return _nucleus(logits, top_p, temperature, banned, pair=False, processors=processors)[0]
+
+
+def top_p_filter_pair(logits: torch.Tensor, top_p: float, *, banned: int, temperature: float = 0.0,
+                      processors: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(drawn, source)``: :func:`top_p_filter` of ``logits`` without and with column ``banned``, sharing their
+    passes (see the module)."""
+    drawn, source, _ = _nucleus(logits, top_p, temperature, banned, pair=True, processors=processors)
+    return drawn, source
+
+
+def _nucleus(logits, top_p, temperature, banned, *, pair: bool, processors):
+    """``(first, second, own)``: the filter (without ``banned``), the filter with it (``pair`` only, else None) and
+    the int32 flags of the rows whose drawn filter took its own passes (``pair`` only)."""
+    shape, vocab = logits.shape, logits.shape[-1]
+    if banned is not None and not 0 <= banned < vocab:
+        raise ValueError(f"banned must index the vocabulary (0..{vocab - 1}), got {banned}")
+    if pair and banned is None:
+        raise ValueError("a pair of filters needs the banned column")
+    flat = logits.reshape(-1, vocab)
     if flat.stride(-1) != 1:
         flat = flat.contiguous()
-    rows = flat.shape[0]
-    out = torch.empty((rows, vocab), dtype=torch.float32, device=scores.device)
-    if rows == 0:
-        return out.reshape(shape)
-    slices, per_slice = slicing(rows, vocab, processors, scores.device)
-    slice_block = max(2, triton.next_power_of_2(slices))
-    device = scores.device
-    lse = torch.empty((2, rows, slices), dtype=torch.float32, device=device)
-    hist = torch.empty((2, 2, rows, slices, 16), dtype=torch.float32, device=device)
-    prefix = torch.zeros((PASSES, rows), dtype=torch.int64, device=device)
-    above = torch.zeros((PASSES, rows), dtype=torch.float32, device=device)
-    common = dict(PER_SLICE=per_slice, SLICES=slices, SLICE_BLOCK=slice_block, BLOCK=BLOCK, num_warps=NUM_WARPS)
-    grid = (rows, slices)
-    _lse_kernel[grid](flat, flat.stride(0), vocab, lse, PER_SLICE=per_slice, SLICES=slices, BLOCK=BLOCK,
-                      num_warps=NUM_WARPS)
-    for step in range(PASSES):
-        _radix_kernel[grid](flat, flat.stride(0), vocab, float(top_p), lse, hist, prefix, above, PASS=step,
-                            COUNTS=step == PASSES - 1, **dict(common, BLOCK=RADIX_BLOCK))
-    _write_kernel[grid](flat, flat.stride(0), vocab, float(top_p), lse, hist, prefix, above, out, LAST=PASSES - 1,
-                        **common)
-    return out.reshape(shape)
+    rows, device = flat.shape[0], logits.device
+    first = torch.empty((rows, vocab), dtype=torch.float32, device=device)
+    second = torch.empty_like(first) if pair else None
+    own = torch.zeros(rows, dtype=torch.int32, device=device)
+    if rows > 0:
+        bits = key_bits(flat.dtype)
+        passes = bits // 4
+        slices, per_slice = slicing(rows, vocab, processors, device)
+        lse = torch.empty((2, rows, slices), dtype=torch.float32, device=device)
+        hist = torch.empty((2, 2, rows, slices, 16), dtype=torch.float32, device=device)
+        prefix = torch.zeros((passes, rows), dtype=torch.int64, device=device)
+        above = torch.zeros((passes, rows), dtype=torch.float32, device=device)
+        scaled = temperature > 0
+        args = (flat, flat.stride(0), vocab, float(temperature) if scaled else 1.0, -1 if banned is None else banned)
+        shape_args = dict(PER_SLICE=per_slice, SLICES=slices, SCALED=scaled)
+        grid = (rows, slices)
+        _lse_kernel[grid](*args, lse, WITHOUT_BANNED=banned is not None, BLOCK=BLOCK, KEY_BITS=bits,
+                          num_warps=NUM_WARPS, **shape_args)
+
+        def chain(out, drawn, *, with_banned: bool, without_banned: bool, gated: bool):
+            flags = dict(WITH_BANNED=with_banned, WITHOUT_BANNED=without_banned, GATED=gated, KEY_BITS=bits,
+                         SLICE_BLOCK=max(2, triton.next_power_of_2(slices)), **shape_args)
+            state = (lse, hist, prefix, above, own)
+            for step in range(passes):
+                _radix_kernel[grid](*args, float(top_p), *state, PASS=step, COUNTS=step == passes - 1,
+                                    BLOCK=RADIX_BLOCK, num_warps=RADIX_WARPS, **flags)
+            _write_kernel[grid](*args, float(top_p), *state, out, drawn, LAST=passes - 1, PAIR=drawn is not out,
+                                BLOCK=BLOCK, num_warps=NUM_WARPS, **flags)
+
+        if pair:  # the source's passes; the rows they could not settle get the drawn distribution's own
+            chain(second, first, with_banned=True, without_banned=False, gated=False)
+            chain(first, first, with_banned=False, without_banned=True, gated=True)
+        else:
+            chain(first, first, with_banned=False, without_banned=banned is not None, gated=False)
+    reshape = lambda t: None if t is None else t.reshape(shape)  # noqa: E731
+    return reshape(first), reshape(second), own
 
 
 if triton is not None:
@@ -101,32 +153,53 @@ if triton is not None:
         return bits.to(tl.float32, bitcast=True)
 
     @triton.jit
-    def _lse_kernel(Scores, stride, V, Lse, PER_SLICE: tl.constexpr, SLICES: tl.constexpr, BLOCK: tl.constexpr):
-        row = tl.program_id(0)
-        piece = tl.program_id(1)
-        rows = tl.num_programs(0)
-        lanes = tl.arange(0, BLOCK)
-        base = Scores + row.to(tl.int64) * stride
-        m = tl.full((BLOCK,), float("-inf"), tl.float32)
-        s = tl.zeros((BLOCK,), tl.float32)
-        begin = piece * PER_SLICE
-        for offset in range(0, PER_SLICE, BLOCK):
-            cols = begin + offset + lanes
-            m, s = online_lse(m, s, tl.load(base + cols, mask=cols < V, other=float("-inf")).to(tl.float32))
-        top, total = merge_lse(m, s)
-        at = row * SLICES + piece
-        tl.store(Lse + at, top)
-        tl.store(Lse + rows * SLICES + at, total)
+    def _key(raw, x, KEY_BITS: tl.constexpr):
+        """The radix key: of the logit ``raw`` (bf16 values, exact in float32: its top 16 bits) or of the score
+        ``x``."""
+        if KEY_BITS == 16:
+            return _ukey(raw) >> 16
+        else:
+            return _ukey(x)
 
     @triton.jit
-    def _row_mass(Lse, row, rows, SLICES: tl.constexpr, SLICE_BLOCK: tl.constexpr):
-        """``(max, sum exp(x - max))`` of ``row``, merged from its slices."""
+    def _key_value(key, KEY_BITS: tl.constexpr):
+        """The float32 logit (16-bit keys) or score (32-bit keys) whose :func:`_key` is ``key``."""
+        if KEY_BITS == 16:  # a negative value's float32 key has its low 16 bits set
+            return _from_ukey((key << 16) | tl.where(key < 32768, 65535, 0).to(tl.uint32))
+        else:
+            return _from_ukey(key)
+
+    @triton.jit
+    def _scores(base, cols, V, divisor, banned, SCALED: tl.constexpr, WITHOUT_BANNED: tl.constexpr,
+                EXACT: tl.constexpr):
+        """``(raw, x)``: float32 logits and their scores (divided by the temperature; the banned column ``-inf``
+        where it is removed). ``EXACT``: a correctly rounded division (torch's ``x / T``), else the faster
+        ``div.full`` (within 2 ulp), enough for the masses of 16-bit keys' passes."""
+        raw = tl.load(base + cols, mask=cols < V, other=float("-inf")).to(tl.float32)
+        if SCALED:
+            x = tl.math.div_rn(raw, divisor) if EXACT else raw / divisor
+        else:
+            x = raw
+        if WITHOUT_BANNED:
+            x = tl.where(cols == banned, float("-inf"), x)
+        return raw, x
+
+    @triton.jit
+    def _merged_lse(Lse, row, rows, SLICES: tl.constexpr, SLICE_BLOCK: tl.constexpr):
+        """``(max, sum exp(x - max))`` of the lse pass's slices of ``row``."""
         pieces = tl.arange(0, SLICE_BLOCK)
         used = pieces < SLICES
         at = row * SLICES + pieces
-        top, total = merge_lse(tl.load(Lse + at, mask=used, other=float("-inf")),
-                            tl.load(Lse + rows * SLICES + at, mask=used, other=0.0))
-        return tl.where(top == float("-inf"), 0.0, top), total  # 0 for an empty row: exp(x - max) stays 0
+        return merge_lse(tl.load(Lse + at, mask=used, other=float("-inf")),
+                         tl.load(Lse + rows * SLICES + at, mask=used, other=0.0))
+
+    @triton.jit
+    def _with_value(top, total, x):
+        """``(max, sum-exp)`` with the value ``x`` added."""
+        both = tl.maximum(top, x)
+        shift = tl.where(both == float("-inf"), 0.0, both)
+        total = tl.where(top == float("-inf"), 0.0, total * tl.exp(top - shift))
+        return both, total + tl.where(x == float("-inf"), 0.0, tl.exp(x - shift))
 
     @triton.jit
     def _choose(Hist, buffer, row, rows, prefix, above, budget, SLICES: tl.constexpr, SLICE_BLOCK: tl.constexpr):
@@ -154,16 +227,65 @@ if triton is not None:
         return a | b
 
     @triton.jit
-    def _radix_kernel(Scores, stride, V, top_p, Lse, Hist, Prefix, Above, PASS: tl.constexpr,
-                      COUNTS: tl.constexpr, PER_SLICE: tl.constexpr, SLICES: tl.constexpr,
-                      SLICE_BLOCK: tl.constexpr, BLOCK: tl.constexpr):
-        """One histogram pass. ``COUNTS`` (the last pass): count the tokens per bucket (the output pass ranks the
-        ties at the threshold by them); the earlier passes only need to know which buckets hold tokens, one bit
-        per bucket."""
+    def _lse_kernel(Logits, stride, V, divisor, banned, Lse, PER_SLICE: tl.constexpr, SLICES: tl.constexpr,
+                    BLOCK: tl.constexpr, KEY_BITS: tl.constexpr, SCALED: tl.constexpr, WITHOUT_BANNED: tl.constexpr):
         row = tl.program_id(0)
         piece = tl.program_id(1)
         rows = tl.num_programs(0)
-        m, total = _row_mass(Lse, row, rows, SLICES, SLICE_BLOCK)
+        lanes = tl.arange(0, BLOCK)
+        base = Logits + row.to(tl.int64) * stride
+        m = tl.full((BLOCK,), float("-inf"), tl.float32)
+        s = tl.zeros((BLOCK,), tl.float32)
+        begin = piece * PER_SLICE
+        for offset in range(0, PER_SLICE, BLOCK):
+            raw, x = _scores(base, begin + offset + lanes, V, divisor, banned, SCALED, WITHOUT_BANNED, KEY_BITS == 32)
+            m, s = online_lse(m, s, x)
+        top, total = merge_lse(m, s)
+        at = row * SLICES + piece
+        tl.store(Lse + at, top)
+        tl.store(Lse + rows * SLICES + at, total)
+
+    @triton.jit
+    def _row_state(Logits, stride, divisor, banned, Lse, row, rows, SLICES: tl.constexpr,
+                   SLICE_BLOCK: tl.constexpr, SCALED: tl.constexpr, KEY_BITS: tl.constexpr,
+                   WITH_BANNED: tl.constexpr):
+        """``(m, total, m_lse, total_lse, x_b, key_b)``: the row's max (0 when empty) and sum-exp, those of the lse
+        pass (without the banned column when it was removed there) and the banned column's score and key (unread:
+        ``-inf`` and 0 without ``WITH_BANNED``)."""
+        top, total = _merged_lse(Lse, row, rows, SLICES, SLICE_BLOCK)
+        m_lse, total_lse = top, total
+        x_b = float("-inf")
+        key_b = tl.zeros((), tl.uint32)
+        if WITH_BANNED:  # the lse pass left the banned column out: merge it back
+            raw_b = tl.load(Logits + row.to(tl.int64) * stride + banned).to(tl.float32)
+            x_b = tl.math.div_rn(raw_b, divisor) if SCALED else raw_b
+            key_b = _key(raw_b, x_b, KEY_BITS)
+            top, total = _with_value(top, total, x_b)
+        return tl.where(top == float("-inf"), 0.0, top), total, m_lse, total_lse, x_b, key_b
+
+    @triton.jit
+    def _radix_kernel(Logits, stride, V, divisor, banned, top_p, Lse, Hist, Prefix, Above, Own, PASS: tl.constexpr,
+                      COUNTS: tl.constexpr, PER_SLICE: tl.constexpr, SLICES: tl.constexpr,
+                      SLICE_BLOCK: tl.constexpr, BLOCK: tl.constexpr, KEY_BITS: tl.constexpr, SCALED: tl.constexpr,
+                      WITH_BANNED: tl.constexpr, WITHOUT_BANNED: tl.constexpr, GATED: tl.constexpr):
+        """One histogram pass. ``COUNTS`` (the last pass): count the tokens per bucket (the output pass ranks the
+        ties at the threshold by them); the earlier passes only need to know which buckets hold tokens, one bit
+        per bucket. ``GATED``: only the rows whose ``Own`` flag is set."""
+        row = tl.program_id(0)
+        active = tl.load(Own + row) != 0 if GATED else True
+        if active:
+            _radix_pass(Logits, stride, V, divisor, banned, top_p, Lse, Hist, Prefix, Above, row, PASS, COUNTS,
+                        PER_SLICE, SLICES, SLICE_BLOCK, BLOCK, KEY_BITS, SCALED, WITH_BANNED, WITHOUT_BANNED)
+
+    @triton.jit
+    def _radix_pass(Logits, stride, V, divisor, banned, top_p, Lse, Hist, Prefix, Above, row, PASS: tl.constexpr,
+                    COUNTS: tl.constexpr, PER_SLICE: tl.constexpr, SLICES: tl.constexpr, SLICE_BLOCK: tl.constexpr,
+                    BLOCK: tl.constexpr, KEY_BITS: tl.constexpr, SCALED: tl.constexpr, WITH_BANNED: tl.constexpr,
+                    WITHOUT_BANNED: tl.constexpr):
+        piece = tl.program_id(1)
+        rows = tl.num_programs(0)
+        m, total, _, _, _, _ = _row_state(Logits, stride, divisor, banned, Lse, row, rows, SLICES, SLICE_BLOCK,
+                                          SCALED, KEY_BITS, WITH_BANNED)
         if PASS == 0:  # no digit chosen yet (the buffers start at zero)
             prefix = tl.load(Prefix + row)
             above = tl.load(Above + row)
@@ -176,17 +298,16 @@ if triton is not None:
                 tl.store(Above + PASS * rows + row, above)
         lanes = tl.arange(0, BLOCK)
         digits = tl.arange(0, 16)
-        base = Scores + row.to(tl.int64) * stride
+        base = Logits + row.to(tl.int64) * stride
         mass = tl.zeros((BLOCK, 16), tl.float32)  # per lane: one reduction after the loop, none per tile
         count = tl.zeros((BLOCK, 16), tl.float32)
         occupied = tl.zeros((BLOCK,), tl.int32)
         chosen = prefix.to(tl.uint32)  # the digits chosen so far (4 x PASS bits)
-        shift_bits: tl.constexpr = 28 - 4 * PASS
+        shift_bits: tl.constexpr = KEY_BITS - 4 - 4 * PASS
         begin = piece * PER_SLICE
         for offset in range(0, PER_SLICE, BLOCK):
-            cols = begin + offset + lanes
-            x = tl.load(base + cols, mask=cols < V, other=float("-inf")).to(tl.float32)
-            key = _ukey(x)
+            raw, x = _scores(base, begin + offset + lanes, V, divisor, banned, SCALED, WITHOUT_BANNED, KEY_BITS == 32)
+            key = _key(raw, x, KEY_BITS)
             inside = x > float("-inf")
             if PASS > 0:
                 inside = inside & ((key >> (shift_bits + 4)) == chosen)
@@ -207,12 +328,28 @@ if triton is not None:
         tl.store(Hist + (2 * (PASS % 2) + 1) * plane + at, counts)
 
     @triton.jit
-    def _write_kernel(Scores, stride, V, top_p, Lse, Hist, Prefix, Above, Out, LAST: tl.constexpr,
-                      PER_SLICE: tl.constexpr, SLICES: tl.constexpr, SLICE_BLOCK: tl.constexpr, BLOCK: tl.constexpr):
+    def _write_kernel(Logits, stride, V, divisor, banned, top_p, Lse, Hist, Prefix, Above, Own, Out, Drawn,
+                      LAST: tl.constexpr, PER_SLICE: tl.constexpr, SLICES: tl.constexpr, SLICE_BLOCK: tl.constexpr,
+                      BLOCK: tl.constexpr, KEY_BITS: tl.constexpr, SCALED: tl.constexpr, WITH_BANNED: tl.constexpr,
+                      WITHOUT_BANNED: tl.constexpr, GATED: tl.constexpr, PAIR: tl.constexpr):
+        """The output pass. ``PAIR`` (the source's chain of a pair): also write the drawn filter of the rows whose
+        drawn nucleus is this one without the banned column, and flag the others in ``Own``."""
         row = tl.program_id(0)
+        active = tl.load(Own + row) != 0 if GATED else True
+        if active:
+            _write_pass(Logits, stride, V, divisor, banned, top_p, Lse, Hist, Prefix, Above, Own, Out, Drawn, row,
+                        LAST, PER_SLICE, SLICES, SLICE_BLOCK, BLOCK, KEY_BITS, SCALED, WITH_BANNED, WITHOUT_BANNED,
+                        PAIR)
+
+    @triton.jit
+    def _write_pass(Logits, stride, V, divisor, banned, top_p, Lse, Hist, Prefix, Above, Own, Out, Drawn, row,
+                    LAST: tl.constexpr, PER_SLICE: tl.constexpr, SLICES: tl.constexpr, SLICE_BLOCK: tl.constexpr,
+                    BLOCK: tl.constexpr, KEY_BITS: tl.constexpr, SCALED: tl.constexpr, WITH_BANNED: tl.constexpr,
+                    WITHOUT_BANNED: tl.constexpr, PAIR: tl.constexpr):
         piece = tl.program_id(1)
         rows = tl.num_programs(0)
-        m, total = _row_mass(Lse, row, rows, SLICES, SLICE_BLOCK)
+        m, total, m_drawn, total_drawn, x_b, key_b = _row_state(Logits, stride, divisor, banned, Lse, row, rows,
+                                                                SLICES, SLICE_BLOCK, SCALED, KEY_BITS, WITH_BANNED)
         budget = top_p * total
         last = LAST % 2  # the last histogram pass's buffer
         key_star, above, digit = _choose(Hist, last, row, rows, tl.load(Prefix + LAST * rows + row),
@@ -224,30 +361,56 @@ if triton is not None:
         tied = tl.sum(ties, 0)
         earlier = tl.sum(tl.where(pieces < piece, ties, 0.0), 0)
         threshold = key_star.to(tl.uint32)
-        p_star = tl.exp(_from_ukey(threshold) - m)
+        v_star = _key_value(threshold, KEY_BITS)
+        if KEY_BITS == 16:
+            if SCALED:
+                v_star = tl.math.div_rn(v_star, divisor)
+        p_star = tl.exp(v_star - m)
         keep_ties = tl.minimum(tl.floor((budget - above) / p_star) + 1.0, tied)
         empty = digit < 0
+        same = empty
+        if PAIR:
+            # the drawn distribution (this one without the banned column, mass p_b) keeps this set without the
+            # banned token when the sorted rule's boundary does not move: the last kept token's preceding mass is
+            # within the drawn budget and the first removed token's is not (both less p_b if the banned token
+            # precedes them). A banned token tied at v* or above every other token: its own passes.
+            p_b = tl.where(x_b == float("-inf"), 0.0, tl.exp(x_b - m))
+            budget_drawn = top_p * total_drawn  # relative to m when x_b < m_drawn
+            ahead = tl.where(key_b > threshold, p_b, 0.0)
+            settled = (x_b < m_drawn) & (key_b != threshold)
+            settled = settled & (above + (keep_ties - 1.0) * p_star - ahead <= budget_drawn)
+            settled = settled & (above + keep_ties * p_star - ahead > budget_drawn)
+            same = empty | settled
+            if piece == 0:
+                tl.store(Own + row, tl.where(same, 0, 1))
         lanes = tl.arange(0, BLOCK)
-        base = Scores + row.to(tl.int64) * stride
+        base = Logits + row.to(tl.int64) * stride
         out = Out + row.to(tl.int64) * V
+        drawn = Drawn + row.to(tl.int64) * V
         begin = piece * PER_SLICE
         if (keep_ties >= tied) | empty:  # every tie kept (the usual case): no ranks, no per-tile reductions
             for offset in range(0, PER_SLICE, BLOCK):
                 cols = begin + offset + lanes
                 inside = cols < V
-                x = tl.load(base + cols, mask=inside, other=float("-inf")).to(tl.float32)
-                keep = ((x > float("-inf")) & (_ukey(x) >= threshold)) | empty
-                tl.store(out + cols, tl.where(keep, x, float("-inf")), mask=inside)
+                raw, x = _scores(base, cols, V, divisor, banned, SCALED, WITHOUT_BANNED, True)
+                keep = ((x > float("-inf")) & (_key(raw, x, KEY_BITS) >= threshold)) | empty
+                kept = tl.where(keep, x, float("-inf"))
+                tl.store(out + cols, kept, mask=inside)
+                if PAIR:
+                    tl.store(drawn + cols, tl.where(cols == banned, float("-inf"), kept), mask=inside & same)
         else:
             seen = earlier
             for offset in range(0, PER_SLICE, BLOCK):
                 cols = begin + offset + lanes
                 inside = cols < V
-                x = tl.load(base + cols, mask=inside, other=float("-inf")).to(tl.float32)
-                key = _ukey(x)
+                raw, x = _scores(base, cols, V, divisor, banned, SCALED, WITHOUT_BANNED, True)
+                key = _key(raw, x, KEY_BITS)
                 finite = x > float("-inf")
                 tie = finite & (key == threshold)
                 rank = seen + tl.cumsum(tie.to(tl.float32), 0) - 1.0  # the tie's place among the row's ties
                 keep = (finite & (key > threshold)) | (tie & (rank < keep_ties))
-                tl.store(out + cols, tl.where(keep, x, float("-inf")), mask=inside)
+                kept = tl.where(keep, x, float("-inf"))
+                tl.store(out + cols, kept, mask=inside)
+                if PAIR:
+                    tl.store(drawn + cols, tl.where(cols == banned, float("-inf"), kept), mask=inside & same)
                 seen += tl.sum(tie.to(tl.float32), 0)
