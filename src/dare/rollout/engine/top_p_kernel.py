@@ -299,8 +299,12 @@ if triton is not None:
         lanes = tl.arange(0, BLOCK)
         digits = tl.arange(0, 16)
         base = Logits + row.to(tl.int64) * stride
-        mass = tl.zeros((BLOCK, 16), tl.float32)  # per lane: one reduction after the loop, none per tile
-        count = tl.zeros((BLOCK, 16), tl.float32)
+        # per lane: one reduction after the loop, none per tile. Digits along the first axis: Triton's default
+        # layout then gives each thread all 16 buckets of its entries (entries along the second axis, the tile's
+        # own layout); [BLOCK, 16] spread the buckets over threads and converted every tile through shared memory,
+        # each entry's key computed 16 times
+        mass = tl.zeros((16, BLOCK), tl.float32)
+        count = tl.zeros((16, BLOCK), tl.float32)
         occupied = tl.zeros((BLOCK,), tl.int32)
         chosen = prefix.to(tl.uint32)  # the digits chosen so far (4 x PASS bits)
         shift_bits: tl.constexpr = KEY_BITS - 4 - 4 * PASS
@@ -312,17 +316,17 @@ if triton is not None:
             if PASS > 0:
                 inside = inside & ((key >> (shift_bits + 4)) == chosen)
             bucket = tl.where(inside, ((key >> shift_bits) & 15).to(tl.int32), 16)  # 16: no bucket
-            hit = bucket[:, None] == digits[None, :]
-            mass += tl.where(hit, tl.exp(x - m)[:, None], 0.0)
+            hit = digits[:, None] == bucket[None, :]
+            mass += tl.where(hit, tl.exp(x - m)[None, :], 0.0)
             if COUNTS:
                 count += hit.to(tl.float32)
             else:
                 occupied = occupied | (1 << bucket)
         plane = rows * SLICES * 16
         at = (row * SLICES + piece) * 16 + digits
-        tl.store(Hist + (2 * (PASS % 2)) * plane + at, tl.sum(mass, 0))
+        tl.store(Hist + (2 * (PASS % 2)) * plane + at, tl.sum(mass, 1))
         if COUNTS:
-            counts = tl.sum(count, 0)
+            counts = tl.sum(count, 1)
         else:
             counts = ((tl.reduce(occupied, 0, _bit_or) >> digits) & 1).to(tl.float32)
         tl.store(Hist + (2 * (PASS % 2) + 1) * plane + at, counts)
