@@ -75,6 +75,34 @@ def test_top_p_kernels_compile(nvidia_backend, bits, step, banned):
                        **flags)
 
 
+def loop_body(ptx: str) -> list[str]:
+    """The instructions of the PTX's (first) innermost loop: from its header label to the branch back to it."""
+    lines = [line.strip() for line in ptx.splitlines()]
+    header = next(i for i, line in enumerate(lines) if "Inner Loop Header" in line)
+    start = max(i for i in range(header + 1) if lines[i].startswith("$L__BB"))  # the label (or the line before)
+    label = lines[start].split(":")[0]
+    end = next(i for i in range(start + 1, len(lines)) if lines[i].startswith("@") and "bra" in lines[i]
+               and lines[i].rstrip(";").endswith(label))
+    return [line for line in lines[start + 1:end + 1] if line and not line.startswith(("//", "$", ".loc"))]
+
+
+@pytest.mark.parametrize("bits,counts", [(16, False), (16, True), (32, True)])
+def test_top_p_histogram_loop_stays_in_registers(nvidia_backend, bits, counts):
+    """Each thread keeps all 16 buckets of its entries: no shared memory or barrier in the histogram loop. With
+    ``[BLOCK, 16]`` accumulators Triton spread the buckets over threads and converted every tile through shared
+    memory, computing each entry's key 16 times (711-812 PTX instructions per thread and 2 entries, 4 barriers;
+    now under 330 with an exactly rounded division; the measured kernel was compute-bound at 40x its read floor)."""
+    from dare.rollout.engine import top_p_kernel as k
+
+    types = dict(TYPES, Logits="*bf16" if bits == 16 else "*fp32")
+    ptx = compile_for_hopper(k._radix_kernel, k.RADIX_WARPS, types, PASS=1, COUNTS=counts, BLOCK=k.RADIX_BLOCK,
+                             PER_SLICE=76800, SLICES=2, SLICE_BLOCK=2, KEY_BITS=bits, SCALED=True, WITH_BANNED=False,
+                             WITHOUT_BANNED=False, GATED=False)
+    body = loop_body(ptx)
+    assert not [line for line in body if "bar.sync" in line or "barrier" in line or ".shared" in line], body
+    assert len(body) < 200 * k.RADIX_BLOCK // (32 * k.RADIX_WARPS), len(body)  # per thread-iteration's entries
+
+
 @pytest.mark.parametrize("sampled,scaled,want,entropy", [(False, False, True, False), (True, True, True, True),
                                                          (True, False, False, False)])
 def test_proposal_kernels_compile(nvidia_backend, sampled, scaled, want, entropy):

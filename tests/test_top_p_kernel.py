@@ -184,8 +184,7 @@ def test_a_failing_kernel_warns_once_and_leaves_the_sorted_filter(monkeypatch, c
     assert calls == [1]
     logits = torch.randn(2, 3, 500).bfloat16()  # the pair of a step filtered by top-p alone: sorted filters too
     choice = logits.float().masked_fill(torch.arange(500) == 7, float("-inf"))
-    drawn, source = sampling._nucleus_filters(logits, choice, logits.float(), top_p=0.8, temperature=0.7, banned=7,
-                                              want_source=True)
+    drawn, source = sampling._nucleus_filters(logits, top_p=0.8, temperature=0.7, banned=7, want_source=True)
     assert torch.equal(drawn, top_p_sorted(choice / 0.7, 0.8))
     assert torch.equal(source, top_p_sorted(logits.float() / 0.7, 0.8))
     assert calls == [1]

@@ -62,10 +62,10 @@ def _top_p_filter(scores: torch.Tensor, top_p: float) -> torch.Tensor:
 
 
 @torch.compiler.disable
-def _nucleus_filters(logits, choice, x, *, top_p: float, temperature: float, banned: int, want_source: bool):
-    """``(filtered, source)`` of a step filtered by top-p alone: the drawn distribution (``choice``, the logits
-    without ``banned``) and, with ``want_source``, the confidence source (``x``) after the temperature and the
-    filter (else None). On CUDA the kernel reads the model's ``logits`` directly (bf16: half the passes) and
+def _nucleus_filters(logits, *, top_p: float, temperature: float, banned: int, want_source: bool):
+    """``(filtered, source)`` of a step filtered by top-p alone: the drawn distribution (the logits without
+    ``banned``) and, with ``want_source``, the confidence source (the logits) after the temperature and the filter
+    (else None), float32. On CUDA the kernel reads the model's ``logits`` directly (bf16: half the passes) and
     shares the two filters' passes; elsewhere, or after a kernel failure, the sorted filter."""
     if _top_p_kernel_usable(logits):
         try:
@@ -76,8 +76,17 @@ def _nucleus_filters(logits, choice, x, *, top_p: float, temperature: float, ban
             raise
         except Exception as error:  # noqa: BLE001 - any kernel failure: the sorted filter
             _top_p_kernel_failed(error)
-    filtered = filter_logits(choice, temperature, top_p, top_p_mask=top_p_sorted)
+    x = logits.float()
+    filtered = filter_logits(_without(x, banned), temperature, top_p, top_p_mask=top_p_sorted)
     return filtered, filter_logits(x, temperature, top_p, top_p_mask=top_p_sorted) if want_source else None
+
+
+def _without(x: torch.Tensor, banned: int) -> torch.Tensor:
+    """A copy of float32 ``x`` with column ``banned`` at ``-inf`` (a fill kernel: no host-to-device copy inside a
+    recorded step)."""
+    choice = x.clone()
+    choice[..., banned] = NEG_INF
+    return choice
 
 
 def _top_p_kernel_usable(tensor: torch.Tensor) -> bool:
@@ -134,23 +143,23 @@ def propose_static(
 
 def _propose_ops(logits, eligible, keys, counters, positions, salts, *, banned: int, temperature: float, top_p,
                  top_k, top_k_first: bool, confidence_source: str, confidence: str):
-    x = logits.float()
-    choice = x.clone()
-    choice[..., banned] = NEG_INF  # a fill kernel: no host-to-device copy inside a recorded step
     want_source = not (confidence_source == "logits" or confidence == "random")  # (random reads no source)
     top_k_active = top_k is not None and 0 < top_k < logits.shape[-1]
     if top_p is not None and top_p < 1 and not top_k_active:
-        filtered, source = _nucleus_filters(logits, choice, x, top_p=top_p, temperature=temperature, banned=banned,
+        # the filters read the model's logits (a graph break): no float32 copies made before it for them
+        filtered, source = _nucleus_filters(logits, top_p=top_p, temperature=temperature, banned=banned,
                                             want_source=want_source)
     else:
-        filtered = filter_logits(choice, temperature, top_p, top_k, top_k_first, top_p_mask=_top_p_filter)
+        x = logits.float()
+        filtered = filter_logits(_without(x, banned), temperature, top_p, top_k, top_k_first,
+                                 top_p_mask=_top_p_filter)
         source = filter_logits(x, temperature, top_p, top_k, top_k_first, top_p_mask=_top_p_filter) \
             if want_source else None
     if not want_source:
-        source = x
+        source = logits.float()
 
     if temperature == 0:
-        tokens = (choice if confidence_source == "logits" else filtered).argmax(-1)
+        tokens = (_without(logits.float(), banned) if confidence_source == "logits" else filtered).argmax(-1)
     else:
         tokens = gumbel_argmax(filtered, position_hash(keys, counters, positions, STREAM_SAMPLE), salts)
 
