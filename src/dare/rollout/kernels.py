@@ -80,8 +80,18 @@ def linear_schedule(num_masked: torch.Tensor, steps: int) -> torch.Tensor:
 # ---------------------------------------------------------------------------------------------------
 
 
+def top_p_active(top_p: float | None) -> bool:
+    """Whether ``top_p`` filters anything (None or >= 1 keep every token)."""
+    return top_p is not None and top_p < 1
+
+
+def top_k_active(top_k: int | None, vocab: int) -> bool:
+    """Whether ``top_k`` filters a ``vocab``-wide distribution (None, 0 or >= ``vocab`` keep every token)."""
+    return top_k is not None and 0 < top_k < vocab
+
+
 def _top_p(logits: torch.Tensor, top_p: float | None, mask=None) -> torch.Tensor:
-    if top_p is None or top_p >= 1:
+    if not top_p_active(top_p):
         return logits
     return (mask or top_p_sorted)(logits, top_p)
 
@@ -102,7 +112,7 @@ def top_p_sorted(logits: torch.Tensor, top_p: float) -> torch.Tensor:
 
 
 def _top_k(logits: torch.Tensor, top_k: int | None) -> torch.Tensor:
-    if top_k is None or not 0 < top_k < logits.shape[-1]:
+    if not top_k_active(top_k, logits.shape[-1]):
         return logits
     kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
     return logits.masked_fill(logits < kth, NEG_INF)

@@ -31,6 +31,7 @@ import torch
 
 from dare.config import env_switch
 from dare.rollout.engine.noise import GOLDEN, STREAM_CONFIDENCE, STREAM_SAMPLE
+from dare.rollout.kernels import top_k_active, top_p_active
 
 try:
     import triton
@@ -64,8 +65,7 @@ def serves(config, logits: torch.Tensor) -> bool:
 def settings_served(config, vocab: int) -> bool:
     """No top-p / top-k filter over a ``vocab``-wide distribution, and a ``prob``, ``neg_entropy`` or ``random``
     confidence."""
-    unfiltered = (config.top_p is None or config.top_p >= 1) and (
-        config.top_k is None or not 0 < config.top_k < vocab)
+    unfiltered = not top_p_active(config.top_p) and not top_k_active(config.top_k, vocab)
     return unfiltered and config.confidence in CONFIDENCES
 
 

@@ -36,7 +36,7 @@ from dare.rollout.engine.noise import (
     uniform,
     vocabulary_salts,
 )
-from dare.rollout.kernels import NEG_INF, Proposal, filter_logits, top_p_sorted
+from dare.rollout.kernels import NEG_INF, Proposal, filter_logits, top_k_active, top_p_active, top_p_sorted
 
 log = logging.getLogger("dare.rollout")
 _KERNEL_FAILED = False
@@ -144,22 +144,26 @@ def propose_static(
 def _propose_ops(logits, eligible, keys, counters, positions, salts, *, banned: int, temperature: float, top_p,
                  top_k, top_k_first: bool, confidence_source: str, confidence: str):
     want_source = not (confidence_source == "logits" or confidence == "random")  # (random reads no source)
-    top_k_active = top_k is not None and 0 < top_k < logits.shape[-1]
-    if top_p is not None and top_p < 1 and not top_k_active:
+    choice = None  # the logits without the banned id, where a filter or the greedy choice reads them
+    if top_p_active(top_p) and not top_k_active(top_k, logits.shape[-1]):
         # the filters read the model's logits (a graph break): no float32 copies made before it for them
         filtered, source = _nucleus_filters(logits, top_p=top_p, temperature=temperature, banned=banned,
                                             want_source=want_source)
+        x = None if want_source else logits.float()  # read only as the source (and a greedy logits choice)
     else:
         x = logits.float()
-        filtered = filter_logits(_without(x, banned), temperature, top_p, top_k, top_k_first,
-                                 top_p_mask=_top_p_filter)
+        choice = _without(x, banned)
+        filtered = filter_logits(choice, temperature, top_p, top_k, top_k_first, top_p_mask=_top_p_filter)
         source = filter_logits(x, temperature, top_p, top_k, top_k_first, top_p_mask=_top_p_filter) \
             if want_source else None
     if not want_source:
-        source = logits.float()
+        source = x
 
     if temperature == 0:
-        tokens = (_without(logits.float(), banned) if confidence_source == "logits" else filtered).argmax(-1)
+        if confidence_source == "logits":
+            tokens = (choice if choice is not None else _without(x, banned)).argmax(-1)
+        else:
+            tokens = filtered.argmax(-1)
     else:
         tokens = gumbel_argmax(filtered, position_hash(keys, counters, positions, STREAM_SAMPLE), salts)
 
