@@ -194,14 +194,6 @@ if triton is not None:
                          tl.load(Lse + rows * SLICES + at, mask=used, other=0.0))
 
     @triton.jit
-    def _with_value(top, total, x):
-        """``(max, sum-exp)`` with the value ``x`` added."""
-        both = tl.maximum(top, x)
-        shift = tl.where(both == float("-inf"), 0.0, both)
-        total = tl.where(top == float("-inf"), 0.0, total * tl.exp(top - shift))
-        return both, total + tl.where(x == float("-inf"), 0.0, tl.exp(x - shift))
-
-    @triton.jit
     def _choose(Hist, buffer, row, rows, prefix, above, budget, SLICES: tl.constexpr, SLICE_BLOCK: tl.constexpr):
         """The next state ``(prefix, above, digit)`` from the previous pass's histograms: the lowest digit with
         tokens whose top token has at most ``budget`` of mass above it (``digit = -1``: none, an empty row)."""
@@ -260,7 +252,7 @@ if triton is not None:
             raw_b = tl.load(Logits + row.to(tl.int64) * stride + banned).to(tl.float32)
             x_b = tl.math.div_rn(raw_b, divisor) if SCALED else raw_b
             key_b = _key(raw_b, x_b, KEY_BITS)
-            top, total = _with_value(top, total, x_b)
+            top, total = online_lse(top, total, x_b)  # one more value: one step of the online log-sum-exp
         return tl.where(top == float("-inf"), 0.0, top), total, m_lse, total_lse, x_b, key_b
 
     @triton.jit
