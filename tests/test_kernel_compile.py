@@ -20,7 +20,7 @@ TYPES = {
     "spb": "i64", "spw": "i64", "Eligible": "*u8", "Tokens": "*i64", "Score": "*fp32", "Logprob": "*fp32",
     # top-p kernel
     "stride": "i64", "divisor": "fp32", "top_p": "fp32", "Lse": "*fp32", "Hist": "*fp32", "Prefix": "*i64",
-    "Above": "*fp32", "Own": "*i32", "Out": "*fp32", "Drawn": "*fp32",
+    "Above": "*fp32", "Own": "*i32", "Out": "*fp32", "Drawn": "*fp32", "Scratch": "*fp32", "Found": "*i32",
 }
 """The launches' argument types, by parameter name."""
 
@@ -71,6 +71,8 @@ def test_top_p_kernels_compile(nvidia_backend, bits, step, banned):
     if step == 0:
         compile_for_hopper(k._lse_kernel, NUM_WARPS, types, PER_SLICE=76800, SLICES=2, BLOCK=BLOCK, KEY_BITS=bits,
                            SCALED=True, WITHOUT_BANNED=banned is not None)
+        compile_for_hopper(k._bins_kernel, k.RADIX_WARPS, types, BLOCK=k.RADIX_BLOCK, **flags)
+        compile_for_hopper(k._compact_kernel, NUM_WARPS, types, BLOCK=BLOCK, **flags)
     compile_for_hopper(k._write_kernel, NUM_WARPS, types, LAST=passes - 1, BLOCK=BLOCK, PAIR=banned == "pair",
                        **flags)
 
@@ -86,18 +88,23 @@ def loop_body(ptx: str) -> list[str]:
     return [line for line in lines[start + 1:end + 1] if line and not line.startswith(("//", "$", ".loc"))]
 
 
-@pytest.mark.parametrize("bits,counts", [(16, False), (16, True), (32, True)])
-def test_top_p_histogram_loop_stays_in_registers(nvidia_backend, bits, counts):
-    """Each thread keeps all 16 buckets of its entries: no shared memory or barrier in the histogram loop. With
-    ``[BLOCK, 16]`` accumulators Triton spread the buckets over threads and converted every tile through shared
-    memory, computing each entry's key 16 times (711-812 PTX instructions per thread and 2 entries, 4 barriers;
-    now under 330 with an exactly rounded division; the measured kernel was compute-bound at 40x its read floor)."""
+@pytest.mark.parametrize("kernel,bits,counts", [("bins", 16, None), ("bins", 32, None), ("radix", 16, False),
+                                                ("radix", 16, True), ("radix", 32, True)])
+def test_top_p_histogram_loop_stays_in_registers(nvidia_backend, kernel, bits, counts):
+    """Each thread keeps all 16 buckets of its entries: no shared memory or barrier in the histogram loops (the
+    value bins over the whole vocabulary, the radix passes over the candidates). With ``[BLOCK, 16]`` accumulators
+    Triton spread the buckets over threads and converted every tile through shared memory, computing each entry's
+    key 16 times (711-812 PTX instructions per thread and 2 entries, 4 barriers; now under 330 with an exactly
+    rounded division; the measured kernel was compute-bound at 40x its read floor)."""
     from dare.rollout.engine import top_p_kernel as k
 
     types = dict(TYPES, Logits="*bf16" if bits == 16 else "*fp32")
-    ptx = compile_for_hopper(k._radix_kernel, k.RADIX_WARPS, types, PASS=1, COUNTS=counts, BLOCK=k.RADIX_BLOCK,
-                             PER_SLICE=76800, SLICES=2, SLICE_BLOCK=2, KEY_BITS=bits, SCALED=True, WITH_BANNED=False,
-                             WITHOUT_BANNED=False, GATED=False)
+    flags = dict(BLOCK=k.RADIX_BLOCK, PER_SLICE=76800, SLICES=2, SLICE_BLOCK=2, KEY_BITS=bits, SCALED=True,
+                 WITH_BANNED=False, WITHOUT_BANNED=False, GATED=False)
+    if kernel == "bins":
+        ptx = compile_for_hopper(k._bins_kernel, k.RADIX_WARPS, types, **flags)
+    else:
+        ptx = compile_for_hopper(k._radix_kernel, k.RADIX_WARPS, types, PASS=1, COUNTS=counts, **flags)
     body = loop_body(ptx)
     assert not [line for line in body if "bar.sync" in line or "barrier" in line or ".shared" in line], body
     assert len(body) < 200 * k.RADIX_BLOCK // (32 * k.RADIX_WARPS), len(body)  # per thread-iteration's entries

@@ -30,6 +30,9 @@ CHECK = textwrap.dedent("""
         remove[..., 0] = False
         return x.masked_fill(torch.zeros_like(remove).scatter(-1, idx, remove), float("-inf"))
 
+    def scores(logits, t):
+        return logits.float() / t if t > 0 else logits.float()
+
     torch.manual_seed(0)
     # (rows, vocabulary, top_p, dtype, processors): slicings of 1 to 5 slices, continuous and bf16-tied values
     for rows, v, p, dtype, procs in [(3, 3000, 0.9, torch.float32, 8), (2, 5000, 0.5, torch.float32, 64),
@@ -56,6 +59,19 @@ CHECK = textwrap.dedent("""
         ties = torch.isfinite(got[0, 1018:1030]).nonzero().flatten().tolist()
         assert ties == list(range(kept)), (p, ties)
 
+    # the value bins' two extremes: thresholds below the 15 bins (the open bottom bin's tokens go to the radix
+    # passes) and every token in the top bin
+    import triton.language as tl
+    for width in (0.05, 1000.0):
+        top_p_kernel._WIDTH = tl.constexpr(width)
+        for p, dtype, t in ((0.9, torch.float32, 0.0), (0.95, torch.bfloat16, 0.5)):
+            logits = (torch.randn(3, 3000) * 2).to(dtype)
+            want = stable_reference(scores(logits, t), p)
+            assert torch.equal(top_p_filter(logits, p, temperature=t, processors=4), want), (width, p)
+            drawn, source, _ = top_p_kernel._nucleus(logits, p, t, 11, pair=True, processors=4)
+            assert torch.equal(source, want), (width, p)
+    top_p_kernel._WIDTH = tl.constexpr(top_p_kernel.BIN_WIDTH)
+
     # a window view of wider logits, a row without a finite entry (unchanged), and 3-d input
     wide = torch.randn(2, 5, 2500) * 3
     window = wide[:, 1:-1]
@@ -65,9 +81,6 @@ CHECK = textwrap.dedent("""
 
     # bf16 / float16 logits divided by the temperature inside the kernel (bf16: 16-bit keys, half the passes), with
     # the banned column removed, and the drawn / source pair sharing their passes
-    def scores(logits, t):
-        return logits.float() / t if t > 0 else logits.float()
-
     for rows, v, p, dtype, procs, t in [(2, 3000, 0.3, torch.bfloat16, 8, 0.7), (3, 3000, 0.95, torch.bfloat16, 2, 1.0),
                                         (2, 2100, 0.9, torch.float16, 1, 1.3), (2, 3000, 0.6, torch.float32, 4, 0.9)]:
         logits = (torch.randn(rows, v) * 2).to(dtype)

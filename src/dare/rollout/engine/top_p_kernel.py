@@ -8,17 +8,27 @@ with ``top_p = 0.95`` against 19.3 ms without.
 
 The kept set is every token above a threshold value ``v*`` plus some of the tokens equal to it: with ``A(v)`` the
 mass of the tokens strictly above ``v`` and ``P`` = ``top_p`` times the total mass, ``v*`` is the smallest value
-with ``A(v*) <= P`` (the token crossing ``top_p`` is kept, as in the sorted version). ``v*`` is found digit by
-digit on an order-preserving integer key of the values, four bits per pass (:func:`_radix_kernel`): each pass
-histograms, per vocabulary slice, the mass of the tokens whose key starts with the digits chosen so far (and which
-buckets hold any; the last pass counts them), and the next pass first merges those histograms and chooses the
-lowest digit whose top token still has at most ``P`` of mass above it. The output pass (:func:`_write_kernel`)
-keeps the tokens above ``v*`` and, of the ``c`` tokens equal to it, the first ``n`` by vocabulary index, where
-``n`` is how many of them the sorted cumulative sum would keep (``A(v*) + (i - 1) p(v*) <= P`` for the ``i``-th).
+with ``A(v*) <= P`` (the token crossing ``top_p`` is kept, as in the sorted version). It is found in two stages:
+
+1. **Value bins** (:func:`_bins_kernel`, :func:`_compact_kernel`): after a log-sum-exp pass, one pass histograms
+   the mass of 16 bins of the scores below the row's max (:data:`BIN_WIDTH` wide, the last one open below) and the
+   next chooses the bin holding ``v*`` (the lowest bin whose top token has at most ``P`` of mass above it) and
+   copies that bin's values, in vocabulary order, into the output rows as scratch. The bins are a monotone
+   function of the value, so equal values share a bin. At top-p 0.9-0.95 a few hundred to a few thousand tokens of
+   a 152k vocabulary remain.
+2. **Radix passes over those candidates** (:func:`_radix_kernel`): ``v*`` is found digit by digit on an
+   order-preserving integer key of the values, four bits per pass: each pass histograms, per vocabulary slice, the
+   mass of the candidates whose key starts with the digits chosen so far (and which buckets hold any; the last
+   pass counts them), and the next pass first merges those histograms and chooses the lowest digit whose top token
+   still has at most ``P`` of mass above it (the bin's mass above included).
+
+The output pass (:func:`_write_kernel`) keeps the tokens above ``v*`` and, of the ``c`` tokens equal to it, the
+first ``n`` by vocabulary index, where ``n`` is how many of them the sorted cumulative sum would keep
+(``A(v*) + (i - 1) p(v*) <= P`` for the ``i``-th).
 
 * **bf16 logits take half the passes.** The kernels read the logits in their own dtype and divide by the
   temperature themselves. Division by a positive temperature keeps the order and the ties of the values, so the
-  key of a bf16 logit (16 bits) orders the scores as well as their float32 key (32 bits): four histogram passes
+  key of a bf16 logit (16 bits) orders the scores as well as their float32 key (32 bits): four radix passes
   instead of eight. Other dtypes use the float32 key of the scores.
 * **The drawn and the confidence distributions share their passes** (:func:`top_p_filter_pair`). A static step
   draws from the logits without the mask id (``banned``) and may score confidence on the logits with it. The two
@@ -29,7 +39,8 @@ keeps the tokens above ``v*`` and, of the ``c`` tokens equal to it, the first ``
   hold (the banned token tied at the threshold, above every other token, or heavy enough to move the boundary)
   get their own passes; the other rows' programs of those launches return at once.
 
-Six (bf16) or ten reads of the logits instead of a sort. The kept set equals the sorted version's except where a
+Four reads of the logits instead of a sort, one of them with the 16-bucket histogram (the radix passes read
+only the candidates). The kept set equals the sorted version's except where a
 cumulative sum lies within float32 rounding of ``top_p`` (the sums are taken in a different order) and, for tied
 values at the threshold, which of them: the lowest indices here, the sort's order there (torch does not promise
 one). ``DARE_TOP_P_KERNEL=0`` keeps the sort.
@@ -49,8 +60,16 @@ if triton is not None:
 
 RADIX_BLOCK = 256
 """Entries per tile of the histogram passes (each entry meets all 16 buckets: smaller tiles, fewer registers)."""
-RADIX_WARPS = 4
-"""Warps per program of the histogram passes."""
+RADIX_WARPS = 8
+"""Warps per program of the histogram passes (H100, ``benchmarks/top_p.py --sweep``: 256 entries and 8 warps were
+the fastest of 128/4, 256/4, 256/8 and 512/8 at every shape, 2445 us against 2801 with 4 warps for a pair at
+512 x 152064)."""
+BIN_WIDTH = 1.0
+"""Width of the value bins of the first histogram, in scores (nats): 15 bins below the row's max and one open
+below them; only the bin holding the threshold goes on to the radix passes."""
+
+if triton is not None:
+    _WIDTH = tl.constexpr(BIN_WIDTH)
 
 
 def key_bits(dtype: torch.dtype) -> int:
@@ -117,12 +136,17 @@ def _nucleus(logits, top_p, temperature, banned, *, pair: bool, processors):
         _lse_kernel[grid](*args, lse, WITHOUT_BANNED=banned is not None, BLOCK=BLOCK, KEY_BITS=bits,
                           num_warps=NUM_WARPS, **shape_args)
 
+        found = torch.empty((rows, slices), dtype=torch.int32, device=device)
+
         def chain(out, drawn, *, with_banned: bool, without_banned: bool, gated: bool):
             flags = dict(WITH_BANNED=with_banned, WITHOUT_BANNED=without_banned, GATED=gated, KEY_BITS=bits,
                          SLICE_BLOCK=max(2, triton.next_power_of_2(slices)), **shape_args)
             state = (lse, hist, prefix, above, own)
+            # the candidates live in the output rows until the output pass overwrites them
+            _bins_kernel[grid](*args, float(top_p), *state, BLOCK=RADIX_BLOCK, num_warps=RADIX_WARPS, **flags)
+            _compact_kernel[grid](*args, float(top_p), *state, out, found, BLOCK=BLOCK, num_warps=NUM_WARPS, **flags)
             for step in range(passes):
-                _radix_kernel[grid](*args, float(top_p), *state, PASS=step, COUNTS=step == passes - 1,
+                _radix_kernel[grid](*args, float(top_p), *state, out, found, PASS=step, COUNTS=step == passes - 1,
                                     BLOCK=RADIX_BLOCK, num_warps=RADIX_WARPS, **flags)
             _write_kernel[grid](*args, float(top_p), *state, out, drawn, LAST=passes - 1, PAIR=drawn is not out,
                                 BLOCK=BLOCK, num_warps=NUM_WARPS, **flags)
@@ -256,29 +280,135 @@ if triton is not None:
         return tl.where(top == float("-inf"), 0.0, top), total, m_lse, total_lse, x_b, key_b
 
     @triton.jit
-    def _radix_kernel(Logits, stride, V, divisor, banned, top_p, Lse, Hist, Prefix, Above, Own, PASS: tl.constexpr,
-                      COUNTS: tl.constexpr, PER_SLICE: tl.constexpr, SLICES: tl.constexpr,
-                      SLICE_BLOCK: tl.constexpr, BLOCK: tl.constexpr, KEY_BITS: tl.constexpr, SCALED: tl.constexpr,
-                      WITH_BANNED: tl.constexpr, WITHOUT_BANNED: tl.constexpr, GATED: tl.constexpr):
-        """One histogram pass. ``COUNTS`` (the last pass): count the tokens per bucket (the output pass ranks the
-        ties at the threshold by them); the earlier passes only need to know which buckets hold tokens, one bit
-        per bucket. ``GATED``: only the rows whose ``Own`` flag is set."""
+    def _tally(mass, count, occupied, bucket, x, m, COUNTS: tl.constexpr):
+        """Add entries with ``bucket`` (16: none) and scores ``x`` to the per-lane histograms: their mass
+        ``exp(x - m)`` and, with ``COUNTS``, their number, else one occupancy bit per bucket. Digits along the first
+        axis: Triton's default layout then gives each thread all 16 buckets of its entries (``[BLOCK, 16]`` spread
+        the buckets over threads and converted every tile through shared memory)."""
+        hit = tl.arange(0, 16)[:, None] == bucket[None, :]
+        mass += tl.where(hit, tl.exp(x - m)[None, :], 0.0)
+        if COUNTS:
+            count += hit.to(tl.float32)
+        else:
+            occupied = occupied | (1 << bucket)
+        return mass, count, occupied
+
+    @triton.jit
+    def _store_histogram(Hist, buffer, row, rows, mass, count, occupied, SLICES: tl.constexpr,
+                         COUNTS: tl.constexpr):
+        """Reduce the lanes' histograms and store this slice's into ``Hist[buffer]`` (mass, then counts or
+        occupancy)."""
+        digits = tl.arange(0, 16)
+        plane = rows * SLICES * 16
+        at = (row * SLICES + tl.program_id(1)) * 16 + digits
+        tl.store(Hist + (2 * buffer) * plane + at, tl.sum(mass, 1))
+        if COUNTS:
+            counts = tl.sum(count, 1)
+        else:
+            counts = ((tl.reduce(occupied, 0, _bit_or) >> digits) & 1).to(tl.float32)
+        tl.store(Hist + (2 * buffer + 1) * plane + at, counts)
+
+    @triton.jit
+    def _bin_digit(u, reference, scale):
+        """The digit (15: the top) of the value bin of ``u``: ``BIN_WIDTH``-wide bins of scores below the row's
+        ``reference``, the last one open below. A monotone function of ``u``: equal values share a bin and the bins
+        order the values as their keys do."""
+        steps = tl.floor((reference - u) * scale)
+        return 15 - tl.minimum(tl.maximum(steps, 0.0), 15.0).to(tl.int32)
+
+    @triton.jit
+    def _bin_frame(m, divisor, KEY_BITS: tl.constexpr):
+        """``(reference, scale)`` of :func:`_bin_digit` for key values ``u``: the logits (16-bit keys: bins of
+        ``BIN_WIDTH * T`` in logit units) or the scores (32-bit keys)."""
+        if KEY_BITS == 16:
+            return m * divisor, 1.0 / (_WIDTH * divisor)
+        else:
+            return m, 1.0 / _WIDTH
+
+    @triton.jit
+    def _bins_kernel(Logits, stride, V, divisor, banned, top_p, Lse, Hist, Prefix, Above, Own,
+                     PER_SLICE: tl.constexpr, SLICES: tl.constexpr, SLICE_BLOCK: tl.constexpr, BLOCK: tl.constexpr,
+                     KEY_BITS: tl.constexpr, SCALED: tl.constexpr, WITH_BANNED: tl.constexpr,
+                     WITHOUT_BANNED: tl.constexpr, GATED: tl.constexpr):
+        """The value-bin histogram (into ``Hist[1]``): the mass of each bin and whether it holds tokens."""
         row = tl.program_id(0)
         active = tl.load(Own + row) != 0 if GATED else True
         if active:
-            _radix_pass(Logits, stride, V, divisor, banned, top_p, Lse, Hist, Prefix, Above, row, PASS, COUNTS,
-                        PER_SLICE, SLICES, SLICE_BLOCK, BLOCK, KEY_BITS, SCALED, WITH_BANNED, WITHOUT_BANNED)
+            rows = tl.num_programs(0)
+            m = _row_state(Logits, stride, divisor, banned, Lse, row, rows, SLICES, SLICE_BLOCK, SCALED, KEY_BITS,
+                           WITH_BANNED)[0]
+            reference, scale = _bin_frame(m, divisor, KEY_BITS)
+            lanes = tl.arange(0, BLOCK)
+            base = Logits + row.to(tl.int64) * stride
+            mass = tl.zeros((16, BLOCK), tl.float32)
+            occupied = tl.zeros((BLOCK,), tl.int32)
+            begin = tl.program_id(1) * PER_SLICE
+            for offset in range(0, PER_SLICE, BLOCK):
+                raw, x = _scores(base, begin + offset + lanes, V, divisor, banned, SCALED, WITHOUT_BANNED,
+                                 KEY_BITS == 32)
+                u = raw if KEY_BITS == 16 else x
+                bucket = tl.where(x > float("-inf"), _bin_digit(u, reference, scale), 16)
+                mass, _, occupied = _tally(mass, mass, occupied, bucket, x, m, False)
+            _store_histogram(Hist, 1, row, rows, mass, mass, occupied, SLICES, False)
 
     @triton.jit
-    def _radix_pass(Logits, stride, V, divisor, banned, top_p, Lse, Hist, Prefix, Above, row, PASS: tl.constexpr,
-                    COUNTS: tl.constexpr, PER_SLICE: tl.constexpr, SLICES: tl.constexpr, SLICE_BLOCK: tl.constexpr,
-                    BLOCK: tl.constexpr, KEY_BITS: tl.constexpr, SCALED: tl.constexpr, WITH_BANNED: tl.constexpr,
-                    WITHOUT_BANNED: tl.constexpr):
+    def _compact_kernel(Logits, stride, V, divisor, banned, top_p, Lse, Hist, Prefix, Above, Own, Scratch, Found,
+                        PER_SLICE: tl.constexpr, SLICES: tl.constexpr, SLICE_BLOCK: tl.constexpr,
+                        BLOCK: tl.constexpr, KEY_BITS: tl.constexpr, SCALED: tl.constexpr,
+                        WITH_BANNED: tl.constexpr, WITHOUT_BANNED: tl.constexpr, GATED: tl.constexpr):
+        """Choose the bin that holds ``v*`` and copy its entries' key values, in vocabulary order, to the start of
+        this slice's part of ``Scratch`` (their number to ``Found``); the mass above the bin starts the radix
+        passes' ``Above``."""
+        row = tl.program_id(0)
+        active = tl.load(Own + row) != 0 if GATED else True
+        if active:
+            piece = tl.program_id(1)
+            rows = tl.num_programs(0)
+            m, total, _, _, _, _ = _row_state(Logits, stride, divisor, banned, Lse, row, rows, SLICES, SLICE_BLOCK,
+                                              SCALED, KEY_BITS, WITH_BANNED)
+            _, above, digit = _choose(Hist, 1, row, rows, 0, 0.0, top_p * total, SLICES, SLICE_BLOCK)
+            if piece == 0:
+                tl.store(Above + row, above)
+            reference, scale = _bin_frame(m, divisor, KEY_BITS)
+            lanes = tl.arange(0, BLOCK)
+            base = Logits + row.to(tl.int64) * stride
+            begin = piece * PER_SLICE
+            scratch = Scratch + row.to(tl.int64) * V + begin
+            found = tl.zeros((), tl.int32)
+            for offset in range(0, PER_SLICE, BLOCK):
+                raw, x = _scores(base, begin + offset + lanes, V, divisor, banned, SCALED, WITHOUT_BANNED,
+                                 KEY_BITS == 32)
+                u = raw if KEY_BITS == 16 else x
+                inside = (x > float("-inf")) & (_bin_digit(u, reference, scale) == digit)
+                taken = inside.to(tl.int32)
+                tl.store(scratch + found + tl.cumsum(taken, 0) - 1, u, mask=inside)
+                found += tl.sum(taken, 0)
+            tl.store(Found + row * SLICES + piece, found)
+
+    @triton.jit
+    def _radix_kernel(Logits, stride, V, divisor, banned, top_p, Lse, Hist, Prefix, Above, Own, Scratch, Found,
+                      PASS: tl.constexpr, COUNTS: tl.constexpr, PER_SLICE: tl.constexpr, SLICES: tl.constexpr,
+                      SLICE_BLOCK: tl.constexpr, BLOCK: tl.constexpr, KEY_BITS: tl.constexpr, SCALED: tl.constexpr,
+                      WITH_BANNED: tl.constexpr, WITHOUT_BANNED: tl.constexpr, GATED: tl.constexpr):
+        """One histogram pass over the candidates. ``COUNTS`` (the last pass): count the tokens per bucket (the
+        output pass ranks the ties at the threshold by them); the earlier passes only need to know which buckets
+        hold tokens, one bit per bucket. ``GATED``: only the rows whose ``Own`` flag is set."""
+        row = tl.program_id(0)
+        active = tl.load(Own + row) != 0 if GATED else True
+        if active:
+            _radix_pass(Logits, stride, V, divisor, banned, top_p, Lse, Hist, Prefix, Above, Scratch, Found, row,
+                        PASS, COUNTS, PER_SLICE, SLICES, SLICE_BLOCK, BLOCK, KEY_BITS, SCALED, WITH_BANNED)
+
+    @triton.jit
+    def _radix_pass(Logits, stride, V, divisor, banned, top_p, Lse, Hist, Prefix, Above, Scratch, Found, row,
+                    PASS: tl.constexpr, COUNTS: tl.constexpr, PER_SLICE: tl.constexpr, SLICES: tl.constexpr,
+                    SLICE_BLOCK: tl.constexpr, BLOCK: tl.constexpr, KEY_BITS: tl.constexpr, SCALED: tl.constexpr,
+                    WITH_BANNED: tl.constexpr):
         piece = tl.program_id(1)
         rows = tl.num_programs(0)
         m, total, _, _, _, _ = _row_state(Logits, stride, divisor, banned, Lse, row, rows, SLICES, SLICE_BLOCK,
                                           SCALED, KEY_BITS, WITH_BANNED)
-        if PASS == 0:  # no digit chosen yet (the buffers start at zero)
+        if PASS == 0:  # no digit chosen yet: the prefix is empty, the mass above is the chosen bin's
             prefix = tl.load(Prefix + row)
             above = tl.load(Above + row)
         else:
@@ -289,39 +419,26 @@ if triton is not None:
                 tl.store(Prefix + PASS * rows + row, prefix)
                 tl.store(Above + PASS * rows + row, above)
         lanes = tl.arange(0, BLOCK)
-        digits = tl.arange(0, 16)
-        base = Logits + row.to(tl.int64) * stride
-        # per lane: one reduction after the loop, none per tile. Digits along the first axis: Triton's default
-        # layout then gives each thread all 16 buckets of its entries (entries along the second axis, the tile's
-        # own layout); [BLOCK, 16] spread the buckets over threads and converted every tile through shared memory,
-        # each entry's key computed 16 times
+        scratch = Scratch + row.to(tl.int64) * V + piece * PER_SLICE
+        found = tl.load(Found + row * SLICES + piece)
         mass = tl.zeros((16, BLOCK), tl.float32)
         count = tl.zeros((16, BLOCK), tl.float32)
         occupied = tl.zeros((BLOCK,), tl.int32)
         chosen = prefix.to(tl.uint32)  # the digits chosen so far (4 x PASS bits)
         shift_bits: tl.constexpr = KEY_BITS - 4 - 4 * PASS
-        begin = piece * PER_SLICE
-        for offset in range(0, PER_SLICE, BLOCK):
-            raw, x = _scores(base, begin + offset + lanes, V, divisor, banned, SCALED, WITHOUT_BANNED, KEY_BITS == 32)
-            key = _key(raw, x, KEY_BITS)
+        offset = 0
+        while offset < found:  # a while loop: Triton's interpreter takes no loaded bound in range()
+            at = offset + lanes
+            offset += BLOCK
+            u = tl.load(scratch + at, mask=at < found, other=float("-inf"))
+            x = u / divisor if (KEY_BITS == 16) and SCALED else u  # 16-bit keys: u is the logit
+            key = _key(u, u, KEY_BITS)
             inside = x > float("-inf")
             if PASS > 0:
                 inside = inside & ((key >> (shift_bits + 4)) == chosen)
             bucket = tl.where(inside, ((key >> shift_bits) & 15).to(tl.int32), 16)  # 16: no bucket
-            hit = digits[:, None] == bucket[None, :]
-            mass += tl.where(hit, tl.exp(x - m)[None, :], 0.0)
-            if COUNTS:
-                count += hit.to(tl.float32)
-            else:
-                occupied = occupied | (1 << bucket)
-        plane = rows * SLICES * 16
-        at = (row * SLICES + piece) * 16 + digits
-        tl.store(Hist + (2 * (PASS % 2)) * plane + at, tl.sum(mass, 1))
-        if COUNTS:
-            counts = tl.sum(count, 1)
-        else:
-            counts = ((tl.reduce(occupied, 0, _bit_or) >> digits) & 1).to(tl.float32)
-        tl.store(Hist + (2 * (PASS % 2) + 1) * plane + at, counts)
+            mass, count, occupied = _tally(mass, count, occupied, bucket, x, m, COUNTS)
+        _store_histogram(Hist, PASS % 2, row, rows, mass, count, occupied, SLICES, COUNTS)
 
     @triton.jit
     def _write_kernel(Logits, stride, V, divisor, banned, top_p, Lse, Hist, Prefix, Above, Own, Out, Drawn,
