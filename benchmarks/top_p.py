@@ -4,6 +4,7 @@
     python benchmarks/top_p.py
     python benchmarks/top_p.py --shapes 512,152064 16,126464 --top-p 0.9 0.95 --temperature 0.8 --json top_p.json
     python benchmarks/top_p.py --sweep   # the histogram passes' tile size and warps
+    python benchmarks/top_p.py --profile # where the bf16 filter's and the pair's time goes, kernel by kernel
 
 Each shape is ``rows,vocabulary`` of bf16 logits (defaults: a B=16 window of 32 and a B=1 window of 256 of
 Dream-7B, an SDAR-8B B=64 block of 4). For every shape and ``top_p`` it prints microseconds per call of
@@ -62,6 +63,27 @@ def sweep(run) -> dict[str, float]:
     return times
 
 
+def kernel_us(run, calls: int = 10) -> dict[str, float]:
+    """Microseconds per call of each GPU kernel ``run`` launches (torch profiler over ``calls`` calls), longest
+    first."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(3):
+        run()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            run()
+        torch.cuda.synchronize()
+    times = {}
+    for event in prof.key_averages():
+        total = getattr(event, "self_device_time_total", None)
+        total = event.self_cuda_time_total if total is None else total
+        if total > 0:
+            times[event.key] = total / calls
+    return dict(sorted(times.items(), key=lambda item: -item[1]))
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shapes", nargs="+", type=shape, default=[shape(s) for s in SHAPES])
@@ -69,6 +91,7 @@ def main() -> int:
     p.add_argument("--temperature", type=float, default=1.0, help="divides the logits (default 1)")
     p.add_argument("--scale", type=float, default=4.0, help="standard deviation of the random logits (default 4)")
     p.add_argument("--sweep", action="store_true", help="also time the pair under each setting of SWEEP")
+    p.add_argument("--profile", action="store_true", help="also time the bf16 filter's and the pair's kernels")
     p.add_argument("--json", help="also write the rows to this file")
     args = p.parse_args()
     if not all(0 < t < 1 for t in args.top_ps):
@@ -103,6 +126,8 @@ def main() -> int:
                        differing_tokens=int((fast != slow).sum()), kept_mean=fast.sum(-1).float().mean().item())
             if args.sweep:
                 row["sweep"] = sweep(calls["pair"])
+            if args.profile:
+                row["kernels_us"] = {name: kernel_us(calls[name]) for name in ("bf16", "pair")}
             rows.append(row)
             print(f"| {n} | {v} | {top_p:g} | {us['sorted']:.1f} | {us['float32']:.1f} | {us['bf16']:.1f} | "
                   f"{us['pair']:.1f} | {2 * us['sorted'] / us['pair']:.1f}x | {floor:.1f} | "
@@ -111,6 +136,10 @@ def main() -> int:
             if args.sweep:
                 print("|  | pair under (tile, warps): " + ", ".join(f"{k} {x:.1f}" for k, x in row["sweep"].items())
                       + " |||||||||||", flush=True)
+            if args.profile:
+                for name, kernels in row["kernels_us"].items():
+                    print(f"|  | {name} by kernel (us per call): "
+                          + ", ".join(f"{k} {x:.1f}" for k, x in kernels.items()) + " |||||||||||", flush=True)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps({"rows": rows, "device": torch.cuda.get_device_name()}, indent=1))
