@@ -5,6 +5,7 @@
     python benchmarks/top_p.py --shapes 512,152064 16,126464 --top-p 0.9 0.95 --temperature 0.8 --json top_p.json
     python benchmarks/top_p.py --sweep   # the histogram passes' tile size and warps
     python benchmarks/top_p.py --profile # where the bf16 filter's and the pair's time goes, kernel by kernel
+    python benchmarks/top_p.py --slices  # more vocabulary slices per row (programs per launch)
 
 Each shape is ``rows,vocabulary`` of bf16 logits (defaults: a B=16 window of 32 and a B=1 window of 256 of
 Dream-7B, an SDAR-8B B=64 block of 4). For every shape and ``top_p`` it prints microseconds per call of
@@ -39,6 +40,8 @@ from dare.rollout.kernels import top_p_sorted  # noqa: E402
 SHAPES = ["512,152064", "256,152064", "256,151936"]
 SWEEP = [(128, 4), (256, 4), (256, 8), (512, 8)]
 """``--sweep``: (RADIX_BLOCK, RADIX_WARPS) of :mod:`dare.rollout.engine.top_p_kernel`."""
+SLICE_FACTORS = [1, 2, 4, 8]
+"""``--slices``: the pair with the slicing of ``factor`` x the GPU's multiprocessor count (more slices per row)."""
 BANNED = 7
 """The column the pair removes from the drawn distribution (the mask id of a static step)."""
 
@@ -91,6 +94,7 @@ def main() -> int:
     p.add_argument("--temperature", type=float, default=1.0, help="divides the logits (default 1)")
     p.add_argument("--scale", type=float, default=4.0, help="standard deviation of the random logits (default 4)")
     p.add_argument("--sweep", action="store_true", help="also time the pair under each setting of SWEEP")
+    p.add_argument("--slices", action="store_true", help="also time the pair under each factor of SLICE_FACTORS")
     p.add_argument("--profile", action="store_true", help="also time the bf16 filter's and the pair's kernels")
     p.add_argument("--json", help="also write the rows to this file")
     args = p.parse_args()
@@ -126,6 +130,11 @@ def main() -> int:
                        differing_tokens=int((fast != slow).sum()), kept_mean=fast.sum(-1).float().mean().item())
             if args.sweep:
                 row["sweep"] = sweep(calls["pair"])
+            if args.slices:
+                sms = torch.cuda.get_device_properties(0).multi_processor_count
+                row["slices"] = {factor: graph_us(lambda: top_p_kernel.top_p_filter_pair(
+                    logits, top_p, banned=BANNED, temperature=t, processors=factor * sms))
+                    for factor in SLICE_FACTORS}
             if args.profile:
                 row["kernels_us"] = {name: kernel_us(calls[name]) for name in ("bf16", "pair")}
             rows.append(row)
@@ -136,6 +145,9 @@ def main() -> int:
             if args.sweep:
                 print("|  | pair under (tile, warps): " + ", ".join(f"{k} {x:.1f}" for k, x in row["sweep"].items())
                       + " |||||||||||", flush=True)
+            if args.slices:
+                print("|  | pair with slices for k x the multiprocessors: " + ", ".join(
+                    f"k={k} {x:.1f}" for k, x in row["slices"].items()) + " |||||||||||", flush=True)
             if args.profile:
                 for name, kernels in row["kernels_us"].items():
                     print(f"|  | {name} by kernel (us per call): "
