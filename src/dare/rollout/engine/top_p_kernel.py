@@ -64,6 +64,11 @@ RADIX_WARPS = 8
 """Warps per program of the histogram passes (H100, ``benchmarks/top_p.py --sweep``: 256 entries and 8 warps were
 the fastest of 128/4, 256/4, 256/8 and 512/8 at every shape, 2445 us against 2801 with 4 warps for a pair at
 512 x 152064)."""
+SLICE_FACTOR = 2
+"""The filters slice each row as the proposal kernel would for ``SLICE_FACTOR`` x the GPU's multiprocessors (more
+programs per launch). H100, ``benchmarks/top_p.py --slices``, pair at top-p 0.9 / 0.95: 1 -> 2 took 512 x 152064
+from 1479 / 1507 to 1315 / 1344 us and 256 x 152064 from 592 / 867 to 593 / 766 us; 4 was 8 % slower at 256 rows
+and top-p 0.9."""
 BIN_WIDTH = 1.0
 """Width of the value bins of the first histogram, in scores (nats): 15 bins below the row's max and one open
 below them; only the bin holding the threshold goes on to the radix passes."""
@@ -93,7 +98,8 @@ def top_p_filter(logits: torch.Tensor, top_p: float, *, temperature: float = 0.0
     """The scores of ``logits [..., V]`` (float32: divided by ``temperature`` when it is > 0) with the tokens
     outside the ``top_p`` nucleus set to ``-inf`` (see the module); with ``banned``, that column is removed
     (``-inf``) before the nucleus is chosen. Entries that are ``-inf`` already stay out; a row without a finite
-    entry comes back as ``-inf`` throughout. ``processors`` (default: the GPU's multiprocessor count, 8 off CUDA)
+    entry comes back as ``-inf`` throughout. ``processors`` (default: :data:`SLICE_FACTOR` x the GPU's
+    multiprocessor count, 8 off CUDA)
     sets the slicing (the proposal kernel's, :func:`~dare.rollout.engine.proposal_kernel.slicing`)."""
     return _nucleus(logits, top_p, temperature, banned, pair=False, processors=processors)[0]
 
@@ -124,6 +130,8 @@ def _nucleus(logits, top_p, temperature, banned, *, pair: bool, processors):
     if rows > 0:
         bits = key_bits(flat.dtype)
         passes = bits // 4
+        if processors is None and device.type == "cuda":
+            processors = SLICE_FACTOR * torch.cuda.get_device_properties(device).multi_processor_count
         slices, per_slice = slicing(rows, vocab, processors, device)
         lse = torch.empty((2, rows, slices), dtype=torch.float32, device=device)
         hist = torch.empty((2, 2, rows, slices, 16), dtype=torch.float32, device=device)
