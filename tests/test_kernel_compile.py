@@ -20,7 +20,8 @@ TYPES = {
     "spb": "i64", "spw": "i64", "Eligible": "*u8", "Tokens": "*i64", "Score": "*fp32", "Logprob": "*fp32",
     # top-p kernel
     "stride": "i64", "divisor": "fp32", "top_p": "fp32", "Lse": "*fp32", "Hist": "*fp32", "Prefix": "*i64",
-    "Above": "*fp32", "Own": "*i32", "Out": "*fp32", "Drawn": "*fp32", "Scratch": "*fp32", "Found": "*i32",
+    "Above": "*fp32", "Own": "*i32", "Out": "*fp32", "Drawn": "*fp32", "Scratch": "*i32", "Found": "*i32",
+    "Cuts": "*i64",
 }
 """The launches' argument types, by parameter name."""
 
@@ -73,8 +74,9 @@ def test_top_p_kernels_compile(nvidia_backend, bits, step, banned):
                            SCALED=True, WITHOUT_BANNED=banned is not None)
         compile_for_hopper(k._bins_kernel, k.RADIX_WARPS, types, BLOCK=k.RADIX_BLOCK, **flags)
         compile_for_hopper(k._compact_kernel, NUM_WARPS, types, BLOCK=BLOCK, **flags)
-    compile_for_hopper(k._write_kernel, NUM_WARPS, types, LAST=passes - 1, BLOCK=BLOCK, PAIR=banned == "pair",
-                       **flags)
+    compile_for_hopper(k._cut_kernel, k.RADIX_WARPS, types, LAST=passes - 1, BLOCK=k.RADIX_BLOCK,
+                       PAIR=banned == "pair", **flags)
+    compile_for_hopper(k._write_kernel, NUM_WARPS, types, BLOCK=BLOCK, PAIR=banned == "pair", **flags)
 
 
 def loop_body(ptx: str) -> list[str]:

@@ -68,7 +68,7 @@ CHECK = textwrap.dedent("""
             logits = (torch.randn(3, 3000) * 2).to(dtype)
             want = stable_reference(scores(logits, t), p)
             assert torch.equal(top_p_filter(logits, p, temperature=t, processors=4), want), (width, p)
-            drawn, source, _ = top_p_kernel._nucleus(logits, p, t, 11, pair=True, processors=4)
+            drawn, source, _, _ = top_p_kernel._nucleus(logits, p, t, 11, pair=True, processors=4)
             assert torch.equal(source, want), (width, p)
     top_p_kernel._WIDTH = tl.constexpr(top_p_kernel.BIN_WIDTH)
 
@@ -91,7 +91,7 @@ CHECK = textwrap.dedent("""
         choice[..., 11] = float("-inf")
         want = stable_reference(choice, p)
         assert torch.equal(top_p_filter(logits, p, temperature=t, banned=11, processors=procs), want), (dtype, p)
-        drawn, source, own = top_p_kernel._nucleus(logits, p, t, 11, pair=True, processors=procs)
+        drawn, source, own, _ = top_p_kernel._nucleus(logits, p, t, 11, pair=True, processors=procs)
         assert torch.equal(drawn, want) and torch.equal(source, stable_reference(scores(logits, t), p)), (dtype, p)
         assert own.sum() < rows, own  # a light banned token: most rows' drawn filter comes from the shared passes
 
@@ -111,7 +111,7 @@ CHECK = textwrap.dedent("""
     # 0.77: row 7's keeps column 20 (the banned token among the ties); 0.65: row 8's loses the fourth token the
     # source's keeps (the banned token behind it)
     for p, moved in ((0.3, []), (0.65, [8]), (0.77, [7]), (0.86, [6]), (0.9, [])):
-        drawn, source, own = top_p_kernel._nucleus(logits, p, 0.0, 11, pair=True, processors=4)
+        drawn, source, own, _ = top_p_kernel._nucleus(logits, p, 0.0, 11, pair=True, processors=4)
         assert torch.equal(drawn, stable_reference(choice, p))
         assert torch.equal(source, stable_reference(logits.float(), p))
         assert own[:3].tolist() == [1, 1, 1] and own[3] == 0 and own[5] == 0, (p, own)

@@ -108,13 +108,24 @@ def top_p_filter_pair(logits: torch.Tensor, top_p: float, *, banned: int, temper
                       processors: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``(drawn, source)``: :func:`top_p_filter` of ``logits`` without and with column ``banned``, sharing their
     passes (see the module)."""
-    drawn, source, _ = _nucleus(logits, top_p, temperature, banned, pair=True, processors=processors)
+    drawn, source, _, _ = _nucleus(logits, top_p, temperature, banned, pair=True, processors=processors)
     return drawn, source
 
 
-def _nucleus(logits, top_p, temperature, banned, *, pair: bool, processors):
-    """``(first, second, own)``: the filter (without ``banned``), the filter with it (``pair`` only, else None) and
-    the int32 flags of the rows whose drawn filter took its own passes (``pair`` only)."""
+def nucleus_cuts(logits: torch.Tensor, top_p: float, *, banned: int, temperature: float = 0.0,
+                 want_source: bool = True, processors: int | None = None) -> torch.Tensor:
+    """The nuclei of :func:`top_p_filter_pair` (``want_source``) or of the drawn filter alone, without writing
+    them: int64 ``[2, 2, rows]``, for the drawn (0) and the source (1) distribution of each row of
+    ``logits [..., V]``, the threshold's radix key (:func:`key_bits` wide) and the tie cut. A token is in a
+    nucleus when its key is above the threshold, or equal to it at a column below the cut (the source slot is
+    unset without ``want_source``). :func:`dare.rollout.engine.proposal_kernel.propose_fused` reads them."""
+    return _nucleus(logits, top_p, temperature, banned, pair=want_source, processors=processors, write=False)[3]
+
+
+def _nucleus(logits, top_p, temperature, banned, *, pair: bool, processors, write: bool = True):
+    """``(first, second, own, cuts)``: the filter (without ``banned``), the filter with it (``pair`` only, else
+    None), the int32 flags of the rows whose drawn filter took its own passes (``pair`` only) and the nuclei as
+    :func:`nucleus_cuts` gives them. Without ``write`` the filters are not written (``first`` is None)."""
     shape, vocab = logits.shape, logits.shape[-1]
     if banned is not None and not 0 <= banned < vocab:
         raise ValueError(f"banned must index the vocabulary (0..{vocab - 1}), got {banned}")
@@ -124,9 +135,12 @@ def _nucleus(logits, top_p, temperature, banned, *, pair: bool, processors):
     if flat.stride(-1) != 1:
         flat = flat.contiguous()
     rows, device = flat.shape[0], logits.device
-    first = torch.empty((rows, vocab), dtype=torch.float32, device=device)
-    second = torch.empty_like(first) if pair else None
+    first = torch.empty((rows, vocab), dtype=torch.float32, device=device) if write else None
+    second = torch.empty((rows, vocab), dtype=torch.float32, device=device) if write and pair else None
+    # the candidates' columns: in the output rows until the output pass overwrites them
+    scratch = first.view(torch.int32) if write else torch.empty((rows, vocab), dtype=torch.int32, device=device)
     own = torch.zeros(rows, dtype=torch.int32, device=device)
+    cuts = torch.zeros((2, 2, rows), dtype=torch.int64, device=device)
     if rows > 0:
         bits = key_bits(flat.dtype)
         passes = bits // 4
@@ -137,6 +151,7 @@ def _nucleus(logits, top_p, temperature, banned, *, pair: bool, processors):
         hist = torch.empty((2, 2, rows, slices, 16), dtype=torch.float32, device=device)
         prefix = torch.zeros((passes, rows), dtype=torch.int64, device=device)
         above = torch.zeros((passes, rows), dtype=torch.float32, device=device)
+        found = torch.empty((rows, slices), dtype=torch.int32, device=device)
         scaled = temperature > 0
         args = (flat, flat.stride(0), vocab, float(temperature) if scaled else 1.0, -1 if banned is None else banned)
         shape_args = dict(PER_SLICE=per_slice, SLICES=slices, SCALED=scaled)
@@ -144,28 +159,31 @@ def _nucleus(logits, top_p, temperature, banned, *, pair: bool, processors):
         _lse_kernel[grid](*args, lse, WITHOUT_BANNED=banned is not None, BLOCK=BLOCK, KEY_BITS=bits,
                           num_warps=NUM_WARPS, **shape_args)
 
-        found = torch.empty((rows, slices), dtype=torch.int32, device=device)
-
-        def chain(out, drawn, *, with_banned: bool, without_banned: bool, gated: bool):
-            flags = dict(WITH_BANNED=with_banned, WITHOUT_BANNED=without_banned, GATED=gated, KEY_BITS=bits,
-                         SLICE_BLOCK=max(2, triton.next_power_of_2(slices)), **shape_args)
+        def chain(out, drawn, columns, *, source: bool, gated: bool):
+            """One nucleus: the source's (``source``, with the banned column; the drawn one too where it is the
+            source's without it) or the drawn one (``gated``: only the rows flagged in ``own``)."""
+            flags = dict(WITH_BANNED=source, WITHOUT_BANNED=not source and banned is not None, GATED=gated,
+                         KEY_BITS=bits, SLICE_BLOCK=max(2, triton.next_power_of_2(slices)), **shape_args)
             state = (lse, hist, prefix, above, own)
-            # the candidates live in the output rows until the output pass overwrites them
             _bins_kernel[grid](*args, float(top_p), *state, BLOCK=RADIX_BLOCK, num_warps=RADIX_WARPS, **flags)
-            _compact_kernel[grid](*args, float(top_p), *state, out, found, BLOCK=BLOCK, num_warps=NUM_WARPS, **flags)
+            _compact_kernel[grid](*args, float(top_p), *state, columns, found, BLOCK=BLOCK, num_warps=NUM_WARPS,
+                                  **flags)
             for step in range(passes):
-                _radix_kernel[grid](*args, float(top_p), *state, out, found, PASS=step, COUNTS=step == passes - 1,
-                                    BLOCK=RADIX_BLOCK, num_warps=RADIX_WARPS, **flags)
-            _write_kernel[grid](*args, float(top_p), *state, out, drawn, LAST=passes - 1, PAIR=drawn is not out,
-                                BLOCK=BLOCK, num_warps=NUM_WARPS, **flags)
+                _radix_kernel[grid](*args, float(top_p), *state, columns, found, PASS=step,
+                                    COUNTS=step == passes - 1, BLOCK=RADIX_BLOCK, num_warps=RADIX_WARPS, **flags)
+            _cut_kernel[grid](*args, float(top_p), *state, columns, found, cuts, LAST=passes - 1, PAIR=source,
+                              BLOCK=RADIX_BLOCK, num_warps=RADIX_WARPS, **flags)
+            if out is not None:
+                _write_kernel[grid](*args, *state, cuts, out, drawn, PAIR=source, BLOCK=BLOCK, num_warps=NUM_WARPS,
+                                    **flags)
 
         if pair:  # the source's passes; the rows they could not settle get the drawn distribution's own
-            chain(second, first, with_banned=True, without_banned=False, gated=False)
-            chain(first, first, with_banned=False, without_banned=True, gated=True)
+            chain(second, first, second.view(torch.int32) if write else scratch, source=True, gated=False)
+            chain(first, first, scratch, source=False, gated=True)
         else:
-            chain(first, first, with_banned=False, without_banned=banned is not None, gated=False)
+            chain(first, first, scratch, source=False, gated=False)
     reshape = lambda t: None if t is None else t.reshape(shape)  # noqa: E731
-    return reshape(first), reshape(second), own
+    return reshape(first), reshape(second), own, cuts
 
 
 if triton is not None:
@@ -334,6 +352,19 @@ if triton is not None:
             return m, 1.0 / _WIDTH
 
     @triton.jit
+    def _candidates(base, scratch, at, found, divisor, SCALED: tl.constexpr, KEY_BITS: tl.constexpr):
+        """``(cols, raw, x)`` of the candidates at positions ``at`` of a slice's scratch (``-inf`` from ``found``
+        on): their columns, logits and scores (exactly divided for 32-bit keys, whose keys are the scores')."""
+        valid = at < found
+        cols = tl.load(scratch + at, mask=valid, other=0)
+        raw = tl.load(base + cols, mask=valid, other=float("-inf")).to(tl.float32)
+        if SCALED:
+            x = tl.math.div_rn(raw, divisor) if KEY_BITS == 32 else raw / divisor
+        else:
+            x = raw
+        return cols, raw, x
+
+    @triton.jit
     def _bins_kernel(Logits, stride, V, divisor, banned, top_p, Lse, Hist, Prefix, Above, Own,
                      PER_SLICE: tl.constexpr, SLICES: tl.constexpr, SLICE_BLOCK: tl.constexpr, BLOCK: tl.constexpr,
                      KEY_BITS: tl.constexpr, SCALED: tl.constexpr, WITH_BANNED: tl.constexpr,
@@ -364,7 +395,7 @@ if triton is not None:
                         PER_SLICE: tl.constexpr, SLICES: tl.constexpr, SLICE_BLOCK: tl.constexpr,
                         BLOCK: tl.constexpr, KEY_BITS: tl.constexpr, SCALED: tl.constexpr,
                         WITH_BANNED: tl.constexpr, WITHOUT_BANNED: tl.constexpr, GATED: tl.constexpr):
-        """Choose the bin that holds ``v*`` and copy its entries' key values, in vocabulary order, to the start of
+        """Choose the bin that holds ``v*`` and copy its entries' columns, in vocabulary order, to the start of
         this slice's part of ``Scratch`` (their number to ``Found``); the mass above the bin starts the radix
         passes' ``Above``."""
         row = tl.program_id(0)
@@ -384,12 +415,12 @@ if triton is not None:
             scratch = Scratch + row.to(tl.int64) * V + begin
             found = tl.zeros((), tl.int32)
             for offset in range(0, PER_SLICE, BLOCK):
-                raw, x = _scores(base, begin + offset + lanes, V, divisor, banned, SCALED, WITHOUT_BANNED,
-                                 KEY_BITS == 32)
+                cols = begin + offset + lanes
+                raw, x = _scores(base, cols, V, divisor, banned, SCALED, WITHOUT_BANNED, KEY_BITS == 32)
                 u = raw if KEY_BITS == 16 else x
                 inside = (x > float("-inf")) & (_bin_digit(u, reference, scale) == digit)
                 taken = inside.to(tl.int32)
-                tl.store(scratch + found + tl.cumsum(taken, 0) - 1, u, mask=inside)
+                tl.store(scratch + found + tl.cumsum(taken, 0) - 1, cols, mask=inside)
                 found += tl.sum(taken, 0)
             tl.store(Found + row * SLICES + piece, found)
 
@@ -427,6 +458,7 @@ if triton is not None:
                 tl.store(Prefix + PASS * rows + row, prefix)
                 tl.store(Above + PASS * rows + row, above)
         lanes = tl.arange(0, BLOCK)
+        base = Logits + row.to(tl.int64) * stride
         scratch = Scratch + row.to(tl.int64) * V + piece * PER_SLICE
         found = tl.load(Found + row * SLICES + piece)
         mass = tl.zeros((16, BLOCK), tl.float32)
@@ -436,11 +468,9 @@ if triton is not None:
         shift_bits: tl.constexpr = KEY_BITS - 4 - 4 * PASS
         offset = 0
         while offset < found:  # a while loop: Triton's interpreter takes no loaded bound in range()
-            at = offset + lanes
+            columns, raw, x = _candidates(base, scratch, offset + lanes, found, divisor, SCALED, KEY_BITS)
             offset += BLOCK
-            u = tl.load(scratch + at, mask=at < found, other=float("-inf"))
-            x = u / divisor if (KEY_BITS == 16) and SCALED else u  # 16-bit keys: u is the logit
-            key = _key(u, u, KEY_BITS)
+            key = _key(raw, x, KEY_BITS)
             inside = x > float("-inf")
             if PASS > 0:
                 inside = inside & ((key >> (shift_bits + 4)) == chosen)
@@ -449,24 +479,25 @@ if triton is not None:
         _store_histogram(Hist, PASS % 2, row, rows, mass, count, occupied, SLICES, COUNTS)
 
     @triton.jit
-    def _write_kernel(Logits, stride, V, divisor, banned, top_p, Lse, Hist, Prefix, Above, Own, Out, Drawn,
-                      LAST: tl.constexpr, PER_SLICE: tl.constexpr, SLICES: tl.constexpr, SLICE_BLOCK: tl.constexpr,
-                      BLOCK: tl.constexpr, KEY_BITS: tl.constexpr, SCALED: tl.constexpr, WITH_BANNED: tl.constexpr,
-                      WITHOUT_BANNED: tl.constexpr, GATED: tl.constexpr, PAIR: tl.constexpr):
-        """The output pass. ``PAIR`` (the source's chain of a pair): also write the drawn filter of the rows whose
-        drawn nucleus is this one without the banned column, and flag the others in ``Own``."""
+    def _cut_kernel(Logits, stride, V, divisor, banned, top_p, Lse, Hist, Prefix, Above, Own, Scratch, Found, Cuts,
+                    LAST: tl.constexpr, PER_SLICE: tl.constexpr, SLICES: tl.constexpr, SLICE_BLOCK: tl.constexpr,
+                    BLOCK: tl.constexpr, KEY_BITS: tl.constexpr, SCALED: tl.constexpr, WITH_BANNED: tl.constexpr,
+                    WITHOUT_BANNED: tl.constexpr, GATED: tl.constexpr, PAIR: tl.constexpr):
+        """The nucleus from the last histogram: the threshold key ``v*`` and the tie cut, the column of the first
+        tie at ``v*`` the sorted rule drops (``V`` when it keeps them all), into ``Cuts[slot]`` (the source's
+        slot 1 with ``PAIR``, else the drawn slot 0). ``PAIR``: the rows whose drawn nucleus is this one without
+        the banned column get it in slot 0 too; the others are flagged in ``Own``."""
         row = tl.program_id(0)
         active = tl.load(Own + row) != 0 if GATED else True
         if active:
-            _write_pass(Logits, stride, V, divisor, banned, top_p, Lse, Hist, Prefix, Above, Own, Out, Drawn, row,
-                        LAST, PER_SLICE, SLICES, SLICE_BLOCK, BLOCK, KEY_BITS, SCALED, WITH_BANNED, WITHOUT_BANNED,
-                        PAIR)
+            _cut(Logits, stride, V, divisor, banned, top_p, Lse, Hist, Prefix, Above, Own, Scratch, Found, Cuts, row,
+                 LAST, PER_SLICE, SLICES, SLICE_BLOCK, BLOCK, KEY_BITS, SCALED, WITH_BANNED, PAIR)
 
     @triton.jit
-    def _write_pass(Logits, stride, V, divisor, banned, top_p, Lse, Hist, Prefix, Above, Own, Out, Drawn, row,
-                    LAST: tl.constexpr, PER_SLICE: tl.constexpr, SLICES: tl.constexpr, SLICE_BLOCK: tl.constexpr,
-                    BLOCK: tl.constexpr, KEY_BITS: tl.constexpr, SCALED: tl.constexpr, WITH_BANNED: tl.constexpr,
-                    WITHOUT_BANNED: tl.constexpr, PAIR: tl.constexpr):
+    def _cut(Logits, stride, V, divisor, banned, top_p, Lse, Hist, Prefix, Above, Own, Scratch, Found, Cuts, row,
+             LAST: tl.constexpr, PER_SLICE: tl.constexpr, SLICES: tl.constexpr, SLICE_BLOCK: tl.constexpr,
+             BLOCK: tl.constexpr, KEY_BITS: tl.constexpr, SCALED: tl.constexpr, WITH_BANNED: tl.constexpr,
+             PAIR: tl.constexpr):
         piece = tl.program_id(1)
         rows = tl.num_programs(0)
         m, total, m_drawn, total_drawn, x_b, key_b = _row_state(Logits, stride, divisor, banned, Lse, row, rows,
@@ -481,14 +512,15 @@ if triton is not None:
                        mask=(pieces < SLICES) & (digit >= 0), other=0.0)
         tied = tl.sum(ties, 0)
         earlier = tl.sum(tl.where(pieces < piece, ties, 0.0), 0)
-        threshold = key_star.to(tl.uint32)
+        here = tl.sum(tl.where(pieces == piece, ties, 0.0), 0)
+        empty = digit < 0
+        threshold = tl.where(empty, 0, key_star).to(tl.uint32)  # an empty row keeps everything (all -inf)
         v_star = _key_value(threshold, KEY_BITS)
         if KEY_BITS == 16:
             if SCALED:
                 v_star = tl.math.div_rn(v_star, divisor)
         p_star = tl.exp(v_star - m)
         keep_ties = tl.minimum(tl.floor((budget - above) / p_star) + 1.0, tied)
-        empty = digit < 0
         same = empty
         if PAIR:
             # the drawn distribution (this one without the banned column, mass p_b) keeps this set without the
@@ -504,34 +536,67 @@ if triton is not None:
             same = empty | settled
             if piece == 0:
                 tl.store(Own + row, tl.where(same, 0, 1))
-        lanes = tl.arange(0, BLOCK)
-        base = Logits + row.to(tl.int64) * stride
-        out = Out + row.to(tl.int64) * V
-        drawn = Drawn + row.to(tl.int64) * V
-        begin = piece * PER_SLICE
-        if (keep_ties >= tied) | empty:  # every tie kept (the usual case): no ranks, no per-tile reductions
-            for offset in range(0, PER_SLICE, BLOCK):
-                cols = begin + offset + lanes
-                inside = cols < V
-                raw, x = _scores(base, cols, V, divisor, banned, SCALED, WITHOUT_BANNED, True)
-                keep = ((x > float("-inf")) & (_key(raw, x, KEY_BITS) >= threshold)) | empty
-                kept = tl.where(keep, x, float("-inf"))
-                tl.store(out + cols, kept, mask=inside)
-                if PAIR:
-                    tl.store(drawn + cols, tl.where(cols == banned, float("-inf"), kept), mask=inside & same)
-        else:
+        slot = 1 if PAIR else 0
+        every = empty | (keep_ties >= tied)
+        cut = V
+        if (~every) & (earlier <= keep_ties) & (keep_ties < earlier + here):  # this slice holds the first dropped tie
+            lanes = tl.arange(0, BLOCK)
+            base = Logits + row.to(tl.int64) * stride
+            scratch = Scratch + row.to(tl.int64) * V + piece * PER_SLICE
+            found = tl.load(Found + row * SLICES + piece)
             seen = earlier
+            offset = 0
+            while offset < found:
+                cols, raw, x = _candidates(base, scratch, offset + lanes, found, divisor, SCALED, KEY_BITS)
+                offset += BLOCK
+                tie = (x > float("-inf")) & (_key(raw, x, KEY_BITS) == threshold)
+                rank = seen + tl.cumsum(tie.to(tl.float32), 0) - 1.0  # the tie's place among the row's ties
+                cut = tl.minimum(cut, tl.min(tl.where(tie & (rank == keep_ties), cols, V), 0))
+                seen += tl.sum(tie.to(tl.float32), 0)
+            tl.store(Cuts + (2 * slot + 1) * rows + row, cut)
+            if PAIR:
+                if same:
+                    tl.store(Cuts + rows + row, cut)
+        if piece == 0:
+            tl.store(Cuts + 2 * slot * rows + row, threshold.to(tl.int64))
+            if every:
+                tl.store(Cuts + (2 * slot + 1) * rows + row, V)
+            if PAIR:
+                if same:
+                    tl.store(Cuts + row, threshold.to(tl.int64))
+                    if every:
+                        tl.store(Cuts + rows + row, V)
+
+    @triton.jit
+    def _kept(key, cols, Cuts, slot, row, rows):
+        """Whether the entries with radix keys ``key`` at columns ``cols`` are in the nucleus of ``Cuts[slot]``."""
+        threshold = tl.load(Cuts + 2 * slot * rows + row).to(tl.uint32)
+        cut = tl.load(Cuts + (2 * slot + 1) * rows + row).to(tl.int32)
+        return (key > threshold) | ((key == threshold) & (cols < cut))
+
+    @triton.jit
+    def _write_kernel(Logits, stride, V, divisor, banned, Lse, Hist, Prefix, Above, Own, Cuts, Out, Drawn,
+                      PER_SLICE: tl.constexpr, SLICES: tl.constexpr, SLICE_BLOCK: tl.constexpr, BLOCK: tl.constexpr,
+                      KEY_BITS: tl.constexpr, SCALED: tl.constexpr, WITH_BANNED: tl.constexpr,
+                      WITHOUT_BANNED: tl.constexpr, GATED: tl.constexpr, PAIR: tl.constexpr):
+        """The output pass: the scores in the nucleus of ``Cuts``, ``-inf`` elsewhere. ``PAIR`` (the source's
+        chain of a pair): the source's filter, and the drawn filter of the rows not flagged in ``Own``."""
+        row = tl.program_id(0)
+        active = tl.load(Own + row) != 0 if GATED else True
+        if active:
+            rows = tl.num_programs(0)
+            same = tl.load(Own + row) == 0
+            lanes = tl.arange(0, BLOCK)
+            base = Logits + row.to(tl.int64) * stride
+            out = Out + row.to(tl.int64) * V
+            drawn = Drawn + row.to(tl.int64) * V
+            begin = tl.program_id(1) * PER_SLICE
             for offset in range(0, PER_SLICE, BLOCK):
                 cols = begin + offset + lanes
                 inside = cols < V
                 raw, x = _scores(base, cols, V, divisor, banned, SCALED, WITHOUT_BANNED, True)
-                key = _key(raw, x, KEY_BITS)
-                finite = x > float("-inf")
-                tie = finite & (key == threshold)
-                rank = seen + tl.cumsum(tie.to(tl.float32), 0) - 1.0  # the tie's place among the row's ties
-                keep = (finite & (key > threshold)) | (tie & (rank < keep_ties))
+                keep = _kept(_key(raw, x, KEY_BITS), cols, Cuts, 1 if PAIR else 0, row, rows)
                 kept = tl.where(keep, x, float("-inf"))
                 tl.store(out + cols, kept, mask=inside)
                 if PAIR:
                     tl.store(drawn + cols, tl.where(cols == banned, float("-inf"), kept), mask=inside & same)
-                seen += tl.sum(tie.to(tl.float32), 0)
