@@ -4,16 +4,17 @@
     python benchmarks/proposal.py
     python benchmarks/proposal.py --shapes 16,32,126464 --temperatures 0 1 --json proposal.json
     python benchmarks/proposal.py --sampler dream --shapes 1,256,152064 16,256,152064   # neg_entropy confidence
-    python benchmarks/proposal.py --sampler dream --top-p 0.95 --temperatures 1   # a filter: the tensor ops only
+    python benchmarks/proposal.py --sampler dream --top-p 0.95 --temperatures 1   # the top-p kernel's nuclei
 
 Each shape is ``batch,window,vocabulary`` of bf16 logits (defaults: LLaDA-8B B=1 and B=16 windows of 32, SDAR-8B
 B=1 and B=64 blocks of 4). For every shape and temperature it prints microseconds per proposal for
 ``dare.rollout.engine.proposal_kernel`` and for the compiled ops it replaces (``DARE_PROPOSAL_KERNEL=0``), the
 floor of reading the logits once, and the fraction of proposed tokens the two agree on (greedy: all). The
 confidence settings are ``--sampler``'s preset (default ``llada``: the token's probability; ``dream``: the
-negative entropy of the sampling distribution). ``--top-p`` / ``--top-k`` add the filters, which the kernel does
-not serve: both columns then time the compiled tensor ops, and the ``unfiltered us`` column times the same call
-without the filters (the kernel where it serves), so the filters' cost reads off one row.
+negative entropy of the sampling distribution). ``--top-p`` / ``--top-k`` add the filters, and the
+``unfiltered us`` column times the same call without them, so the filters' cost reads off one row. With top-p
+alone the kernel reads the nuclei of :mod:`dare.rollout.engine.top_p_kernel` (no filtered copies) and the
+compiled ops the same kernel's filtered float32 copies; with top-k both columns time the compiled ops.
 ``--sweep`` also times the kernel under other launch settings (tile size, warps, programs per multiprocessor)::
 
     python benchmarks/proposal.py --sweep

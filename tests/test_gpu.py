@@ -326,7 +326,8 @@ def test_proposal_kernel_at_real_vocabularies_matches_the_compiled_ops(b, w, voc
     """The one-pass proposal kernel at LLaDA's and SDAR's vocabularies, bf16 logits: greedy tokens equal the
     compiled ops' (ties included: bf16 logits tie often); a Gumbel-max token is a maximum of the same noisy keys
     (up to float32 rounding of the logarithms); the random confidence is the same numbers; confidences (the
-    probability and Dream's ``neg_entropy``) and log-probabilities agree to float32 rounding."""
+    probability and Dream's ``neg_entropy``) and log-probabilities agree to float32 rounding. With top-p, the
+    kernel reads the top-p kernel's nuclei and the compiled ops its filtered copies."""
     from dare.rollout import SamplerConfig
     from dare.rollout.engine import noise, proposal_kernel, sampling
 
@@ -338,7 +339,9 @@ def test_proposal_kernel_at_real_vocabularies_matches_the_compiled_ops(b, w, voc
     counters, positions = torch.arange(b, device="cuda") + 3, torch.arange(w, device="cuda")[None].expand(b, w)
     for settings in (dict(temperature=0.0), dict(temperature=0.9), dict(temperature=1.3, confidence_source="sampling"),
                      dict(temperature=0.7, confidence="random"), dict(temperature=0.0, confidence="neg_entropy"),
-                     dict(temperature=0.2, confidence="neg_entropy", confidence_source="sampling")):
+                     dict(temperature=0.2, confidence="neg_entropy", confidence_source="sampling"),
+                     dict(temperature=1.0, top_p=0.95, confidence="neg_entropy", confidence_source="sampling"),
+                     dict(temperature=0.8, top_p=0.9, confidence_source="sampling"), dict(temperature=0.0, top_p=0.5)):
         config = SamplerConfig(sampler="llada", **settings).resolved()
         args = dict(config=config, banned=7, keys=keys, counters=counters, positions=positions)
         monkeypatch.setenv("DARE_PROPOSAL_KERNEL", "1")
@@ -350,6 +353,8 @@ def test_proposal_kernel_at_real_vocabularies_matches_the_compiled_ops(b, w, voc
         t = config.temperature
         if t == 0:
             assert torch.equal(fast.tokens, slow.tokens)
+        elif config.top_p is not None:  # the top-p kernel's nuclei against its filters under the compiled ops
+            assert (fast.tokens == slow.tokens).float().mean() > 0.99
         else:
             scores = logits.double().masked_fill(torch.arange(vocab, device="cuda") == 7, float("-inf")) / t
             base = noise.position_hash(keys, counters, positions, noise.STREAM_SAMPLE)

@@ -82,6 +82,48 @@ CHECK = textwrap.dedent("""
         error = (got[1] - want[1]).abs().max().item()
         print("neg_entropy error", error)
         assert error < 1e-5 and (want[1] < -1).all(), (error, want[1])
+
+    # top-p: the proposal kernel reads the nuclei of the top-p kernel (nucleus_cuts) instead of filtered copies;
+    # the reference is the tensor ops on the top-p kernel's own filters (the same ties kept: lowest columns; the
+    # nuclei themselves are checked against a stable sort in tests/test_top_p_kernel.py)
+    from dare.rollout.engine import top_p_kernel
+    from dare.rollout.engine.top_p_kernel import nucleus_cuts
+    from dare.rollout.engine.proposal_kernel import filters_source
+
+    top_p_kernel.serves = lambda scores: True  # the ops' filters: the kernel's, in the interpreter
+    worst = 0.0
+    for b, w, v, dtype, t, source, confidence, p, procs in [
+            (2, 3, 3000, torch.bfloat16, 1.0, "sampling", "neg_entropy", 0.95, 8),
+            (2, 4, 3000, torch.bfloat16, 0.7, "sampling", "prob", 0.9, 4),
+            (1, 3, 2500, torch.float32, 1.3, "sampling", "prob", 0.8, 16),
+            (2, 2, 3000, torch.bfloat16, 0.0, "sampling", "prob", 0.6, 8),
+            (2, 3, 3000, torch.float16, 0.9, "logits", "prob", 0.9, 8),
+            (2, 2, 3000, torch.bfloat16, 0.8, "sampling", "random", 0.9, 2),
+            (2, 3, 3000, torch.float32, 0.0, "sampling", "neg_entropy", 0.7, 8)]:
+        logits = (torch.randn(b, w, v) * 2).to(dtype)
+        logits[0, 0, 7] = logits[0, 0].float().max() + 3   # the banned id above all: the drawn nucleus's own passes
+        logits[-1, -1, :40] = 20.0                          # 40 tied maxima with all the mass: a tie cut
+        eligible = torch.rand(b, w) < 0.8
+        keys, counters = torch.randint(0, 2**32, (b, 2)), torch.randint(0, 50, (b,))
+        positions = torch.randint(0, 100, (b, w))
+        salts = vocabulary_salts(v, "cpu") if t > 0 else None
+        settings = dict(banned=7, temperature=t, top_k=None, top_k_first=False, confidence_source=source,
+                        confidence=confidence)
+        want = _propose_ops(logits, eligible, keys, counters, positions, salts, top_p=p, **settings)
+        plain = _propose_ops(logits, eligible, keys, counters, positions, salts, top_p=None, **settings)
+        cuts = nucleus_cuts(logits, p, banned=7, temperature=t, want_source=filters_source(source, confidence),
+                            processors=procs)
+        got = propose_fused(logits, eligible, banned=7, temperature=t, confidence_source=source,
+                            confidence=confidence, keys=keys, counters=counters, positions=positions,
+                            processors=procs, cuts=cuts)
+        assert torch.equal(got[0], want[0]), (dtype, t, got[0], want[0])
+        assert torch.equal(got[1] == float("-inf"), ~eligible) and (got[2][~eligible] == 0).all()
+        seen = eligible
+        worst = max(worst, (got[1][seen] - want[1][seen]).abs().max().item(),
+                    (got[2][seen] - want[2][seen]).abs().max().item())
+        assert not torch.allclose(want[2][seen], plain[2][seen])  # the filter changed the log-probabilities
+    print("top-p max error", worst)
+    assert worst < 1e-5, worst
 """)
 
 
@@ -107,7 +149,8 @@ def test_only_the_settings_it_computes_are_routed_to_it():
 
     assert served(temperature=0.0) and served(temperature=0.9) and served(temperature=0.9, confidence="random")
     assert served(temperature=0.9, top_k=1000) and served(temperature=0.9, top_p=1.0)  # filters that keep all
-    assert not served(temperature=0.9, top_k=50) and not served(temperature=0.9, top_p=0.95)
+    assert not served(temperature=0.9, top_k=50) and not served(temperature=0.9, top_k=50, top_p=0.95)
+    assert served(temperature=0.9, top_p=0.95)  # with the top-p kernel's nuclei (propose_static checks it runs)
     assert served(confidence="neg_entropy") and served(confidence="neg_entropy", temperature=0.2)
     assert not served(confidence="margin")
     config = SamplerConfig(sampler="llada").resolved()
@@ -153,3 +196,48 @@ def test_a_failing_kernel_warns_once_and_leaves_the_tensor_ops(monkeypatch, capl
                                  confidence=config.confidence)
     for got in (first, second):
         assert torch.equal(got.tokens, want[0]) and torch.equal(got.confidence, want[1])
+
+
+def test_top_p_steps_hand_the_top_p_kernels_nuclei_to_the_proposal_kernel(monkeypatch):
+    """A step with top-p (no top-k) asks the top-p kernel for the nuclei (the source's too when the confidence
+    reads the filtered distribution) and gives them to the proposal kernel; without a usable top-p kernel it keeps
+    the tensor ops and their filters."""
+    from dare.rollout.engine import sampling, top_p_kernel
+
+    calls = []
+    b, w, v = 2, 3, 50
+    done = (torch.zeros(b, w, dtype=torch.long), torch.zeros(b, w), torch.zeros(b, w))
+
+    def cuts(logits, top_p, **settings):
+        calls.append(("cuts", top_p, settings["want_source"], settings["temperature"]))
+        return "nuclei"
+
+    def fused(logits, eligible, **settings):
+        calls.append(("fused", settings["cuts"]))
+        return done
+
+    monkeypatch.setattr(proposal_kernel, "serves", lambda config, logits: True)
+    monkeypatch.setattr(top_p_kernel, "serves", lambda logits: True)
+    monkeypatch.setattr(top_p_kernel, "nucleus_cuts", cuts)
+    monkeypatch.setattr(proposal_kernel, "propose_fused", fused)
+    monkeypatch.setattr(sampling, "_KERNEL_FAILED", False)
+    monkeypatch.setattr(sampling, "_TOP_P_FAILED", False)
+    logits, eligible = torch.randn(b, w, v), torch.ones(b, w, dtype=torch.bool)
+    args = dict(banned=7, keys=torch.zeros(b, 2, dtype=torch.long), counters=torch.zeros(b, dtype=torch.long),
+                positions=torch.arange(w).expand(b, w))
+    nuclei = [("fused", "nuclei")]
+    for settings, want in ((dict(top_p=0.95, confidence="neg_entropy", confidence_source="sampling"),
+                            [("cuts", 0.95, True, 1.0)] + nuclei),
+                           (dict(top_p=0.95, confidence="prob", confidence_source="logits"),  # raw logits' confidence
+                            [("cuts", 0.95, False, 1.0)] + nuclei),
+                           (dict(top_p=0.9, confidence="random"), [("cuts", 0.9, False, 1.0)] + nuclei),
+                           (dict(top_p=None), [("fused", None)])):
+        calls.clear()
+        config = SamplerConfig(sampler="llada", temperature=1.0, **settings).resolved()
+        sampling.propose_static(logits, eligible, config=config, **args)
+        assert calls == want, (settings, calls)
+    calls.clear()
+    monkeypatch.setattr(top_p_kernel, "serves", lambda logits: False)  # DARE_TOP_P_KERNEL=0: the tensor ops
+    config = SamplerConfig(sampler="llada", temperature=1.0, top_p=0.9).resolved()
+    proposal = sampling.propose_static(logits, eligible, config=config, **args)
+    assert calls == [] and proposal.tokens.shape == (b, w)

@@ -18,8 +18,11 @@ vocabulary is read once (H100, ``benchmarks/proposal.py``: LLaDA-8B B=16 window,
 
 The random numbers are those of :mod:`dare.rollout.engine.noise` (the same hashes of row key, row step, position
 and vocabulary index), computed inside the kernels in uint32 arithmetic. It serves the settings most rollouts use:
-no top-p / top-k filter and a ``prob``, ``neg_entropy`` or ``random`` confidence (:func:`serves`): every sampler
-preset's defaults. The others keep the compiled tensor ops. ``DARE_PROPOSAL_KERNEL=0`` turns the kernel off.
+no top-k filter and a ``prob``, ``neg_entropy`` or ``random`` confidence (:func:`serves`): every sampler preset's
+defaults. A top-p filter comes as the nuclei of :func:`dare.rollout.engine.top_p_kernel.nucleus_cuts` (a threshold
+key and a tie cut per position and distribution): the kernels test each entry's membership as they read it, so no
+filtered copy of the logits is written or read. The others keep the compiled tensor ops.
+``DARE_PROPOSAL_KERNEL=0`` turns the kernel off.
 Greedy tokens equal the tensor ops' (both compare the same float32 values; ties go to the first index); Gumbel-max
 tokens equal them unless two noisy keys lie within the float32 rounding of the logarithms. Confidences and log-probabilities differ by float32 rounding
 (one online log-sum-exp instead of a two-pass one).
@@ -63,10 +66,22 @@ def serves(config, logits: torch.Tensor) -> bool:
 
 
 def settings_served(config, vocab: int) -> bool:
-    """No top-p / top-k filter over a ``vocab``-wide distribution, and a ``prob``, ``neg_entropy`` or ``random``
+    """No top-k filter over a ``vocab``-wide distribution (a top-p filter comes as the nuclei of
+    :func:`dare.rollout.engine.top_p_kernel.nucleus_cuts`), and a ``prob``, ``neg_entropy`` or ``random``
     confidence."""
-    unfiltered = not top_p_active(config.top_p) and not top_k_active(config.top_k, vocab)
-    return unfiltered and config.confidence in CONFIDENCES
+    return not top_k_active(config.top_k, vocab) and config.confidence in CONFIDENCES
+
+
+def filters_source(confidence_source: str, confidence: str) -> bool:
+    """Whether a top-p step's confidence reads the filtered distribution (the source's nucleus), as
+    :func:`dare.rollout.engine.sampling._propose_ops` scores it: not for the raw logits or a random confidence."""
+    return confidence_source != "logits" and confidence != "random"
+
+
+def key_bits(dtype: torch.dtype) -> int:
+    """Bits of the radix key of logits of ``dtype`` (:func:`radix_key`): 16 for bfloat16 (the logit's own bits),
+    else 32 (the float32 score's)."""
+    return 16 if dtype == torch.bfloat16 else 32
 
 
 CONFIDENCES = ("prob", "neg_entropy", "random")
@@ -92,11 +107,14 @@ def slicing(rows: int, vocab: int, processors: int | None, device: torch.device)
 
 def propose_fused(logits: torch.Tensor, eligible: torch.Tensor, *, banned: int, temperature: float,
                   confidence_source: str, confidence: str, keys: torch.Tensor, counters: torch.Tensor,
-                  positions: torch.Tensor, processors: int | None = None):
+                  positions: torch.Tensor, processors: int | None = None, cuts: torch.Tensor | None = None):
     """``(tokens, confidence, logprob)`` for ``logits [B, W, V]`` at the ``eligible [B, W]`` positions, as
-    :func:`dare.rollout.engine.sampling._propose_ops` computes them without top-p / top-k (see the module).
+    :func:`dare.rollout.engine.sampling._propose_ops` computes them without top-k (see the module).
     ``keys [B, 2]``, ``counters [B]`` and ``positions [W]`` or ``[B, W]`` index the random streams;
-    ``processors`` (default: the GPU's multiprocessor count, 8 off CUDA) sets the slices."""
+    ``processors`` (default: the GPU's multiprocessor count, 8 off CUDA) sets the slices. ``cuts``: the top-p
+    nuclei of the ``B x W`` positions (:func:`dare.rollout.engine.top_p_kernel.nucleus_cuts` of these logits,
+    with the source's when :func:`filters_source`): tokens are drawn from the drawn nucleus and the confidence
+    reads the source's, as the tensor ops do with the filtered scores."""
     b, w, vocab = logits.shape
     rows = b * w
     if logits.stride(-1) != 1:
@@ -116,21 +134,29 @@ def propose_fused(logits: torch.Tensor, eligible: torch.Tensor, *, banned: int, 
     scaled_source = sampled and confidence_source != "logits"
     want_source = confidence != "random"
     hash_args = (keys.contiguous(), counters.contiguous(), pos, w, *pos.stride())
+    filtered = cuts is not None
+    if filtered and tuple(cuts.shape) != (2, 2, rows):
+        raise ValueError(f"cuts must be [2, 2, {rows}] (nucleus_cuts of these logits), got {tuple(cuts.shape)}")
+    nuclei = dict(FILTERED=filtered, FILTER_SOURCE=filtered and filters_source(confidence_source, confidence),
+                  KEY_BITS=key_bits(logits.dtype))
+    cuts = cuts if filtered else best  # unread without a filter
     _partial_kernel[(rows, slices)](
-        logits, *strides, vocab, banned, divisor, partial, best, *hash_args,
+        logits, *strides, vocab, banned, divisor, partial, best, *hash_args, cuts,
         PER_SLICE=per_slice, SLICES=slices, BLOCK=BLOCK, SAMPLED=sampled, SCALED_SOURCE=scaled_source,
-        WANT_SOURCE=want_source, STREAM=STREAM_SAMPLE, GOLDEN=GOLDEN, num_warps=NUM_WARPS)
+        WANT_SOURCE=want_source, STREAM=STREAM_SAMPLE, GOLDEN=GOLDEN, num_warps=NUM_WARPS, **nuclei)
     slice_block = max(2, triton.next_power_of_2(slices))
     if entropy:
         _entropy_kernel[(rows, slices)](
-            logits, *strides, vocab, w, divisor, partial, PER_SLICE=per_slice, SLICES=slices, SLICE_BLOCK=slice_block,
-            BLOCK=BLOCK, SCALED_SOURCE=scaled_source, num_warps=NUM_WARPS)
+            logits, *strides, vocab, w, divisor, partial, cuts, PER_SLICE=per_slice, SLICES=slices,
+            SLICE_BLOCK=slice_block, BLOCK=BLOCK, SCALED_SOURCE=scaled_source, num_warps=NUM_WARPS,
+            FILTER_SOURCE=nuclei["FILTER_SOURCE"], KEY_BITS=nuclei["KEY_BITS"])
     _final_kernel[(rows,)](
         logits, *strides, divisor, partial, best,
         eligible.reshape(rows).view(torch.uint8) if eligible.dtype == torch.bool else eligible.reshape(rows),
-        tokens, score, logprob, *hash_args,
+        tokens, score, logprob, *hash_args, cuts,
         SLICES=slices, SLICE_BLOCK=slice_block, SAMPLED=sampled, SCALED_SOURCE=scaled_source,
-        WANT_SOURCE=want_source, ENTROPY=entropy, STREAM=STREAM_CONFIDENCE, GOLDEN=GOLDEN, num_warps=1)
+        WANT_SOURCE=want_source, ENTROPY=entropy, STREAM=STREAM_CONFIDENCE, GOLDEN=GOLDEN, num_warps=1,
+        FILTER_SOURCE=nuclei["FILTER_SOURCE"], KEY_BITS=nuclei["KEY_BITS"])
     return tokens, score, logprob
 
 
@@ -170,10 +196,44 @@ if triton is not None:
         return top, tl.sum(tl.where(m == float("-inf"), 0.0, s * tl.exp(m - shift)), 0)
 
     @triton.jit
+    def order_key(x):
+        """Order-preserving uint32 key of float32 ``x`` (``-0.0`` first made ``+0.0``, equal to it)."""
+        bits = (x + 0.0).to(tl.int32, bitcast=True)
+        signed = bits ^ ((bits >> 31) & 0x7FFFFFFF)  # arithmetic shift: negatives have their magnitude flipped
+        return (signed ^ -2147483648).to(tl.uint32, bitcast=True)
+
+    @triton.jit
+    def radix_key(raw, x, KEY_BITS: tl.constexpr):
+        """The top-p radix key (:func:`key_bits` wide): of the logit ``raw`` (bf16 values, exact in float32: its
+        top 16 bits) or of the exactly divided score ``x``."""
+        if KEY_BITS == 16:
+            return order_key(raw) >> 16
+        else:
+            return order_key(x)
+
+    @triton.jit
+    def in_nucleus(key, cols, Cuts, slot, row, rows):
+        """Whether entries with radix keys ``key`` at columns ``cols`` are in the nucleus ``Cuts[slot]`` of
+        ``row``: above the threshold key, or equal to it below the tie cut."""
+        threshold = tl.load(Cuts + 2 * slot * rows + row).to(tl.uint32)
+        cut = tl.load(Cuts + (2 * slot + 1) * rows + row).to(tl.int32)
+        return (key > threshold) | ((key == threshold) & (cols < cut))
+
+    @triton.jit
+    def _nucleus_key(x, temperature, SCALED: tl.constexpr, KEY_BITS: tl.constexpr):
+        """:func:`radix_key` of logits ``x`` (float32) whose nuclei were chosen on ``x / temperature``
+        (``SCALED``) or on ``x``."""
+        if KEY_BITS == 16:
+            return radix_key(x, x, KEY_BITS)
+        else:
+            return radix_key(x, tl.math.div_rn(x, temperature) if SCALED else x, KEY_BITS)
+
+    @triton.jit
     def _partial_kernel(Logits, stride_b, stride_w, V, banned, temperature, Partial, Best, Keys, Counters, Pos, W, spb,
-                        spw, PER_SLICE: tl.constexpr, SLICES: tl.constexpr, BLOCK: tl.constexpr,
+                        spw, Cuts, PER_SLICE: tl.constexpr, SLICES: tl.constexpr, BLOCK: tl.constexpr,
                         SAMPLED: tl.constexpr, SCALED_SOURCE: tl.constexpr, WANT_SOURCE: tl.constexpr,
-                        STREAM: tl.constexpr, GOLDEN: tl.constexpr):
+                        STREAM: tl.constexpr, GOLDEN: tl.constexpr, FILTERED: tl.constexpr,
+                        FILTER_SOURCE: tl.constexpr, KEY_BITS: tl.constexpr):
         row = tl.program_id(0)
         piece = tl.program_id(1)
         rows = tl.num_programs(0)
@@ -192,23 +252,30 @@ if triton is not None:
             cols = begin + offset + lanes
             inside = cols < V
             x = tl.load(base + cols, mask=inside, other=float("-inf")).to(tl.float32)
+            removed = cols == banned
+            if FILTERED:  # outside the drawn nucleus: removed as the banned id is
+                nucleus_key = _nucleus_key(x, temperature, SAMPLED, KEY_BITS)
+                removed = removed | ~in_nucleus(nucleus_key, cols, Cuts, 0, row, rows)
             if SAMPLED:
                 scaled = x / temperature  # once: the sampling scores and a scaled confidence source share it
-                scores = tl.where(cols == banned, float("-inf"), scaled)
+                scores = tl.where(removed, float("-inf"), scaled)
                 salt = cols.to(tl.uint32) * GOLDEN  # uint32 products wrap: (v x golden) mod 2^32
                 h = _mix32(noise_base ^ salt)
                 u = ((h >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0)
                 key = scores - tl.log(-tl.log(u))
                 key = tl.where(inside, key, float("-inf"))
             else:
-                scores = tl.where(cols == banned, float("-inf"), x)
+                scores = tl.where(removed, float("-inf"), x)
                 key = scores
             m_smp, s_smp = online_lse(m_smp, s_smp, scores)
             if WANT_SOURCE:
                 if SCALED_SOURCE:
-                    m_src, s_src = online_lse(m_src, s_src, scaled)
+                    source = scaled
                 else:
-                    m_src, s_src = online_lse(m_src, s_src, x)
+                    source = x
+                if FILTER_SOURCE:
+                    source = tl.where(in_nucleus(nucleus_key, cols, Cuts, 1, row, rows), source, float("-inf"))
+                m_src, s_src = online_lse(m_src, s_src, source)
             better = key > best_key  # strict: a lane's earlier column wins a tie
             best_col = tl.where(better, cols, best_col)
             best_key = tl.where(better, key, best_key)
@@ -239,9 +306,9 @@ if triton is not None:
         return m + tl.log(s)
 
     @triton.jit
-    def _entropy_kernel(Logits, stride_b, stride_w, V, W, temperature, Partial, PER_SLICE: tl.constexpr,
+    def _entropy_kernel(Logits, stride_b, stride_w, V, W, temperature, Partial, Cuts, PER_SLICE: tl.constexpr,
                         SLICES: tl.constexpr, SLICE_BLOCK: tl.constexpr, BLOCK: tl.constexpr,
-                        SCALED_SOURCE: tl.constexpr):
+                        SCALED_SOURCE: tl.constexpr, FILTER_SOURCE: tl.constexpr, KEY_BITS: tl.constexpr):
         row = tl.program_id(0)
         piece = tl.program_id(1)
         rows = tl.num_programs(0)
@@ -253,17 +320,22 @@ if triton is not None:
         for offset in range(0, PER_SLICE, BLOCK):
             cols = begin + offset + lanes
             x = tl.load(base + cols, mask=cols < V, other=float("-inf")).to(tl.float32)
+            if FILTER_SOURCE:  # the source's nucleus was chosen on the scores it reads
+                kept = in_nucleus(_nucleus_key(x, temperature, SCALED_SOURCE, KEY_BITS), cols, Cuts, 1, row, rows)
             if SCALED_SOURCE:
                 x = x / temperature
+            if FILTER_SOURCE:
+                x = tl.where(kept, x, float("-inf"))
             p = tl.exp(x - lse)
             acc += tl.where(x == float("-inf"), 0.0, p * tl.log(p + 1e-10))
         tl.store(Partial + 5 * rows * SLICES + row * SLICES + piece, tl.sum(acc, 0))
 
     @triton.jit
     def _final_kernel(Logits, stride_b, stride_w, temperature, Partial, Best, Eligible, Tokens, Score, Logprob, Keys,
-                      Counters, Pos, W, spb, spw, SLICES: tl.constexpr, SLICE_BLOCK: tl.constexpr,
+                      Counters, Pos, W, spb, spw, Cuts, SLICES: tl.constexpr, SLICE_BLOCK: tl.constexpr,
                       SAMPLED: tl.constexpr, SCALED_SOURCE: tl.constexpr, WANT_SOURCE: tl.constexpr,
-                      ENTROPY: tl.constexpr, STREAM: tl.constexpr, GOLDEN: tl.constexpr):
+                      ENTROPY: tl.constexpr, STREAM: tl.constexpr, GOLDEN: tl.constexpr, FILTER_SOURCE: tl.constexpr,
+                      KEY_BITS: tl.constexpr):
         row = tl.program_id(0)
         rows = tl.num_programs(0)
         total = rows * SLICES
@@ -291,6 +363,9 @@ if triton is not None:
                 score = tl.exp(scaled - lse)
             else:
                 score = tl.exp(x - lse)
+            if FILTER_SOURCE:  # a token outside the source's nucleus has probability 0 there
+                kept = in_nucleus(_nucleus_key(x, temperature, SCALED_SOURCE, KEY_BITS), token, Cuts, 1, row, rows)
+                score = tl.where(kept, score, 0.0)
         else:
             h = _position_hash(row, Keys, Counters, Pos, W, spb, spw, STREAM, GOLDEN)
             score = ((h >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0)

@@ -9,11 +9,11 @@ under the distribution it is drawn from), computed the way a captured step can a
 * ``T > 0`` is Gumbel-max with the noise of :mod:`dare.rollout.engine.noise` (a per-row counter-based stream);
 * the ``random`` confidence is a uniform of the same stream family.
 
-On CUDA, the settings most rollouts use (no top-p / top-k, a ``prob``, ``neg_entropy`` or ``random`` confidence)
-run in one read of the logits, two for ``neg_entropy`` (:mod:`dare.rollout.engine.proposal_kernel`); the others as
-compiled tensor ops (:mod:`dare.rollout.engine.compiled`), whose top-p filter runs without a sort on CUDA
-(:mod:`dare.rollout.engine.top_p_kernel`). A kernel failure logs one warning and leaves the tensor ops (the sorted
-filter) in place.
+On CUDA, the settings most rollouts use (no top-k, a ``prob``, ``neg_entropy`` or ``random`` confidence) run in
+one read of the logits, two for ``neg_entropy`` (:mod:`dare.rollout.engine.proposal_kernel`), with top-p as the
+nuclei of :mod:`dare.rollout.engine.top_p_kernel`; the others as compiled tensor ops
+(:mod:`dare.rollout.engine.compiled`), whose top-p filter also runs without a sort on CUDA. A kernel failure logs
+one warning and leaves the tensor ops (the sorted filter) in place.
 
 Confidences are float32 for every ``confidence_dtype`` (the eager samplers honour ``model``/``float64``; the
 values differ only by rounding).
@@ -121,12 +121,18 @@ def propose_static(
     or compiled (:mod:`dare.rollout.engine.compiled`).
     """
     global _KERNEL_FAILED
-    if not _KERNEL_FAILED and proposal_kernel.serves(config, logits):
+    filtered = top_p_active(config.top_p)  # served with the nuclei of the top-p kernel
+    if not _KERNEL_FAILED and proposal_kernel.serves(config, logits) and (not filtered or
+                                                                          _top_p_kernel_usable(logits)):
         try:
+            cuts = top_p_kernel.nucleus_cuts(
+                logits, config.top_p, banned=banned, temperature=config.temperature,
+                want_source=proposal_kernel.filters_source(config.confidence_source, config.confidence),
+            ) if filtered else None
             tokens, score, logprob = proposal_kernel.propose_fused(
                 logits, eligible, banned=banned, temperature=config.temperature,
                 confidence_source=config.confidence_source, confidence=config.confidence, keys=keys,
-                counters=counters, positions=positions)
+                counters=counters, positions=positions, cuts=cuts)
             return Proposal(tokens=tokens, confidence=score, logprob=logprob)
         except torch.OutOfMemoryError:
             raise

@@ -51,12 +51,14 @@ from __future__ import annotations
 import torch
 
 from dare.config import env_switch
-from dare.rollout.engine.proposal_kernel import BLOCK, NUM_WARPS, slicing, triton  # triton: None without it
+from dare.rollout.engine.proposal_kernel import BLOCK, NUM_WARPS, key_bits, slicing, triton  # triton: None without it
 
 if triton is not None:
     import triton.language as tl
 
+    from dare.rollout.engine.proposal_kernel import in_nucleus as _kept  # a nucleus's membership test
     from dare.rollout.engine.proposal_kernel import merge_lse, online_lse  # the per-lane online log-sum-exp
+    from dare.rollout.engine.proposal_kernel import order_key as _ukey, radix_key as _key  # the radix keys
 
 RADIX_BLOCK = 256
 """Entries per tile of the histogram passes (each entry meets all 16 buckets: smaller tiles, fewer registers)."""
@@ -75,12 +77,6 @@ below them; only the bin holding the threshold goes on to the radix passes."""
 
 if triton is not None:
     _WIDTH = tl.constexpr(BIN_WIDTH)
-
-
-def key_bits(dtype: torch.dtype) -> int:
-    """Bits of the radix key of logits of ``dtype``: 16 for bfloat16 (the logit's own bits), else 32 (the float32
-    score's)."""
-    return 16 if dtype == torch.bfloat16 else 32
 
 
 def kernel_enabled() -> bool:
@@ -189,31 +185,15 @@ def _nucleus(logits, top_p, temperature, banned, *, pair: bool, processors, writ
 if triton is not None:
 
     @triton.jit
-    def _ukey(x):
-        """Order-preserving uint32 key of float32 ``x`` (``-0.0`` first made ``+0.0``, equal to it)."""
-        bits = (x + 0.0).to(tl.int32, bitcast=True)
-        signed = bits ^ ((bits >> 31) & 0x7FFFFFFF)  # arithmetic shift: negatives have their magnitude flipped
-        return (signed ^ -2147483648).to(tl.uint32, bitcast=True)
-
-    @triton.jit
     def _from_ukey(key):
-        """The float32 whose :func:`_ukey` is ``key``."""
+        """The float32 whose :func:`~dare.rollout.engine.proposal_kernel.order_key` is ``key``."""
         signed = key.to(tl.int32, bitcast=True) ^ -2147483648
         bits = signed ^ ((signed >> 31) & 0x7FFFFFFF)
         return bits.to(tl.float32, bitcast=True)
 
     @triton.jit
-    def _key(raw, x, KEY_BITS: tl.constexpr):
-        """The radix key: of the logit ``raw`` (bf16 values, exact in float32: its top 16 bits) or of the score
-        ``x``."""
-        if KEY_BITS == 16:
-            return _ukey(raw) >> 16
-        else:
-            return _ukey(x)
-
-    @triton.jit
     def _key_value(key, KEY_BITS: tl.constexpr):
-        """The float32 logit (16-bit keys) or score (32-bit keys) whose :func:`_key` is ``key``."""
+        """The float32 logit (16-bit keys) or score (32-bit keys) whose radix key is ``key``."""
         if KEY_BITS == 16:  # a negative value's float32 key has its low 16 bits set
             return _from_ukey((key << 16) | tl.where(key < 32768, 65535, 0).to(tl.uint32))
         else:
@@ -566,13 +546,6 @@ if triton is not None:
                     tl.store(Cuts + row, threshold.to(tl.int64))
                     if every:
                         tl.store(Cuts + rows + row, V)
-
-    @triton.jit
-    def _kept(key, cols, Cuts, slot, row, rows):
-        """Whether the entries with radix keys ``key`` at columns ``cols`` are in the nucleus of ``Cuts[slot]``."""
-        threshold = tl.load(Cuts + 2 * slot * rows + row).to(tl.uint32)
-        cut = tl.load(Cuts + (2 * slot + 1) * rows + row).to(tl.int32)
-        return (key > threshold) | ((key == threshold) & (cols < cut))
 
     @triton.jit
     def _write_kernel(Logits, stride, V, divisor, banned, Lse, Hist, Prefix, Above, Own, Cuts, Out, Drawn,
