@@ -13,7 +13,8 @@ with ``A(v*) <= P`` (the token crossing ``top_p`` is kept, as in the sorted vers
 1. **Value bins** (:func:`_bins_kernel`, :func:`_compact_kernel`): after a log-sum-exp pass, one pass histograms
    the mass of 16 bins of the scores below the row's max (:data:`BIN_WIDTH` wide, the last one open below) and the
    next chooses the bin holding ``v*`` (the lowest bin whose top token has at most ``P`` of mass above it) and
-   copies that bin's values, in vocabulary order, into the output rows as scratch. The bins are a monotone
+   copies the columns of that bin's tokens, in vocabulary order, to a scratch buffer (the output rows, when the
+   filter is written). The bins are a monotone
    function of the value, so equal values share a bin. At top-p 0.9-0.95 a few hundred to a few thousand tokens of
    a 152k vocabulary remain.
 2. **Radix passes over those candidates** (:func:`_radix_kernel`): ``v*`` is found digit by digit on an
@@ -22,9 +23,12 @@ with ``A(v*) <= P`` (the token crossing ``top_p`` is kept, as in the sorted vers
    pass counts them), and the next pass first merges those histograms and chooses the lowest digit whose top token
    still has at most ``P`` of mass above it (the bin's mass above included).
 
-The output pass (:func:`_write_kernel`) keeps the tokens above ``v*`` and, of the ``c`` tokens equal to it, the
-first ``n`` by vocabulary index, where ``n`` is how many of them the sorted cumulative sum would keep
-(``A(v*) + (i - 1) p(v*) <= P`` for the ``i``-th).
+Of the ``c`` tokens equal to ``v*`` the nucleus keeps the first ``n`` by vocabulary index, where ``n`` is how many
+of them the sorted cumulative sum would keep (``A(v*) + (i - 1) p(v*) <= P`` for the ``i``-th). The cut pass
+(:func:`_cut_kernel`) turns that into a **tie cut**, the column of the first tie dropped (``V`` when none is), so a
+nucleus is two numbers per row: a token is in it when its key is above ``v*``'s, or equal below the cut. The output
+pass (:func:`_write_kernel`) writes the filter from them; :func:`nucleus_cuts` hands them, unwritten, to the
+proposal kernel (:mod:`dare.rollout.engine.proposal_kernel`), which tests each entry as it reads the logits.
 
 * **bf16 logits take half the passes.** The kernels read the logits in their own dtype and divide by the
   temperature themselves. Division by a positive temperature keeps the order and the ties of the values, so the
@@ -33,14 +37,15 @@ first ``n`` by vocabulary index, where ``n`` is how many of them the sorted cumu
 * **The drawn and the confidence distributions share their passes** (:func:`top_p_filter_pair`). A static step
   draws from the logits without the mask id (``banned``) and may score confidence on the logits with it. The two
   nuclei differ only where the banned token's mass moves the boundary: with the source's threshold, its mass
-  above, ``p(v*)`` and kept ties, the output pass checks whether the sorted rule over the drawn distribution keeps
+  above, ``p(v*)`` and kept ties, the cut pass checks whether the sorted rule over the drawn distribution keeps
   exactly the source's set without the banned token (the last kept token's preceding mass at most the drawn
-  budget, the first removed token's above it), and writes both filters from one read. Rows where it does not
+  budget, the first removed token's above it); then one nucleus serves both (one output pass writes both filters).
+  Rows where it does not
   hold (the banned token tied at the threshold, above every other token, or heavy enough to move the boundary)
   get their own passes; the other rows' programs of those launches return at once.
 
-Four reads of the logits instead of a sort, one of them with the 16-bucket histogram (the radix passes read
-only the candidates). The kept set equals the sorted version's except where a
+Four reads of the logits instead of a sort (three for the nuclei alone), one of them with the 16-bucket histogram
+(the radix passes read only the candidates). The kept set equals the sorted version's except where a
 cumulative sum lies within float32 rounding of ``top_p`` (the sums are taken in a different order) and, for tied
 values at the threshold, which of them: the lowest indices here, the sort's order there (torch does not promise
 one). ``DARE_TOP_P_KERNEL=0`` keeps the sort.
@@ -410,7 +415,7 @@ if triton is not None:
                       SLICE_BLOCK: tl.constexpr, BLOCK: tl.constexpr, KEY_BITS: tl.constexpr, SCALED: tl.constexpr,
                       WITH_BANNED: tl.constexpr, WITHOUT_BANNED: tl.constexpr, GATED: tl.constexpr):
         """One histogram pass over the candidates. ``COUNTS`` (the last pass): count the tokens per bucket (the
-        output pass ranks the ties at the threshold by them); the earlier passes only need to know which buckets
+        cut pass ranks the ties at the threshold by them); the earlier passes only need to know which buckets
         hold tokens, one bit per bucket. ``GATED``: only the rows whose ``Own`` flag is set."""
         row = tl.program_id(0)
         active = tl.load(Own + row) != 0 if GATED else True
