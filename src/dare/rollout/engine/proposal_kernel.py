@@ -34,7 +34,7 @@ import torch
 
 from dare.config import env_switch
 from dare.rollout.engine.noise import GOLDEN, STREAM_CONFIDENCE, STREAM_SAMPLE
-from dare.rollout.kernels import top_k_active, top_p_active
+from dare.rollout.kernels import top_k_active
 
 try:
     import triton

@@ -63,7 +63,7 @@ if triton is not None:
 
     from dare.rollout.engine.proposal_kernel import in_nucleus as _kept  # a nucleus's membership test
     from dare.rollout.engine.proposal_kernel import merge_lse, online_lse  # the per-lane online log-sum-exp
-    from dare.rollout.engine.proposal_kernel import order_key as _ukey, radix_key as _key  # the radix keys
+    from dare.rollout.engine.proposal_kernel import radix_key as _key  # the radix keys
 
 RADIX_BLOCK = 256
 """Entries per tile of the histogram passes (each entry meets all 16 buckets: smaller tiles, fewer registers)."""
