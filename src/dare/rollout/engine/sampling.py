@@ -121,9 +121,9 @@ def propose_static(
     or compiled (:mod:`dare.rollout.engine.compiled`).
     """
     global _KERNEL_FAILED
-    filtered = top_p_active(config.top_p)  # served with the nuclei of the top-p kernel
-    if not _KERNEL_FAILED and proposal_kernel.serves(config, logits) and (not filtered or
-                                                                          _top_p_kernel_usable(logits)):
+    filtered = top_p_active(config.top_p)  # served with the nuclei of the top-p kernel, where it runs
+    if not _KERNEL_FAILED and proposal_kernel.serves(config, logits) and (
+            not filtered or _top_p_kernel_usable(logits)):
         try:
             cuts = top_p_kernel.nucleus_cuts(
                 logits, config.top_p, banned=banned, temperature=config.temperature,

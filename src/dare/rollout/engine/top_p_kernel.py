@@ -100,8 +100,8 @@ def top_p_filter(logits: torch.Tensor, top_p: float, *, temperature: float = 0.0
     outside the ``top_p`` nucleus set to ``-inf`` (see the module); with ``banned``, that column is removed
     (``-inf``) before the nucleus is chosen. Entries that are ``-inf`` already stay out; a row without a finite
     entry comes back as ``-inf`` throughout. ``processors`` (default: :data:`SLICE_FACTOR` x the GPU's
-    multiprocessor count, 8 off CUDA)
-    sets the slicing (the proposal kernel's, :func:`~dare.rollout.engine.proposal_kernel.slicing`)."""
+    multiprocessor count, 8 off CUDA) sets the slicing (the proposal kernel's,
+    :func:`~dare.rollout.engine.proposal_kernel.slicing`)."""
     return _nucleus(logits, top_p, temperature, banned, pair=False, processors=processors)[0]
 
 
@@ -166,7 +166,7 @@ def _nucleus(logits, top_p, temperature, banned, *, pair: bool, processors, writ
             flags = dict(WITH_BANNED=source, WITHOUT_BANNED=not source and banned is not None, GATED=gated,
                          KEY_BITS=bits, SLICE_BLOCK=max(2, triton.next_power_of_2(slices)), **shape_args)
             state = (lse, hist, prefix, above, own)
-            _bins_kernel[grid](*args, float(top_p), *state, BLOCK=RADIX_BLOCK, num_warps=RADIX_WARPS, **flags)
+            _bins_kernel[grid](*args, lse, hist, own, BLOCK=RADIX_BLOCK, num_warps=RADIX_WARPS, **flags)
             _compact_kernel[grid](*args, float(top_p), *state, columns, found, BLOCK=BLOCK, num_warps=NUM_WARPS,
                                   **flags)
             for step in range(passes):
@@ -175,7 +175,7 @@ def _nucleus(logits, top_p, temperature, banned, *, pair: bool, processors, writ
             _cut_kernel[grid](*args, float(top_p), *state, columns, found, cuts, LAST=passes - 1, PAIR=source,
                               BLOCK=RADIX_BLOCK, num_warps=RADIX_WARPS, **flags)
             if out is not None:
-                _write_kernel[grid](*args, *state, cuts, out, drawn, PAIR=source, BLOCK=BLOCK, num_warps=NUM_WARPS,
+                _write_kernel[grid](*args, own, cuts, out, drawn, PAIR=source, BLOCK=BLOCK, num_warps=NUM_WARPS,
                                     **flags)
 
         if pair:  # the source's passes; the rows they could not settle get the drawn distribution's own
@@ -350,8 +350,7 @@ if triton is not None:
         return cols, raw, x
 
     @triton.jit
-    def _bins_kernel(Logits, stride, V, divisor, banned, top_p, Lse, Hist, Prefix, Above, Own,
-                     PER_SLICE: tl.constexpr, SLICES: tl.constexpr, SLICE_BLOCK: tl.constexpr, BLOCK: tl.constexpr,
+    def _bins_kernel(Logits, stride, V, divisor, banned, Lse, Hist, Own, PER_SLICE: tl.constexpr, SLICES: tl.constexpr, SLICE_BLOCK: tl.constexpr, BLOCK: tl.constexpr,
                      KEY_BITS: tl.constexpr, SCALED: tl.constexpr, WITH_BANNED: tl.constexpr,
                      WITHOUT_BANNED: tl.constexpr, GATED: tl.constexpr):
         """The value-bin histogram (into ``Hist[1]``): the mass of each bin and whether it holds tokens."""
@@ -523,8 +522,9 @@ if triton is not None:
                 tl.store(Own + row, tl.where(same, 0, 1))
         slot = 1 if PAIR else 0
         every = empty | (keep_ties >= tied)
+        holds = (~every) & (earlier <= keep_ties) & (keep_ties < earlier + here)  # the first dropped tie is here
         cut = V
-        if (~every) & (earlier <= keep_ties) & (keep_ties < earlier + here):  # this slice holds the first dropped tie
+        if holds:
             lanes = tl.arange(0, BLOCK)
             base = Logits + row.to(tl.int64) * stride
             scratch = Scratch + row.to(tl.int64) * V + piece * PER_SLICE
@@ -538,23 +538,25 @@ if triton is not None:
                 rank = seen + tl.cumsum(tie.to(tl.float32), 0) - 1.0  # the tie's place among the row's ties
                 cut = tl.minimum(cut, tl.min(tl.where(tie & (rank == keep_ties), cols, V), 0))
                 seen += tl.sum(tie.to(tl.float32), 0)
-            tl.store(Cuts + (2 * slot + 1) * rows + row, cut)
-            if PAIR:
-                if same:
-                    tl.store(Cuts + rows + row, cut)
-        if piece == 0:
-            tl.store(Cuts + 2 * slot * rows + row, threshold.to(tl.int64))
-            if every:
-                tl.store(Cuts + (2 * slot + 1) * rows + row, V)
-            if PAIR:
-                if same:
-                    tl.store(Cuts + row, threshold.to(tl.int64))
-                    if every:
-                        tl.store(Cuts + rows + row, V)
+        # one program writes each number: the key slice 0, the cut the slice that found it (slice 0 when V)
+        key_here = piece == 0
+        cut_here = holds | (every & (piece == 0))
+        _store_nucleus(Cuts, slot, row, rows, threshold, cut, key_here, cut_here)
+        if PAIR:
+            if same:  # the drawn nucleus is the source's
+                _store_nucleus(Cuts, 0, row, rows, threshold, cut, key_here, cut_here)
 
     @triton.jit
-    def _write_kernel(Logits, stride, V, divisor, banned, Lse, Hist, Prefix, Above, Own, Cuts, Out, Drawn,
-                      PER_SLICE: tl.constexpr, SLICES: tl.constexpr, SLICE_BLOCK: tl.constexpr, BLOCK: tl.constexpr,
+    def _store_nucleus(Cuts, slot, row, rows, threshold, cut, key_here, cut_here):
+        """Store ``row``'s threshold key (where ``key_here``) and tie cut (where ``cut_here``) into ``Cuts[slot]``
+        (read by :func:`~dare.rollout.engine.proposal_kernel.in_nucleus`)."""
+        if key_here:
+            tl.store(Cuts + 2 * slot * rows + row, threshold.to(tl.int64))
+        if cut_here:
+            tl.store(Cuts + (2 * slot + 1) * rows + row, cut)
+
+    @triton.jit
+    def _write_kernel(Logits, stride, V, divisor, banned, Own, Cuts, Out, Drawn, PER_SLICE: tl.constexpr, SLICES: tl.constexpr, SLICE_BLOCK: tl.constexpr, BLOCK: tl.constexpr,
                       KEY_BITS: tl.constexpr, SCALED: tl.constexpr, WITH_BANNED: tl.constexpr,
                       WITHOUT_BANNED: tl.constexpr, GATED: tl.constexpr, PAIR: tl.constexpr):
         """The output pass: the scores in the nucleus of ``Cuts``, ``-inf`` elsewhere. ``PAIR`` (the source's
