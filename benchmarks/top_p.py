@@ -78,13 +78,8 @@ def kernel_us(run, calls: int = 10) -> dict[str, float]:
         for _ in range(calls):
             run()
         torch.cuda.synchronize()
-    times = {}
-    for event in prof.key_averages():
-        total = getattr(event, "self_device_time_total", None)
-        total = event.self_cuda_time_total if total is None else total
-        if total > 0:
-            times[event.key] = total / calls
-    return dict(sorted(times.items(), key=lambda item: -item[1]))
+    events = sorted(prof.key_averages(), key=lambda e: e.self_device_time_total, reverse=True)
+    return {e.key: e.self_device_time_total / calls for e in events if e.self_device_time_total > 0}
 
 
 def main() -> int:
