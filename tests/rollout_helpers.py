@@ -57,3 +57,28 @@ def sprinkle_token(model, token_id: int, rate: float = 0.25, margin: float = 6.0
         return output
 
     return model.get_output_embeddings().register_forward_hook(hook)
+
+
+def unmix32(y: int) -> int:
+    """The inverse of :func:`dare.rollout.engine.noise.mix32` on one 32-bit value: tests pick the inputs whose
+    hash is a chosen one (the largest hash gives the largest uniform)."""
+    mask = 0xFFFFFFFF
+
+    def unshift(value: int, shift: int) -> int:  # inverts v ^ (v >> shift)
+        x = value
+        for _ in range(32 // shift + 1):
+            x = value ^ (x >> shift)
+        return x & mask
+
+    x = unshift(y & mask, 15)
+    x = unshift((x * pow(0x735A2D97, -1, 2**32)) & mask, 15)
+    return unshift((x * pow(0x21F0AAAD, -1, 2**32)) & mask, 16)
+
+
+def counters_hashing_to(keys: torch.Tensor, positions: torch.Tensor, stream: int, targets: list[int]) -> torch.Tensor:
+    """``[B]`` step counters for which :func:`~dare.rollout.engine.noise.position_hash` of row ``b`` (one position
+    each: ``positions [B, 1]``) is ``targets[b]``."""
+    from dare.rollout.engine.noise import position_hash
+
+    before = position_hash(keys, torch.zeros(len(targets), dtype=torch.long), positions, stream)[:, 0].tolist()
+    return torch.tensor([unmix32(t) ^ unmix32(h) for t, h in zip(targets, before)], dtype=torch.long)

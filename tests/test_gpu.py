@@ -354,7 +354,7 @@ def test_proposal_kernel_at_real_vocabularies_matches_the_compiled_ops(b, w, voc
         if t == 0:
             assert torch.equal(fast.tokens, slow.tokens)
         elif config.top_p is not None:  # the top-p kernel's nuclei against its filters under the compiled ops
-            assert (fast.tokens == slow.tokens).float().mean() > 0.99
+            assert (fast.tokens != slow.tokens).sum() <= 1  # (uniforms of 24 bits: 4 of 256 drew outside a nucleus)
         else:
             scores = logits.double().masked_fill(torch.arange(vocab, device="cuda") == 7, float("-inf")) / t
             base = noise.position_hash(keys, counters, positions, noise.STREAM_SAMPLE)
@@ -362,7 +362,7 @@ def test_proposal_kernel_at_real_vocabularies_matches_the_compiled_ops(b, w, voc
             noisy = scores - torch.log(-torch.log(u))
             picked = noisy.gather(-1, fast.tokens[..., None]).squeeze(-1)
             assert (picked >= noisy.max(-1).values - 1e-4).all()
-            assert (fast.tokens == slow.tokens).float().mean() > 0.99
+            assert (fast.tokens != slow.tokens).sum() <= 1  # float32 rounding of the logarithms: near-ties only
         same = eligible & (fast.tokens == slow.tokens)
         torch.testing.assert_close(fast.confidence[same], slow.confidence[same], atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(fast.logprob[same], slow.logprob[same], atol=1e-4, rtol=1e-5)

@@ -135,6 +135,50 @@ def test_kernel_equals_the_tensor_ops_in_the_interpreter():
     assert run.returncode == 0, run.stdout + run.stderr
 
 
+FORCED = textwrap.dedent("""
+    import torch
+    from dare.rollout.engine import top_p_kernel
+    from dare.rollout.engine.noise import row_keys, vocabulary_salts
+    from dare.rollout.engine.proposal_kernel import propose_fused
+    from dare.rollout.engine.sampling import _propose_ops
+    from dare.rollout.engine.top_p_kernel import nucleus_cuts
+
+    top_p_kernel.serves = lambda scores: True  # the ops' filters: the kernel's, in the interpreter
+    torch.manual_seed(0)
+    logits = torch.randn(2, 1, 3000) * 2
+    logits[1, 0, 5] = -40.0                   # row 1's largest uniform lands on an improbable token
+    keys, counters = row_keys([11, 12], "cpu"), torch.tensor(COUNTERS)  # row 0's on the banned id 7
+    positions, eligible = torch.tensor([[4], [9]]), torch.ones(2, 1, dtype=torch.bool)
+    for top_p in (None, 0.9):
+        settings = dict(banned=7, temperature=1.0, confidence_source="sampling", confidence="prob")
+        want = _propose_ops(logits, eligible, keys, counters, positions, vocabulary_salts(3000, "cpu"),
+                            top_p=top_p, top_k=None, top_k_first=False, **settings)
+        cuts = None if top_p is None else nucleus_cuts(logits, top_p, banned=7, temperature=1.0, processors=4)
+        got = propose_fused(logits, eligible, keys=keys, counters=counters, positions=positions, processors=4,
+                            cuts=cuts, **settings)
+        tokens = got[0].flatten().tolist()
+        assert tokens[0] != 7 and tokens[1] != 5, (top_p, tokens)
+        assert torch.equal(got[0], want[0]), (top_p, got[0], want[0])
+""")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="Triton is not installed")
+def test_the_largest_uniform_draws_no_banned_or_improbable_token_in_the_interpreter():
+    """The kernel's uniforms are :func:`dare.rollout.engine.noise.uniform`'s, strictly below 1: a position whose
+    largest hash falls on the banned id, or on a token of probability ~e^-44 (with and without a top-p nucleus),
+    draws what the tensor ops draw, and not that token."""
+    from dare.rollout.engine.noise import GOLDEN, MASK32, STREAM_SAMPLE, row_keys
+    from rollout_helpers import counters_hashing_to, unmix32
+
+    targets = [unmix32(MASK32) ^ (column * GOLDEN & MASK32) for column in (7, 5)]  # h(column) = 2^32 - 1
+    counters = counters_hashing_to(row_keys([11, 12], "cpu"), torch.tensor([[4], [9]]), STREAM_SAMPLE, targets)
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    script = FORCED.replace("COUNTERS", repr(counters.tolist()))
+    run = subprocess.run([sys.executable, "-W", "ignore", "-c", script], env=env, capture_output=True, text=True,
+                         timeout=600)
+    assert run.returncode == 0, run.stdout + run.stderr
+
+
 def test_slices_fill_the_gpu_with_whole_tiles():
     assert num_slices(positions=512, vocab=126464, processors=132) == 2  # LLaDA B=16 dual: 1024 programs
     assert num_slices(positions=32, vocab=126464, processors=132) == 17  # B=1: 544 programs

@@ -6,7 +6,9 @@ is a hash of ``(row key, row step, completion position, stream[, vocabulary inde
 a row sees never depend on the other rows of its batch, on the batch bucket or on how many steps the batch ran.
 
 The hash is a 32-bit integer mixer (multiply / xor-shift rounds) evaluated in int64 lanes holding values in
-``[0, 2^32)``; uniforms take its top 24 bits, ``u = (h + 0.5) / 2^24`` in ``(0, 1)``.
+``[0, 2^32)``; uniforms take its top 23 bits, ``u = (k + 0.5) / 2^23``: exact in float32, so strictly inside
+``(0, 1)`` and the Gumbel noise ``-log(-log u)`` is always finite (with 24 bits the largest value rounds to 1.0,
+whose noise is ``+inf``: that entry would be drawn whatever its probability, even outside a filter).
 """
 
 from __future__ import annotations
@@ -20,6 +22,10 @@ STREAM_SAMPLE = 1
 """Stream of the Gumbel noise tokens are drawn with."""
 STREAM_CONFIDENCE = 2
 """Stream of the ``random`` confidence."""
+UNIFORM_SHIFT = 9
+"""A uniform keeps the hash's top ``32 - UNIFORM_SHIFT`` = 23 bits (:func:`uniform`)."""
+UNIFORM_SCALE = 1.0 / 8388608.0
+"""``2^-23``: the spacing of the uniforms (:func:`uniform`)."""
 
 
 def mix32(x: torch.Tensor) -> torch.Tensor:
@@ -45,8 +51,9 @@ def position_hash(keys: torch.Tensor, counters: torch.Tensor, positions: torch.T
 
 
 def uniform(hashes: torch.Tensor) -> torch.Tensor:
-    """float32 uniforms in ``(0, 1)`` from 32-bit hashes."""
-    return ((hashes >> 8).to(torch.float32) + 0.5) * (1.0 / 16777216.0)
+    """float32 uniforms strictly inside ``(0, 1)`` from 32-bit hashes: ``(k + 0.5) / 2^23`` of their top 23 bits
+    ``k``, exact in float32 (from ``2^-24`` to ``1 - 2^-24``)."""
+    return ((hashes >> UNIFORM_SHIFT).to(torch.float32) + 0.5) * UNIFORM_SCALE
 
 
 def gumbel_argmax(scores: torch.Tensor, base: torch.Tensor, salts: torch.Tensor | None = None) -> torch.Tensor:

@@ -180,6 +180,12 @@ if triton is not None:
         return _mix32(h ^ (tl.load(Counters + b).to(tl.int64) & 0xFFFFFFFF).to(tl.uint32))
 
     @triton.jit
+    def _uniform(h):
+        """:func:`dare.rollout.engine.noise.uniform` of uint32 hashes: ``(k + 0.5) / 2^23`` of their top 23 bits,
+        exact in float32, strictly inside ``(0, 1)`` (so the Gumbel noise is finite)."""
+        return ((h >> 9).to(tl.float32) + 0.5) * (1.0 / 8388608.0)
+
+    @triton.jit
     def online_lse(m, s, x):
         """One step of a per-lane online log-sum-exp with one exponential: the smaller of the running max and
         ``x`` is shifted by the larger (``-inf`` lanes stay ``(-inf, 0)``)."""
@@ -261,7 +267,7 @@ if triton is not None:
                 scores = tl.where(removed, float("-inf"), scaled)
                 salt = cols.to(tl.uint32) * GOLDEN  # uint32 products wrap: (v x golden) mod 2^32
                 h = _mix32(noise_base ^ salt)
-                u = ((h >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0)
+                u = _uniform(h)
                 key = scores - tl.log(-tl.log(u))
                 key = tl.where(inside, key, float("-inf"))
             else:
@@ -368,7 +374,7 @@ if triton is not None:
                 score = tl.where(kept, score, 0.0)
         else:
             h = _position_hash(row, Keys, Counters, Pos, W, spb, spw, STREAM, GOLDEN)
-            score = ((h >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0)
+            score = _uniform(h)
         eligible = tl.load(Eligible + row) != 0
         tl.store(Tokens + row, token.to(tl.int64))
         tl.store(Score + row, tl.where(eligible, score, float("-inf")))
