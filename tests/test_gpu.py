@@ -369,6 +369,36 @@ def test_proposal_kernel_at_real_vocabularies_matches_the_compiled_ops(b, w, voc
         assert torch.equal(fast.confidence == float("-inf"), ~eligible) and (fast.logprob[~eligible] == 0).all()
 
 
+@pytest.mark.parametrize("kernel", ["1", "0"])
+def test_an_improbable_token_is_never_drawn_at_a_real_vocabulary(kernel, monkeypatch):
+    """Sampling statistics at Dream's vocabulary: one token per position carries all but ~1.4e-8 of the mass
+    (every other logit 30 below it), so over 2048 positions x 4 steps no other token may be drawn (expected
+    count 1e-4), with and without a top-p nucleus, by the kernel and by the compiled ops. Uniforms that reach 1.0
+    (24-bit ones did) force a random draw at ~1 position in 110: ~75 here."""
+    from dare.rollout import SamplerConfig
+    from dare.rollout.engine import noise, sampling
+
+    monkeypatch.setenv("DARE_PROPOSAL_KERNEL", kernel)
+    b, w, vocab = 64, 32, 152064
+    logits = torch.full((b, w, vocab), -30.0, device="cuda", dtype=torch.bfloat16)
+    likely = torch.randint(0, vocab, (b, w), device="cuda", generator=torch.Generator("cuda").manual_seed(0))
+    likely = torch.where(likely == 7, 8, likely)  # not the banned id
+    logits.scatter_(-1, likely[..., None], 0.0)
+    eligible = torch.ones(b, w, dtype=torch.bool, device="cuda")
+    keys = noise.row_keys(list(range(b)), "cuda")
+    positions = torch.arange(w, device="cuda")[None].expand(b, w)
+    for settings in (dict(temperature=1.0), dict(temperature=1.0, top_p=0.95, confidence="neg_entropy",
+                                                 confidence_source="sampling")):
+        config = SamplerConfig(sampler="llada", **settings).resolved()
+        others = 0
+        for step in range(4):
+            counters = torch.full((b,), step, device="cuda", dtype=torch.long)
+            proposal = sampling.propose_static(logits, eligible, config=config, banned=7, keys=keys,
+                                               counters=counters, positions=positions)
+            others += int((proposal.tokens != likely).sum())
+        assert others == 0, (settings, others)
+
+
 @pytest.mark.parametrize("rows,vocab,scale", [(512, 152064, 4.0), (64, 126464, 1.0), (4, 151936, 12.0)])
 def test_top_p_kernel_at_real_vocabularies_matches_the_sorted_filter(rows, vocab, scale):
     """The sort-free top-p filter, compiled, at Dream's, LLaDA's and SDAR's vocabularies (bf16 values: many ties)
