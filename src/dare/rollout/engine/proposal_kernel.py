@@ -33,7 +33,7 @@ from __future__ import annotations
 import torch
 
 from dare.config import env_switch
-from dare.rollout.engine.noise import GOLDEN, STREAM_CONFIDENCE, STREAM_SAMPLE
+from dare.rollout.engine.noise import GOLDEN, STREAM_CONFIDENCE, STREAM_SAMPLE, UNIFORM_SCALE, UNIFORM_SHIFT
 from dare.rollout.kernels import top_k_active
 
 try:
@@ -73,8 +73,9 @@ def settings_served(config, vocab: int) -> bool:
 
 
 def filters_source(confidence_source: str, confidence: str) -> bool:
-    """Whether a top-p step's confidence reads the filtered distribution (the source's nucleus), as
-    :func:`dare.rollout.engine.sampling._propose_ops` scores it: not for the raw logits or a random confidence."""
+    """Whether a step's confidence reads its own source distribution (tempered, and cut to the source's nucleus
+    under top-p), as :func:`dare.rollout.engine.sampling._propose_ops` scores it: not for the raw logits or a
+    random confidence."""
     return confidence_source != "logits" and confidence != "random"
 
 
@@ -137,26 +138,28 @@ def propose_fused(logits: torch.Tensor, eligible: torch.Tensor, *, banned: int, 
     filtered = cuts is not None
     if filtered and tuple(cuts.shape) != (2, 2, rows):
         raise ValueError(f"cuts must be [2, 2, {rows}] (nucleus_cuts of these logits), got {tuple(cuts.shape)}")
-    nuclei = dict(FILTERED=filtered, FILTER_SOURCE=filtered and filters_source(confidence_source, confidence),
-                  KEY_BITS=key_bits(logits.dtype))
+    # the source's nucleus (read by all three kernels) and the keys its membership test compares
+    source_nucleus = dict(FILTER_SOURCE=filtered and filters_source(confidence_source, confidence),
+                          KEY_BITS=key_bits(logits.dtype))
     cuts = cuts if filtered else best  # unread without a filter
     _partial_kernel[(rows, slices)](
         logits, *strides, vocab, banned, divisor, partial, best, *hash_args, cuts,
         PER_SLICE=per_slice, SLICES=slices, BLOCK=BLOCK, SAMPLED=sampled, SCALED_SOURCE=scaled_source,
-        WANT_SOURCE=want_source, STREAM=STREAM_SAMPLE, GOLDEN=GOLDEN, num_warps=NUM_WARPS, **nuclei)
+        WANT_SOURCE=want_source, STREAM=STREAM_SAMPLE, GOLDEN=GOLDEN, num_warps=NUM_WARPS, FILTERED=filtered,
+        **source_nucleus)
     slice_block = max(2, triton.next_power_of_2(slices))
     if entropy:
         _entropy_kernel[(rows, slices)](
             logits, *strides, vocab, w, divisor, partial, cuts, PER_SLICE=per_slice, SLICES=slices,
             SLICE_BLOCK=slice_block, BLOCK=BLOCK, SCALED_SOURCE=scaled_source, num_warps=NUM_WARPS,
-            FILTER_SOURCE=nuclei["FILTER_SOURCE"], KEY_BITS=nuclei["KEY_BITS"])
+            **source_nucleus)
     _final_kernel[(rows,)](
         logits, *strides, divisor, partial, best,
         eligible.reshape(rows).view(torch.uint8) if eligible.dtype == torch.bool else eligible.reshape(rows),
         tokens, score, logprob, *hash_args, cuts,
         SLICES=slices, SLICE_BLOCK=slice_block, SAMPLED=sampled, SCALED_SOURCE=scaled_source,
         WANT_SOURCE=want_source, ENTROPY=entropy, STREAM=STREAM_CONFIDENCE, GOLDEN=GOLDEN, num_warps=1,
-        FILTER_SOURCE=nuclei["FILTER_SOURCE"], KEY_BITS=nuclei["KEY_BITS"])
+        **source_nucleus)
     return tokens, score, logprob
 
 
@@ -179,11 +182,14 @@ if triton is not None:
         h = _mix32(h ^ tl.load(Keys + 2 * b + 1).to(tl.uint32))
         return _mix32(h ^ (tl.load(Counters + b).to(tl.int64) & 0xFFFFFFFF).to(tl.uint32))
 
+    _UNIFORM_SHIFT = tl.constexpr(UNIFORM_SHIFT)
+    _UNIFORM_SCALE = tl.constexpr(UNIFORM_SCALE)
+
     @triton.jit
     def _uniform(h):
-        """:func:`dare.rollout.engine.noise.uniform` of uint32 hashes: ``(k + 0.5) / 2^23`` of their top 23 bits,
-        exact in float32, strictly inside ``(0, 1)`` (so the Gumbel noise is finite)."""
-        return ((h >> 9).to(tl.float32) + 0.5) * (1.0 / 8388608.0)
+        """:func:`dare.rollout.engine.noise.uniform` of uint32 hashes (its constants): ``(k + 0.5) / 2^23`` of their
+        top 23 bits, exact in float32, strictly inside ``(0, 1)`` (so the Gumbel noise is finite)."""
+        return ((h >> _UNIFORM_SHIFT).to(tl.float32) + 0.5) * _UNIFORM_SCALE
 
     @triton.jit
     def online_lse(m, s, x):

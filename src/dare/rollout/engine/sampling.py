@@ -149,7 +149,7 @@ def propose_static(
 
 def _propose_ops(logits, eligible, keys, counters, positions, salts, *, banned: int, temperature: float, top_p,
                  top_k, top_k_first: bool, confidence_source: str, confidence: str):
-    want_source = not (confidence_source == "logits" or confidence == "random")  # (random reads no source)
+    want_source = proposal_kernel.filters_source(confidence_source, confidence)  # (random reads no source)
     choice = None  # the logits without the banned id, where a filter or the greedy choice reads them
     if top_p_active(top_p) and not top_k_active(top_k, logits.shape[-1]):
         # the filters read the model's logits (a graph break): no float32 copies made before it for them
