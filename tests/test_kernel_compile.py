@@ -76,7 +76,8 @@ def test_top_p_kernels_compile(nvidia_backend, bits, step, banned):
         compile_for_hopper(k._compact_kernel, NUM_WARPS, types, BLOCK=BLOCK, **flags)
     compile_for_hopper(k._cut_kernel, k.RADIX_WARPS, types, LAST=passes - 1, BLOCK=k.RADIX_BLOCK,
                        PAIR=banned == "pair", **flags)
-    compile_for_hopper(k._write_kernel, NUM_WARPS, types, BLOCK=BLOCK, PAIR=banned == "pair", **flags)
+    compile_for_hopper(k._write_kernel, NUM_WARPS, types, BLOCK=BLOCK, PAIR=banned == "pair",
+                       **{name: flags[name] for name in k.WRITE_FLAGS})
 
 
 def loop_body(ptx: str) -> list[str]:

@@ -80,6 +80,9 @@ BIN_WIDTH = 1.0
 """Width of the value bins of the first histogram, in scores (nats): 15 bins below the row's max and one open
 below them; only the bin holding the threshold goes on to the radix passes."""
 
+WRITE_FLAGS = ("PER_SLICE", "KEY_BITS", "SCALED", "WITHOUT_BANNED", "GATED")
+"""The chain's flags that the output pass takes (it reads no histogram and no banned score)."""
+
 if triton is not None:
     _WIDTH = tl.constexpr(BIN_WIDTH)
 
@@ -175,8 +178,9 @@ def _nucleus(logits, top_p, temperature, banned, *, pair: bool, processors, writ
             _cut_kernel[grid](*args, float(top_p), *state, columns, found, cuts, LAST=passes - 1, PAIR=source,
                               BLOCK=RADIX_BLOCK, num_warps=RADIX_WARPS, **flags)
             if out is not None:
+                written = {name: flags[name] for name in WRITE_FLAGS}
                 _write_kernel[grid](*args, own, cuts, out, drawn, PAIR=source, BLOCK=BLOCK, num_warps=NUM_WARPS,
-                                    **flags)
+                                    **written)
 
         if pair:  # the source's passes; the rows they could not settle get the drawn distribution's own
             chain(second, first, second.view(torch.int32) if write else scratch, source=True, gated=False)
@@ -205,16 +209,22 @@ if triton is not None:
             return _from_ukey(key)
 
     @triton.jit
+    def _scaled(raw, divisor, SCALED: tl.constexpr, EXACT: tl.constexpr):
+        """The scores of float32 logits ``raw`` (divided by the temperature where ``SCALED``). ``EXACT``: a correctly
+        rounded division (torch's ``x / T``), which 32-bit keys need (their keys are the scores'), else the faster
+        ``div.full`` (within 2 ulp), enough for the masses of 16-bit keys' passes."""
+        if SCALED:
+            return tl.math.div_rn(raw, divisor) if EXACT else raw / divisor
+        else:
+            return raw
+
+    @triton.jit
     def _scores(base, cols, V, divisor, banned, SCALED: tl.constexpr, WITHOUT_BANNED: tl.constexpr,
                 EXACT: tl.constexpr):
         """``(raw, x)``: float32 logits and their scores (divided by the temperature; the banned column ``-inf``
-        where it is removed). ``EXACT``: a correctly rounded division (torch's ``x / T``), else the faster
-        ``div.full`` (within 2 ulp), enough for the masses of 16-bit keys' passes."""
+        where it is removed), divided as :func:`_scaled` says."""
         raw = tl.load(base + cols, mask=cols < V, other=float("-inf")).to(tl.float32)
-        if SCALED:
-            x = tl.math.div_rn(raw, divisor) if EXACT else raw / divisor
-        else:
-            x = raw
+        x = _scaled(raw, divisor, SCALED, EXACT)
         if WITHOUT_BANNED:
             x = tl.where(cols == banned, float("-inf"), x)
         return raw, x
@@ -285,7 +295,7 @@ if triton is not None:
         key_b = tl.zeros((), tl.uint32)
         if WITH_BANNED:  # the lse pass left the banned column out: merge it back
             raw_b = tl.load(Logits + row.to(tl.int64) * stride + banned).to(tl.float32)
-            x_b = tl.math.div_rn(raw_b, divisor) if SCALED else raw_b
+            x_b = _scaled(raw_b, divisor, SCALED, True)
             key_b = _key(raw_b, x_b, KEY_BITS)
             top, total = online_lse(top, total, x_b)  # one more value: one step of the online log-sum-exp
         return tl.where(top == float("-inf"), 0.0, top), total, m_lse, total_lse, x_b, key_b
@@ -339,18 +349,15 @@ if triton is not None:
     @triton.jit
     def _candidates(base, scratch, at, found, divisor, SCALED: tl.constexpr, KEY_BITS: tl.constexpr):
         """``(cols, raw, x)`` of the candidates at positions ``at`` of a slice's scratch (``-inf`` from ``found``
-        on): their columns, logits and scores (exactly divided for 32-bit keys, whose keys are the scores')."""
+        on): their columns, logits and scores (:func:`_scaled`)."""
         valid = at < found
         cols = tl.load(scratch + at, mask=valid, other=0)
         raw = tl.load(base + cols, mask=valid, other=float("-inf")).to(tl.float32)
-        if SCALED:
-            x = tl.math.div_rn(raw, divisor) if KEY_BITS == 32 else raw / divisor
-        else:
-            x = raw
-        return cols, raw, x
+        return cols, raw, _scaled(raw, divisor, SCALED, KEY_BITS == 32)
 
     @triton.jit
-    def _bins_kernel(Logits, stride, V, divisor, banned, Lse, Hist, Own, PER_SLICE: tl.constexpr, SLICES: tl.constexpr, SLICE_BLOCK: tl.constexpr, BLOCK: tl.constexpr,
+    def _bins_kernel(Logits, stride, V, divisor, banned, Lse, Hist, Own, PER_SLICE: tl.constexpr,
+                     SLICES: tl.constexpr, SLICE_BLOCK: tl.constexpr, BLOCK: tl.constexpr,
                      KEY_BITS: tl.constexpr, SCALED: tl.constexpr, WITH_BANNED: tl.constexpr,
                      WITHOUT_BANNED: tl.constexpr, GATED: tl.constexpr):
         """The value-bin histogram (into ``Hist[1]``): the mass of each bin and whether it holds tokens."""
@@ -499,10 +506,9 @@ if triton is not None:
         here = tl.sum(tl.where(pieces == piece, ties, 0.0), 0)
         empty = digit < 0
         threshold = tl.where(empty, 0, key_star).to(tl.uint32)  # an empty row keeps everything (all -inf)
-        v_star = _key_value(threshold, KEY_BITS)
+        v_star = _key_value(threshold, KEY_BITS)  # a score for 32-bit keys, else a logit: scaled exactly
         if KEY_BITS == 16:
-            if SCALED:
-                v_star = tl.math.div_rn(v_star, divisor)
+            v_star = _scaled(v_star, divisor, SCALED, True)
         p_star = tl.exp(v_star - m)
         keep_ties = tl.minimum(tl.floor((budget - above) / p_star) + 1.0, tied)
         same = empty
@@ -556,8 +562,8 @@ if triton is not None:
             tl.store(Cuts + (2 * slot + 1) * rows + row, cut)
 
     @triton.jit
-    def _write_kernel(Logits, stride, V, divisor, banned, Own, Cuts, Out, Drawn, PER_SLICE: tl.constexpr, SLICES: tl.constexpr, SLICE_BLOCK: tl.constexpr, BLOCK: tl.constexpr,
-                      KEY_BITS: tl.constexpr, SCALED: tl.constexpr, WITH_BANNED: tl.constexpr,
+    def _write_kernel(Logits, stride, V, divisor, banned, Own, Cuts, Out, Drawn, PER_SLICE: tl.constexpr,
+                      BLOCK: tl.constexpr, KEY_BITS: tl.constexpr, SCALED: tl.constexpr,
                       WITHOUT_BANNED: tl.constexpr, GATED: tl.constexpr, PAIR: tl.constexpr):
         """The output pass: the scores in the nucleus of ``Cuts``, ``-inf`` elsewhere. ``PAIR`` (the source's
         chain of a pair): the source's filter, and the drawn filter of the rows not flagged in ``Own``."""
