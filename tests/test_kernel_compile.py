@@ -113,12 +113,14 @@ def test_top_p_histogram_loop_stays_in_registers(nvidia_backend, kernel, bits, c
     assert len(body) < 200 * k.RADIX_BLOCK // (32 * k.RADIX_WARPS), len(body)  # per thread-iteration's entries
 
 
-@pytest.mark.parametrize("sampled,scaled,want,entropy,filtered,bits", [
-    (False, False, True, False, False, 16), (True, True, True, True, False, 16), (True, False, False, False, False, 16),
-    (True, True, True, True, True, 16), (False, False, True, False, True, 32), (True, True, True, False, True, 32)])
-def test_proposal_kernels_compile(nvidia_backend, sampled, scaled, want, entropy, filtered, bits):
+@pytest.mark.parametrize("sampled,scaled,want,entropy,filtered,bits,rounding", [
+    (False, False, True, False, False, 16, 1), (True, True, True, True, False, 16, 1),
+    (True, False, False, False, False, 16, 0), (True, True, True, True, True, 16, 2),
+    (False, False, True, False, True, 32, 0), (True, True, True, False, True, 32, 0),
+    (False, False, True, True, True, 16, 1)])
+def test_proposal_kernels_compile(nvidia_backend, sampled, scaled, want, entropy, filtered, bits, rounding):
     """The proposal kernels, with and without the top-p nuclei (16-bit keys of bf16 logits, 32-bit keys of
-    float32 ones)."""
+    float32 ones), confidences rounded to bf16 / fp16 or not, greedy tokens by rounded probability."""
     from dare.rollout.engine import proposal_kernel as k
     from dare.rollout.engine.noise import GOLDEN, STREAM_CONFIDENCE, STREAM_SAMPLE
 
@@ -126,12 +128,18 @@ def test_proposal_kernels_compile(nvidia_backend, sampled, scaled, want, entropy
     nuclei = dict(FILTER_SOURCE=filtered and want, KEY_BITS=bits)
     compile_for_hopper(k._partial_kernel, k.NUM_WARPS, types, PER_SLICE=2048, SLICES=17, BLOCK=k.BLOCK,
                        SAMPLED=sampled, SCALED_SOURCE=scaled, WANT_SOURCE=want, STREAM=STREAM_SAMPLE, GOLDEN=GOLDEN,
-                       FILTERED=filtered, **nuclei)
+                       FILTERED=filtered, ROUND=rounding, **nuclei)
+    by_probability = not sampled and want and rounding > 0
     compile_for_hopper(k._final_kernel, 1, types, SLICES=17, SLICE_BLOCK=32, SAMPLED=sampled, SCALED_SOURCE=scaled,
-                       WANT_SOURCE=want, ENTROPY=entropy, STREAM=STREAM_CONFIDENCE, GOLDEN=GOLDEN, **nuclei)
+                       WANT_SOURCE=want, ENTROPY=entropy, STREAM=STREAM_CONFIDENCE, GOLDEN=GOLDEN, ROUND=rounding,
+                       BY_PROBABILITY=by_probability, **nuclei)
     if entropy:
         compile_for_hopper(k._entropy_kernel, k.NUM_WARPS, types, PER_SLICE=2048, SLICES=17, SLICE_BLOCK=32,
-                           BLOCK=k.BLOCK, SCALED_SOURCE=scaled, **nuclei)
+                           BLOCK=k.BLOCK, SCALED_SOURCE=scaled, ROUND=rounding, **nuclei)
+    if by_probability:
+        ptx = compile_for_hopper(k._probable_kernel, k.NUM_WARPS, types, PER_SLICE=2048, SLICES=17, SLICE_BLOCK=32,
+                                 BLOCK=k.BLOCK, FILTERED=filtered, ROUND=rounding, **nuclei)
+        assert "ld.global" in ptx
 
 
 @pytest.mark.parametrize("final,masked,block_m", [(True, True, 32), (False, True, 64), (False, False, 16)])

@@ -124,6 +124,39 @@ CHECK = textwrap.dedent("""
         assert not torch.allclose(want[2][seen], plain[2][seen])  # the filter changed the log-probabilities
     print("top-p max error", worst)
     assert worst < 1e-5, worst
+
+    # confidences in the model's dtype (rounding=bf16; the engine does not ask for it yet): rounded as the eager
+    # softmax rounds them, and greedy tokens of a sampling source the first of the rounded most probable (the top
+    # two logits of every position planted at adjacent values near 0, the larger one later: rounded, they tie)
+    for dtype in (torch.bfloat16,):  # (fp16: Dream's log(p + 1e-10) is NaN where p = 0, the epsilon underflows)
+        bits = torch.int16
+        for t, source, confidence, p in [(0.0, "sampling", "prob", None), (0.0, "sampling", "neg_entropy", None),
+                                         (0.0, "sampling", "prob", 0.9), (0.0, "logits", "prob", None),
+                                         (0.8, "sampling", "prob", None), (0.8, "sampling", "neg_entropy", 0.9)]:
+            logits = (torch.randn(3, 4, 3000) * 0.3 - 3).to(dtype)  # the rest well below the planted pair
+            low = (torch.rand(3, 4, 1) * 0.015 + 0.005).to(dtype)   # near 0: adjacent values, a tiny gap
+            logits[..., 500:501] = low
+            logits[..., 2600:2601] = (low.view(bits) + torch.where(low > 0, 1, -1).to(bits)).view(dtype)
+            logits[0, 0, 7] = 9.0                                # the banned id above all
+            eligible = torch.ones(3, 4, dtype=torch.bool)
+            keys, counters, positions = torch.randint(0, 2**32, (3, 2)), torch.arange(3), torch.arange(4)
+            salts = vocabulary_salts(3000, "cpu") if t > 0 else None
+            settings = dict(banned=7, temperature=t, top_k=None, top_k_first=False, confidence_source=source,
+                            confidence=confidence, rounding=dtype)
+            want = _propose_ops(logits, eligible, keys, counters, positions, salts, top_p=p, **settings)
+            cuts = None if p is None else nucleus_cuts(logits, p, banned=7, temperature=t, processors=8,
+                                                        want_source=filters_source(source, confidence))
+            got = propose_fused(logits, eligible, banned=7, temperature=t, confidence_source=source,
+                                confidence=confidence, keys=keys, counters=counters, positions=positions,
+                                processors=8, cuts=cuts, rounding=dtype)
+            assert torch.equal(got[0], want[0]), (dtype, t, source, p, got[0], want[0])
+            if t == 0 and source == "sampling" and dtype == torch.bfloat16:
+                assert (want[0] == 500).any()  # a rounded tie took the first of the two
+            same = (got[1] == want[1]).float().mean().item()
+            relative = ((got[1] - want[1]).abs() / want[1].abs().clamp_min(1e-30)).max().item()
+            assert same >= 0.9 and relative <= 2 ** -7, (dtype, t, source, confidence, same, relative)
+            assert torch.equal(got[1].to(dtype).float(), got[1])  # values of the model's dtype
+    print("rounded confidences: same tokens")
 """)
 
 

@@ -96,6 +96,59 @@ def test_block_diffusion_static_equals_eager(family, sampler, overrides):
     assert_same(eager, static, block=True)
 
 
+@pytest.mark.parametrize("family,sampler,overrides,dtype,shift", [
+    ("sdar", "sdar", dict(cache="block"), torch.float32, 30.0),
+    ("llada", "llada", dict(cache="none", decoder="quota"), torch.float32, 30.0),
+    ("llada", "fastdllm", dict(cache="dual", decoder="quota"), torch.float32, 30.0),
+    ("dream", "dream", dict(cache="none"), torch.float32, 30.0),
+])
+def test_confident_models_static_equals_eager(family, sampler, overrides, dtype, shift):
+    """Confidences as the eager samplers compute them, for very confident float32 models (LM head x150, logits
+    shifted by +30) whose confidences sit within a few float32 ulps of each other: ``exp(x - logsumexp)`` reordered
+    them (4 of 6 LLaDA rows took other step maps)."""
+    model = sharp_model(family, scale=150.0 if dtype == torch.float32 else 50.0, dtype=dtype)
+    hook = model.get_output_embeddings().register_forward_hook(lambda module, inputs, out: out + shift)
+    ids, mask = padded([9, 14, 5, 11, 7, 12])
+    block = dict(block_length=8) if family != "dream" else {}
+    config = SamplerConfig(sampler=sampler, gen_length=24 if family == "sdar" else 32, **block, **overrides)
+    eager, static = decode_both(model, ids, mask, config)
+    hook.remove()
+    assert torch.equal(eager.step_map, static.step_map)
+    assert torch.equal(eager.completion, static.completion)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_greedy_tokens_of_a_sampling_source_are_the_first_most_probable_in_the_softmax_dtype(dtype):
+    """At ``T = 0`` with ``confidence_source="sampling"`` the eager samplers (Dream's reference) take the argmax of
+    the softmax in the model's dtype: bf16 rounds the probabilities of nearly equal logits to one value and the
+    first index wins. The static step does the same (with the larger logit at the higher index it took that one
+    in ~1 of 5 rows)."""
+    from dare.rollout.engine.sampling import _propose_ops, confidence_rounding
+    from dare.rollout.kernels import propose
+
+    gen = torch.Generator().manual_seed(0)
+    rows, vocab = 4000, 64
+    logits = (torch.randn(rows, 1, vocab, generator=gen) * 0.3).to(dtype)
+    low = logits.float().amax(-1, keepdim=True).to(dtype)
+    step = torch.where(low > 0, 1, -1).to(torch.int16 if dtype != torch.float32 else torch.int32)
+    bits = torch.int16 if dtype != torch.float32 else torch.int32
+    logits[..., 10:11] = low
+    logits[..., 20:21] = (low.view(bits) + step).view(dtype)  # the next representable value above
+    eligible = torch.ones(rows, 1, dtype=torch.bool)
+    eager = propose(logits, eligible, temperature=0.0, confidence="prob", confidence_source="sampling",
+                    banned=(vocab - 1,), confidence_dtype="model")
+    tokens, score, _ = _propose_ops(
+        logits, eligible, row_keys([0] * rows, "cpu"), torch.zeros(rows, dtype=torch.long),
+        torch.zeros(1, dtype=torch.long), None, banned=vocab - 1, temperature=0.0, top_p=None, top_k=None,
+        top_k_first=False, confidence_source="sampling", confidence="prob",
+        rounding=dtype)  # the rounding the engine does not switch on for bf16 / fp16 yet (confidence_rounding)
+    assert confidence_rounding("model", dtype) == (dtype if dtype == torch.float32 else None)
+    assert torch.equal(eager.tokens, tokens)
+    assert torch.equal(eager.confidence.float(), score)
+    if dtype == torch.bfloat16:
+        assert (tokens == 10).float().mean() > 0.1  # the rounded tie is common at these logit sizes
+
+
 def spy_attended_columns(monkeypatch) -> list[tuple[int, int]]:
     """Record ``(attended columns, cache width)`` of every static cache write: by each block into its own layer
     (the default) or by the cache (``DARE_FUSE_CACHE_WRITES=0``, and the probe that allocates the layers)."""

@@ -25,7 +25,7 @@ filtered copy of the logits is written or read. The others keep the compiled ten
 ``DARE_PROPOSAL_KERNEL=0`` turns the kernel off.
 Greedy tokens equal the tensor ops' (both compare the same float32 values; ties go to the first index); Gumbel-max
 tokens equal them unless two noisy keys lie within the float32 rounding of the logarithms. Confidences and log-probabilities differ by float32 rounding
-(one online log-sum-exp instead of a two-pass one).
+(one online log-sum-exp instead of a two-pass one); both round confidences alike (``rounding``).
 """
 
 from __future__ import annotations
@@ -85,6 +85,10 @@ def key_bits(dtype: torch.dtype) -> int:
     return 16 if dtype == torch.bfloat16 else 32
 
 
+NOT_PROBABLE = 1 << 30
+"""Added to a slice's first kept column where none of its entries is the most probable (columns are below it)."""
+ROUNDINGS = {None: 0, torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+"""The kernels' ``ROUND`` code of each softmax dtype (float32 or float64's float32: none; bf16; fp16)."""
 CONFIDENCES = ("prob", "neg_entropy", "random")
 """The confidences the kernel computes (``margin`` needs the source's top two: the compiled tensor ops)."""
 
@@ -108,14 +112,17 @@ def slicing(rows: int, vocab: int, processors: int | None, device: torch.device)
 
 def propose_fused(logits: torch.Tensor, eligible: torch.Tensor, *, banned: int, temperature: float,
                   confidence_source: str, confidence: str, keys: torch.Tensor, counters: torch.Tensor,
-                  positions: torch.Tensor, processors: int | None = None, cuts: torch.Tensor | None = None):
+                  positions: torch.Tensor, processors: int | None = None, cuts: torch.Tensor | None = None,
+                  rounding: torch.dtype | None = None):
     """``(tokens, confidence, logprob)`` for ``logits [B, W, V]`` at the ``eligible [B, W]`` positions, as
     :func:`dare.rollout.engine.sampling._propose_ops` computes them without top-k (see the module).
     ``keys [B, 2]``, ``counters [B]`` and ``positions [W]`` or ``[B, W]`` index the random streams;
     ``processors`` (default: the GPU's multiprocessor count, 8 off CUDA) sets the slices. ``cuts``: the top-p
     nuclei of the ``B x W`` positions (:func:`dare.rollout.engine.top_p_kernel.nucleus_cuts` of these logits,
     with the source's when :func:`filters_source`): tokens are drawn from the drawn nucleus and the confidence
-    reads the source's, as the tensor ops do with the filtered scores."""
+    reads the source's, as the tensor ops do with the filtered scores. ``rounding`` (bf16 / fp16, from
+    :func:`dare.rollout.engine.sampling.confidence_rounding`): the confidence's values rounded to it where the
+    eager samplers hold them in the model's dtype."""
     b, w, vocab = logits.shape
     rows = b * w
     if logits.stride(-1) != 1:
@@ -141,29 +148,40 @@ def propose_fused(logits: torch.Tensor, eligible: torch.Tensor, *, banned: int, 
     # the source's nucleus (read by all three kernels) and the keys its membership test compares
     source_nucleus = dict(FILTER_SOURCE=filtered and filters_source(confidence_source, confidence),
                           KEY_BITS=key_bits(logits.dtype))
+    if rounding not in ROUNDINGS:
+        raise ValueError(f"rounding must be one of {list(ROUNDINGS)}, got {rounding}")
+    rounded = dict(ROUND=ROUNDINGS[rounding])
+    # greedy tokens of a sampling source: the first most probable under the source's softmax in its dtype
+    by_probability = not sampled and confidence_source != "logits" and want_source and rounding is not None
     cuts = cuts if filtered else best  # unread without a filter
     _partial_kernel[(rows, slices)](
         logits, *strides, vocab, banned, divisor, partial, best, *hash_args, cuts,
         PER_SLICE=per_slice, SLICES=slices, BLOCK=BLOCK, SAMPLED=sampled, SCALED_SOURCE=scaled_source,
         WANT_SOURCE=want_source, STREAM=STREAM_SAMPLE, GOLDEN=GOLDEN, num_warps=NUM_WARPS, FILTERED=filtered,
-        **source_nucleus)
+        **source_nucleus, **rounded)
     slice_block = max(2, triton.next_power_of_2(slices))
     if entropy:
         _entropy_kernel[(rows, slices)](
             logits, *strides, vocab, w, divisor, partial, cuts, PER_SLICE=per_slice, SLICES=slices,
             SLICE_BLOCK=slice_block, BLOCK=BLOCK, SCALED_SOURCE=scaled_source, num_warps=NUM_WARPS,
-            **source_nucleus)
+            **source_nucleus, **rounded)
+    if by_probability:
+        _probable_kernel[(rows, slices)](
+            logits, *strides, vocab, banned, w, partial, best, cuts, PER_SLICE=per_slice, SLICES=slices,
+            SLICE_BLOCK=slice_block, BLOCK=BLOCK, FILTERED=filtered, num_warps=NUM_WARPS, **source_nucleus,
+            **rounded)
     _final_kernel[(rows,)](
         logits, *strides, divisor, partial, best,
         eligible.reshape(rows).view(torch.uint8) if eligible.dtype == torch.bool else eligible.reshape(rows),
         tokens, score, logprob, *hash_args, cuts,
         SLICES=slices, SLICE_BLOCK=slice_block, SAMPLED=sampled, SCALED_SOURCE=scaled_source,
         WANT_SOURCE=want_source, ENTROPY=entropy, STREAM=STREAM_CONFIDENCE, GOLDEN=GOLDEN, num_warps=1,
-        **source_nucleus)
+        BY_PROBABILITY=by_probability, **source_nucleus, **rounded)
     return tokens, score, logprob
 
 
 if triton is not None:
+    _NOT_PROBABLE = tl.constexpr(NOT_PROBABLE)
 
     @triton.jit
     def _mix32(x):
@@ -245,7 +263,7 @@ if triton is not None:
                         spw, Cuts, PER_SLICE: tl.constexpr, SLICES: tl.constexpr, BLOCK: tl.constexpr,
                         SAMPLED: tl.constexpr, SCALED_SOURCE: tl.constexpr, WANT_SOURCE: tl.constexpr,
                         STREAM: tl.constexpr, GOLDEN: tl.constexpr, FILTERED: tl.constexpr,
-                        FILTER_SOURCE: tl.constexpr, KEY_BITS: tl.constexpr):
+                        FILTER_SOURCE: tl.constexpr, KEY_BITS: tl.constexpr, ROUND: tl.constexpr):
         row = tl.program_id(0)
         piece = tl.program_id(1)
         rows = tl.num_programs(0)
@@ -281,8 +299,8 @@ if triton is not None:
                 key = scores
             m_smp, s_smp = online_lse(m_smp, s_smp, scores)
             if WANT_SOURCE:
-                if SCALED_SOURCE:
-                    source = scaled
+                if SCALED_SOURCE:  # the tempered logits, in the model's dtype as the eager samplers hold them
+                    source = _rounded(scaled, ROUND)
                 else:
                     source = x
                 if FILTER_SOURCE:
@@ -307,24 +325,40 @@ if triton is not None:
         tl.store(Best + out, col)
 
     @triton.jit
-    def _source_lse(Partial, row, rows, SLICES: tl.constexpr, SLICE_BLOCK: tl.constexpr):
-        """The log-sum-exp of ``row``'s confidence source, merged from its slices' partial records."""
+    def _source_max_sum(Partial, row, rows, SLICES: tl.constexpr, SLICE_BLOCK: tl.constexpr):
+        """``(max, sum exp(x - max))`` of ``row``'s confidence source (the max 0 where every entry is ``-inf``),
+        merged from its slices' partial records: a probability is ``exp(x - max) / sum``, as a softmax computes
+        it (``exp(x - logsumexp)`` rounds ~30x more at trained models' logit sizes)."""
         total = rows * SLICES
         pieces = tl.arange(0, SLICE_BLOCK)
         used = pieces < SLICES
         at = row * SLICES + pieces
         m, s = merge_lse(tl.load(Partial + 2 * total + at, mask=used, other=float("-inf")),
                       tl.load(Partial + 3 * total + at, mask=used, other=0.0))
-        return m + tl.log(s)
+        return tl.where(m == float("-inf"), 0.0, m), s
+
+    @triton.jit
+    def _rounded(x, ROUND: tl.constexpr):
+        """``x`` rounded to the model's dtype (``ROUND``: 1 bf16, 2 fp16, 0 unrounded; :data:`ROUNDINGS`). bf16 to
+        nearest even on the bits, as torch rounds (Triton's interpreter truncates in ``.to(tl.bfloat16)``)."""
+        if ROUND == 1:
+            bits = x.to(tl.uint32, bitcast=True)
+            bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+            return bits.to(tl.float32, bitcast=True)
+        elif ROUND == 2:
+            return x.to(tl.float16).to(tl.float32)
+        else:
+            return x
 
     @triton.jit
     def _entropy_kernel(Logits, stride_b, stride_w, V, W, temperature, Partial, Cuts, PER_SLICE: tl.constexpr,
                         SLICES: tl.constexpr, SLICE_BLOCK: tl.constexpr, BLOCK: tl.constexpr,
-                        SCALED_SOURCE: tl.constexpr, FILTER_SOURCE: tl.constexpr, KEY_BITS: tl.constexpr):
+                        SCALED_SOURCE: tl.constexpr, FILTER_SOURCE: tl.constexpr, KEY_BITS: tl.constexpr,
+                        ROUND: tl.constexpr):
         row = tl.program_id(0)
         piece = tl.program_id(1)
         rows = tl.num_programs(0)
-        lse = _source_lse(Partial, row, rows, SLICES, SLICE_BLOCK)
+        m, s = _source_max_sum(Partial, row, rows, SLICES, SLICE_BLOCK)
         lanes = tl.arange(0, BLOCK)
         base = Logits + (row // W).to(tl.int64) * stride_b + (row % W).to(tl.int64) * stride_w
         acc = tl.zeros((BLOCK,), tl.float32)
@@ -335,29 +369,77 @@ if triton is not None:
             if FILTER_SOURCE:  # the source's nucleus was chosen on the scores it reads
                 kept = in_nucleus(_nucleus_key(x, temperature, SCALED_SOURCE, KEY_BITS), cols, Cuts, 1, row, rows)
             if SCALED_SOURCE:
-                x = x / temperature
+                x = _rounded(x / temperature, ROUND)
             if FILTER_SOURCE:
                 x = tl.where(kept, x, float("-inf"))
-            p = tl.exp(x - lse)
-            acc += tl.where(x == float("-inf"), 0.0, p * tl.log(p + 1e-10))
+            p = _rounded(tl.exp(x - m) / s, ROUND)  # each value the eager code holds, in its dtype
+            term = _rounded(p * _rounded(tl.log(_rounded(p + 1e-10, ROUND)), ROUND), ROUND)
+            acc += tl.where(x == float("-inf"), 0.0, term)
         tl.store(Partial + 5 * rows * SLICES + row * SLICES + piece, tl.sum(acc, 0))
+
+    @triton.jit
+    def _probable_kernel(Logits, stride_b, stride_w, V, banned, W, Partial, Best, Cuts, PER_SLICE: tl.constexpr,
+                         SLICES: tl.constexpr, SLICE_BLOCK: tl.constexpr, BLOCK: tl.constexpr,
+                         FILTERED: tl.constexpr, FILTER_SOURCE: tl.constexpr, KEY_BITS: tl.constexpr,
+                         ROUND: tl.constexpr):
+        """Greedy tokens of a sampling source (``T = 0``): each slice's first entry of the drawn distribution whose
+        probability under the source, rounded to the model's dtype, equals that of the distribution's max (so
+        the largest), into ``Best``; where none does, its first entry plus :data:`NOT_PROBABLE` (int32 max where
+        it has none). The eager samplers take the argmax of those rounded probabilities (0 outside the source's
+        nucleus), where bf16 ties nearly equal logits and the first index wins."""
+        row = tl.program_id(0)
+        piece = tl.program_id(1)
+        rows = tl.num_programs(0)
+        total = rows * SLICES
+        pieces = tl.arange(0, SLICE_BLOCK)
+        at = row * SLICES + pieces
+        top, _ = merge_lse(tl.load(Partial + at, mask=pieces < SLICES, other=float("-inf")),
+                           tl.load(Partial + total + at, mask=pieces < SLICES, other=0.0))
+        m, s = _source_max_sum(Partial, row, rows, SLICES, SLICE_BLOCK)
+        target = _rounded(tl.exp(top - m) / s, ROUND)
+        target = tl.where(target > 0.0, target, float("inf"))  # probability 0 everywhere: no entry is probable
+        lanes = tl.arange(0, BLOCK)
+        base = Logits + (row // W).to(tl.int64) * stride_b + (row % W).to(tl.int64) * stride_w
+        first = tl.full((BLOCK,), 2147483647, tl.int32)
+        first_kept = tl.full((BLOCK,), 2147483647, tl.int32)
+        begin = piece * PER_SLICE
+        for offset in range(0, PER_SLICE, BLOCK):
+            cols = begin + offset + lanes
+            x = tl.load(base + cols, mask=cols < V, other=float("-inf")).to(tl.float32)
+            kept = (cols < V) & (cols != banned) & (x > float("-inf"))
+            p = _rounded(tl.exp(x - m) / s, ROUND)
+            if FILTERED:  # the drawn nucleus (greedy: chosen on the logits)
+                key = _nucleus_key(x, 1.0, False, KEY_BITS)
+                kept = kept & in_nucleus(key, cols, Cuts, 0, row, rows)
+                if FILTER_SOURCE:  # outside the source's nucleus the probability is 0
+                    p = tl.where(in_nucleus(key, cols, Cuts, 1, row, rows), p, 0.0)
+            first = tl.minimum(first, tl.where(kept & (p >= target), cols, 2147483647))
+            first_kept = tl.minimum(first_kept, tl.where(kept, cols, 2147483647))
+        found = tl.min(first, 0)
+        fallback = tl.min(first_kept, 0)
+        fallback = tl.where(fallback == 2147483647, fallback, fallback + _NOT_PROBABLE)
+        tl.store(Best + row * SLICES + piece, tl.where(found == 2147483647, fallback, found))
 
     @triton.jit
     def _final_kernel(Logits, stride_b, stride_w, temperature, Partial, Best, Eligible, Tokens, Score, Logprob, Keys,
                       Counters, Pos, W, spb, spw, Cuts, SLICES: tl.constexpr, SLICE_BLOCK: tl.constexpr,
                       SAMPLED: tl.constexpr, SCALED_SOURCE: tl.constexpr, WANT_SOURCE: tl.constexpr,
                       ENTROPY: tl.constexpr, STREAM: tl.constexpr, GOLDEN: tl.constexpr, FILTER_SOURCE: tl.constexpr,
-                      KEY_BITS: tl.constexpr):
+                      KEY_BITS: tl.constexpr, ROUND: tl.constexpr, BY_PROBABILITY: tl.constexpr):
         row = tl.program_id(0)
         rows = tl.num_programs(0)
         total = rows * SLICES
         pieces = tl.arange(0, SLICE_BLOCK)
         used = pieces < SLICES
         at = row * SLICES + pieces
-        keys = tl.load(Partial + 4 * total + at, mask=used, other=float("-inf"))
         cols = tl.load(Best + at, mask=used, other=2147483647)
-        top = tl.max(keys, 0)
-        token = tl.min(tl.where(keys == top, cols, 2147483647), 0)  # slices are in column order: the first max
+        if BY_PROBABILITY:  # the first most probable (_probable_kernel), else the first kept entry, else 0
+            token = tl.min(cols, 0)
+            token = tl.where(token == 2147483647, 0, tl.where(token >= _NOT_PROBABLE, token - _NOT_PROBABLE, token))
+        else:
+            keys = tl.load(Partial + 4 * total + at, mask=used, other=float("-inf"))
+            top = tl.max(keys, 0)
+            token = tl.min(tl.where(keys == top, cols, 2147483647), 0)  # slices are in column order: the first max
         x = tl.load(Logits + (row // W).to(tl.int64) * stride_b + (row % W).to(tl.int64) * stride_w + token)
         x = x.to(tl.float32)
         if SAMPLED:
@@ -368,13 +450,14 @@ if triton is not None:
                       tl.load(Partial + total + at, mask=used, other=0.0))
         logprob = scaled - (m + tl.log(s))
         if ENTROPY:
-            score = tl.sum(tl.load(Partial + 5 * total + at, mask=used, other=0.0), 0)
+            score = _rounded(tl.sum(tl.load(Partial + 5 * total + at, mask=used, other=0.0), 0), ROUND)
         elif WANT_SOURCE:
-            lse = _source_lse(Partial, row, rows, SLICES, SLICE_BLOCK)
+            top_src, sum_src = _source_max_sum(Partial, row, rows, SLICES, SLICE_BLOCK)
             if SCALED_SOURCE:
-                score = tl.exp(scaled - lse)
+                score = tl.exp(_rounded(scaled, ROUND) - top_src) / sum_src
             else:
-                score = tl.exp(x - lse)
+                score = tl.exp(x - top_src) / sum_src
+            score = _rounded(score, ROUND)
             if FILTER_SOURCE:  # a token outside the source's nucleus has probability 0 there
                 kept = in_nucleus(_nucleus_key(x, temperature, SCALED_SOURCE, KEY_BITS), token, Cuts, 1, row, rows)
                 score = tl.where(kept, score, 0.0)

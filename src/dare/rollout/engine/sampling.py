@@ -15,8 +15,13 @@ nuclei of :mod:`dare.rollout.engine.top_p_kernel`; the others as compiled tensor
 (:mod:`dare.rollout.engine.compiled`), whose top-p filter also runs without a sort on CUDA. A kernel failure logs
 one warning and leaves the tensor ops (the sorted filter) in place.
 
-Confidences are float32 for every ``confidence_dtype`` (the eager samplers honour ``model``/``float64``; the
-values differ only by rounding).
+Confidences come from the eager samplers' own softmax and confidence functions
+(:data:`dare.rollout.kernels.CONFIDENCES`) in float32, and the kernel computes them as ``exp(x - max) / sum``, as a
+softmax does (``exp(x - logsumexp)`` rounds ~30x more at trained models' logit sizes and reordered confident
+positions): with float32 logits greedy static decoding commits the positions the eager loop commits. ``float64``
+confidences are computed in float32: positions whose top token has all but less than ~6e-8 of the mass tie at 1.0
+here (committed leftmost first), where float64 still orders them. bf16 / fp16 ``model`` confidences are float32 too
+(the eager samplers round them to the model's dtype, which ties nearly equal ones: :func:`confidence_rounding`).
 """
 
 from __future__ import annotations
@@ -36,7 +41,16 @@ from dare.rollout.engine.noise import (
     uniform,
     vocabulary_salts,
 )
-from dare.rollout.kernels import NEG_INF, Proposal, filter_logits, top_k_active, top_p_active, top_p_sorted
+from dare.rollout.kernels import (
+    CONFIDENCE_DTYPES,
+    CONFIDENCES,
+    NEG_INF,
+    Proposal,
+    filter_logits,
+    top_k_active,
+    top_p_active,
+    top_p_sorted,
+)
 
 log = logging.getLogger("dare.rollout")
 _KERNEL_FAILED = False
@@ -99,8 +113,14 @@ def _top_p_kernel_failed(error: Exception) -> None:
     log.warning("top-p kernel unavailable, using the sorted filter: %s", first_line(error)[:200])
 
 
-def _gathered_prob(scores: torch.Tensor, tokens: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
-    return torch.exp(scores.gather(-1, tokens[..., None]).squeeze(-1) - lse)
+def confidence_rounding(confidence_dtype: str, logits_dtype: torch.dtype) -> torch.dtype | None:
+    """The dtype of the eager samplers' softmax that static steps compute in too: float32 where the eager one is
+    float32 (``float32``, or ``model`` with float32 logits); else None, computed in float32 (``float64``; and, for
+    now, bf16 / fp16 ``model`` confidences: rounding them as the eager samplers do is implemented, ``rounding=`` of
+    :func:`~dare.rollout.engine.proposal_kernel.propose_fused` and :func:`_propose_ops`, but its GPU checks did not
+    pass yet, so bf16 rollouts keep float32 confidences)."""
+    dtype = CONFIDENCE_DTYPES[confidence_dtype] or logits_dtype
+    return dtype if dtype == torch.float32 else None
 
 
 def propose_static(
@@ -121,6 +141,7 @@ def propose_static(
     or compiled (:mod:`dare.rollout.engine.compiled`).
     """
     global _KERNEL_FAILED
+    rounding = confidence_rounding(config.confidence_dtype, logits.dtype)
     filtered = top_p_active(config.top_p)  # served with the nuclei of the top-p kernel, where it runs
     if not _KERNEL_FAILED and proposal_kernel.serves(config, logits) and (
             not filtered or _top_p_kernel_usable(logits)):
@@ -132,7 +153,7 @@ def propose_static(
             tokens, score, logprob = proposal_kernel.propose_fused(
                 logits, eligible, banned=banned, temperature=config.temperature,
                 confidence_source=config.confidence_source, confidence=config.confidence, keys=keys,
-                counters=counters, positions=positions, cuts=cuts)
+                counters=counters, positions=positions, cuts=cuts, rounding=rounding)
             return Proposal(tokens=tokens, confidence=score, logprob=logprob)
         except torch.OutOfMemoryError:
             raise
@@ -143,12 +164,13 @@ def propose_static(
     tokens, score, logprob = _propose(
         logits, eligible, keys, counters, positions, salts, banned=banned, temperature=config.temperature,
         top_p=config.top_p, top_k=config.top_k, top_k_first=config.top_k_first,
-        confidence_source=config.confidence_source, confidence=config.confidence)
+        confidence_source=config.confidence_source, confidence=config.confidence, rounding=rounding)
     return Proposal(tokens=tokens, confidence=score, logprob=logprob)
 
 
 def _propose_ops(logits, eligible, keys, counters, positions, salts, *, banned: int, temperature: float, top_p,
-                 top_k, top_k_first: bool, confidence_source: str, confidence: str):
+                 top_k, top_k_first: bool, confidence_source: str, confidence: str,
+                 rounding: torch.dtype | None = None):
     want_source = proposal_kernel.filters_source(confidence_source, confidence)  # (random reads no source)
     choice = None  # the logits without the banned id, where a filter or the greedy choice reads them
     if top_p_active(top_p) and not top_k_active(top_k, logits.shape[-1]):
@@ -168,6 +190,11 @@ def _propose_ops(logits, eligible, keys, counters, positions, salts, *, banned: 
     if temperature == 0:
         if confidence_source == "logits":
             tokens = (choice if choice is not None else _without(x, banned)).argmax(-1)
+        elif rounding is not None and want_source:
+            # as the eager samplers (Dream's reference): the first of the drawn distribution's most probable tokens
+            # under the source's softmax in their dtype, where bf16 rounding ties nearly equal logits
+            probs = torch.softmax(source.to(rounding), dim=-1)
+            tokens = probs.masked_fill(filtered == NEG_INF, -1.0).argmax(-1)
         else:
             tokens = filtered.argmax(-1)
     else:
@@ -176,15 +203,9 @@ def _propose_ops(logits, eligible, keys, counters, positions, salts, *, banned: 
     if confidence == "random":
         score = uniform(position_hash(keys, counters, positions, STREAM_CONFIDENCE))
     else:
-        lse = torch.logsumexp(source, dim=-1)
-        if confidence == "prob":
-            score = _gathered_prob(source, tokens, lse)
-        elif confidence == "margin":
-            top2 = torch.topk(source, 2, dim=-1).values
-            score = torch.exp(top2[..., 0] - lse) - torch.exp(top2[..., 1] - lse)
-        else:  # neg_entropy
-            probs = torch.exp(source - lse[..., None])
-            score = (probs * torch.log(probs + 1e-10)).sum(-1)
+        # the eager samplers' softmax and confidence functions, in the dtype they round to (float32 for float64)
+        probs = torch.softmax(source.to(rounding or torch.float32), dim=-1)
+        score = CONFIDENCES[confidence](probs, tokens).float()
     score = score.masked_fill(~eligible, NEG_INF)
     logprob = filtered.gather(-1, tokens[..., None]).squeeze(-1) - torch.logsumexp(filtered, dim=-1)
     logprob = logprob.masked_fill(~eligible, 0.0)
