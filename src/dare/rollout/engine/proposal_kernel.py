@@ -13,6 +13,9 @@ vocabulary is read once (H100, ``benchmarks/proposal.py``: LLaDA-8B B=16 window,
 * :func:`_entropy_kernel` - only for the ``neg_entropy`` confidence: a second read of the slices, each program
   merging its position's log-sum-exp first. Dream's reference computes ``sum p log(p + 1e-10)``, and the epsilon
   term needs every ``p``, so the final log-sum-exp, before the sum can start;
+* :func:`_probable_kernel` - only for greedy steps of a sampling source given the eager softmax's dtype
+  (``rounding``): a second read that finds the first most probable token under that softmax, as the eager
+  samplers choose it (nearly equal logits tie where the dtype rounds);
 * :func:`_final_kernel` - one program per position merges the slices, gathers the two logits of the token and
   writes the token, its confidence and its log-probability (``-inf`` / ``0`` at positions that are not eligible).
 
@@ -25,7 +28,7 @@ filtered copy of the logits is written or read. The others keep the compiled ten
 ``DARE_PROPOSAL_KERNEL=0`` turns the kernel off.
 Greedy tokens equal the tensor ops' (both compare the same float32 values; ties go to the first index); Gumbel-max
 tokens equal them unless two noisy keys lie within the float32 rounding of the logarithms. Confidences and log-probabilities differ by float32 rounding
-(one online log-sum-exp instead of a two-pass one); both round confidences alike (``rounding``).
+(one online log-sum-exp instead of a two-pass one); given a ``rounding``, both round confidences alike.
 """
 
 from __future__ import annotations
@@ -120,9 +123,11 @@ def propose_fused(logits: torch.Tensor, eligible: torch.Tensor, *, banned: int, 
     ``processors`` (default: the GPU's multiprocessor count, 8 off CUDA) sets the slices. ``cuts``: the top-p
     nuclei of the ``B x W`` positions (:func:`dare.rollout.engine.top_p_kernel.nucleus_cuts` of these logits,
     with the source's when :func:`filters_source`): tokens are drawn from the drawn nucleus and the confidence
-    reads the source's, as the tensor ops do with the filtered scores. ``rounding`` (bf16 / fp16, from
-    :func:`dare.rollout.engine.sampling.confidence_rounding`): the confidence's values rounded to it where the
-    eager samplers hold them in the model's dtype."""
+    reads the source's, as the tensor ops do with the filtered scores. ``rounding``: the dtype of the eager
+    samplers' softmax (:func:`dare.rollout.engine.sampling.confidence_rounding`; None: float64 or not asked). Given,
+    greedy tokens of a sampling source are its first most probable (:func:`_probable_kernel`, one more read);
+    bf16 / fp16 also round the confidence's values where the eager samplers hold them in that dtype (the engine
+    does not ask for these yet)."""
     b, w, vocab = logits.shape
     rows = b * w
     if logits.stride(-1) != 1:
@@ -325,16 +330,22 @@ if triton is not None:
         tl.store(Best + out, col)
 
     @triton.jit
-    def _source_max_sum(Partial, row, rows, SLICES: tl.constexpr, SLICE_BLOCK: tl.constexpr):
-        """``(max, sum exp(x - max))`` of ``row``'s confidence source (the max 0 where every entry is ``-inf``),
-        merged from its slices' partial records: a probability is ``exp(x - max) / sum``, as a softmax computes
-        it (``exp(x - logsumexp)`` rounds ~30x more at trained models' logit sizes)."""
+    def _merged_record(Partial, plane: tl.constexpr, row, rows, SLICES: tl.constexpr, SLICE_BLOCK: tl.constexpr):
+        """``(max, sum exp(x - max))`` of ``row`` merged from its slices' partial records: planes ``plane`` (max)
+        and ``plane + 1`` (sum); 0 is the sampling distribution's, 2 the confidence source's."""
         total = rows * SLICES
         pieces = tl.arange(0, SLICE_BLOCK)
         used = pieces < SLICES
         at = row * SLICES + pieces
-        m, s = merge_lse(tl.load(Partial + 2 * total + at, mask=used, other=float("-inf")),
-                      tl.load(Partial + 3 * total + at, mask=used, other=0.0))
+        return merge_lse(tl.load(Partial + plane * total + at, mask=used, other=float("-inf")),
+                         tl.load(Partial + (plane + 1) * total + at, mask=used, other=0.0))
+
+    @triton.jit
+    def _source_max_sum(Partial, row, rows, SLICES: tl.constexpr, SLICE_BLOCK: tl.constexpr):
+        """``(max, sum exp(x - max))`` of ``row``'s confidence source (the max 0 where every entry is ``-inf``):
+        a probability is ``exp(x - max) / sum``, as a softmax computes it (``exp(x - logsumexp)`` rounds ~30x more
+        at trained models' logit sizes)."""
+        m, s = _merged_record(Partial, 2, row, rows, SLICES, SLICE_BLOCK)
         return tl.where(m == float("-inf"), 0.0, m), s
 
     @triton.jit
@@ -390,11 +401,7 @@ if triton is not None:
         row = tl.program_id(0)
         piece = tl.program_id(1)
         rows = tl.num_programs(0)
-        total = rows * SLICES
-        pieces = tl.arange(0, SLICE_BLOCK)
-        at = row * SLICES + pieces
-        top, _ = merge_lse(tl.load(Partial + at, mask=pieces < SLICES, other=float("-inf")),
-                           tl.load(Partial + total + at, mask=pieces < SLICES, other=0.0))
+        top, _ = _merged_record(Partial, 0, row, rows, SLICES, SLICE_BLOCK)  # the drawn distribution's max
         m, s = _source_max_sum(Partial, row, rows, SLICES, SLICE_BLOCK)
         target = _rounded(tl.exp(top - m) / s, ROUND)
         target = tl.where(target > 0.0, target, float("inf"))  # probability 0 everywhere: no entry is probable
@@ -446,8 +453,7 @@ if triton is not None:
             scaled = x / temperature
         else:
             scaled = x
-        m, s = merge_lse(tl.load(Partial + at, mask=used, other=float("-inf")),
-                      tl.load(Partial + total + at, mask=used, other=0.0))
+        m, s = _merged_record(Partial, 0, row, rows, SLICES, SLICE_BLOCK)
         logprob = scaled - (m + tl.log(s))
         if ENTROPY:
             score = _rounded(tl.sum(tl.load(Partial + 5 * total + at, mask=used, other=0.0), 0), ROUND)

@@ -187,13 +187,14 @@ def _propose_ops(logits, eligible, keys, counters, positions, salts, *, banned: 
     if not want_source:
         source = x
 
+    # the eager samplers' softmax of the confidence source, in the dtype they round to (float32 for float64)
+    probs = None if confidence == "random" else torch.softmax(source.to(rounding or torch.float32), dim=-1)
     if temperature == 0:
         if confidence_source == "logits":
             tokens = (choice if choice is not None else _without(x, banned)).argmax(-1)
         elif rounding is not None and want_source:
             # as the eager samplers (Dream's reference): the first of the drawn distribution's most probable tokens
             # under the source's softmax in their dtype, where bf16 rounding ties nearly equal logits
-            probs = torch.softmax(source.to(rounding), dim=-1)
             tokens = probs.masked_fill(filtered == NEG_INF, -1.0).argmax(-1)
         else:
             tokens = filtered.argmax(-1)
@@ -202,9 +203,7 @@ def _propose_ops(logits, eligible, keys, counters, positions, salts, *, banned: 
 
     if confidence == "random":
         score = uniform(position_hash(keys, counters, positions, STREAM_CONFIDENCE))
-    else:
-        # the eager samplers' softmax and confidence functions, in the dtype they round to (float32 for float64)
-        probs = torch.softmax(source.to(rounding or torch.float32), dim=-1)
+    else:  # the eager samplers' confidence functions
         score = CONFIDENCES[confidence](probs, tokens).float()
     score = score.masked_fill(~eligible, NEG_INF)
     logprob = filtered.gather(-1, tokens[..., None]).squeeze(-1) - torch.logsumexp(filtered, dim=-1)
