@@ -81,4 +81,4 @@ def counters_hashing_to(keys: torch.Tensor, positions: torch.Tensor, stream: int
     from dare.rollout.engine.noise import position_hash
 
     before = position_hash(keys, torch.zeros(len(targets), dtype=torch.long), positions, stream)[:, 0].tolist()
-    return torch.tensor([unmix32(t) ^ unmix32(h) for t, h in zip(targets, before)], dtype=torch.long)
+    return torch.tensor([unmix32(unmix32(t) ^ unmix32(h)) for t, h in zip(targets, before)], dtype=torch.long)

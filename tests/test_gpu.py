@@ -469,6 +469,20 @@ def test_graph_engine_under_autocast_decodes_with_the_current_weights(overrides)
     assert not torch.equal(outputs[0], outputs[1])  # the update changed what is decoded
 
 
+def test_static_confidences_round_as_the_eager_softmax_does_under_autocast():
+    """bf16 logits: the eager samplers' softmax rounds confidences to bf16, but under CUDA autocast it runs in
+    float32 (softmax is on autocast's float32 list), so static steps round to float32 there."""
+    from dare.rollout.engine.sampling import confidence_rounding
+
+    logits = torch.zeros(1, 2, 8, device="cuda", dtype=torch.bfloat16)
+    probs = torch.softmax(logits, dim=-1)
+    assert confidence_rounding("model", logits) == probs.dtype == torch.bfloat16
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        probs = torch.softmax(logits, dim=-1)
+        assert confidence_rounding("model", logits) == probs.dtype == torch.float32
+        assert confidence_rounding("float64", logits) is None
+
+
 def test_decode_attention_kernels_equal_sdpa_at_decoding_shapes_and_record_in_graphs():
     import torch.nn.functional as F
 

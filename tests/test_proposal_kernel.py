@@ -125,7 +125,7 @@ CHECK = textwrap.dedent("""
     print("top-p max error", worst)
     assert worst < 1e-5, worst
 
-    # confidences in the model's dtype (rounding=bf16; the engine does not ask for it yet): rounded as the eager
+    # confidences in the model's dtype (rounding=bf16, as the engine asks for bf16 logits): rounded as the eager
     # softmax rounds them, and greedy tokens of a sampling source the first of the rounded most probable (the top
     # two logits of every position planted at adjacent values near 0, the larger one later: rounded, they tie)
     for dtype in (torch.bfloat16,):  # (fp16: Dream's log(p + 1e-10) is NaN where p = 0, the epsilon underflows)

@@ -101,11 +101,14 @@ def test_block_diffusion_static_equals_eager(family, sampler, overrides):
     ("llada", "llada", dict(cache="none", decoder="quota"), torch.float32, 30.0),
     ("llada", "fastdllm", dict(cache="dual", decoder="quota"), torch.float32, 30.0),
     ("dream", "dream", dict(cache="none"), torch.float32, 30.0),
+    ("llada", "llada", dict(cache="none", decoder="quota"), torch.bfloat16, 0.0),
+    ("dream", "dream", dict(cache="none"), torch.bfloat16, 0.0),
 ])
 def test_confident_models_static_equals_eager(family, sampler, overrides, dtype, shift):
     """Confidences as the eager samplers compute them, for very confident float32 models (LM head x150, logits
     shifted by +30) whose confidences sit within a few float32 ulps of each other: ``exp(x - logsumexp)`` reordered
-    them (LLaDA rows took other step maps)."""
+    them (LLaDA rows took other step maps). bf16 models: the eager softmax rounds confidences to bf16, where nearly
+    equal ones tie and the leftmost commits first; float32 confidences ordered them otherwise."""
     model = sharp_model(family, scale=150.0 if dtype == torch.float32 else 50.0, dtype=dtype)
     hook = model.get_output_embeddings().register_forward_hook(lambda module, inputs, out: out + shift)
     ids, mask = padded([9, 14, 5, 11, 7, 12])
@@ -140,8 +143,8 @@ def test_greedy_tokens_of_a_sampling_source_are_the_first_most_probable_in_the_s
         logits, eligible, row_keys([0] * rows, "cpu"), torch.zeros(rows, dtype=torch.long),
         torch.zeros(1, dtype=torch.long), None, banned=vocab - 1, temperature=0.0, top_p=None, top_k=None,
         top_k_first=False, confidence_source="sampling", confidence="prob",
-        rounding=dtype)  # the rounding the engine does not switch on for bf16 / fp16 yet (confidence_rounding)
-    assert confidence_rounding("model", dtype) == (dtype if dtype == torch.float32 else None)
+        rounding=dtype)
+    assert confidence_rounding("model", logits) == (None if dtype == torch.float16 else dtype)
     assert torch.equal(eager.tokens, tokens)
     assert torch.equal(eager.confidence.float(), score)
     if dtype == torch.bfloat16:
@@ -305,6 +308,25 @@ def test_gumbel_noise_samples_the_softmax():
     # the counter advances the stream; another step gives other draws
     base2 = position_hash(keys, torch.ones(rows, dtype=torch.long), torch.arange(positions), stream=1)
     assert not torch.equal(base, base2)
+
+
+def test_a_noise_collision_between_two_positions_does_not_repeat_step_after_step():
+    """Two positions whose hashes before the step counter differ by ``d`` (small) collide at steps ``(c, c ^ d)``.
+    With the counter XORed in raw, that collision came back at every such pair of steps (256 of 256 here): the two
+    positions drew the same noise for a whole generation. Mixed first, it is as rare as any other collision."""
+    keys = row_keys([7], "cpu")
+    positions = torch.arange(1 << 16)
+    before = position_hash(keys, torch.zeros(1, dtype=torch.long), positions, stream=1)[0]
+    inner = torch.tensor([unmix32(h) for h in before.tolist()])  # the hash each position has before the counter
+    order = torch.argsort(inner >> 8)
+    near = ((inner[order] >> 8)[1:] == (inner[order] >> 8)[:-1]).nonzero()[0, 0]
+    p1, p2 = order[near], order[near + 1]
+    d = int(inner[p1] ^ inner[p2])
+    assert 0 < d < 256
+    steps = torch.arange(256)
+    first = position_hash(keys.expand(256, 2), steps, p1.view(1), stream=1)[:, 0]
+    second = position_hash(keys.expand(256, 2), steps ^ d, p2.view(1), stream=1)[:, 0]
+    assert int((first == second).sum()) <= 1
 
 
 def test_the_largest_hash_draws_neither_a_removed_nor_an_improbable_token():

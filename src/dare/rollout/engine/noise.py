@@ -42,12 +42,16 @@ def row_keys(seeds: list[int], device) -> torch.Tensor:
 
 
 def position_hash(keys: torch.Tensor, counters: torch.Tensor, positions: torch.Tensor, stream: int) -> torch.Tensor:
-    """``[B, W]`` hashes of (row key ``[B, 2]``, row step ``[B]``, completion position ``[W]`` or ``[B, W]``, stream)."""
+    """``[B, W]`` hashes of (row key ``[B, 2]``, row step ``[B]``, completion position ``[W]`` or ``[B, W]``, stream).
+
+    The step counter is mixed before it joins the position's hash: XORed in raw, a collision between
+    ``(p1, step c1)`` and ``(p2, step c2)`` (hashes before the counter differing by ``c1 ^ c2``) would repeat at
+    every pair of steps with the same difference, the same two positions drawing the same noise step after step."""
     pos = positions if positions.ndim == 2 else positions[None, :]
     h = mix32((pos.long() + stream * GOLDEN) & MASK32)
     h = mix32(h ^ keys[:, 0:1])
     h = mix32(h ^ keys[:, 1:2])
-    return mix32(h ^ (counters[:, None].long() & MASK32))
+    return mix32(h ^ mix32(counters[:, None].long() & MASK32))
 
 
 def uniform(hashes: torch.Tensor) -> torch.Tensor:

@@ -127,7 +127,7 @@ def propose_fused(logits: torch.Tensor, eligible: torch.Tensor, *, banned: int, 
     samplers' softmax (:func:`dare.rollout.engine.sampling.confidence_rounding`; None: float64 or not asked). Given,
     greedy tokens of a sampling source are its first most probable (:func:`_probable_kernel`, one more read);
     bf16 / fp16 also round the confidence's values where the eager samplers hold them in that dtype (the engine
-    does not ask for these yet)."""
+    asks for bf16)."""
     b, w, vocab = logits.shape
     rows = b * w
     if logits.stride(-1) != 1:
@@ -203,7 +203,7 @@ if triton is not None:
         h = _mix32(((p + STREAM * GOLDEN) & 0xFFFFFFFF).to(tl.uint32))
         h = _mix32(h ^ tl.load(Keys + 2 * b).to(tl.uint32))
         h = _mix32(h ^ tl.load(Keys + 2 * b + 1).to(tl.uint32))
-        return _mix32(h ^ (tl.load(Counters + b).to(tl.int64) & 0xFFFFFFFF).to(tl.uint32))
+        return _mix32(h ^ _mix32((tl.load(Counters + b).to(tl.int64) & 0xFFFFFFFF).to(tl.uint32)))
 
     _UNIFORM_SHIFT = tl.constexpr(UNIFORM_SHIFT)
     _UNIFORM_SCALE = tl.constexpr(UNIFORM_SCALE)

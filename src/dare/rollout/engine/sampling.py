@@ -20,8 +20,9 @@ Confidences come from the eager samplers' own softmax and confidence functions
 softmax does (``exp(x - logsumexp)`` rounds ~30x more at trained models' logit sizes and reordered confident
 positions): with float32 logits greedy static decoding commits the positions the eager loop commits. ``float64``
 confidences are computed in float32: positions whose top token has all but less than ~6e-8 of the mass tie at 1.0
-here (committed leftmost first), where float64 still orders them. bf16 / fp16 ``model`` confidences are float32 too
-(the eager samplers round them to the model's dtype, which ties nearly equal ones: :func:`confidence_rounding`).
+here (committed leftmost first), where float64 still orders them. bf16 ``model`` confidences are rounded to bf16 as
+the eager samplers' softmax rounds them (nearly equal ones tie, and the leftmost commits first); fp16 ones are
+float32 (:func:`confidence_rounding`).
 """
 
 from __future__ import annotations
@@ -113,14 +114,15 @@ def _top_p_kernel_failed(error: Exception) -> None:
     log.warning("top-p kernel unavailable, using the sorted filter: %s", first_line(error)[:200])
 
 
-def confidence_rounding(confidence_dtype: str, logits_dtype: torch.dtype) -> torch.dtype | None:
-    """The dtype of the eager samplers' softmax that static steps compute in too: float32 where the eager one is
-    float32 (``float32``, or ``model`` with float32 logits); else None, computed in float32 (``float64``; and, for
-    now, bf16 / fp16 ``model`` confidences: rounding them as the eager samplers do is implemented, ``rounding=`` of
-    :func:`~dare.rollout.engine.proposal_kernel.propose_fused` and :func:`_propose_ops`, but its GPU checks did not
-    pass yet, so bf16 rollouts keep float32 confidences)."""
-    dtype = CONFIDENCE_DTYPES[confidence_dtype] or logits_dtype
-    return dtype if dtype == torch.float32 else None
+def confidence_rounding(confidence_dtype: str, logits: torch.Tensor) -> torch.dtype | None:
+    """The dtype the eager samplers' confidence softmax rounds to, which static steps round to too: ``model`` takes
+    the logits' dtype, except under CUDA autocast, whose softmax runs in float32 (LoRA rollouts under autocast);
+    float32 and bf16 are matched; None (computed in float32, not rounded) for ``float64`` and fp16 (where Dream's
+    ``p log(p + 1e-10)`` is NaN at p = 0, the epsilon underflowing, in the eager samplers too)."""
+    dtype = CONFIDENCE_DTYPES[confidence_dtype] or logits.dtype
+    if dtype in (torch.bfloat16, torch.float16) and logits.is_cuda and torch.is_autocast_enabled("cuda"):
+        dtype = torch.float32
+    return dtype if dtype in (torch.float32, torch.bfloat16) else None
 
 
 def propose_static(
@@ -141,7 +143,7 @@ def propose_static(
     or compiled (:mod:`dare.rollout.engine.compiled`).
     """
     global _KERNEL_FAILED
-    rounding = confidence_rounding(config.confidence_dtype, logits.dtype)
+    rounding = confidence_rounding(config.confidence_dtype, logits)
     filtered = top_p_active(config.top_p)  # served with the nuclei of the top-p kernel, where it runs
     if not _KERNEL_FAILED and proposal_kernel.serves(config, logits) and (
             not filtered or _top_p_kernel_usable(logits)):
@@ -168,6 +170,36 @@ def propose_static(
     return Proposal(tokens=tokens, confidence=score, logprob=logprob)
 
 
+def _softmax_in(source: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``softmax(source.to(dtype))``, as the eager samplers take it; a bf16 / fp16 one outside compiled code."""
+    if dtype == torch.float32:
+        return torch.softmax(source.float(), dim=-1)
+    return _rounded_softmax(source, dtype)
+
+
+def _confidence_in(confidence: str, probs: torch.Tensor, tokens: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """float32 scores of the eager samplers' confidence function on ``probs`` (held in ``dtype``); bf16 / fp16
+    ones outside compiled code."""
+    if dtype == torch.float32:
+        return CONFIDENCES[confidence](probs, tokens).float()
+    return _rounded_confidence(confidence, probs, tokens)
+
+
+# Rounded (bf16 / fp16) confidences run eagerly, a graph break of the compiled ops: the eager samplers round every
+# value of their softmax and confidence functions, and compiled code, even with Inductor emulating precision casts,
+# did not (bf16 probabilities of tempered logits a few ulps off the eager ones in most positions at a 126k
+# vocabulary, Dream's entropy in some; H100), where the proposal kernel and the eager ops agree bit for bit.
+
+@torch.compiler.disable
+def _rounded_softmax(source: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return torch.softmax(source.to(dtype), dim=-1)
+
+
+@torch.compiler.disable
+def _rounded_confidence(confidence: str, probs: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    return CONFIDENCES[confidence](probs, tokens).float()
+
+
 def _propose_ops(logits, eligible, keys, counters, positions, salts, *, banned: int, temperature: float, top_p,
                  top_k, top_k_first: bool, confidence_source: str, confidence: str,
                  rounding: torch.dtype | None = None):
@@ -188,7 +220,7 @@ def _propose_ops(logits, eligible, keys, counters, positions, salts, *, banned: 
         source = x
 
     # the eager samplers' softmax of the confidence source, in the dtype they round to (float32 for float64)
-    probs = None if confidence == "random" else torch.softmax(source.to(rounding or torch.float32), dim=-1)
+    probs = None if confidence == "random" else _softmax_in(source, rounding or torch.float32)
     if temperature == 0:
         if confidence_source == "logits":
             tokens = (choice if choice is not None else _without(x, banned)).argmax(-1)
@@ -204,7 +236,7 @@ def _propose_ops(logits, eligible, keys, counters, positions, salts, *, banned: 
     if confidence == "random":
         score = uniform(position_hash(keys, counters, positions, STREAM_CONFIDENCE))
     else:  # the eager samplers' confidence functions
-        score = CONFIDENCES[confidence](probs, tokens).float()
+        score = _confidence_in(confidence, probs, tokens, rounding or torch.float32)
     score = score.masked_fill(~eligible, NEG_INF)
     logprob = filtered.gather(-1, tokens[..., None]).squeeze(-1) - torch.logsumexp(filtered, dim=-1)
     logprob = logprob.masked_fill(~eligible, 0.0)
