@@ -6,7 +6,7 @@ import sys
 import pytest
 import yaml
 
-from dare.config import describe, parse_overrides
+from dare.config import describe, parse_overrides, plain
 from dare.errors import ConfigError
 from dare.trainer.config import TrainConfig, load_train_config
 
@@ -19,7 +19,9 @@ def test_yaml_plus_overrides(tmp_path):
     assert cfg.optim.lr == 2e-5 and cfg.trainer.batch_size == 4 and cfg.data.packing is True
     assert cfg.optim.betas == [0.9, 0.95] and cfg.lora.target_modules is None
     assert cfg.algorithm.name == "sft" and cfg.algorithm.normalize == "d1" and cfg.algorithm.t_min == 1e-3
-    assert parse_overrides(["a.b=3", "a.c=x y"]) == {"a": {"b": 3, "c": "x y"}}
+    given = parse_overrides(["a.b=3", "a.c=x y", "a.d=0123"])
+    assert plain(given) == {"a": {"b": 3, "c": "x y", "d": "0123"}}  # 0123: YAML 1.1's octal 83, as written here
+    assert given["a"]["b"] == "3" and given["a"]["b"].parsed == 3  # the text, and its reading for a number field
 
 
 @pytest.mark.parametrize("override, message", [

@@ -134,7 +134,7 @@ def test_a_fewshot_file_as_long_as_the_shots_is_usable(tmp_path, capsys):
       "--point", "sampler=fastdllm,threshold=0.7,threshold=0.5"],
      "error: --point 'sampler=fastdllm,threshold=0.7,threshold=0.5' sets threshold twice"),
     (["eval", "sweep", "--model", "tiny:llada", "--benchmark", "gsm8k", "--data", TINY_GEN, "--out", "{out}",
-      "--grid", "sampler=llada:seed=1,2"], "error: --point/--grid seed=1 is not used by dare eval: pass --seed 1"),
+      "--grid", "sampler=llada:seed=1,2"], "error: point 0 (sampler=llada, seed=1): --point/--grid seed=1 is not used by dare eval: pass --seed 1"),
 ])
 def test_a_setting_given_twice_is_a_one_line_error(argv, message, tmp_path, capsys, no_model):
     argv = [str(tmp_path / "sweep") if a == "{out}" else a for a in argv]

@@ -15,7 +15,7 @@ import sys
 
 from dare import __version__
 from dare.errors import DareError, closest
-from dare.progress import close_progress_bars
+from dare.progress import close_progress_bars, quiet_transformers
 
 COMMANDS = {
     "demo": "dare.commands.demo",
@@ -118,7 +118,8 @@ def main(argv: list[str] | None = None) -> int:
         from dare.rollout.engine import check_environment  # imports torch: not for --help
 
         check_environment()
-        return module.run(args) or 0
+        with quiet_transformers():  # transformers' bars and info logs stay out of the command's log
+            return module.run(args) or 0
     except DareError as err:
         print(f"error: {err.cli_message}", file=sys.stderr)
         return 2

@@ -2,9 +2,11 @@
 
 * Every field has a type annotation and an attribute docstring (the string literal under it);
   :func:`describe` lists them (``dare train --show-config``).
-* Unknown keys are errors naming the closest valid key (``unknown config key 'optim.lrr' (did you mean
-  'optim.lr'?)``); values are checked against the annotation (``int``, ``float``, ``bool``, ``str``,
+* Unknown keys are errors naming the closest valid key of the whole config (``unknown config key 'lr' (did you
+  mean 'optim.lr'?)``); values are checked against the annotation (``int``, ``float`` (finite), ``bool``, ``str``,
   ``X | None``, ``list[X]``, ``dict``, nested dataclasses).
+* ``key=value`` overrides are read as YAML, but a ``str`` field keeps the text as given (``0123`` is not octal 83,
+  ``12:30`` not 750) and a switch is spelt ``true``/``false`` (:data:`BOOLEANS`), as ``dare generate -o`` spells it.
 * A field annotated ``Any`` keeps its raw mapping; the owner resolves it (e.g. the algorithm section,
   whose schema depends on ``algorithm.name``).
 """
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import functools
 import inspect
 import math
 import os
@@ -63,15 +66,69 @@ def env_switch(name: str, default: bool) -> bool:
     return value == "1"
 
 
+BOOLEANS = {"true": True, "false": False}
+"""How a switch is spelt in text (any case): a ``key=value`` override, ``dare generate -o``, ``--point`` ... one
+spelling each way; ``yes``/``no``/``on``/``off``/``0``/``1`` are refused, not read as YAML 1.1 or Python would."""
+
+
+def parse_boolean(text: str) -> bool | None:
+    """``True``/``False`` for a spelling of :data:`BOOLEANS`, None for any other text."""
+    return BOOLEANS.get(text.strip().lower())
+
+
+class Text(str):
+    """A scalar's text as written in a recipe or an override, carrying YAML's reading of it (``parsed``): a ``str``
+    field keeps the text (``0123``, ``12:30``, ``1.50``), any other field takes the reading (:func:`_coerce`). The
+    reading is the text itself where YAML 1.1 would misread it: octal ``0123`` (83), sexagesimal ``12:30`` (750),
+    ``yes``/``no``/``on``/``off`` (switches are spelt ``true``/``false``, :data:`BOOLEANS`)."""
+
+    parsed: Any
+
+    def __new__(cls, text: str, parsed):
+        self = super().__new__(cls, text)
+        self.parsed = parsed
+        return self
+
+
+def plain(value):
+    """``value`` with every :class:`Text` inside replaced by its reading (for fields that keep raw values)."""
+    if isinstance(value, Text):
+        return value.parsed
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(plain(v) for v in value)
+    return value
+
+
+def _reading(text: str, value):
+    """YAML's reading ``value`` of plain scalar ``text`` where it reads as written, else the text (see :class:`Text`):
+    a number must be the number Python reads in the text (``0123`` is 123 there, 83 in YAML 1.1), a switch must be
+    spelt ``true``/``false``."""
+    if isinstance(value, bool):
+        return value if parse_boolean(text) is not None else text
+    if isinstance(value, float) and not math.isfinite(value):
+        return value  # .inf / .nan: the float field's own error says it must be finite
+    if isinstance(value, (int, float)):
+        try:
+            return value if type(value)(text) == value else text
+        except ValueError:
+            return text
+    return value
+
+
 def _type_name(tp) -> str:
     return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
 
 
-def _coerce(value, tp, key: str):
-    """Check ``value`` against annotation ``tp``; return the (possibly converted) value."""
-    if tp is Any:
-        return value
+def _coerce(value, tp, key: str, known: typing.Sequence[str] = ()):
+    """Check ``value`` against annotation ``tp``; return the (possibly converted) value. ``known``: every key of the
+    config tree being built (for an unknown key's hint)."""
     origin = typing.get_origin(tp)
+    if tp is Any:
+        return plain(value)
+    if isinstance(value, Text) and tp is not str and origin not in (typing.Union, types.UnionType):
+        value = value.parsed  # a str field keeps the text as given, any other takes its reading
     if origin in (typing.Union, types.UnionType):
         args = typing.get_args(tp)
         if value is None:
@@ -83,7 +140,7 @@ def _coerce(value, tp, key: str):
             if arg is type(None):
                 continue
             try:
-                return _coerce(value, arg, key)
+                return _coerce(value, arg, key, known)
             except ConfigError as err:
                 errors.append(str(err))
         raise ConfigError(errors[0] if errors else f"config key '{key}': invalid value {value!r}")
@@ -98,12 +155,12 @@ def _coerce(value, tp, key: str):
         if not isinstance(value, (list, tuple)):
             raise ConfigError(f"config key '{key}': expected a list, got {value!r}")
         (inner, *_) = typing.get_args(tp) or (Any,)
-        items = [_coerce(v, inner, f"{key}[{i}]") for i, v in enumerate(value)]
+        items = [_coerce(v, inner, f"{key}[{i}]", known) for i, v in enumerate(value)]
         return items if origin is list else tuple(items)
     if origin is dict or tp is dict:
         if not isinstance(value, dict):
             raise ConfigError(f"config key '{key}': expected a mapping, got {value!r}")
-        return dict(value)
+        return plain(dict(value))
     if dataclasses.is_dataclass(tp):
         if isinstance(value, tp):
             return value
@@ -111,7 +168,7 @@ def _coerce(value, tp, key: str):
             return tp()
         if not isinstance(value, dict):
             raise ConfigError(f"config key '{key}': expected a mapping of {_type_name(tp)} fields, got {value!r}")
-        return from_dict(tp, value, prefix=f"{key}.")
+        return from_dict(tp, value, prefix=f"{key}.", known=known)
     if tp is bool:
         if isinstance(value, bool):
             return value
@@ -121,15 +178,16 @@ def _coerce(value, tp, key: str):
             return value
         raise ConfigError(f"config key '{key}': expected an integer, got {value!r}")
     if tp is float:
+        number = None
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):  # YAML 1.1 reads ``3e-3`` (no dot) as a string
+            number = float(value)
+        elif isinstance(value, str):  # YAML 1.1 reads ``3e-3`` (no dot) as a string
             try:
                 number = float(value)
             except ValueError:
-                number = None
-            if number is not None and math.isfinite(number):
-                return number
+                pass
+        if number is not None and math.isfinite(number):
+            return number
         raise ConfigError(f"config key '{key}': expected a number, got {value!r}")
     if tp is str:
         if isinstance(value, (str, int, float)) and not isinstance(value, bool):
@@ -138,17 +196,47 @@ def _coerce(value, tp, key: str):
     return value
 
 
-def from_dict(cls, data: dict | None, prefix: str = ""):
-    """Build dataclass ``cls`` from a mapping; unknown keys and ill-typed values raise :class:`ConfigError`."""
+def config_keys(cls, prefix: str = "") -> list[str]:
+    """Every dotted key of config tree ``cls``: its sections and their fields (``optim``, ``optim.lr``, ...)."""
+    hints = typing.get_type_hints(cls)
+    keys = []
+    for f in (f for f in dataclasses.fields(cls) if f.init):
+        keys.append(prefix + f.name)
+        if dataclasses.is_dataclass(hints[f.name]):
+            keys += config_keys(hints[f.name], f"{prefix}{f.name}.")
+    return keys
+
+
+def closest_key(key: str, known: typing.Iterable[str]) -> str | None:
+    """The key of ``known`` (every dotted key of a config) that ``key`` most likely stands for: one with the same last
+    part (``lr`` and ``trainer.lr`` -> ``optim.lr``), else a sibling with the closest last part (``optim.lrr`` ->
+    ``optim.lr``), else any key with the closest last part (``temprature`` -> ``rollout.sampler.temperature``); the
+    shallowest of several."""
+    known = list(known)
+    parent, _, part = key.rpartition(".")
+    siblings = [k for k in known if k.rpartition(".")[0] == parent]
+
+    def named(name: str | None, keys: list[str]) -> str | None:
+        return min((k for k in keys if k.rpartition(".")[2] == name), key=lambda k: k.count("."), default=None)
+
+    def near(keys: list[str]) -> str | None:
+        return named(closest(part, {k.rpartition(".")[2] for k in keys}), keys)
+
+    return named(part, known) or near(siblings) or near(known)
+
+
+def from_dict(cls, data: dict | None, prefix: str = "", known: typing.Sequence[str] | None = None):
+    """Build dataclass ``cls`` from a mapping; unknown keys and ill-typed values raise :class:`ConfigError`. An
+    unknown key's hint comes from ``known``, every key of the whole config (default: ``cls``'s tree)."""
     data = dict(data or {})
     hints = typing.get_type_hints(cls)
     names = [f.name for f in dataclasses.fields(cls) if f.init]
+    known = config_keys(cls, prefix) if known is None else known
     for key in data:
         if key not in names:
-            full = f"{prefix}{key}"
-            hint = closest(str(key), names)
-            extra = f" (did you mean '{prefix}{hint}'?)" if hint else f"; valid keys: {', '.join(prefix + n for n in names)}"
-            raise ConfigError(f"unknown config key '{full}'{extra}")
+            hint = closest_key(f"{prefix}{key}", known)
+            extra = f" (did you mean '{hint}'?)" if hint else f"; valid keys: {', '.join(prefix + n for n in names)}"
+            raise ConfigError(f"unknown config key '{prefix}{key}'{extra}")
     factories = {f.name: f.default_factory for f in dataclasses.fields(cls)
                  if f.init and f.default_factory is not dataclasses.MISSING and dataclasses.is_dataclass(hints[f.name])}
     kwargs = {}
@@ -159,7 +247,7 @@ def from_dict(cls, data: dict | None, prefix: str = ""):
             default = factories[name]()
             value = {**{f.name: getattr(default, f.name) for f in dataclasses.fields(default) if f.init},
                      **(value or {})}
-        kwargs[name] = _coerce(value, hints[name], f"{prefix}{name}")
+        kwargs[name] = _coerce(value, hints[name], f"{prefix}{name}", known)
     try:
         return cls(**kwargs)
     except TypeError as err:  # a required field without default
@@ -177,26 +265,44 @@ def to_dict(obj) -> Any:
     return obj
 
 
-def parse_overrides(overrides: list[str]) -> dict:
-    """``["a.b=1", "c=x"]`` -> nested dict with YAML-typed values (``1`` is an int, ``null`` is None)."""
+def _override_value(raw: str):
+    """The value of one override's text, read as a recipe's plain scalar is (:class:`Text`): ``null`` / ``~`` None,
+    lists and mappings YAML's, quoted or tagged text YAML's, any other scalar a :class:`Text`; malformed YAML (or a
+    comment, ``#x``) is kept as text."""
     from omegaconf import OmegaConf
 
+    text = raw.strip()
+    if not text:
+        return ""
+    if parse_boolean(text) is not None:  # any case: tRuE as well
+        return Text(text, parse_boolean(text))
+    try:
+        value = OmegaConf.to_container(OmegaConf.create(f"v: {text}"))["v"]
+    except Exception:  # malformed YAML value: keep the text
+        return raw
+    if isinstance(value, (list, dict)) or text[0] in "'\"!":  # a list, a mapping, quoted or tagged text
+        return value
+    if value is None:
+        return None if text.lower() == "null" or text == "~" else text
+    return Text(text, _reading(text, value))
+
+
+def parse_overrides(overrides: list[str]) -> dict:
+    """``["a.b=1", "c=x"]`` -> nested dict with YAML-typed values (``1`` is an int, ``null`` is None; text that YAML
+    1.1 would misread stays text, :func:`_override_value`). A key given twice takes its last value, so that a script
+    can put shared overrides first and its own after them."""
     tree: dict = {}
     for item in overrides:
         if "=" not in item or item.startswith("="):
             raise ConfigError(f"override '{item}' must look like key=value")
         key, raw = item.split("=", 1)
-        try:
-            value = OmegaConf.to_container(OmegaConf.create(f"v: {raw}" if raw.strip() else "v: ''"))["v"]
-        except Exception:  # malformed YAML value: keep the text
-            value = raw
         node = tree
         parts = key.strip().split(".")
         for part in parts[:-1]:
             node = node.setdefault(part, {})
             if not isinstance(node, dict):
                 raise ConfigError(f"override '{item}' conflicts with another override of '{part}'")
-        node[parts[-1]] = value
+        node[parts[-1]] = _override_value(raw)
     return tree
 
 
@@ -242,9 +348,29 @@ def _reject_repeated_keys(loader, node, path: tuple = (), visited: set | None = 
         _reject_repeated_keys(loader, value_node, (*path, getattr(key_node, "value", "?")), visited)
 
 
-def load_yaml(path: str | Path) -> dict:
+@functools.cache
+def _recipe_loader():
+    """A YAML 1.1 safe loader whose plain booleans, numbers and dates are :class:`Text` (read as overrides are)."""
+    import yaml
+
+    class RecipeLoader(yaml.SafeLoader):
+        pass
+
+    def scalar(loader, node):
+        text = node.value
+        base = yaml.SafeLoader.yaml_constructors[node.tag](loader, node)
+        return base if node.style is not None else Text(text, _reading(text, base))
+
+    for tag in ("bool", "int", "float", "timestamp"):
+        RecipeLoader.add_constructor(f"tag:yaml.org,2002:{tag}", scalar)
+    return RecipeLoader
+
+
+def load_yaml(path: str | Path, texts: bool = False) -> dict:
     """Read a YAML mapping (one-line error for a missing file, bad YAML, an empty file or one holding only comments,
-    and a key given twice in one mapping: a section or a setting)."""
+    and a key given twice in one mapping: a section or a setting). Plain scalars YAML 1.1 would misread (``0123``,
+    ``12:30``, ``yes``) are their text; ``texts``: every plain boolean, number and date a :class:`Text`, for a typed
+    config (:func:`from_dict`: a ``str`` field keeps the text as written)."""
     import yaml
 
     path = Path(path)
@@ -252,7 +378,7 @@ def load_yaml(path: str | Path) -> dict:
         raise ConfigError(f"config file {path} is a directory, not a YAML file")
     if not path.is_file():
         raise ConfigError(f"config file {path} does not exist")
-    loader = yaml.SafeLoader(path.read_text())
+    loader = _recipe_loader()(path.read_text())
     try:
         node = loader.get_single_node()
         if node is not None:
@@ -270,7 +396,7 @@ def load_yaml(path: str | Path) -> dict:
         raise ConfigError(f"{path} is empty")
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of sections")
-    return data
+    return data if texts else plain(data)
 
 
 def yaml_text(data: dict) -> str:

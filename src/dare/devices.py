@@ -2,27 +2,46 @@
 
 from __future__ import annotations
 
-from dare.errors import ConfigError
+from dare.errors import ConfigError, closest
+
+ACCELERATORS = ("cuda", "xpu", "mps", "mtia")
+"""Device types whose torch module (``torch.cuda``, ``torch.xpu``, ...) says whether this machine has one and how
+many; any other type but ``cpu`` (``meta``, ``hpu``, ...) is not one DARE can run on."""
+
+
+def available_devices() -> list[str]:
+    """``cpu`` and each accelerator type torch reports available on this machine, e.g. ``['cpu', 'cuda']``."""
+    import torch
+
+    return ["cpu", *(kind for kind in ACCELERATORS if getattr(torch, kind).is_available())]
 
 
 def resolve_device(name: str | None, what: str = "--device"):
-    """``torch.device`` of ``name``: None / ``auto`` = CUDA when available, else CPU. A CUDA device on a machine
-    without CUDA (or an index beyond its GPUs) and an unknown device name are one-line errors naming ``what``."""
+    """``torch.device`` of ``name``: None / ``auto`` = CUDA when available, else CPU. A device this machine does not
+    have (``cuda`` without CUDA, ``mps`` off a Mac, an index beyond its GPUs), ``meta`` (no data to compute with) and
+    an unknown device name are one-line errors naming ``what`` and the devices available."""
     import torch
 
     if name is None or name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    available = available_devices()
+    use = " or ".join(f"{what} {kind}" if what.startswith("-") else f"{what}='{kind}'" for kind in available)
     try:
         device = torch.device(name)
     except (RuntimeError, ValueError):
-        raise ConfigError(f"{what} {name}: not a torch device (cpu, cuda, cuda:1, ...)") from None
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            use = f"{what} cpu" if what.startswith("-") else f"{what}='cpu'"
-            raise ConfigError(f"{what} {name}: CUDA is not available on this machine (use {use})")
-        if device.index is not None and device.index >= torch.cuda.device_count():
-            raise ConfigError(f"{what} {name}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+        hint = closest(name.split(":")[0], ["cpu", *ACCELERATORS])
+        raise ConfigError(f"{what} {name}: not a torch device" + (f" (did you mean '{hint}'?)" if hint else "")
+                          + f"; this machine has: {', '.join(available)}") from None
+    if device.type == "cpu":
+        return device
+    if device.type not in available:
+        why = ("the meta device holds no data, so nothing can run on it" if device.type == "meta"
+               else f"{device.type.upper()} is not available on this machine")
+        raise ConfigError(f"{what} {name}: {why} (use {use})")
+    count = getattr(torch, device.type).device_count()
+    if device.index is not None and device.index >= count:
+        raise ConfigError(f"{what} {name}: this machine has {count} {device.type.upper()} device(s)")
     return device
 
 
-__all__ = ["resolve_device"]
+__all__ = ["ACCELERATORS", "available_devices", "resolve_device"]

@@ -49,10 +49,25 @@ def and_join(names: list[str]) -> str:
     return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
 
 
+SYNONYMS = {"gpu": ("cuda", "device")}
+"""Words users give for a choice, with the choices they stand for: :func:`closest` suggests the first of them among
+the choices (``--device gpu`` -> ``cuda``, not ``cpu``; the config key ``gpu`` -> ``device``)."""
+
+
 def closest(name: str, choices: Iterable[str]) -> str | None:
-    """Return the choice most similar to ``name`` (for 'did you mean' hints), or None."""
-    matches = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.5)
-    return matches[0] if matches else None
+    """Return the choice most similar to ``name`` (for 'did you mean' hints), or None: a synonym's choice
+    (:data:`SYNONYMS`), else the one choice ``name`` abbreviates (``temp`` -> ``temperature``), else the most
+    similar spelling. Leading dashes are not compared (``--gpu`` is not close to ``--help``)."""
+    bare = {choice.lstrip("-"): choice for choice in choices}
+    key = name.lstrip("-")
+    synonym = next((word for word in SYNONYMS.get(key.lower(), ()) if word in bare), None)
+    if synonym is not None:
+        return bare[synonym]
+    longer = [choice for bare_choice, choice in bare.items() if bare_choice.startswith(key) and key]
+    if len(longer) == 1 and key not in bare:
+        return longer[0]
+    matches = difflib.get_close_matches(key, list(bare), n=1, cutoff=0.5)
+    return bare[matches[0]] if matches else None
 
 
 def unknown_choice(kind: str, name: str, choices: Iterable[str]) -> ConfigError:

@@ -8,7 +8,8 @@ whole ``\\n``-ended lines and never ``\\r``: at most one every ``DARE_PROGRESS_I
 while work goes on, and one final line when it is closed.
 
 Every progress bar of DARE is made here; :func:`close_progress_bars` ends the open ones (the CLI calls it on
-Ctrl-C so that "interrupted" gets a line of its own).
+Ctrl-C so that "interrupted" gets a line of its own), and :func:`quiet_transformers` keeps transformers' own bars
+and info logs out of a command's output.
 """
 
 from __future__ import annotations
@@ -217,7 +218,7 @@ def close_progress_bars() -> None:
 
 
 __all__ = ["DEFAULT_INTERVAL", "INTERVAL_VARIABLE", "PlainProgress", "close_progress_bars", "draws_bars",
-           "hf_progress_bars", "progress_bar", "progress_interval"]
+           "hf_progress_bars", "progress_bar", "progress_interval", "quiet_transformers"]
 
 
 @contextlib.contextmanager
@@ -235,3 +236,27 @@ def hf_progress_bars(enabled: bool):
         yield
     finally:
         (hf_logging.enable_progress_bar if before else hf_logging.disable_progress_bar)()
+
+
+@contextlib.contextmanager
+def quiet_transformers():
+    """transformers' own output kept out of a ``dare`` command's log for the block, restored after: its progress bars
+    and the hub's ("Loading weights", "Writing model shards", downloads) off where stderr draws no bars (a log or a
+    pipe, where their ``\r`` redraws run together; on a terminal the loading code shows them, :func:`hf_progress_bars`),
+    and its info-level logging off (warnings stay visible; ``TRANSFORMERS_VERBOSITY`` set by the user wins)."""
+    from huggingface_hub import utils as hub
+    from transformers.utils import logging as hf_logging
+
+    bars, downloads, verbosity = (hf_logging.is_progress_bar_enabled(), not hub.are_progress_bars_disabled(),
+                                  hf_logging.get_verbosity())
+    if not draws_bars(sys.stderr):
+        hf_logging.disable_progress_bar()
+        hub.disable_progress_bars()
+    if verbosity < hf_logging.WARNING and not os.environ.get("TRANSFORMERS_VERBOSITY"):
+        hf_logging.set_verbosity_warning()
+    try:
+        yield
+    finally:
+        (hf_logging.enable_progress_bar if bars else hf_logging.disable_progress_bar)()
+        (hub.enable_progress_bars if downloads else hub.disable_progress_bars)()
+        hf_logging.set_verbosity(verbosity)

@@ -132,6 +132,11 @@ class Algorithm:
         ``spec`` (a :class:`~dare.models.spec.FamilySpec`); ``bind_model`` and ``dare train --dry-run`` (which knows
         the family but loads no model) both call it. Default: every family."""
 
+    @classmethod
+    def check_group_size(cls, config, group_size: int) -> None:
+        """One-line :class:`ConfigError` when ``rollout.group_size`` (``group_size``) cannot train this algorithm with
+        section ``config``; the config validation calls it for algorithms that make rollouts. Default: any size."""
+
     def auxiliary_models(self, load_backbone) -> dict[str, Auxiliary]:
         """Models trained alongside the policy, by name (called once after ``bind_model``); ``load_backbone()``
         returns a fresh copy of the initial policy weights (a ``DiffusionLM``). Default: none."""

@@ -145,6 +145,11 @@ class DTreeRPO(TermwiseMixin, RLAlgorithm):
     attentions = ("full",)
     total_steps: int | None = None
 
+    @classmethod
+    def group_baseline(cls, config) -> str:
+        """Always relative to the group: its advantages compare sibling branches of a tree."""
+        return "its advantages compare sibling branches of a tree"
+
     # ---- rollout -------------------------------------------------------------------------------------------
     def check_rollout(self, model, sampler) -> None:
         super().check_rollout(model, sampler)

@@ -56,6 +56,11 @@ class MDPO(TermwiseMixin, RLAlgorithm):
     config_class = MDPOConfig
     needs = Needs(rollout=True, reward=True, trajectory=True)
 
+    @classmethod
+    def group_baseline(cls, config) -> str:
+        """Always relative to the group: its per-step advantages are z-scores across the group."""
+        return "its per-step advantages are z-scores across the group"
+
     def assign_advantages(self, batch: TensorDict, context: RolloutContext) -> TensorDict:
         predictions, valid = batch["traj_predictions"], batch["traj_step_mask"]
         steps = predictions.shape[1]

@@ -43,6 +43,9 @@ from dare.algorithms.logprobs import DEFAULT_LOGITS_CHUNK, BlockLayout, masked_l
 from dare.errors import ConfigError, unknown_choice
 
 STREAM_PROMPT = 2  # example_generator stream of prompt masking (0 = response masks, 1 = stratification)
+ADVANTAGE_BASELINES = {"mean": "reward minus the group's mean", "zscore": "the reward's z-score within the group",
+                       "loo": "reward minus the mean of the group's other rewards"}
+"""What each group-relative ``algorithm.advantage`` compares a reward with (:meth:`RLAlgorithm.group_baseline`)."""
 
 
 # --------------------------------------------------------------------------------------------- configs
@@ -208,6 +211,26 @@ class RLAlgorithm(Algorithm):
     @property
     def inner_steps(self) -> int:
         return getattr(self.config, "inner_steps", 1)
+
+    @classmethod
+    def group_baseline(cls, config) -> str | None:
+        """Why the advantages compare each rollout with the others of its prompt's group (then a group of one rollout
+        trains nothing), or None when they do not: every ``algorithm.advantage`` but ``none`` (the raw reward)."""
+        advantage = getattr(config, "advantage", "none")
+        if advantage == "none":
+            return None
+        return (f"its advantages are relative to the group (algorithm.advantage={advantage}: "
+                f"{ADVANTAGE_BASELINES[advantage]})")
+
+    @classmethod
+    def check_group_size(cls, config, group_size: int) -> None:
+        """A group of one rollout trains nothing when the advantages are relative to the group
+        (:meth:`group_baseline`): a one-line error instead of a run whose every advantage is 0."""
+        baseline = cls.group_baseline(config)
+        if group_size < 2 and baseline is not None:
+            raise ConfigError(f"rollout.group_size={group_size} trains nothing with algorithm {cls.name}: "
+                              f"{baseline}, so one rollout per prompt gives no learning signal; use "
+                              "rollout.group_size >= 2")
 
     # ---- model binding -------------------------------------------------------------------------------
     def bind_model(self, model) -> None:

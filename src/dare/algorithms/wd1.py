@@ -43,6 +43,11 @@ class WD1(OneStepEstimator, RLAlgorithm):
     config_class = WD1Config
     uses_ratio = False
 
+    @classmethod
+    def group_baseline(cls, config) -> str:
+        """Always relative to the group: its weights are softmaxes over the group's advantages."""
+        return "its weights are softmaxes over the group's advantages"
+
     def assign_advantages(self, batch: TensorDict, context: RolloutContext) -> TensorDict:
         adv = group_advantages(batch["rewards"], context.group_size, self.config.advantage,
                                unbiased_std=not self.config.population_std)

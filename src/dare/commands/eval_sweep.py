@@ -7,7 +7,8 @@
 replacing those of an earlier sweep in ``DIR``. ``DIR`` must be new, empty or an earlier sweep's (marked by the
 sweep), and neither be nor contain the model, adapter or data files' directory: anything else is a one-line error before
 any work. One ``--grid`` varies one key; a key given twice (in a point, a grid,
-``-o`` or a flag and ``-o``) is a one-line error.
+``-o`` or a flag and ``-o``) is a one-line error. Every point's settings are checked before the first point runs
+(:func:`check_points`): a bad one is a one-line error naming the point.
 """
 
 from __future__ import annotations
@@ -110,8 +111,43 @@ def sweep_inputs(args: argparse.Namespace) -> dict[str, str | None]:
             "the --data directory": directory(args.data), "the --fewshot-data directory": directory(args.fewshot_data)}
 
 
+def check_points(points: list[dict[str, Any]], common: dict[str, Any], model=None) -> None:
+    """Check every point's decoder settings (``common`` with the point's own on top) before the first point runs,
+    so that a mistake in the last point does not cost the earlier points' work. Without ``model``: the names,
+    types and ranges, and the whole config of a point that names its sampler; with it: every point resolved as
+    :func:`dare.eval.evaluate` resolves it (the family's default sampler, block size, decoding engine). A bad
+    point is a one-line error naming it (``point N (settings): ...``, numbered as ``OUT/points/NN.json``)."""
+    from dare.commands.eval_inputs import reject_option_seed
+    from dare.errors import ConfigError
+    from dare.eval.sweep import settings_text
+    from dare.rollout import SamplerConfig
+
+    SamplerConfig.from_dict(common).check_values()  # a bad common flag is named as such, not as point 0's
+    for index, fields in enumerate(points):
+        try:
+            reject_option_seed(fields, "--point/--grid")
+            sampler = SamplerConfig.from_dict({**common, **fields})
+            if model is not None:
+                check_decoding(sampler, model)
+            elif sampler.sampler is not None:
+                sampler.resolved()
+            else:
+                sampler.check_values()
+        except ConfigError as err:
+            raise ConfigError(f"point {index} ({settings_text(fields)}): {err.cli_message}") from None
+
+
+def check_decoding(sampler, model) -> None:
+    """What :func:`dare.rollout.generate` checks of ``sampler`` for ``model`` before it decodes: the resolved
+    config and the decoding engine on the model's device (one-line :class:`~dare.errors.ConfigError`)."""
+    from dare.rollout import resolve_config
+    from dare.rollout.samplers import decoding_engine, model_device
+
+    decoding_engine(resolve_config(sampler, model), model_device(model))
+
+
 def run(args: argparse.Namespace) -> int:
-    from dare.commands.eval_inputs import eval_sampler_values, load_samples, reject_option_seed
+    from dare.commands.eval_inputs import eval_sampler_values, load_samples
     from dare.errors import ConfigError
     from dare.eval import EvalConfig, evaluate, get_benchmark
     from dare.eval.run import load_for_eval
@@ -131,18 +167,13 @@ def run(args: argparse.Namespace) -> int:
     config = EvalConfig(mode="generate", shots=args.shots, template=args.template, chat=args.chat,
                         batch_size=args.batch_size, seed=args.seed or 0)
     common = eval_sampler_values(args, bench, config)
-    for fields in points:
-        reject_option_seed(fields, "--point/--grid")
-    for fields in points:  # every point's names and values checked before the model is loaded
-        merged = {**common, **fields}
-        SamplerConfig.from_dict(merged)
-        if "sampler" in merged:
-            SamplerConfig.from_dict(merged).resolved()
+    check_points(points, common)  # every point's names and values, before the data and the model load
     if args.adapter is not None:  # before the data and the base model are loaded
         check_adapter_path(args.adapter)
     samples, pool, pool_source, data = load_samples(bench, args)
     model, tokenizer, model_info = load_for_eval(args.model, args.adapter, args.device, args.dtype,
                                                  compile_blocks=args.compile_blocks)
+    check_points(points, common, model)  # every point resolved for the model, before the first one runs
     progress = not args.no_progress  # plain lines when stderr is not a terminal (dare.progress)
 
     def evaluate_point(fields):

@@ -85,13 +85,15 @@ def add_sampler_arguments(parser: argparse.ArgumentParser, default: str | None =
 
 
 def _parse_value(text: str):
-    """``true``/``false`` -> bool, ``null`` -> None (unset: the preset's value), numbers and lists -> themselves;
-    anything else is text, as in a YAML recipe: ``none`` and ``None`` included (``cache=none`` means no cache, and
-    ``cache=None`` is a misspelt choice, not an unset value)."""
-    lowered = text.lower()
-    if lowered in ("true", "false"):
-        return lowered == "true"
-    if lowered == "null":
+    """``true``/``false`` -> bool (:func:`dare.config.parse_boolean`, as ``dare train`` overrides spell a switch),
+    ``null`` -> None (unset: the preset's value), numbers and lists -> themselves; anything else is text, as in a
+    YAML recipe: ``none`` and ``None`` included (``cache=none`` means no cache, and ``cache=None`` is a misspelt
+    choice, not an unset value)."""
+    from dare.config import parse_boolean
+
+    if parse_boolean(text) is not None:
+        return parse_boolean(text)
+    if text.lower() == "null":
         return None
     try:
         value = ast.literal_eval(text)

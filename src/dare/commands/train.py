@@ -105,7 +105,10 @@ def run(args: argparse.Namespace) -> int:
     if args.show_config:
         return show_config(args)
     if args.config is None and not args.overrides:  # no recipe: say how to give one instead of training a default
-        args.train_parser.print_help(sys.stderr)
+        parser = args.train_parser
+        parser.print_usage(sys.stderr)
+        print(f"error: {parser.prog}: no recipe given (e.g. {parser.prog} configs/llada/sft_tiny.yaml); see "
+              f"'{parser.prog} --help'", file=sys.stderr)
         return 2
     config_path, overrides = split_recipe(args)
     config = load_train_config(config_path, overrides)

@@ -10,7 +10,9 @@ A micro-batch is a ``tensordict.TensorDict`` with per-token fields ``[R, S]``:
 from __future__ import annotations
 
 import array
+import dataclasses
 import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +23,10 @@ from dare.errors import ConfigError, InputError
 
 SYNTHETIC_PREFIX = "synthetic:"
 DEFAULT_SYNTHETIC_SIZE = 512
+DATA_SUFFIXES = (".jsonl", ".json", ".parquet")
+"""The data file types :func:`read_records` reads."""
+
+log = logging.getLogger("dare.data")
 
 
 @dataclass(frozen=True)
@@ -47,19 +53,39 @@ def check_data_path(path: str) -> None:
         raise ConfigError(f"data file {path} is a directory; expected a .jsonl, .json or .parquet file")
     if not file.is_file():
         raise ConfigError(f"data file {path} does not exist")
+    if file.suffix.lower() in (".csv", ".tsv"):
+        raise ConfigError(f"data file {path}: {file.suffix[1:].upper()} is not supported; convert it to JSONL (one "
+                          '{"prompt": ..., "response": ...} object per line), .json or .parquet')
+    if file.suffix not in DATA_SUFFIXES:
+        raise ConfigError(f"data file {path}: unsupported file type '{file.suffix or file.name}'; expected "
+                          f"{', '.join(DATA_SUFFIXES[:-1])} or {DATA_SUFFIXES[-1]}")
 
 
-def read_records(path: str, limit: int | None = None, seed: int = 0) -> list[dict]:
+class Records(list):
+    """The records of a data source, knowing where each one is read from, so that an error names the file (and the
+    line of a JSONL file): ``lines[n]`` is the line of record ``n`` (None: not a JSONL file)."""
+
+    def __init__(self, records, path: str, lines: list[int] | None = None):
+        super().__init__(records)
+        self.path, self.lines = path, lines
+
+    def where(self, number: int) -> str:
+        """``FILE:LINE: record N`` (JSONL) or ``FILE: record N`` for record ``number`` (0-based): an error's subject."""
+        line = f":{self.lines[number]}" if self.lines is not None else ""
+        return f"{self.path}{line}: record {number}"
+
+
+def read_records(path: str, limit: int | None = None, seed: int = 0) -> Records:
     """Records from a ``.jsonl`` / ``.json`` / ``.parquet`` file or ``synthetic:TASK`` (the first ``limit``,
-    a positive number or None for all)."""
+    a positive number or None for all); other file types are refused (:func:`check_data_path`)."""
     if limit is not None and limit < 1:
         raise ConfigError(f"data.num_examples must be a positive integer or null; got {limit}")
     check_data_path(path)
     if path.startswith(SYNTHETIC_PREFIX):
         from dare.data.synthetic import synthetic_records
 
-        return synthetic_records(path[len(SYNTHETIC_PREFIX):], limit or DEFAULT_SYNTHETIC_SIZE, seed)
-    file = Path(path)
+        return Records(synthetic_records(path[len(SYNTHETIC_PREFIX):], limit or DEFAULT_SYNTHETIC_SIZE, seed), path)
+    file, lines = Path(path), None
     if file.suffix == ".parquet":
         try:
             import pyarrow.parquet as pq
@@ -67,41 +93,99 @@ def read_records(path: str, limit: int | None = None, seed: int = 0) -> list[dic
             raise ConfigError("reading parquet needs pyarrow: pip install pyarrow") from None
         records = pq.read_table(file).to_pylist()
     elif file.suffix == ".json":
-        records = json.loads(file.read_text())
+        try:
+            records = json.loads(file.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as err:
+            raise InputError(f"{path}:{err.lineno}: invalid JSON ({err.msg})") from None
+        except UnicodeDecodeError:
+            raise InputError(f"{path}: not UTF-8 text (a .json file holds a JSON list of records)") from None
         if not isinstance(records, list):
             raise InputError(f"{path}: expected a JSON list of records")
     else:
-        records = []
-        with file.open() as handle:
-            for number, line in enumerate(handle, 1):
-                if line.strip():
-                    try:
+        records, lines = [], []
+        with file.open(encoding="utf-8") as handle:
+            try:
+                for number, line in enumerate(handle, 1):
+                    if line.strip():
                         records.append(json.loads(line))
-                    except json.JSONDecodeError as err:
-                        raise InputError(f"{path}:{number}: invalid JSON ({err.msg})") from None
+                        lines.append(number)
+            except json.JSONDecodeError as err:
+                raise InputError(f"{path}:{number}: invalid JSON ({err.msg})") from None
+            except UnicodeDecodeError:
+                raise InputError(f"{path}: not UTF-8 text (a .jsonl file holds one JSON object per line)") from None
     if not records:
         raise InputError(f"data file {path} holds no records")
-    return records[:limit] if limit is not None else records
+    records = Records(records[:limit], path, lines[:limit] if lines is not None else None)
+    for number, record in enumerate(records):
+        if not isinstance(record, dict):
+            raise InputError(f"{records.where(number)} is {type(record).__name__}, not an object of fields")
+    return records
 
 
-def _messages(record: dict, cfg, number: int) -> tuple[list[dict], str]:
-    """(prompt messages, response text) of a chat or prompt/response record."""
+def record_text(value, key: str, where: str) -> str:
+    """The text of field ``key`` of a record (``where`` names the record in errors): a string, or an integer's
+    digits (the same text). Anything else is a one-line error: a float (its JSON spelling, e.g. ``1.50``, is lost
+    once parsed), true/false, null, a list or an object have no text the model should learn."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    kind = ("null" if value is None else "true/false" if isinstance(value, bool) else
+            "a non-integer number" if isinstance(value, float) else f"a {type(value).__name__}")
+    shown = json.dumps(value, default=str)[:40]
+    raise InputError(f"{where}: field '{key}' is {kind} ({shown}), not text; write it as a JSON string holding "
+                     "exactly the text to train on")
+
+
+def record_chat(messages, key: str, where: str) -> list[dict]:
+    """A record's chat (field ``key``): a list of ``{"role", "content"}`` messages with text contents."""
+    if not isinstance(messages, list) or not all(isinstance(m, dict) and "role" in m and "content" in m
+                                                 for m in messages):
+        raise InputError(f"{where}: field '{key}' must be a list of {{\"role\": ..., \"content\": ...}} messages")
+    return [{**m, "content": record_text(m["content"], f"{key}[{i}].content", where)} for i, m in enumerate(messages)]
+
+
+def warn_unread_keys(cfg, read: set[str], path: str,
+                     keys: tuple[str, ...] = ("messages_key", "prompt_key", "response_key")) -> None:
+    """One warning for the record-key settings among ``keys`` of ``cfg`` (a ``DataConfig``) that differ from their
+    defaults and that no record of ``path`` was read through: ``read`` holds ``messages`` when some record gave its
+    chat (``data.messages_key``), ``prompt`` when some record gave its prompt (``data.prompt_key``; SFT:
+    and ``data.response_key``) instead."""
+    if not dataclasses.is_dataclass(cfg):
+        return
+    defaults = {f.name: f.default for f in dataclasses.fields(cfg)}
+    routes = {"messages_key": "messages", "prompt_key": "prompt", "response_key": "prompt"}
+    unread = [key for key in keys if getattr(cfg, key) != defaults[key] and routes[key] not in read]
+    if not unread:
+        return
+    settings = ", ".join(f"data.{key}={getattr(cfg, key)}" for key in unread)
+    held = (f"a '{cfg.messages_key}' chat (data.messages_key), which the run reads instead" if "messages" in read
+            else f"no '{cfg.messages_key}' chat, so the run reads '{cfg.prompt_key}'")
+    log.warning(f"warning: ignoring {settings}: every record of {path} holds {held}")
+
+
+def _messages(record: dict, cfg, where: str) -> tuple[list[dict], str]:
+    """(prompt messages, response text) of a chat or prompt/response record (``where`` names it in errors)."""
     if cfg.messages_key in record:
-        messages = record[cfg.messages_key]
-        if not messages or messages[-1].get("role") != "assistant":
-            raise InputError(f"record {number}: the last message must be the assistant's response")
-        return list(messages[:-1]), messages[-1]["content"]
+        messages = record_chat(record[cfg.messages_key], cfg.messages_key, where)
+        if not messages or messages[-1]["role"] != "assistant":
+            raise InputError(f"{where}: the last message must be the assistant's response")
+        return messages[:-1], messages[-1]["content"]
     if cfg.prompt_key in record and cfg.response_key in record:
-        return [{"role": "user", "content": record[cfg.prompt_key]}], record[cfg.response_key]
+        return ([{"role": "user", "content": record_text(record[cfg.prompt_key], cfg.prompt_key, where)}],
+                record_text(record[cfg.response_key], cfg.response_key, where))
     raise InputError(
-        f"record {number} has neither '{cfg.messages_key}' nor '{cfg.prompt_key}'/'{cfg.response_key}' "
-        f"(keys: {', '.join(sorted(record))})"
+        f"{where} has neither '{cfg.messages_key}' nor '{cfg.prompt_key}'/'{cfg.response_key}' "
+        f"(keys: {', '.join(sorted(record))}; data.messages_key, data.prompt_key and data.response_key name them)"
     )
 
 
-def tokenize_record(record: dict, tokenizer, cfg, eos_id: int, number: int = 0) -> tuple[list[int], list[int]]:
-    """``(prompt_ids, response_ids)`` of one record, response ending with EOS / EOS padding per ``cfg``."""
-    prompt_messages, response = _messages(record, cfg, number)
+def tokenize_record(record: dict, tokenizer, cfg, eos_id: int, number: int = 0,
+                    where: str | None = None) -> tuple[list[int], list[int]]:
+    """``(prompt_ids, response_ids)`` of one record, response ending with EOS / EOS padding per ``cfg``; errors name
+    the record as ``where`` (:meth:`Records.where`), else as ``record NUMBER``."""
+    where = where or f"record {number}"
+    prompt_messages, response = _messages(record, cfg, where)
     if cfg.chat_template:
         if not getattr(tokenizer, "chat_template", None):
             raise ConfigError("the tokenizer has no chat template; set data.chat_template=false")
@@ -122,7 +206,7 @@ def tokenize_record(record: dict, tokenizer, cfg, eos_id: int, number: int = 0) 
     if cfg.pad_response_to is not None and len(answer) < cfg.pad_response_to:
         answer += [eos_id] * (cfg.pad_response_to - len(answer))
     if not answer:
-        raise InputError(f"record {number}: empty response")
+        raise InputError(f"{where}: empty response")
     return prompt, answer
 
 
@@ -137,25 +221,34 @@ class SFTDataset:
         return len(self.examples)
 
 
-def build_sft_dataset(cfg, tokenizer, eos_id: int, seed: int = 0, progress: bool = False) -> SFTDataset:
-    """Read and tokenize ``cfg.path`` (a :class:`~dare.trainer.config.DataConfig`)."""
+def build_sft_dataset(cfg, tokenizer, eos_id: int, seed: int = 0, progress: bool = False,
+                      warn: bool = True) -> SFTDataset:
+    """Read and tokenize ``cfg.path`` (a :class:`~dare.trainer.config.DataConfig`); ``warn``: log the key settings
+    no record was read through (:func:`warn_unread_keys`)."""
     records = read_records(cfg.path, cfg.num_examples, seed)
+    generated = cfg.path.startswith(SYNTHETIC_PREFIX)
+    if generated:  # generated records: the key settings apply to data files
+        records = Records([{cfg.prompt_key: r["prompt"], cfg.response_key: r["response"]} for r in records], cfg.path)
     iterator = records
     if progress:
         from dare.progress import progress_bar
 
         iterator = progress_bar(len(records), "tokenizing", leave=False, iterable=records)
-    examples, dropped = [], 0
+    examples, dropped, read = [], 0, set()
     for number, record in enumerate(iterator):
-        prompt, answer = tokenize_record(record, tokenizer, cfg, eos_id, number)
+        read.add("messages" if cfg.messages_key in record else "prompt")
+        prompt, answer = tokenize_record(record, tokenizer, cfg, eos_id, number, records.where(number))
         if len(prompt) + len(answer) > cfg.max_length:
             if cfg.overlong == "error":
-                raise InputError(f"record {number} has {len(prompt) + len(answer)} tokens > data.max_length={cfg.max_length}")
+                raise InputError(f"{records.where(number)} has {len(prompt) + len(answer)} tokens > "
+                                 f"data.max_length={cfg.max_length}")
             dropped += 1
             continue
         examples.append(Example(tuple(prompt + answer), len(prompt), len(examples)))
     if not examples:
         raise InputError(f"{cfg.path}: no usable examples ({dropped} longer than data.max_length={cfg.max_length})")
+    if warn and not generated:
+        warn_unread_keys(cfg, read, cfg.path)
     return SFTDataset(examples, dropped)
 
 

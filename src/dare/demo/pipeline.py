@@ -32,7 +32,8 @@ class DemoConfig:
     """Settings of one demo run (``dare demo`` flags set the most useful ones)."""
 
     out_dir: str = "runs/demo"
-    """Output directory: data/, init/, sft/, rl/, recipes, report.json, curves.png."""
+    """Output directory: data/, init/, sft/, rl/, recipes, report.json, curves.png (:meth:`quick`'s default:
+    ``runs/demo-quick``)."""
     seed: int = 0
     """Seed of the model initialisation, the training problems, data order, corruption noise and rollouts."""
     algorithm: str = "d1"
@@ -86,11 +87,17 @@ class DemoConfig:
     @classmethod
     def quick(cls, **overrides) -> DemoConfig:
         """The shortened CI variant (about 15 s on 2 cores): 3-digit numbers, a 2-layer width-64 model trained to
-        partial competence (about 120 SFT steps), then 4 RL steps."""
-        small = dict(digits=3, train_size=512, validation_size=32, test_size=64, layers=2, hidden=64, mlp=128,
-                     sft_max_steps=150, sft_target=0.2, sft_check_every=10, sft_batch_size=32, rl_steps=4,
-                     group_size=4, prompts_per_step=4, eval_every=2)
-        return cls(**{**small, **overrides})
+        partial competence (about 120 SFT steps), then 4 RL steps. Its default output directory is
+        ``runs/demo-quick``, so that it never meets the full demo's ``runs/demo``."""
+        return cls(**{**QUICK, **overrides})
+
+
+QUICK = dict(out_dir="runs/demo-quick", digits=3, train_size=512, validation_size=32, test_size=64, layers=2,
+             hidden=64, mlp=128, sft_max_steps=150, sft_target=0.2, sft_check_every=10, sft_batch_size=32,
+             rl_steps=4, group_size=4, prompts_per_step=4, eval_every=2)
+"""What :meth:`DemoConfig.quick` changes: the output directory and a smaller task, model and run."""
+QUICK_SIZE = ("digits", "train_size", "validation_size", "test_size", "layers", "hidden", "mlp")
+"""The quick demo's task and model sizes, which no flag changes: they tell a quick run's settings apart."""
 
 
 # Demo-sized settings per algorithm (everything else: the algorithm's paper defaults, see README). mu = 2 inner
@@ -218,8 +225,17 @@ def check_out_dir(config: DemoConfig) -> bool:
         return True
     shown = ", ".join(f"{k} {saved.get(k)} -> {new.get(k)}" for k in keys[:SHOWN])
     more = f" and {len(keys) - SHOWN} more" if len(keys) > SHOWN else ""
-    raise ConfigError(f"--out {out} holds a demo run with other settings ({shown}{more}); give another --out "
+    kind = "a demo run"
+    if is_quick(saved) != is_quick(new):  # the quick and the full demo in one --out: say which one is there
+        kind = "a --quick demo run" if is_quick(saved) else "a full demo run (not --quick)"
+    raise ConfigError(f"--out {out} holds {kind} with other settings ({shown}{more}); give another --out "
                       f"(e.g. --out {out}_2), or delete {out} to replace it")
+
+
+def is_quick(settings: dict) -> bool:
+    """Whether recorded demo ``settings`` (:func:`run_settings`) are those of a ``--quick`` run (its task and model
+    sizes, :data:`QUICK_SIZE`)."""
+    return all(settings.get(key) == QUICK[key] for key in QUICK_SIZE)
 
 
 # ------------------------------------------------------------------------------------------------ recipes

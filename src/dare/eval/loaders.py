@@ -35,7 +35,7 @@ def read_rows(source: str | os.PathLike | None, *, hf=None, split: str | None = 
         if not files:
             raise InputError(f"{benchmark}: no {'/'.join(s.lstrip('.') for s in SUFFIXES)} files under {path}")
         rows = []
-        for file in files_of_split(files, path, split, benchmark):
+        for file in one_format(files_of_split(files, path, split, benchmark), path, benchmark):
             rows.extend(read_file(file))
         return rows
     if path.exists():
@@ -46,6 +46,26 @@ def read_rows(source: str | os.PathLike | None, *, hf=None, split: str | None = 
     if "/" in text and not text.startswith((".", "/", "~")) and not text.endswith(SUFFIXES):
         return load_hf(text, config or (hf.name if hf else None), split or (hf.split if hf else "test"))
     raise InputError(f"{benchmark}: no such file or directory: {text}")
+
+
+def file_format(file: Path) -> str:
+    """The data format of ``file`` by its suffix (``jsonl`` for ``.jsonl.gz`` too)."""
+    return next(suffix for suffix in SUFFIXES if file.name.endswith(suffix)).lstrip(".").removesuffix(".gz")
+
+
+def one_format(files: list[Path], root: Path, benchmark: str) -> list[Path]:
+    """``files`` when they share one format; files of several formats under one directory (``test.jsonl`` beside
+    ``extra.csv``, a hub snapshot's ``dataset_infos.json`` beside its parquet files) are a one-line error naming
+    them, instead of rows of different schemas read as one set."""
+    formats: dict[str, list[Path]] = {}
+    for file in files:
+        formats.setdefault(file_format(file), []).append(file)
+    if len(formats) > 1:
+        listed = "; ".join(f"{kind}: {', '.join(str(f.relative_to(root)) for f in group[:3])}"
+                           f"{', ...' if len(group) > 3 else ''}" for kind, group in formats.items())
+        raise InputError(f"{benchmark}: {root} holds data files of several formats ({listed}); give one file or a "
+                         "directory of one format")
+    return files
 
 
 def name_tokens(relative: Path) -> set[str]:

@@ -81,7 +81,7 @@ def run_sweep(evaluate_point: Callable[[dict[str, Any]], Any], points: Sequence[
         results.write(out / path)
         rows.append(point_row(index, fields, results, path))
         row = rows[-1]
-        log(f"point {index}: {_settings_text(fields)} -> accuracy {row['accuracy']:.4f}, "
+        log(f"point {index}: {settings_text(fields)} -> accuracy {row['accuracy']:.4f}, "
             f"{row['tokens_per_forward']} tokens/forward, nfe {row['nfe']}")
     (out / "summary.json").write_text(json.dumps({"points": rows}, indent=1), encoding="utf-8")
     (out / "summary.md").write_text(markdown_table(rows) + "\n", encoding="utf-8")
@@ -136,7 +136,8 @@ def clear_earlier_sweep(out: Path) -> list[Path]:
     return removed
 
 
-def _settings_text(fields: Mapping[str, Any]) -> str:
+def settings_text(fields: Mapping[str, Any]) -> str:
+    """A point's settings as ``k=v, k=v`` (``(common settings)`` for a point of none)."""
     return ", ".join(f"{k}={v}" for k, v in fields.items()) or "(common settings)"
 
 
@@ -144,7 +145,7 @@ def markdown_table(rows: Sequence[Mapping[str, Any]]) -> str:
     """The summary as a Markdown table."""
     lines = ["| point | series | settings | accuracy | tokens / forward | NFE | tokens / s |", "|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['point']} | {r['series']} | {_settings_text(r['settings'])} | {r['accuracy']:.4f} | "
+        lines.append(f"| {r['point']} | {r['series']} | {settings_text(r['settings'])} | {r['accuracy']:.4f} | "
                      f"{r['tokens_per_forward']} | {r['nfe']} | {r['tokens_per_second']} |")
     return "\n".join(lines)
 
@@ -171,7 +172,7 @@ def plot_sweep(rows: Sequence[Mapping[str, Any]], path: Path) -> Path | None:
         for index, r in enumerate(members):  # label each point by what varies within its series, neighbours staggered
             varied = {k: v for k, v in r["settings"].items() if k not in shared or len(members) == 1}
             offset = (6 if side > 0 else -11) + side * 9 * (index % 2)
-            ax.annotate(_settings_text(varied), (r["tokens_per_forward"], r["accuracy"]), fontsize=7,
+            ax.annotate(settings_text(varied), (r["tokens_per_forward"], r["accuracy"]), fontsize=7,
                         textcoords="offset points", xytext=(2, offset))
     ax.set_xlabel("tokens per forward")
     ax.set_ylabel("accuracy")
@@ -186,4 +187,4 @@ def plot_sweep(rows: Sequence[Mapping[str, Any]], path: Path) -> Path | None:
 
 
 __all__ = ["COMMAND", "PLOT", "check_sweep_out", "clear_earlier_sweep", "is_unmarked_sweep", "markdown_table",
-           "plot_sweep", "point_row", "run_sweep", "tokens_per_forward"]
+           "plot_sweep", "point_row", "run_sweep", "settings_text", "tokens_per_forward"]

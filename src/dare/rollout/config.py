@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 from dataclasses import dataclass
 
 from dare.errors import ConfigError, and_join, closest
@@ -341,9 +342,12 @@ class SamplerConfig:
         self.check_ranges()
 
     def check_ranges(self) -> None:
-        """One-line error for a set field outside its range (:data:`RANGES`); unset fields are skipped."""
+        """One-line error for a set field outside its range (:data:`RANGES`) or not finite (``--temperature inf``,
+        ``nan``); unset fields are skipped."""
         for key, (allowed, rule) in RANGES.items():
             value = getattr(self, key)
+            if value is not None and not math.isfinite(value):
+                raise ConfigError(f"{key} must be a finite number {rule}; got {value}")
             if value is not None and not allowed(value):
                 raise ConfigError(f"{key} must be {rule}; got {value}")
 

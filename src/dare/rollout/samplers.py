@@ -136,6 +136,16 @@ def model_device(model) -> torch.device:
         return torch.device("cpu")
 
 
+def decoding_engine(config: SamplerConfig, device: torch.device) -> str:
+    """The engine resolved ``config`` decodes with on ``device`` (:func:`~dare.rollout.engine.resolve_engine`); rollout
+    weights other than the model's need a static engine (one-line :class:`ConfigError`)."""
+    engine = resolve_engine(config.engine, device)
+    if engine == "eager" and config.weights != "model":
+        raise ConfigError(f"weights '{config.weights}' decodes on the static engines; engine 'auto' is 'eager' on "
+                          f"{device.type}: set engine 'static'")
+    return engine
+
+
 def generate(
     model,
     prompts: torch.Tensor | Sequence[Sequence[int]],
@@ -212,10 +222,7 @@ def generate(
                               f"'{sampler.name}' decodes block-causal models")
         resume = {"canvas": _check_canvas(canvas, batch, config.gen_length, device),
                   "step_range": _check_step_range(step_range)}
-    engine = resolve_engine(config.engine, device)
-    if engine == "eager" and config.weights != "model":
-        raise ConfigError(f"weights '{config.weights}' decodes on the static engines; engine 'auto' is 'eager' on "
-                          f"{device.type}: set engine 'static'")
+    engine = decoding_engine(config, device)
     with evaluating(model):  # dropout (e.g. peft's lora_dropout) never reaches a rollout
         if engine != "eager":
             mdlm.check_prompts(prompts, attention_mask, tokens.mask)

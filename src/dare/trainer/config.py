@@ -321,6 +321,16 @@ class TrainConfig:
                           "data.pad_response_to": (data.pad_response_to, "null = no padding")})
         at_least_zero({"trainer.keep_last": (self.trainer.keep_last, "0 = keep every checkpoint")})
         self.rollout.check_counts()
+        self._validate_group()
+
+    def _validate_group(self) -> None:
+        """``rollout.group_size`` against the algorithm (e.g. 1 with group-relative advantages trains nothing); skipped
+        while the ``algorithm`` section is still an unresolved mapping."""
+        from dare.algorithms import ALGORITHMS
+
+        algorithm = ALGORITHMS.get(getattr(self.algorithm, "name", None))
+        if algorithm is not None and algorithm.needs.rollout:
+            algorithm.check_group_size(self.algorithm, self.rollout.group_size)
 
     def fixed_width(self) -> int | None:
         """Tokens of every micro-batch row under ``data.fixed_shapes`` (null: on for ``model.attn_backend=flex``):
@@ -336,7 +346,7 @@ def load_train_config(path: str | Path | None, overrides: list[str] = ()) -> Tra
     """Read a recipe YAML, apply ``key=value`` overrides, validate every section (algorithm included)."""
     from dare.algorithms import resolve_algorithm_config
 
-    raw = load_yaml(path) if path is not None else {}
+    raw = load_yaml(path, texts=True) if path is not None else {}
     given = parse_overrides(list(overrides))
     if path is not None:
         raw = _fit_recipe_algorithm(raw, given, path)

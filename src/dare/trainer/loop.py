@@ -42,13 +42,15 @@ from dare.distributed import (
     DistInfo, all_reduce_dict, all_reduce_max_int, apply_fsdp, autocast_context, barrier, init_distributed,
 )
 from dare.distributed.grad_norm import clip_grad_norm_
-from dare.errors import ConfigError, and_join, first_line
+from dare.errors import ConfigError, and_join
 from dare.outputs import atomic_write_text, ensure_dir, mark_output, publish_dir, remove_strays, staging_dir
 from dare.progress import hf_progress_bars
 from dare.trainer.checkpoint import load_checkpoint, remove_partial_checkpoints, save_checkpoint
 from dare.trainer.config import TrainConfig, config_dict, revalidate
 from dare.trainer.metrics import MetricsLogger, truncate_jsonl
-from dare.trainer.preflight import check_run, fill_rollout_defaults, record_given_model
+from dare.trainer.preflight import (
+    check_lora_targets, check_run, fill_rollout_defaults, record_given_model, tokenizer_error,
+)
 from dare.trainer.output_dir import COMMAND as RUN_COMMAND
 from dare.trainer.output_dir import OutputLock
 from dare.trainer.resume import resume_point
@@ -137,6 +139,7 @@ class Trainer:
         if cfg.lora.enabled:
             from dare.models.lora import apply_lora
 
+            check_lora_targets(cfg.lora.target_modules, model)  # peft's own error names no module of the model
             model = apply_lora(model, cfg.lora.r, cfg.lora.alpha, cfg.lora.dropout, cfg.lora.target_modules)
         if cfg.model.compile:
             from dare.models.compile import compile_blocks
@@ -254,7 +257,8 @@ class Trainer:
 
     def _announce_start(self, checkpoint: Path | None) -> None:
         """One line when a run that starts at step 0 removes or replaces a previous run's outputs in the directory:
-        ``trainer.resume=never`` (what it deletes), or ``auto`` without a checkpoint (e.g. ``save_every`` null)."""
+        ``trainer.resume=never`` (what it deletes), or ``auto`` without a checkpoint (a run stopped before its first
+        one)."""
         out, cfg = self.output_dir, self.config.trainer
         if cfg.resume == "never":
             gone = present_outputs(out, ["checkpoints/", "final/", *self._logs()])
@@ -275,9 +279,9 @@ class Trainer:
         path = self.config.model.tokenizer or self.config.model.path
         try:
             return load_tokenizer(path)
-        except (OSError, ValueError) as err:  # transformers' "can't load tokenizer", unrecognised files
-            key = "model.tokenizer" if self.config.model.tokenizer else "model.path"
-            raise ConfigError(f"{key}={path}: cannot load a tokenizer ({first_line(err)})") from None
+        except (OSError, ValueError, KeyError, TypeError) as err:  # "can't load", unrecognised or damaged files
+            raise tokenizer_error("model.tokenizer" if self.config.model.tokenizer else "model.path", path,
+                                  err) from None
 
     def _reference(self, frozen=None):
         """The frozen reference policy: the adapter-disabled policy with LoRA, else a frozen (sharded) copy
@@ -365,7 +369,7 @@ class Trainer:
 
         cfg = self.config
         data = build_sft_dataset(cfg.data, self.tokenizer, self.token_ids.eos, seed=cfg.trainer.seed,
-                                 progress=cfg.trainer.progress and self.info.is_main)
+                                 progress=cfg.trainer.progress and self.info.is_main, warn=self.info.is_main)
         if data.dropped and self.info.is_main:
             print(f"warning: dropped {data.dropped} of {data.dropped + len(data)} examples longer than "
                   f"data.max_length={cfg.data.max_length}")
@@ -559,8 +563,7 @@ class Trainer:
             record = {**record, "steps_run": self.steps_run, "steps_trained_nothing": self.empty_steps}
         if self.stop_requested and self.step < self.total_steps:
             self._record_early_stop()
-        if cfg.save_every or not cfg.export:
-            self.save()
+        self.save()  # always: a rerun resumes from it (and finds nothing left to train) instead of starting over
         if cfg.export:
             self.export()
         self.logger.close()

@@ -2,12 +2,13 @@
 
 ``dare train --dry-run`` runs them, and so does every run before it loads anything (:class:`~dare.trainer.Trainer`),
 with the same functions the run uses later (the sampler and reward of :mod:`dare.trainer.rl`, the algorithm's
-``check_family`` against the model family read from ``model.path``, ``model.attn_backend`` on the device, the data
-path checks of :mod:`dare.data.sft` / :mod:`dare.trainer.prompts`, ``trainer.resume``, ``trainer.output_dir``), so
-a dry run cannot pass a config that the run rejects before its first step (a hub model whose config is not cached
-locally: its family checks are skipped, with a note). Settings the run does not use (``rollout.*``
-without rollouts, ``lora.*`` without ``lora.enabled``, data options of another kind of source) get one warning line
-per section, and so does each setting that another one overrides (:data:`OVERRIDDEN`).
+``check_family`` against the model family read from ``model.path``, ``model.attn_backend`` on the device, the LoRA
+target patterns against the model's module tree built on the meta device, the data path checks of
+:mod:`dare.data.sft` / :mod:`dare.trainer.prompts`, ``trainer.resume``, ``trainer.output_dir``), so a dry run cannot
+pass a config that the run rejects before its first step (a hub model whose config is not cached locally: its family
+and LoRA checks are skipped, with a note). Settings the run does not use (``rollout.*`` without rollouts, ``lora.*``
+without ``lora.enabled``, data options of another kind of source, record-key settings of a generated source) get one
+warning line per section, and so does each setting that another one overrides (:data:`OVERRIDDEN`).
 """
 
 from __future__ import annotations
@@ -24,16 +25,22 @@ log = logging.getLogger("dare.trainer")
 UNUSED_DATA = {
     "rollout": ("response_key", "append_eos", "pad_response_to", "eos_padding", "max_length", "overlong", "packing",
                 "pack_length", "fixed_shapes", "chosen_key", "rejected_key"),
-    "pairs": ("messages_key", "eos_padding", "packing", "pack_length", "fixed_shapes"),
+    "pairs": ("messages_key", "response_key", "eos_padding", "packing", "pack_length", "fixed_shapes"),
     "dataset": ("chosen_key", "rejected_key"),
 }
 """``data`` keys each kind of batch source ignores (RL prompts, preference pairs, SFT examples)."""
+RECORD_KEYS = ("prompt_key", "response_key", "messages_key", "chosen_key", "rejected_key")
+"""``data`` keys naming the fields of a data file's records: ``synthetic:`` and ``benchmark:`` sources ignore them."""
+GENERATED_DATA = ("synthetic:", "benchmark:")
+"""``data.path`` prefixes of sources that generate their records (no data file)."""
 
 
 def check_run(config, *, model: bool = True, data: bool = True, warn: bool = True, family=None,
               device: str | None = None, dry_run: bool = False) -> None:
     """Raise the one-line error a run of ``config`` would raise for its model path, the algorithm's settings against
-    the model family, ``model.attn_backend`` on the device, tokenizer path, data path, rollout sampler and reward,
+    the model family, ``model.attn_backend`` on the device, tokenizer path (or the model directory's tokenizer files),
+    ``lora.target_modules`` against the model's module paths (:func:`check_lora_targets` on :func:`model_skeleton`),
+    data path, rollout sampler and reward,
     ``trainer.resume`` or ``trainer.output_dir`` (another command's output or the user's files: refused before the
     run writes there); ``model`` / ``data``: check those sections (False when the trainer is given its own model /
     batch source); ``family``: the model's :class:`~dare.models.spec.FamilySpec` (default: read from
@@ -55,6 +62,10 @@ def check_run(config, *, model: bool = True, data: bool = True, warn: bool = Tru
         algorithm.check_family(config.algorithm, family)  # what bind_model checks on the loaded model
     check_attn_backend(config, device or training_device(config.distributed.device))
     check_tokenizer_path(config.model.tokenizer)
+    if model and config.model.tokenizer is None and (data or config.trainer.export):  # the model's own tokenizer
+        check_tokenizer_path(config.model.path, "model.path")
+    if model and config.lora.enabled and family is not None:
+        check_lora_targets(config.lora.target_modules, model_skeleton(config.model.path))
     if data and needs.rollout:
         from dare.trainer.prompts import check_prompt_path
         from dare.trainer.rl import check_rollout_batch, rollout_reward, rollout_sampler
@@ -165,20 +176,93 @@ TOKENIZER_FILES = ("tokenizer_config.json", "tokenizer.json", "tokenizer.model",
 """Files of which a tokenizer directory holds at least one."""
 
 
-def check_tokenizer_path(path: str | None) -> None:
-    """``model.tokenizer``: unset (the model path's), ``tiny:...``, a hub name, or a local directory holding
-    tokenizer files (:data:`TOKENIZER_FILES`)."""
+def check_tokenizer_path(path: str | None, key: str = "model.tokenizer") -> None:
+    """``model.tokenizer`` (or, with ``key="model.path"``, the model directory that gives the tokenizer when
+    ``model.tokenizer`` is unset): unset, ``tiny:...``, a hub name, or a local directory holding tokenizer files
+    (:data:`TOKENIZER_FILES`)."""
     from dare.models.loading import local_path, parse_tiny
 
     if path is None or parse_tiny(path) is not None:
         return
-    local = local_path(path, f"model.tokenizer {path}: no such tokenizer directory")
+    local = local_path(path, f"{key} {path}: no such tokenizer directory")
     if local is None:
         return
     if not local.is_dir():
-        raise ConfigError(f"model.tokenizer {path} is a file; expected a tokenizer (or model) directory")
+        raise ConfigError(f"{key} {path} is a file; expected a tokenizer (or model) directory")
     if not any((local / name).is_file() for name in TOKENIZER_FILES):
-        raise ConfigError(f"model.tokenizer {path} holds no tokenizer files ({', '.join(TOKENIZER_FILES[:2])}, ...)")
+        hint = "" if key == "model.tokenizer" else "; set model.tokenizer to its tokenizer's directory or hub name"
+        raise ConfigError(f"{key} {path} holds no tokenizer files (none of {', '.join(TOKENIZER_FILES)}){hint}")
+
+
+def tokenizer_error(key: str, path: str, err: BaseException) -> ConfigError:
+    """The one-line error for a tokenizer at ``path`` (named by config key ``key``) that transformers failed to load
+    with ``err``: its whole message on one line (the first line alone is often just a heading ending in a colon)."""
+    text = " ".join(str(err).split()) or type(err).__name__
+    if isinstance(err, KeyError):  # a damaged tokenizer file: str() is just the key
+        text = f"no {text} entry in its files"
+    if len(text) > 200:
+        text = text[:200].rstrip() + " ..."
+    return ConfigError(f"{key}={path}: cannot load a tokenizer ({text}); a tokenizer directory holds tokenizer.json "
+                       "or tokenizer_config.json with the vocabulary files it names")
+
+
+LORA_LAYERS = ("Linear", "Embedding", "Conv1d", "Conv2d", "Conv3d", "MultiheadAttention", "Conv1D")
+"""Class names of the modules peft's LoRA can adapt (``torch.nn`` layers and transformers' ``Conv1D``)."""
+
+
+def model_skeleton(path: str):
+    """The module tree of the model at ``path`` (``tiny:FAMILY`` or a checkpoint whose config is local or cached) built
+    on the meta device: no weights are read or allocated; None for a hub name whose config is not cached."""
+    import torch
+
+    from dare.models.loading import parse_tiny
+    from dare.models.spec import family_of
+
+    tiny = parse_tiny(path)
+    if tiny is not None:
+        from dare.models.tiny import tiny_config
+
+        hf_config = tiny_config(tiny[0])[0]
+    else:
+        from transformers import AutoConfig
+
+        try:
+            hf_config = AutoConfig.from_pretrained(str(path), local_files_only=True)
+        except (OSError, ValueError):
+            return None
+    with torch.device("meta"):
+        return family_of(hf_config).model_class(hf_config)
+
+
+def check_lora_targets(pattern: str | None, model) -> None:
+    """One-line error unless ``lora.target_modules`` (``pattern``; None: the model family's default) matches at least
+    one module path of ``model`` in full, as peft matches it, and every module it matches is a layer LoRA can adapt
+    (:data:`LORA_LAYERS`); the message names a few real module paths. ``model`` None: nothing to check."""
+    import re
+
+    from dare.models.loading import unwrap
+    from dare.models.spec import family_of
+
+    if model is None:
+        return
+    model = unwrap(model)
+    targets = pattern or family_of(model).lora_targets
+    key = f"lora.target_modules={targets!r}" if pattern else f"the family's default LoRA targets {targets!r}"
+    modules = [(name, type(module).__name__) for name, module in model.named_modules() if name]
+    adaptable = [name for name, kind in sorted(modules, key=lambda m: m[1] != "Linear") if kind in LORA_LAYERS]
+    shapes = {}
+    for name in adaptable:  # one real path per layer kind: model.blocks.0.q_proj stands for every block's q_proj
+        shapes.setdefault(re.sub(r"\.\d+\.", ".N.", name), name)
+    examples = f"{', '.join(list(shapes.values())[:6])}, ... ({len(adaptable)} in all)"
+    matched = [(name, kind) for name, kind in modules if re.fullmatch(targets, name)]
+    if not matched:
+        raise ConfigError(f"{key} matches no module of the model (the pattern must match a whole module path); "
+                          f"its LoRA-adaptable modules include {examples}")
+    wrong = [f"{name} ({kind})" for name, kind in matched if kind not in LORA_LAYERS]
+    if wrong:
+        raise ConfigError(f"{key} matches modules LoRA cannot adapt: {', '.join(wrong[:3])}"
+                          f"{', ...' if len(wrong) > 3 else ''}; LoRA adapts linear and embedding layers, e.g. "
+                          f"{examples}")
 
 
 def check_relative(check, path: str) -> None:
@@ -223,6 +307,12 @@ def warn_unused(config, needs) -> None:
         log.warning(f"warning: ignoring {', '.join(data)}: not used by algorithm '{name}' (it trains on {what})")
     elif kind == "dataset" and config.data.pack_length is not None and not config.data.packing:
         log.warning("warning: ignoring data.pack_length: data.packing is false")
+    if config.data.path.startswith(GENERATED_DATA):
+        keys = [k for k in changed(config.data, DataConfig(), "data.") if k.split(".")[1] in RECORD_KEYS
+                and k not in data]
+        if keys:
+            log.warning(f"warning: ignoring {', '.join(keys)}: data.path={config.data.path} makes its own records "
+                        "(these keys name the fields of a data file's records)")
     for key, reason in overridden(config):
         log.warning(f"warning: ignoring {key}: {reason}")
 
@@ -254,6 +344,6 @@ def overridden(config) -> list[tuple[str, str]]:
     return moot
 
 
-__all__ = ["OVERRIDDEN", "UNUSED_DATA", "changed", "check_attn_backend", "check_relative",
-           "check_run", "check_tokenizer_path", "fill_rollout_defaults", "known_family", "model_dtype", "overridden",
-           "record_given_model", "warn_unused"]
+__all__ = ["LORA_LAYERS", "OVERRIDDEN", "UNUSED_DATA", "changed", "check_attn_backend", "check_lora_targets",
+           "check_relative", "check_run", "check_tokenizer_path", "fill_rollout_defaults", "known_family",
+           "model_dtype", "model_skeleton", "overridden", "record_given_model", "tokenizer_error", "warn_unused"]

@@ -44,8 +44,9 @@ def _benchmark_records(name: str, source: str | None, limit: int | None) -> list
 
     bench = get_benchmark(name)
     if source is None and bench.hf is not None:  # the split's name says nothing: AIME's evaluation split is 'train'
-        log.warning("data.path=benchmark:%s trains on the problems dare eval scores %s on (split '%s' of %s); for "
-                    "a training set give its file: benchmark:%s:PATH", name, name, bench.hf.split, bench.hf.path, name)
+        log.warning("warning: data.path=benchmark:%s trains on the problems dare eval scores %s on (split '%s' of "
+                    "%s); for a training set give its file: benchmark:%s:PATH", name, name, bench.hf.split,
+                    bench.hf.path, name)
     return [(bench.messages(s), dict(s.target)) for s in bench.load(source, limit=limit)]
 
 
@@ -76,9 +77,12 @@ def check_prompt_path(path: str) -> None:
         check_data_path(path)
 
 
-def prompt_records(cfg, seed: int = 0) -> list[tuple[list[dict] | str, dict]]:
-    """``(messages or text, sample)`` pairs of an RL prompt source (``cfg`` is a ``DataConfig``)."""
-    from dare.data.sft import DEFAULT_SYNTHETIC_SIZE, SYNTHETIC_PREFIX, read_records
+def prompt_records(cfg, seed: int = 0, warn: bool = True) -> list[tuple[list[dict] | str, dict]]:
+    """``(messages or text, sample)`` pairs of an RL prompt source (``cfg`` is a ``DataConfig``); ``warn``: log the
+    key settings no record of a data file was read through (:func:`dare.data.sft.warn_unread_keys`)."""
+    from dare.data.sft import (
+        DEFAULT_SYNTHETIC_SIZE, SYNTHETIC_PREFIX, read_records, record_chat, record_text, warn_unread_keys,
+    )
     from dare.data.synthetic import TASKS
 
     path = cfg.path
@@ -89,22 +93,26 @@ def prompt_records(cfg, seed: int = 0) -> list[tuple[list[dict] | str, dict]]:
         return _benchmark_records(name, source or None, limit)
     if path.startswith(SYNTHETIC_PREFIX) and path[len(SYNTHETIC_PREFIX):] not in TASKS:
         return _eval_synthetic(path[len(SYNTHETIC_PREFIX):], limit or DEFAULT_SYNTHETIC_SIZE, seed)
-    out = []
-    for number, record in enumerate(read_records(path, limit, seed)):
-        if path.startswith(SYNTHETIC_PREFIX):
-            record = {"prompt": record["prompt"], "answer": record["response"]}
-            out.append((record["prompt"], record))
-            continue
+    records = read_records(path, limit, seed)
+    if path.startswith(SYNTHETIC_PREFIX):
+        return [(r["prompt"], {"prompt": r["prompt"], "answer": r["response"]}) for r in records]
+    out, read = [], set()
+    for number, record in enumerate(records):
+        where = records.where(number)
         if cfg.messages_key in record:
-            messages = list(record[cfg.messages_key])
-            if messages and messages[-1].get("role") == "assistant":
+            messages = record_chat(record[cfg.messages_key], cfg.messages_key, where)
+            if messages and messages[-1]["role"] == "assistant":
                 messages = messages[:-1]
             out.append((messages, record))
+            read.add("messages")
         elif cfg.prompt_key in record:
-            out.append((record[cfg.prompt_key], record))
+            out.append((record_text(record[cfg.prompt_key], cfg.prompt_key, where), record))
+            read.add("prompt")
         else:
-            raise InputError(f"record {number} has neither '{cfg.prompt_key}' nor '{cfg.messages_key}' "
-                             f"(keys: {', '.join(sorted(record))})")
+            raise InputError(f"{where} has neither '{cfg.prompt_key}' nor '{cfg.messages_key}' (keys: "
+                             f"{', '.join(sorted(record))}; data.prompt_key and data.messages_key name them)")
+    if warn:
+        warn_unread_keys(cfg, read, path, ("messages_key", "prompt_key"))
     return out
 
 
@@ -120,10 +128,12 @@ def encode_prompt(prompt: list[dict] | str, tokenizer, chat_template: bool) -> l
     return list(tokenizer(text, add_special_tokens=True).input_ids)
 
 
-def build_prompts(cfg, tokenizer, max_prompt_length: int, seed: int = 0) -> tuple[list[PromptItem], int]:
-    """Tokenized prompts (those longer than ``max_prompt_length`` dropped) and the number dropped."""
+def build_prompts(cfg, tokenizer, max_prompt_length: int, seed: int = 0,
+                  warn: bool = True) -> tuple[list[PromptItem], int]:
+    """Tokenized prompts (those longer than ``max_prompt_length`` dropped) and the number dropped; ``warn``: see
+    :func:`prompt_records`."""
     items, dropped = [], 0
-    for prompt, sample in prompt_records(cfg, seed):
+    for prompt, sample in prompt_records(cfg, seed, warn):
         ids = encode_prompt(prompt, tokenizer, cfg.chat_template)
         if not ids:
             raise InputError("a prompt encodes to no tokens")
@@ -150,28 +160,29 @@ class PairItem:
 def build_pairs(cfg, tokenizer, eos_id: int, seed: int = 0) -> tuple[list[PairItem], int]:
     """Tokenized pairs (responses end with EOS per ``data.append_eos``); pairs longer than
     ``data.max_length`` (prompt + the longer response) are dropped and counted."""
-    from dare.data.sft import read_records, tokenize_record
-
-    from dare.data.sft import SYNTHETIC_PREFIX
+    from dare.data.sft import SYNTHETIC_PREFIX, Records, read_records, record_text, tokenize_record
 
     records = read_records(cfg.path, cfg.num_examples, seed)
     if cfg.path.startswith(SYNTHETIC_PREFIX):
-        records = [{cfg.prompt_key: r["prompt"], cfg.chosen_key: r["response"],
-                    cfg.rejected_key: r["response"][1:] + r["response"][:1] + ("x" if len(set(r["response"])) < 2 else "")}
-                   for r in records]
+        records = Records([{cfg.prompt_key: r["prompt"], cfg.chosen_key: r["response"],
+                            cfg.rejected_key: r["response"][1:] + r["response"][:1]
+                            + ("x" if len(set(r["response"])) < 2 else "")} for r in records], cfg.path)
     items, dropped = [], 0
     for number, record in enumerate(records):
+        where = records.where(number)
         missing = [k for k in (cfg.prompt_key, cfg.chosen_key, cfg.rejected_key) if k not in record]
         if missing:
-            raise InputError(f"pair {number} lacks {', '.join(missing)} (keys: {', '.join(sorted(record))})")
+            raise InputError(f"{where} lacks {', '.join(missing)} (keys: {', '.join(sorted(record))}; "
+                             "data.prompt_key, data.chosen_key and data.rejected_key name them)")
         sides: list[Any] = []
         for key in (cfg.chosen_key, cfg.rejected_key):
-            shim = {cfg.prompt_key: record[cfg.prompt_key], cfg.response_key: record[key]}
-            sides.append(tokenize_record(shim, tokenizer, cfg, eos_id, number))
+            shim = {cfg.prompt_key: record_text(record[cfg.prompt_key], cfg.prompt_key, where),
+                    cfg.response_key: record_text(record[key], key, where)}
+            sides.append(tokenize_record(shim, tokenizer, cfg, eos_id, number, where))
         (prompt, chosen), (_, rejected) = sides
         if len(prompt) + max(len(chosen), len(rejected)) > cfg.max_length:
             if cfg.overlong == "error":
-                raise InputError(f"pair {number} is longer than data.max_length={cfg.max_length}")
+                raise InputError(f"{where}: the pair is longer than data.max_length={cfg.max_length}")
             dropped += 1
             continue
         items.append(PairItem(tuple(prompt), tuple(chosen), tuple(rejected), len(items)))
