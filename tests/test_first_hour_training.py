@@ -205,3 +205,34 @@ def test_a_tokenizer_transformers_cannot_load_is_one_readable_line(files, reason
     assert line.startswith(f"error: model.tokenizer={tokenizer}: cannot load a tokenizer {reason}")
     assert line.endswith("; a tokenizer directory holds tokenizer.json or tokenizer_config.json with the vocabulary "
                          "files it names")
+
+
+# 8. a diverged run stops before its update --------------------------------------------------------------------------
+
+def test_a_non_finite_loss_stops_the_run_before_its_update_and_exports_nothing(tmp_path, capsys):
+    """float16 weights on CPU overflow at the first update: the run went on with ``loss=nan`` and exported all-NaN
+    weights as ``final/``. Now the first non-finite loss or gradient norm is a one-line error, before the update."""
+    out = tmp_path / "run"
+    line = one_line_error(capsys, "train", SFT, "model.dtype=float16", "trainer.max_steps=4", "trainer.save_every=null",
+                          f"trainer.output_dir={out}", "trainer.progress=false")
+    assert line.startswith("error: step 2: the loss is nan; training stopped before the update") and \
+        "try bfloat16 or float32" in line
+    assert not (out / "final").exists() and not (out / "checkpoints").exists()
+    steps = [json.loads(row)["step"] for row in (out / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1]
+
+
+# 9. an export carries the chat template only when the run used it ------------------------------------------------
+
+@pytest.mark.parametrize("chat_template", [False, True])
+def test_an_export_carries_the_chat_template_only_when_the_run_trained_with_it(chat_template, tmp_path, capsys):
+    """``dare demo``'s model (``data.chat_template: false``) was exported with its tokenizer's chat template, so
+    ``dare generate`` / ``dare eval run`` wrapped prompts in a template the model never saw (demo accuracy 0.16 with
+    ``--no-chat``, 0.0 without)."""
+    from transformers import AutoTokenizer
+
+    out = tmp_path / "run"
+    assert main(["train", SFT, *SMALL, f"trainer.output_dir={out}", f"data.chat_template={str(chat_template).lower()}"]) == 0
+    capsys.readouterr()
+    exported = AutoTokenizer.from_pretrained(str(out / "final"))
+    assert bool(getattr(exported, "chat_template", None)) is chat_template

@@ -37,6 +37,10 @@ class InputError(DareError):
     """Tensors or data passed to DARE are malformed."""
 
 
+class DivergedError(DareError):
+    """Training produced a non-finite loss or gradient norm (too low a precision, too high a learning rate)."""
+
+
 def first_line(err: BaseException) -> str:
     """The first line of ``err``'s message (stripped), or its type name when it has none: how a one-line error
     quotes the exception it replaces."""

@@ -27,6 +27,7 @@ import copy
 import dataclasses
 import functools
 import logging
+import math
 import os
 import shutil
 import signal
@@ -42,7 +43,7 @@ from dare.distributed import (
     DistInfo, all_reduce_dict, all_reduce_max_int, apply_fsdp, autocast_context, barrier, init_distributed,
 )
 from dare.distributed.grad_norm import clip_grad_norm_
-from dare.errors import ConfigError, and_join
+from dare.errors import ConfigError, DivergedError, and_join
 from dare.outputs import atomic_write_text, ensure_dir, mark_output, publish_dir, remove_strays, staging_dir
 from dare.progress import hf_progress_bars
 from dare.trainer.checkpoint import load_checkpoint, remove_partial_checkpoints, save_checkpoint
@@ -430,6 +431,9 @@ class Trainer:
         if hasattr(norm, "full_tensor"):
             norm = norm.full_tensor()
         lr = self.scheduler.get_last_lr()[0]
+        if not math.isfinite(float(norm)):  # the update would write inf/NaN into every weight
+            self.optimizer.zero_grad(set_to_none=True)
+            raise self._diverged(f"the gradient norm is {float(norm)}")
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -450,10 +454,23 @@ class Trainer:
         sums = self.forward_backward(step)
         record = {"step": step + 1, "epoch": round(self.source_epoch(step + 1), 6)}
         record.update({k: float(v) for k, v in sorted(sums.items()) if torch.as_tensor(v).numel() == 1})
+        if "loss" in record and not math.isfinite(record["loss"]):
+            self.optimizer.zero_grad(set_to_none=True)
+            raise self._diverged(f"the loss is {record['loss']}")
         record.update(self.optimizer_step())
         record["time/step_s"] = round(time.perf_counter() - start, 4)
         record["time/step_cpu_s"] = round(time.process_time() - cpu_start, 4)  # all threads of the process
         return record
+
+    def _diverged(self, what: str) -> DivergedError:
+        """The one-line error of a step whose ``what`` is not finite: raised before the update, so no weights are
+        changed, saved or exported from it (the checkpoints of earlier steps stay)."""
+        dtype = self.config.model.dtype
+        hint = (f"model.dtype={dtype} overflows easily: try bfloat16 or float32, or " if dtype in ("float16", "fp16")
+                else "try ")
+        return DivergedError(f"step {self.step + 1}: {what}; training stopped before the update (no weights of this "
+                             f"step are saved or exported); {hint}a lower optim.lr (now {self.config.optim.lr:g}) or "
+                             "optim.grad_clip")
 
     def source_epoch(self, step: int) -> float:
         return step / max(1, getattr(self.source, "steps_per_epoch", 1))
@@ -492,7 +509,9 @@ class Trainer:
             print(f"resumed from {path} at step {self.step}")
 
     def _save_pretrained(self, out: Path, state: dict) -> None:
-        """Write the weights (a peft adapter with LoRA, else the full model) and the tokenizer into ``out``."""
+        """Write the weights (a peft adapter with LoRA, else the full model) and the tokenizer into ``out``; the
+        tokenizer without its chat template when the run encoded its data without it (``data.chat_template:
+        false``), so that ``dare generate`` / ``dare eval`` read prompts as the model was trained to."""
         from dare.models.loading import unwrap
 
         if self.trainable_only:  # peft adapter (embeddings are never resized: do not save them)
@@ -500,7 +519,14 @@ class Trainer:
                                        save_embedding_layers=False)
         else:
             unwrap(self.model).save_pretrained(str(out), state_dict=state, safe_serialization=True)
-        self.tokenizer.save_pretrained(str(out))
+        template = getattr(self.tokenizer, "chat_template", None)
+        if not self.config.data.chat_template and template is not None:
+            self.tokenizer.chat_template = None
+        try:
+            self.tokenizer.save_pretrained(str(out))
+        finally:
+            if template is not None:
+                self.tokenizer.chat_template = template
 
     def export(self, out_dir: Path | None = None) -> Path:
         """Write a HF checkpoint (full training) or a peft adapter (LoRA) plus the tokenizer (collective).
