@@ -399,6 +399,31 @@ def test_an_improbable_token_is_never_drawn_at_a_real_vocabulary(kernel, monkeyp
         assert others == 0, (settings, others)
 
 
+@pytest.mark.parametrize("kernel", ["1", "0"])
+def test_tiny_temperatures_break_exact_ties_by_the_noise_at_a_real_vocabulary(kernel, monkeypatch):
+    """Two exactly tied top logits per position (lanes, tiles or slices apart) at T = 1e-7, LLaDA's vocabulary: each
+    is drawn about half the time, by the kernel and by the compiled ops. Keys
+    ``logit / T + noise`` lost the noise (4e8 + noise in float32): the lower id won every draw."""
+    from dare.rollout import SamplerConfig
+    from dare.rollout.engine import noise, sampling
+
+    monkeypatch.setenv("DARE_PROPOSAL_KERNEL", kernel)
+    b, w, vocab = 16, 32, 126464
+    config = SamplerConfig(sampler="llada", temperature=1e-7).resolved()
+    keys = noise.row_keys(list(range(b)), "cuda")
+    positions = torch.arange(w, device="cuda")[None].expand(b, w)
+    eligible = torch.ones(b, w, dtype=torch.bool, device="cuda")
+    for first, second in ((1000, 1001), (100, 100 + 1024), (100, 120000)):
+        logits = torch.full((b, w, vocab), 30.0, device="cuda", dtype=torch.bfloat16)
+        logits[..., first] = logits[..., second] = 40.0
+        tokens = sampling.propose_static(logits, eligible, config=config, banned=7, keys=keys,
+                                         counters=torch.zeros(b, dtype=torch.long, device="cuda"),
+                                         positions=positions).tokens
+        assert set(tokens.unique().tolist()) == {first, second}, (first, second)
+        share = float((tokens == first).float().mean())
+        assert abs(share - 0.5) < 4 * 0.5 / tokens.numel() ** 0.5, (first, second, share)
+
+
 @pytest.mark.parametrize("rows,vocab,scale", [(512, 152064, 4.0), (64, 126464, 1.0), (4, 151936, 12.0)])
 def test_top_p_kernel_at_real_vocabularies_matches_the_sorted_filter(rows, vocab, scale):
     """The sort-free top-p filter, compiled, at Dream's, LLaDA's and SDAR's vocabularies (bf16 values: many ties)

@@ -212,6 +212,45 @@ def test_the_largest_uniform_draws_no_banned_or_improbable_token_in_the_interpre
     assert run.returncode == 0, run.stdout + run.stderr
 
 
+TIES = textwrap.dedent("""
+    import torch
+    from dare.rollout.engine.noise import row_keys, vocabulary_salts
+    from dare.rollout.engine.proposal_kernel import propose_fused
+    from dare.rollout.engine.sampling import _propose_ops
+
+    b, w, v = 1, 16, 3000
+    keys, counters = row_keys([3], "cpu"), torch.zeros(b, dtype=torch.long)
+    positions, eligible = torch.arange(w), torch.ones(b, w, dtype=torch.bool)
+    firsts = []
+    for first, second in ((1000, 1001), (100, 100 + 1024), (100, 2900)):  # lanes, a lane's tiles, slices apart
+        logits = torch.full((b, w, v), 30.0)
+        logits[..., first] = logits[..., second] = 40.0
+        settings = dict(banned=7, temperature=1e-7, confidence_source="logits", confidence="prob")
+        got = propose_fused(logits, eligible, keys=keys, counters=counters, positions=positions, processors=64,
+                            **settings)[0]  # three slices of one tile
+        want = _propose_ops(logits, eligible, keys, counters, positions, vocabulary_salts(v, "cpu"),
+                            top_p=None, top_k=None, top_k_first=False, **settings)[0]
+        assert torch.equal(got, want), (first, second, got, want)
+        assert set(got.unique().tolist()) == {first, second}, (first, second, got)
+        firsts.append(got == first)
+    share = float(torch.cat(firsts).float().mean())
+    assert abs(share - 0.5) < 4 * 0.5 / (3 * w) ** 0.5, share  # 4 standard deviations
+    print("ties drawn evenly")
+""")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="Triton is not installed")
+def test_tiny_temperatures_break_exact_ties_by_the_noise_in_the_interpreter():
+    """Two exactly tied top logits (lanes apart, a lane's tiles apart, slices apart) at T = 1e-7 are each drawn
+    about half the time, as by the tensor ops; the kernel kept ``logit / T + noise`` (4e8 plus noise, the noise's
+    low bits lost) and the first column won every draw. (Small: the interpreter runs reductions' combines in
+    Python.)"""
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    run = subprocess.run([sys.executable, "-W", "ignore", "-c", TIES], env=env, capture_output=True, text=True,
+                         timeout=600)
+    assert run.returncode == 0 and "ties drawn evenly" in run.stdout, run.stdout + run.stderr
+
+
 def test_slices_fill_the_gpu_with_whole_tiles():
     assert num_slices(positions=512, vocab=126464, processors=132) == 2  # LLaDA B=16 dual: 1024 programs
     assert num_slices(positions=32, vocab=126464, processors=132) == 17  # B=1: 544 programs

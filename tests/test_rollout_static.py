@@ -310,6 +310,22 @@ def test_gumbel_noise_samples_the_softmax():
     assert not torch.equal(base, base2)
 
 
+@pytest.mark.parametrize("temperature", [1e-5, 1e-7, 1e-9])
+def test_tiny_temperatures_break_exact_ties_by_the_noise(temperature):
+    """Two exactly tied top logits at a tiny temperature are each drawn about half the time. Added to
+    ``logit / T`` (~4e8 at T = 1e-7), float32 dropped the noise's low bits: the keys tied and the lower id won
+    (every draw at T <= 1e-7, ~3/4 of them at 1e-5)."""
+    rows, positions = 16, 128
+    logits = torch.full((rows, positions, 8), 30.0)
+    logits[..., 2] = logits[..., 5] = 40.0
+    base = position_hash(row_keys(list(range(rows)), "cpu"), torch.zeros(rows, dtype=torch.long),
+                         torch.arange(positions), stream=1)
+    draws = gumbel_argmax(logits / temperature, base).flatten()
+    assert set(draws.unique().tolist()) == {2, 5}
+    share = float((draws == 2).float().mean())
+    assert abs(share - 0.5) < 4 * 0.5 / draws.numel() ** 0.5, share  # 4 standard deviations
+
+
 def test_a_noise_collision_between_two_positions_does_not_repeat_step_after_step():
     """Two positions whose hashes before the step counter differ by ``d`` (small) collide at steps ``(c, c ^ d)``.
     With the counter XORed in raw, that collision came back at every such pair of steps (256 of 256 here): the two

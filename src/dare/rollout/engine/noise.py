@@ -63,12 +63,17 @@ def uniform(hashes: torch.Tensor) -> torch.Tensor:
 def gumbel_argmax(scores: torch.Tensor, base: torch.Tensor, salts: torch.Tensor | None = None) -> torch.Tensor:
     """``argmax(scores + Gumbel)`` over the last axis of float32 ``scores [B, W, V]``: a sample from
     ``softmax(scores)``. The Gumbel noise of entry ``v`` is a hash of ``base [B, W]`` (:func:`position_hash`)
-    and ``salts[v]`` (default :func:`vocabulary_salts`); ``-inf`` scores are never drawn. Pure tensor ops: the
-    engine compiles them with the rest of a proposal (:mod:`dare.rollout.engine.compiled`), passing ``salts``."""
+    and ``salts[v]`` (default :func:`vocabulary_salts`); ``-inf`` scores are never drawn. The scores are shifted
+    by their row's max before the noise joins them: at tiny temperatures ``logit / T`` is so large that float32
+    would drop the noise's low bits and exactly tied logits would go to the lower id; shifted, tied maxima are
+    exactly 0 and the noise alone breaks their tie. Pure tensor ops: the engine compiles them with the rest of a
+    proposal (:mod:`dare.rollout.engine.compiled`), passing ``salts``."""
     if salts is None:
         salts = vocabulary_salts(scores.shape[-1], scores.device)
     h = mix32(base[..., None] ^ salts)
-    return (scores - torch.log(-torch.log(uniform(h)))).argmax(-1)
+    top = scores.amax(-1, keepdim=True)
+    shifted = scores - torch.where(top == float("-inf"), torch.zeros_like(top), top)
+    return (shifted - torch.log(-torch.log(uniform(h)))).argmax(-1)
 
 
 _SALTS: dict = {}

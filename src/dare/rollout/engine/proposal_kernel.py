@@ -27,7 +27,9 @@ key and a tie cut per position and distribution): the kernels test each entry's 
 filtered copy of the logits is written or read. The others keep the compiled tensor ops.
 ``DARE_PROPOSAL_KERNEL=0`` turns the kernel off.
 Greedy tokens equal the tensor ops' (both compare the same float32 values; ties go to the first index); Gumbel-max
-tokens equal them unless two noisy keys lie within the float32 rounding of the logarithms. Confidences and log-probabilities differ by float32 rounding
+tokens equal them unless two noisy keys lie within the float32 rounding of the logarithms. A Gumbel-max key is kept
+as its pair (score, noise) and compared by differences (:func:`_noisy_better`), as the tensor ops add the noise to
+scores shifted by their max: at tiny temperatures exactly tied logits are drawn evenly. Confidences and log-probabilities differ by float32 rounding
 (one online log-sum-exp instead of a two-pass one); given a ``rounding``, both round confidences alike.
 """
 
@@ -88,6 +90,9 @@ def key_bits(dtype: torch.dtype) -> int:
     return 16 if dtype == torch.bfloat16 else 32
 
 
+PLANES = 7
+"""Planes of a launch's partial records per (position, slice): the sampling distribution's max and sum-exp (0, 1),
+the confidence source's (2, 3), the best selection score (4), the entropy sum (5) and the best's Gumbel noise (6)."""
 NOT_PROBABLE = 1 << 30
 """Added to a slice's first kept column where none of its entries is the most probable (columns are below it)."""
 ROUNDINGS = {None: 0, torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
@@ -137,7 +142,7 @@ def propose_fused(logits: torch.Tensor, eligible: torch.Tensor, *, banned: int, 
     pos = positions.long()
     pos = pos.expand(b, w) if pos.ndim == 2 else pos[None, :].expand(b, w)
     entropy = confidence == "neg_entropy"
-    partial = torch.empty((6 if entropy else 5, rows, slices), dtype=torch.float32, device=logits.device)
+    partial = torch.empty((PLANES, rows, slices), dtype=torch.float32, device=logits.device)
     best = torch.empty((rows, slices), dtype=torch.int32, device=logits.device)
     tokens = torch.empty((b, w), dtype=torch.long, device=logits.device)
     score = torch.empty((b, w), dtype=torch.float32, device=logits.device)
@@ -264,6 +269,24 @@ if triton is not None:
             return radix_key(x, tl.math.div_rn(x, temperature) if SCALED else x, KEY_BITS)
 
     @triton.jit
+    def _noisy_better(score, noise, best_score, best_noise):
+        """Whether ``score + noise`` beats ``best_score + best_noise`` (Gumbel-max keys), compared as
+        ``(score - best_score) + (noise - best_noise) > 0``: at tiny temperatures the scores ``logit / T`` are so
+        large that their sum with the noise would drop its low bits (tied logits going to the lower id); their
+        difference is exact for tied or close logits. A ``-inf`` score never wins; any finite one beats ``-inf``."""
+        ahead = (score - best_score) + (noise - best_noise) > 0.0
+        return (score > float("-inf")) & ((best_score == float("-inf")) | ahead)
+
+    @triton.jit
+    def _noisy_first_max(score_a, noise_a, col_a, score_b, noise_b, col_b):
+        """Combine of a reduction to the Gumbel-max winner (:func:`_noisy_better`); equal keys: the first column."""
+        b_wins = _noisy_better(score_b, noise_b, score_a, noise_a)
+        tied = (score_b - score_a) + (noise_b - noise_a) == 0.0
+        b_wins = b_wins | (tied & (col_b < col_a) & (score_b > float("-inf")))
+        return (tl.where(b_wins, score_b, score_a), tl.where(b_wins, noise_b, noise_a),
+                tl.where(b_wins, col_b, col_a))
+
+    @triton.jit
     def _partial_kernel(Logits, stride_b, stride_w, V, banned, temperature, Partial, Best, Keys, Counters, Pos, W, spb,
                         spw, Cuts, PER_SLICE: tl.constexpr, SLICES: tl.constexpr, BLOCK: tl.constexpr,
                         SAMPLED: tl.constexpr, SCALED_SOURCE: tl.constexpr, WANT_SOURCE: tl.constexpr,
@@ -281,6 +304,7 @@ if triton is not None:
         m_smp = tl.full((BLOCK,), float("-inf"), tl.float32)
         s_smp = tl.zeros((BLOCK,), tl.float32)
         best_key = tl.full((BLOCK,), float("-inf"), tl.float32)
+        best_noise = tl.zeros((BLOCK,), tl.float32)  # Gumbel-max: the noise of the lane's best, kept apart
         best_col = tl.full((BLOCK,), 2147483647, tl.int32)
         begin = piece * PER_SLICE
         for offset in range(0, PER_SLICE, BLOCK):  # a compile-time bound: one kernel per slicing
@@ -296,12 +320,10 @@ if triton is not None:
                 scores = tl.where(removed, float("-inf"), scaled)
                 salt = cols.to(tl.uint32) * GOLDEN  # uint32 products wrap: (v x golden) mod 2^32
                 h = _mix32(noise_base ^ salt)
-                u = _uniform(h)
-                key = scores - tl.log(-tl.log(u))
-                key = tl.where(inside, key, float("-inf"))
+                noise = -tl.log(-tl.log(_uniform(h)))
+                scores = tl.where(inside, scores, float("-inf"))
             else:
                 scores = tl.where(removed, float("-inf"), x)
-                key = scores
             m_smp, s_smp = online_lse(m_smp, s_smp, scores)
             if WANT_SOURCE:
                 if SCALED_SOURCE:  # the tempered logits, in the model's dtype as the eager samplers hold them
@@ -311,11 +333,18 @@ if triton is not None:
                 if FILTER_SOURCE:
                     source = tl.where(in_nucleus(nucleus_key, cols, Cuts, 1, row, rows), source, float("-inf"))
                 m_src, s_src = online_lse(m_src, s_src, source)
-            better = key > best_key  # strict: a lane's earlier column wins a tie
+            if SAMPLED:  # strict: a lane's earlier column wins a tie
+                better = _noisy_better(scores, noise, best_key, best_noise)
+                best_noise = tl.where(better, noise, best_noise)
+            else:
+                better = scores > best_key
             best_col = tl.where(better, cols, best_col)
-            best_key = tl.where(better, key, best_key)
-        top = tl.max(best_key, 0)
-        col = tl.min(tl.where(best_key == top, best_col, 2147483647), 0)  # the first column of the slice's max
+            best_key = tl.where(better, scores, best_key)
+        if SAMPLED:
+            top, top_noise, col = tl.reduce((best_key, best_noise, best_col), 0, _noisy_first_max)
+        else:
+            top = tl.max(best_key, 0)
+            col = tl.min(tl.where(best_key == top, best_col, 2147483647), 0)  # the first column of the slice's max
         col = tl.where(top == float("-inf"), begin, col)  # no finite key: its first column, as argmax answers
         out = row * SLICES + piece
         total = rows * SLICES
@@ -327,6 +356,8 @@ if triton is not None:
             tl.store(Partial + 2 * total + out, m)
             tl.store(Partial + 3 * total + out, s)
         tl.store(Partial + 4 * total + out, top)
+        if SAMPLED:
+            tl.store(Partial + 6 * total + out, top_noise)
         tl.store(Best + out, col)
 
     @triton.jit
@@ -445,8 +476,13 @@ if triton is not None:
             token = tl.where(token == 2147483647, 0, tl.where(token >= _NOT_PROBABLE, token - _NOT_PROBABLE, token))
         else:
             keys = tl.load(Partial + 4 * total + at, mask=used, other=float("-inf"))
-            top = tl.max(keys, 0)
-            token = tl.min(tl.where(keys == top, cols, 2147483647), 0)  # slices are in column order: the first max
+            if SAMPLED:
+                noise = tl.load(Partial + 6 * total + at, mask=used, other=0.0)
+                top, _, token = tl.reduce((keys, noise, cols), 0, _noisy_first_max)
+                token = tl.where(top == float("-inf"), tl.min(cols, 0), token)
+            else:
+                top = tl.max(keys, 0)
+                token = tl.min(tl.where(keys == top, cols, 2147483647), 0)  # slices in column order: the first max
         x = tl.load(Logits + (row // W).to(tl.int64) * stride_b + (row % W).to(tl.int64) * stride_w + token)
         x = x.to(tl.float32)
         if SAMPLED:
