@@ -263,8 +263,8 @@ def test_gsm8k_rows_need_a_numeric_final_answer(tmp_path, capsys):
     mmlu = tmp_path / "mmlu.jsonl"
     mmlu.write_text(json.dumps({"question": "1 + 1?", "choices": ["1", "2", "3", "4"], "answer": 1}) + "\n")
     line = one_line_error(capsys, *eval_args(mmlu))  # gsm8k scored the option index 1 as the gold number
-    assert line == ("error: gsm8k: row 0 is malformed: 'answer' must be a string ending in '#### <number>' "
-                    "(or the number alone); got 1")
+    assert line == ("error: gsm8k: row 0 is malformed: it has 'choices' (multiple-choice data: its 'answer' 1 is an "
+                    "option index, not the gold number)")
     from dare.eval import get_benchmark
 
     shipped = ROOT / "configs/lm_eval/data/tiny_gen.jsonl"  # the shipped gsm8k-format fixture still loads

@@ -135,8 +135,8 @@ def test_rl_prompts_from_a_benchmark_without_a_file_warn_that_they_are_its_evalu
     ("data.path=synthetic:revers", "error: unknown synthetic task 'revers' (did you mean 'reverse'?)"),
     ("data.path=missing.jsonl", "error: data file missing.jsonl does not exist"),
     ("data.path=benchmark:gsm8q", "error: unknown benchmark 'gsm8q' (did you mean 'gsm8k'?)"),
-    ("trainer.resume=sometimes", ("error: trainer.resume=sometimes is not a checkpoint directory; use auto, never "
-                                  "or a checkpoint directory")),
+    ("trainer.resume=sometimes", ("error: trainer.resume=sometimes is not a checkpoint directory; use auto, never, "
+                                  "a run directory (its latest checkpoint) or a checkpoint directory")),
     ("rollout.group_size=3", "error: trainer.batch_size=16 (rollouts per step) must be a multiple of "
                              "rollout.group_size=3"),
     ("rollout.reward={exact_match:2.0}", "error: reward 'exact_match:2.0': the weight must be a number"),

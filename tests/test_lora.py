@@ -3,12 +3,15 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import torch
 from transformers import AutoModel
 
 from dare.models.loading import load_model
 from dare.trainer import Trainer, load_train_config
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_lora_train_save_load_merge_round_trip(tmp_path):
@@ -71,3 +74,23 @@ def test_same_model_resolves_tiny_seeds_and_local_paths(tmp_path, monkeypatch):
     assert same_model("tiny:dream", "tiny:dream:0") and not same_model("tiny:dream", "tiny:llada")
     assert not same_model("ckpt", "tiny:llada") and same_model("org/model", "org/model/")
     assert not same_model("org/model", "org/other")
+
+
+def test_a_lora_run_resumes_exactly_from_its_trainable_only_checkpoint(tmp_path):
+    """A LoRA checkpoint holds only the adapters (and their optimizer state); resuming from it loads them into the
+    model whose frozen base weights are not in the file. (It asked for every base weight: a traceback.) The resumed
+    run ends where the uninterrupted one does."""
+    recipe = ROOT / "configs/llada/sft_lora_tiny.yaml"
+    common = ["trainer.progress=false", "trainer.export=false"]
+    full = Trainer(load_train_config(recipe, [f"trainer.output_dir={tmp_path / 'a'}", "trainer.max_steps=3",
+                                              *common]))
+    full.train()
+    Trainer(load_train_config(recipe, [f"trainer.output_dir={tmp_path / 'b'}", "trainer.max_steps=2",
+                                       *common])).train()
+    resumed = Trainer(load_train_config(recipe, [f"trainer.output_dir={tmp_path / 'b'}", "trainer.max_steps=3",
+                                                 *common]))
+    resumed.train()
+    trained = [(n, p) for n, p in full.model.named_parameters() if p.requires_grad]
+    assert trained and all("lora" in name for name, _ in trained)
+    for (name, a), (_, b) in zip(full.model.named_parameters(), resumed.model.named_parameters()):
+        torch.testing.assert_close(a, b, atol=0, rtol=0, msg=name)

@@ -216,8 +216,9 @@ def test_the_end_says_where_the_weights_are_without_an_export_and_a_deleted_resu
         f"no final export (trainer.export=false); latest checkpoint: {out / 'checkpoints' / 'step_00000001'}")
     gone = out / "checkpoints" / "step_00000009"
     assert one_line_error(capsys, "train", SFT, *SMALL, f"trainer.resume={gone}", "--dry-run") == (
-        f"error: trainer.resume={gone} does not exist; use auto, never or a checkpoint directory "
-        "(OUTPUT_DIR/checkpoints/step_N)")
+        f"error: trainer.resume={gone} does not exist; the checkpoints in {out / 'checkpoints'}: step_00000001; use "
+        "auto, never, a run directory (its latest checkpoint) or a checkpoint directory "
+        "(OUTPUT_DIR/checkpoints/step_00000012)")
 
 
 def test_sft_rows_longer_than_the_models_context_are_warned(tmp_path, caplog):

@@ -306,6 +306,64 @@ def parse_overrides(overrides: list[str]) -> dict:
     return tree
 
 
+SEEDS = (0, 2**32 - 1)
+"""The seeds a run (``trainer.seed``, ``dare demo --seed``) takes: per-epoch seeds are derived as
+``seed * 1_000_003 + epoch``, which must fit torch's 64-bit seeds."""
+
+
+OVERRIDE_FORMS = ("a list of 'key=value' strings, one 'key=value' string or a mapping {key: value} (dotted keys "
+                  "or nested sections)")
+"""What :func:`override_tree` accepts, as its one-line error names it."""
+
+
+def override_tree(overrides, argument: str = "overrides") -> dict:
+    """The nested dict of ``overrides`` given in any of the forms of :data:`OVERRIDE_FORMS`: a list (or tuple) of
+    ``key=value`` strings (:func:`parse_overrides`), one such string, or a mapping whose values are taken as they are
+    (``{"optim.lr": 1e-4}`` or ``{"optim": {"lr": 1e-4}}``). Anything else (or a list item that is not a string) is a
+    one-line :class:`ConfigError` naming ``argument`` and the accepted forms."""
+    from dare.errors import described
+
+    if overrides is None:
+        return {}
+    if isinstance(overrides, str):
+        return parse_overrides([overrides])
+    if isinstance(overrides, typing.Mapping):
+        return _mapping_tree(overrides, argument)
+    if isinstance(overrides, (list, tuple)):
+        for index, item in enumerate(overrides):
+            if not isinstance(item, str):
+                raise ConfigError(f"{argument}[{index}] must be a 'key=value' string; got {described(item)}")
+        return parse_overrides(list(overrides))
+    raise ConfigError(f"{argument} must be {OVERRIDE_FORMS}; got {described(overrides)}")
+
+
+def _mapping_tree(overrides: typing.Mapping, argument: str) -> dict:
+    """``{"a.b": 1, "c": {"d": 2}}`` -> ``{"a": {"b": 1}, "c": {"d": 2}}`` (values as given; a key given both as a
+    value and as a section, ``{"optim": None, "optim.lr": 1}``, is a one-line error)."""
+    tree: dict = {}
+    for key, value in overrides.items():
+        if not isinstance(key, str) or not key.strip():
+            raise ConfigError(f"{argument}: every key must be a config key such as 'optim.lr'; got {key!r}")
+        branch = value
+        for part in reversed(key.strip().split(".")):
+            branch = {part: branch}
+        _merge_into(tree, branch, f"{argument}: {{}} is given twice (again by the key '{key}')")
+    return tree
+
+
+def _merge_into(tree: dict, branch: dict, conflict: str, prefix: str = "") -> None:
+    """Merge ``branch`` into ``tree`` in place; a key both hold, unless both as sections, is the error ``conflict``
+    (its ``{}`` is the dotted key)."""
+    for key, value in branch.items():
+        if key not in tree:
+            tree[key] = value
+        elif isinstance(tree[key], dict) and isinstance(value, dict):
+            tree[key] = dict(tree[key])
+            _merge_into(tree[key], value, conflict, f"{prefix}{key}.")
+        else:
+            raise ConfigError(conflict.format(f"{prefix}{key}"))
+
+
 def merge(base: dict, update: dict) -> dict:
     """Recursive dict merge (``update`` wins; nested mappings are merged)."""
     out = dict(base)

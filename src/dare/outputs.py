@@ -68,11 +68,16 @@ def check_dir_target(path: str | os.PathLike, what: str) -> None:
         raise ConfigError(f"{what} {target}: {detail}")
 
 
-def check_file_target(path: str | os.PathLike, what: str) -> Path:
-    """Check that file ``path`` can be written (its directory is created when missing); writes nothing else."""
+def check_file_target(path: str | os.PathLike, what: str, example: str | None = None) -> Path:
+    """Check that file ``path`` can be written (its directory is created when missing); writes nothing else. A
+    directory - an existing one, or a path ending in ``/`` (which would otherwise become a file of that name) - is a
+    one-line error, suggesting the file ``example`` in it when given."""
+    names_directory = str(path).endswith(("/", os.sep))
     path = Path(path).expanduser()
-    if path.is_dir():
-        raise ConfigError(f"{what} {path}: is a directory (give a file name)")
+    if path.is_dir() or names_directory:
+        suggestion = f", e.g. {path / example}" if example else ""
+        why = "is a directory" if path.is_dir() else "ends in '/', so it names a directory"
+        raise ConfigError(f"{what} {path}{'/' if names_directory else ''}: {why}; give a file name{suggestion}")
     ensure_dir(path.parent if str(path.parent) else Path("."), what)
     if path.exists() and not os.access(path, os.W_OK):
         raise ConfigError(f"{what} {path}: the file is not writable")
@@ -155,14 +160,17 @@ def check_replaceable(path: str | os.PathLike, what: str, command: str) -> bool:
 
 
 def check_file_replaceable(path: str | os.PathLike, what: str, earlier: str, is_earlier: Callable[[Path], bool],
-                           inputs: dict[str, str | os.PathLike | None] | None = None) -> bool:
+                           inputs: dict[str, str | os.PathLike | None] | None = None,
+                           example: str | None = None) -> bool:
     """The file analogue of :func:`check_replaceable`: check that a command may write file ``path`` (``what`` names
     the flag in the errors). True when it holds an earlier output of the command (``is_earlier(path)``, to be
     replaced), False when it is missing. A one-line :class:`~dare.errors.ConfigError`, before anything is written,
     when ``path`` is the same file as one of the command's ``inputs`` (``{flag: path}``; symlinks and hard links
     followed, missing paths and hub names skipped), when it exists and is not ``earlier`` (e.g. ``"an earlier `dare
-    eval run`/`dare eval score` results file"``), and for :func:`check_file_target`'s cases (a directory, an
-    unwritable file or directory)."""
+    eval run`/`dare eval score` results file"``), and for :func:`check_file_target`'s cases (a directory, suggesting
+    the file ``example`` in it, an unwritable file or directory)."""
+    if str(path).endswith(("/", os.sep)):  # Path() drops the slash that says "a directory"
+        check_file_target(path, what, example)
     path = Path(path).expanduser()
     for flag, source in (inputs or {}).items():
         if source is not None and _same_file(path, Path(source).expanduser()):
@@ -171,7 +179,7 @@ def check_file_replaceable(path: str | os.PathLike, what: str, earlier: str, is_
     existing = path.exists() and not path.is_dir()
     if existing and not is_earlier(path):
         raise ConfigError(f"{what} {path}: exists and is not {earlier}; give a new file name (nothing was written)")
-    check_file_target(path, what)
+    check_file_target(path, what, example)
     return existing
 
 

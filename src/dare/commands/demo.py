@@ -13,40 +13,63 @@ HELP_ALGORITHMS = ("d1", "wd1", "coupled_grpo", "cj_grpo", "mdpo", "spg", "bgpo"
 """Named in ``--help`` without importing the registry (``dare --help`` stays fast); a test keeps it complete."""
 
 
+def defaults(name: str) -> str:
+    """``default V`` of setting ``name``, with ``; Q with --quick`` where ``--quick`` changes it (read from the
+    settings themselves, :func:`dare.demo.settings.default`)."""
+    from dare.demo.settings import default
+
+    full, quick = default(name), default(name, quick=True)
+    return f"default {_shown(full)}" + (f"; {_shown(quick)} with --quick" if quick != full else "")
+
+
+def _shown(value) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--out", default=None,
-                        help="output directory (default: runs/demo, with --quick runs/demo-quick); a run with the same "
-                             "settings there is replaced, one with other settings is an error (give another --out)")
-    parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    parser.add_argument("--algorithm", default="d1",
+    from dare.demo.settings import DEVICES, QUICK, SEEDS, default
+
+    # no argparse defaults: a flag left out is the (quick) demo's own default, which the help text reads
+    parser.add_argument("--out", help=f"output directory (default: {default('out_dir')}; "
+                                      f"{default('out_dir', quick=True)} with --quick); a run with the same settings "
+                                      "there is replaced, one with other settings is an error (give another --out)")
+    parser.add_argument("--seed", type=int, help=f"random seed, {SEEDS[0]} to {SEEDS[1]} ({defaults('seed')})")
+    parser.add_argument("--algorithm",
                         help="RL algorithm: any registered rollout algorithm for full-attention models ("
-                             + ", ".join(HELP_ALGORITHMS) + "), or sft to continue SFT instead (default d1)")
+                             + ", ".join(HELP_ALGORITHMS) + f"), or sft to continue SFT instead "
+                             f"({defaults('algorithm')})")
     parser.add_argument("--quick", action="store_true",
-                        help="the shortened CI variant (tiny model, a few steps; default --out runs/demo-quick)")
-    parser.add_argument("--sft-max-steps", type=int, help="upper bound of SFT steps (default 400)")
+                        help=f"the shortened CI variant ({QUICK['digits']}-digit numbers, a {QUICK['layers']}-layer "
+                             f"width-{QUICK['hidden']} model, fewer steps: see each flag's default; default --out "
+                             f"{QUICK['out_dir']})")
+    parser.add_argument("--sft-max-steps", type=int, help=f"upper bound of SFT steps ({defaults('sft_max_steps')})")
     parser.add_argument("--sft-target", type=float,
-                        help="SFT stops once validation accuracy reaches this fraction (default 0.3)")
-    parser.add_argument("--rl-steps", type=int, help="RL optimizer steps (default 120)")
-    parser.add_argument("--rl-lr", type=float, help="RL learning rate (default 3e-4)")
-    parser.add_argument("--threads", type=int, default=1,
-                        help="torch CPU threads (default 1, pinned: the results depend on the thread count through "
-                             "float rounding; 0 = torch's choice)")
-    parser.add_argument("--device", choices=("cpu", "cuda", "auto"), default="cpu",
-                        help="where to train and evaluate (default cpu, the demo's reference setting)")
+                        help=f"SFT stops once validation accuracy reaches this fraction ({defaults('sft_target')})")
+    parser.add_argument("--rl-steps", type=int, help=f"RL optimizer steps ({defaults('rl_steps')})")
+    parser.add_argument("--rl-lr", type=float, help=f"RL learning rate ({defaults('rl_lr')})")
+    parser.add_argument("--threads", type=int,
+                        help=f"torch CPU threads ({defaults('threads')}, pinned: the results depend on the thread "
+                             "count through float rounding; 0 = torch's choice)")
+    parser.add_argument("--device", choices=DEVICES,
+                        help=f"where to train and evaluate ({defaults('device')}, the demo's reference setting; "
+                             "auto = cuda where available, else cpu)")
+
+
+OPTIONS = ("seed", "algorithm", "sft_max_steps", "sft_target", "rl_steps", "rl_lr", "threads", "device")
+"""The flags that set a :class:`~dare.demo.DemoConfig` field of the same name (``--out`` sets ``out_dir``)."""
 
 
 def run(args: argparse.Namespace) -> int:
     from dare.demo import DemoConfig, run_demo
     from dare.errors import ConfigError
 
-    if args.threads < 0:
+    if args.threads is not None and args.threads < 0:
         raise ConfigError(f"--threads must be >= 1 (or 0 = torch's choice); got {args.threads}")
-    overrides = {"seed": args.seed, "algorithm": args.algorithm, "device": args.device,
-                 "threads": args.threads or None}
-    for key in ("sft_max_steps", "sft_target", "rl_steps", "rl_lr"):  # unset: the (quick) demo's default
-        if getattr(args, key) is not None:
-            overrides[key] = getattr(args, key)
-    if args.out is not None:  # unset: runs/demo, or runs/demo-quick for --quick (the two runs never collide)
+    # a flag left out: the (quick) demo's default; --out left out: runs/demo, or runs/demo-quick for --quick
+    overrides = {key: getattr(args, key) for key in OPTIONS if getattr(args, key) is not None}
+    if args.threads == 0:
+        overrides["threads"] = None  # torch's choice
+    if args.out is not None:
         overrides["out_dir"] = args.out
     config = DemoConfig.quick(**overrides) if args.quick else DemoConfig(**overrides)
     run_demo(config)

@@ -10,7 +10,9 @@ prints the metrics; ``--out`` writes the full results file (settings, timings, p
 ``--out`` (both commands) is a new file or an earlier results file (replaced); one of the command's inputs or any
 other existing file is a one-line error before any work (:func:`dare.eval.results.check_results_out`).
 
-``dare eval score --benchmark B --predictions FILE.jsonl``: each predictions line is a JSON object with ``prediction`` (a completion, or a list of ``n``
+``dare eval score --benchmark B --predictions FILE.jsonl``: each predictions line (or each item of one JSON array; a
+results file, already scored, is a one-line error, :mod:`dare.commands.eval_predictions`) is a JSON object with
+``prediction`` (a completion, or a list of ``n``
 completions for pass@k) and either ``{"id"|"question", "answer"}`` or the benchmark's native fields
 (e.g. HumanEval's ``task_id/prompt/test/entry_point``); with ``--data`` the lines are joined to the
 benchmark's samples by ``id`` (or ``task_id``, or ``question``) instead. Code benchmarks always run the
@@ -40,7 +42,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     score_help = "score a predictions .jsonl file and print the metrics as JSON"
     score = sub.add_parser("score", help=score_help, description=score_help)
     score.add_argument("--benchmark", required=True, help="benchmark name (gsm8k, math500, humaneval, mmlu, ...)")
-    score.add_argument("--predictions", required=True, help='JSONL: {"id"|"question", "prediction", "answer"} or native fields')
+    score.add_argument("--predictions", required=True, help='JSONL: {"id"|"question", "prediction", "answer"} or '
+                       "native fields per line (or a JSON array of such objects)")
     score.add_argument("--data", default=None, help="benchmark data (file, directory or HF name) to join predictions with by id")
     score.add_argument("--split", default=None, help="split of --data when it is a HF dataset or a directory of split files")
     score.add_argument("--k", type=int, nargs="*", default=None, help="pass@k values (default: 1,5,10,... up to n)")
@@ -125,6 +128,7 @@ def _run_configs(args: argparse.Namespace, bench):
             raise ConfigError(f"{flag} applies to generation; {bench.name} is scored by likelihood here "
                               "(add --mode generate)")
         values = parse_options(args.option)
+        reject_other_mode_options(values, mode, bench)
         flags = {k: getattr(args, k) for k in ("mc_samples", "length_norm", "seed") if getattr(args, k) is not None}
         reject_flag_and_option(flags, values)
         reject_option_seed(values)
@@ -133,6 +137,7 @@ def _run_configs(args: argparse.Namespace, bench):
     if args.mc_samples is not None or args.length_norm is not None:
         flag = "--mc-samples" if args.mc_samples is not None else "--length-norm"
         raise ConfigError(f"{flag} applies to --mode likelihood (multiple-choice benchmarks)")
+    reject_other_mode_options(parse_options(args.option), mode, bench)
     values = eval_sampler_values(args, bench, config)
     from dare.rollout import SamplerConfig
 
@@ -143,29 +148,57 @@ def _run_configs(args: argparse.Namespace, bench):
     return config, values, None
 
 
+def reject_other_mode_options(options: dict, mode: str, bench) -> None:
+    """A ``-o`` setting that only the other evaluation mode reads (``-o mc_samples`` while generating, ``-o
+    threshold`` while scoring by likelihood): a one-line error naming the mode it belongs to and how to get there,
+    instead of a did-you-mean among this mode's fields."""
+    from dare.commands.generate import likelihood_only_fields
+    from dare.errors import ConfigError
+    from dare.eval import LikelihoodConfig
+    from dare.rollout import SamplerConfig
+
+    likelihood_only = likelihood_only_fields(LikelihoodConfig, SamplerConfig)
+    if mode == "likelihood":
+        sampler_only = likelihood_only_fields(SamplerConfig, LikelihoodConfig)
+        key = next((k for k in options if k in sampler_only), None)
+        if key is not None:
+            raise ConfigError(f"-o {key} applies to generation; {bench.name} is scored by likelihood here "
+                              "(add --mode generate)")
+        return
+    key = next((k for k in options if k in likelihood_only), None)
+    if key is None:
+        return
+    if bench.kind == "choice":
+        how = (f"{bench.name} is evaluated by generation here, as --mode generate asks (leave it out to score by "
+               "likelihood)")
+    else:
+        how = f"{bench.name} is free-form, so it is evaluated by generation"
+    raise ConfigError(f"-o {key} applies to likelihood scoring (--mode likelihood, multiple-choice benchmarks); {how}")
+
+
 def run_run(args: argparse.Namespace) -> int:
     from dare.commands.eval_inputs import load_samples
+    from dare.commands.generate import model_argument
     from dare.devices import resolve_device
     from dare.errors import ConfigError
     from dare.eval import evaluate, get_benchmark
     from dare.eval.results import check_results_out
     from dare.eval.run import load_for_eval
-    from dare.models.loading import check_adapter_path
     from dare.rollout import SamplerConfig, default_sampler
 
     if args.limit is not None and args.limit < 1:
         raise ConfigError(f"--limit must be positive (omit it to evaluate every problem); got {args.limit}")
-    if args.out:  # never an input, nor a file an evaluation did not write
-        check_results_out(args.out, "--out", {"--data": args.data, "--fewshot-data": args.fewshot_data})
-    resolve_device(args.device)  # before the data and the model are loaded
+    model_argument(args)  # --model, or the base model --adapter records; the adapter checked before anything loads
     bench = get_benchmark(args.benchmark)
+    if args.out:  # never an input, nor a file an evaluation did not write
+        check_results_out(args.out, "--out", {"--data": args.data, "--fewshot-data": args.fewshot_data},
+                          example=f"{bench.name}.json")
+    resolve_device(args.device)  # before the data and the model are loaded
     config, sampler_values_, likelihood = _run_configs(args, bench)
     options = code_reward_options(args, bench)
-    if args.adapter is not None:  # before the data and the base model are loaded
-        check_adapter_path(args.adapter)
     samples, pool, pool_source, data = load_samples(bench, args)
     model, tokenizer, model_info = load_for_eval(args.model, args.adapter, args.device, args.dtype,
-                                                 compile_blocks=args.compile_blocks)
+                                                 compile_blocks=args.compile_blocks, tokenizer=args.tokenizer)
     sampler = None
     if sampler_values_ is not None:
         sampler = SamplerConfig.from_dict({"sampler": default_sampler(model), **sampler_values_})
@@ -177,8 +210,16 @@ def run_run(args: argparse.Namespace) -> int:
                        data_info=data, progress=progress)
     print_summary(results, args.json)
     if args.out:  # after the metrics are on screen; atomic
-        results.write(args.out)
+        write_results(results, args.out)
     return 0
+
+
+def write_results(results, out: str) -> None:
+    """Write the results file ``--out`` and say where, on stderr (stdout holds the metrics JSON alone)."""
+    import sys
+
+    results.write(out)
+    print(f"wrote {out}", file=sys.stderr)
 
 
 def code_reward_options(args: argparse.Namespace, bench) -> dict:
@@ -198,42 +239,10 @@ def print_summary(results, compact: bool) -> None:
     print(json.dumps(summary) if compact else json.dumps(summary, indent=2), flush=True)
 
 
-def read_predictions(path: str) -> list[tuple[int, dict]]:
-    """(line number, object) for every non-empty line; a malformed line is a one-line error."""
-    from dare.errors import InputError
-
-    try:
-        handle = open(path, "rb")
-    except OSError as err:
-        raise InputError(f"cannot read predictions {path}: {err.strerror}") from None
-    lines = []
-    with handle:
-        for lineno, raw in enumerate(handle, 1):
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as err:
-                raise InputError(f"{path}:{lineno}: not valid UTF-8 (byte {err.start + 1} of the line)") from None
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise InputError(f"{path}:{lineno}: invalid JSON ({err.msg})") from None
-            if not isinstance(obj, dict):
-                raise InputError(f"{path}:{lineno}: expected a JSON object, got {type(obj).__name__}")
-            if "prediction" not in obj:
-                raise InputError(f"{path}:{lineno}: missing \"prediction\" (keys: {', '.join(sorted(obj)) or 'none'})")
-            pred = obj["prediction"]
-            if not isinstance(pred, str) and not (isinstance(pred, list) and pred and all(isinstance(p, str) for p in pred)):
-                raise InputError(f"{path}:{lineno}: \"prediction\" must be a string or a non-empty list of strings")
-            lines.append((lineno, obj))
-    if not lines:
-        raise InputError(f"{path}: no predictions")
-    return lines
-
-
-def samples_for(bench, lines, path: str, data_samples=None, data_name: str = "--data"):
-    """Pair each line with its Sample; lines with the same id are pooled (n completions)."""
+def samples_for(bench, lines, data_samples=None, data_name: str = "--data"):
+    """Pair each prediction (``(where, number, object)`` of
+    :func:`~dare.commands.eval_predictions.read_predictions`) with its Sample; predictions with the same id are
+    pooled (n completions)."""
     from dare.errors import InputError
     from dare.eval.benchmark import stable_id
 
@@ -243,12 +252,12 @@ def samples_for(bench, lines, path: str, data_samples=None, data_name: str = "--
             by_key[s.id] = s
             by_key.setdefault(s.question, s)
     order, grouped = [], {}
-    for lineno, obj in lines:
+    for where, lineno, obj in lines:
         key = next((str(obj[k]) for k in ("id", "task_id") if k in obj), None)
         if data_samples is not None:
             sample = by_key.get(key) if key is not None else by_key.get(obj.get("question"))
             if sample is None:
-                raise InputError(f"{path}:{lineno}: {not_in_data(key, obj, data_samples, data_name)}")
+                raise InputError(f"{where}: {not_in_data(key, obj, data_samples, data_name)}")
         else:
             try:
                 if bench.is_native(obj):
@@ -259,7 +268,7 @@ def samples_for(bench, lines, path: str, data_samples=None, data_name: str = "--
                 else:
                     raise InputError(f"needs \"answer\" or the native fields ({', '.join(bench.native_keys)})")
             except InputError as err:
-                raise InputError(f"{path}:{lineno}: {err}") from None
+                raise InputError(f"{where}: {err}") from None
             if key is not None:
                 sample.id = key
         preds = [obj["prediction"]] if isinstance(obj["prediction"], str) else obj["prediction"]
@@ -284,13 +293,15 @@ def not_in_data(key: str | None, obj: dict, data_samples, data_name: str) -> str
 
 
 def run_score(args: argparse.Namespace) -> int:
+    from dare.commands.eval_predictions import read_predictions
     from dare.errors import ConfigError
     from dare.eval import get_benchmark, score_predictions
     from dare.eval.results import check_results_out
 
-    if args.out:  # never an input, nor a file an evaluation did not write
-        check_results_out(args.out, "--out", {"--predictions": args.predictions, "--data": args.data})
     bench = get_benchmark(args.benchmark)
+    if args.out:  # never an input, nor a file an evaluation did not write
+        check_results_out(args.out, "--out", {"--predictions": args.predictions, "--data": args.data},
+                          example=f"{bench.name}.json")
     options = code_reward_options(args, bench)
     if bench.reward != "code" and args.trust_prediction_tests:
         raise ConfigError(f"--trust-prediction-tests applies to code benchmarks; {bench.name} is scored from its "
@@ -303,7 +314,7 @@ def run_score(args: argparse.Namespace) -> int:
     if data is None and bench.reward == "code" and not args.trust_prediction_tests:
         data = bench.load(None, split=args.split)  # the benchmark's own tests, never ones from the predictions file
         data_name = f"the {bench.name} data (pass --data, or --trust-prediction-tests to run the file's own tests)"
-    samples, predictions = samples_for(bench, lines, args.predictions, data, data_name)
+    samples, predictions = samples_for(bench, lines, data, data_name)
     if bench.reward == "code":
         options["progress"] = True  # plain lines when stderr is not a terminal (dare.progress)
     results = score_predictions(
@@ -312,5 +323,5 @@ def run_score(args: argparse.Namespace) -> int:
     )  # fmt: skip
     print_summary(results, args.json)
     if args.out:
-        results.write(args.out)
+        write_results(results, args.out)
     return 0

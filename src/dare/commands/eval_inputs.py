@@ -13,12 +13,9 @@ GEN_LENGTH_HELP = "generated tokens (default: the benchmark's max_new_tokens, e.
 
 def add_model_data_arguments(run: argparse.ArgumentParser) -> None:
     """The model, data and prompt flags shared by ``dare eval run`` and ``dare eval sweep``."""
-    from dare.commands.generate import add_compile_argument
+    from dare.commands.generate import add_compile_argument, add_dtype_argument, add_model_arguments
 
-    run.add_argument("--model", required=True, help="checkpoint directory / hub name, or tiny:FAMILY[:SEED]")
-    run.add_argument("--adapter", default=None,
-                     help="LoRA adapter to apply on top of --model: a directory with adapter_config.json and "
-                          "adapter_model.safetensors (e.g. RUN/final), or a hub id")
+    add_model_arguments(run)
     run.add_argument("--benchmark", required=True, help="benchmark name (gsm8k, math500, humaneval, mmlu, ...)")
     run.add_argument("--data", default=None,
                      help="local file/directory in the dataset's schema, or a HF dataset name (default: packaged/HF)")
@@ -33,8 +30,7 @@ def add_model_data_arguments(run: argparse.ArgumentParser) -> None:
                       help="apply the tokenizer's chat template (default: for generation when it has one)")
     chat.add_argument("--no-chat", dest="chat", action="store_false", help="plain-text prompts")
     run.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
-    run.add_argument("--dtype", default=None, choices=["bfloat16", "float16", "float32", "auto"],
-                     help="weights dtype (default: bfloat16 on GPU, float32 on CPU)")
+    add_dtype_argument(run)
     run.add_argument("--no-progress", action="store_true", help="no progress bars")
     add_compile_argument(run)
 

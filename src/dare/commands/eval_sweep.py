@@ -108,6 +108,7 @@ def sweep_inputs(args: argparse.Namespace) -> dict[str, str | None]:
         return str(Path(path).expanduser().parent) if path and Path(path).expanduser().is_file() else path
 
     return {"the --model directory": args.model, "the --adapter directory": args.adapter,
+            "the --tokenizer directory": args.tokenizer,
             "the --data directory": directory(args.data), "the --fewshot-data directory": directory(args.fewshot_data)}
 
 
@@ -118,14 +119,18 @@ def check_points(points: list[dict[str, Any]], common: dict[str, Any], model=Non
     :func:`dare.eval.evaluate` resolves it (the family's default sampler, block size, decoding engine). A bad
     point is a one-line error naming it (``point N (settings): ...``, numbered as ``OUT/points/NN.json``)."""
     from dare.commands.eval_inputs import reject_option_seed
+    from dare.commands.generate import reject_likelihood_options
     from dare.errors import ConfigError
     from dare.eval.sweep import settings_text
     from dare.rollout import SamplerConfig
 
+    doing = "a sweep compares decoders"
+    reject_likelihood_options(common, doing=doing)
     SamplerConfig.from_dict(common).check_values()  # a bad common flag is named as such, not as point 0's
     for index, fields in enumerate(points):
         try:
             reject_option_seed(fields, "--point/--grid")
+            reject_likelihood_options(fields, "--point/--grid", doing)
             sampler = SamplerConfig.from_dict({**common, **fields})
             if model is not None:
                 check_decoding(sampler, model)
@@ -148,14 +153,15 @@ def check_decoding(sampler, model) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from dare.commands.eval_inputs import eval_sampler_values, load_samples
+    from dare.commands.generate import model_argument
     from dare.errors import ConfigError
     from dare.eval import EvalConfig, evaluate, get_benchmark
     from dare.eval.run import load_for_eval
     from dare.eval.sweep import check_sweep_out, run_sweep
-    from dare.models.loading import check_adapter_path
     from dare.outputs import ensure_dir
     from dare.rollout import SamplerConfig, default_sampler
 
+    model_argument(args)  # --model, or the base model --adapter records; the adapter checked before anything loads
     check_sweep_out(args.out, "--out", sweep_inputs(args))  # new, empty or an earlier sweep; before any work
     ensure_dir(args.out, "--out")  # before the data and the model are loaded
     bench = get_benchmark(args.benchmark)
@@ -168,11 +174,9 @@ def run(args: argparse.Namespace) -> int:
                         batch_size=args.batch_size, seed=args.seed or 0)
     common = eval_sampler_values(args, bench, config)
     check_points(points, common)  # every point's names and values, before the data and the model load
-    if args.adapter is not None:  # before the data and the base model are loaded
-        check_adapter_path(args.adapter)
     samples, pool, pool_source, data = load_samples(bench, args)
     model, tokenizer, model_info = load_for_eval(args.model, args.adapter, args.device, args.dtype,
-                                                 compile_blocks=args.compile_blocks)
+                                                 compile_blocks=args.compile_blocks, tokenizer=args.tokenizer)
     check_points(points, common, model)  # every point resolved for the model, before the first one runs
     progress = not args.no_progress  # plain lines when stderr is not a terminal (dare.progress)
 

@@ -1,9 +1,10 @@
 """``dare generate``: decode completions for prompts with a diffusion sampler.
 
 ``--model`` is a checkpoint directory (config.json, weights, tokenizer) or ``tiny:FAMILY`` for an
-in-memory tiny random model with DARE's byte tokenizer (offline smoke tests). The tokenizer's chat
-template is applied unless ``--no-chat-template``. Any :class:`dare.rollout.SamplerConfig` field can be set
-with ``--option key=value``.
+in-memory tiny random model with DARE's byte tokenizer (offline smoke tests); ``--tokenizer`` gives the tokenizer of
+a checkpoint saved without one, and ``--adapter`` alone loads the base model the adapter records
+(:func:`model_argument`). The tokenizer's chat template is applied unless ``--no-chat-template``. Any
+:class:`dare.rollout.SamplerConfig` field can be set with ``--option key=value``.
 """
 
 from __future__ import annotations
@@ -26,21 +27,61 @@ def sampler_names() -> list[str]:
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", required=True,
-                        help="checkpoint directory / hub name, or tiny:FAMILY[:SEED] (e.g. tiny:llada)")
-    parser.add_argument("--adapter", default=None,
-                        help="LoRA adapter to apply on top of --model: a directory with adapter_config.json and "
-                             "adapter_model.safetensors (e.g. RUN/final), or a hub id")
+    add_model_arguments(parser)
     parser.add_argument("--prompt", action="append", required=True,
                         help="prompt text (repeat for a batch)")
     add_sampler_arguments(parser, default=None)
     parser.add_argument("--no-chat-template", "--no-chat", dest="no_chat_template", action="store_true",
                         help="tokenize the prompt as raw text (--no-chat, as dare eval spells it, is the same)")
     parser.add_argument("--device", help="torch device (default: cuda if available, else cpu)")
-    parser.add_argument("--dtype", choices=["bfloat16", "float16", "float32"],
-                        help="weights dtype (default: bfloat16 on GPU, float32 on CPU)")
+    add_dtype_argument(parser)
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     add_compile_argument(parser)
+
+
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--model``, ``--adapter`` and ``--tokenizer``, shared by ``dare generate`` and ``dare eval run/sweep``
+    (:func:`model_argument` resolves an omitted ``--model``)."""
+    parser.add_argument("--model", default=None,
+                        help="checkpoint directory / hub name, or tiny:FAMILY[:SEED] (e.g. tiny:llada); may be left "
+                             "out with --adapter when the adapter records its base model")
+    parser.add_argument("--adapter", default=None,
+                        help="LoRA adapter to apply on top of --model: a directory with adapter_config.json and "
+                             "adapter_model.safetensors (e.g. RUN/final), or a hub id")
+    parser.add_argument("--tokenizer", default=None,
+                        help="tokenizer directory or hub name (default: the --model's), for a checkpoint saved "
+                             "without tokenizer files")
+
+
+DTYPES = ("bfloat16", "float16", "float32", "auto")
+
+
+def add_dtype_argument(parser: argparse.ArgumentParser) -> None:
+    """``--dtype`` of the commands that load a model for decoding (``dare generate``, ``dare eval run/sweep``)."""
+    parser.add_argument("--dtype", default=None, choices=DTYPES,
+                        help="weights dtype (default: bfloat16 on GPU, float32 on CPU; auto: the checkpoint's)")
+
+
+def model_argument(args: argparse.Namespace) -> str:
+    """``--model``, or without it the base model recorded in ``--adapter``'s adapter_config.json (a note on stderr
+    says so); one-line :class:`~dare.errors.ConfigError` when neither gives one, or for an ``--adapter`` that is no
+    adapter (:func:`~dare.models.loading.check_adapter_path`). Sets ``args.model``."""
+    from dare.errors import ConfigError
+    from dare.models.loading import check_adapter_path, recorded_base
+
+    local = check_adapter_path(args.adapter) if args.adapter is not None else None  # before anything loads
+    if args.model is not None:
+        return args.model
+    if args.adapter is None:
+        raise ConfigError("--model is required (a checkpoint directory, hub name or tiny:FAMILY)")
+    base = recorded_base(args.adapter) if local is not None else None
+    if not base:
+        why = ("is a hub id, whose recorded base model is not read here" if local is None
+               else "records no base model (base_model_name_or_path)")
+        raise ConfigError(f"--adapter {args.adapter} {why}; pass its base model as --model")
+    print(f"note: loading the base model {base} recorded in --adapter {args.adapter}", file=sys.stderr)
+    args.model = base
+    return base
 
 
 def add_compile_argument(parser: argparse.ArgumentParser) -> None:
@@ -131,6 +172,30 @@ def sampler_values(args: argparse.Namespace, options: list[str] | None = None) -
     return values
 
 
+def reject_likelihood_options(values: dict, where: str = "-o",
+                              doing: str = "dare generate decodes with a sampler") -> None:
+    """A likelihood-scoring setting (``-o mc_samples=...``) given to a command that only decodes (``doing`` says
+    which; ``where`` names the flag): a one-line error saying where it belongs, instead of a did-you-mean among the
+    sampler's fields."""
+    from dare.errors import ConfigError
+    from dare.eval.likelihood import LikelihoodConfig
+    from dare.rollout import SamplerConfig
+
+    key = next((k for k in values if k in likelihood_only_fields(LikelihoodConfig, SamplerConfig)), None)
+    if key is not None:
+        raise ConfigError(f"{where} {key} is a likelihood-scoring setting of dare eval run (--mode likelihood, "
+                          f"multiple-choice benchmarks); {doing}")
+
+
+def likelihood_only_fields(likelihood_config: type, sampler_config: type) -> set[str]:
+    """The fields of ``likelihood_config`` (:class:`~dare.eval.LikelihoodConfig`) that ``sampler_config``
+    (:class:`~dare.rollout.SamplerConfig`) lacks: ``mc_samples``, ``length_norm``, ..."""
+    import dataclasses
+
+    return ({f.name for f in dataclasses.fields(likelihood_config)}
+            - {f.name for f in dataclasses.fields(sampler_config)})
+
+
 def flag_of(field: str) -> str:
     """The command-line flag of a field: ``gen_length`` -> ``--gen-length``."""
     return "--" + field.replace("_", "-")
@@ -165,19 +230,16 @@ def parse_options(items: list[str], what: str = "-o") -> dict:
     return values
 
 
-def load_model(spec: str, device, dtype, adapter: str | None = None):
+def load_model(spec: str, device, dtype, adapter: str | None = None, tokenizer: str | None = None):
     """``(model, tokenizer)`` from a checkpoint directory, a hub name or ``tiny:FAMILY[:SEED]``, with LoRA
-    ``adapter`` applied when given."""
-    from dare.errors import InputError, first_line
-    from dare.models.loading import load_model as load, load_tokenizer, loading_errors
+    ``adapter`` applied when given; the tokenizer from ``tokenizer`` when given, else the model's (its files checked
+    first: a checkpoint without one fails before its weights load)."""
+    from dare.models.loading import check_model_tokenizer, load_model as load, loading_errors, tokenizer_for_model
 
+    check_model_tokenizer(spec, tokenizer)  # a checkpoint without one fails before its weights load
     with loading_errors(spec, adapter):
         model = load(spec, adapter, dtype=dtype, device=device)
-    try:
-        tokenizer = load_tokenizer(spec)
-    except (OSError, ValueError) as err:
-        raise InputError(f"--model {spec}: no usable tokenizer ({first_line(err)})") from None
-    return model, tokenizer
+    return model, tokenizer_for_model(spec, tokenizer)
 
 
 def encode(tokenizer, text: str, chat: bool) -> list[int]:
@@ -200,13 +262,15 @@ def run(args: argparse.Namespace) -> int:
     from dare.rollout import SamplerConfig
 
     values = sampler_values(args)  # a setting given twice fails before the model is loaded
+    reject_likelihood_options(values)
     if args.sampler:
         sampler_config(args)  # a typo fails before the model is loaded
     else:
         SamplerConfig.from_dict(values).check_values()  # so does a value out of range
+    spec = model_argument(args)
     device = resolve_device(args.device)
-    dtype = getattr(torch, args.dtype) if args.dtype else (torch.bfloat16 if device.type == "cuda" else torch.float32)
-    model, tokenizer = load_model(args.model, device, dtype, args.adapter)
+    dtype = args.dtype or ("bfloat16" if device.type == "cuda" else "float32")
+    model, tokenizer = load_model(spec, device, dtype, args.adapter, args.tokenizer)
     compiled = compile_if_asked(model, args)
     config = sampler_config(args, default_sampler(model), model)
     prompts = [encode(tokenizer, text, not args.no_chat_template) for text in args.prompt]

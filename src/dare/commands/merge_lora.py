@@ -8,7 +8,6 @@ adapter, the base model directory or the current directory, nor one containing t
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 HELP = "merge a LoRA adapter into its base model and write a full checkpoint that AutoModel loads"
@@ -30,5 +29,8 @@ def run(args: argparse.Namespace) -> int:
     from dare.models.lora import merge_adapter
 
     out = merge_adapter(args.adapter, args.out, base=args.base, dtype=args.dtype, what="--out")
-    print(json.dumps({"adapter": args.adapter, "out": str(out)}))
+    from dare.models.loading import recorded_base
+
+    base = args.base or recorded_base(args.adapter) or "its base model"
+    print(f"wrote {out}: adapter {args.adapter} merged into {base} (a full checkpoint: load it with --model {out})")
     return 0

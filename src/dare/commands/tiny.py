@@ -6,7 +6,6 @@ land on a trained model or a user's files (:func:`dare.models.tiny.write_tiny_ch
 from __future__ import annotations
 
 import argparse
-import json
 
 HELP = "write a tiny random HF checkpoint (2 layers, hidden 64) with DARE's byte tokenizer"
 
@@ -21,11 +20,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import shlex
+
     import torch
 
     from dare.models.tiny import write_tiny_checkpoint
 
     # --out is checked there (new, empty or an earlier tiny checkpoint), and the family, before anything is written
     path = write_tiny_checkpoint(args.family, args.out, seed=args.seed, dtype=getattr(torch, args.dtype), what="--out")
-    print(json.dumps({"family": args.family, "path": str(path), "tokenizer": "dare byte-level (264 tokens)"}))
+    print(f"wrote {path}: a tiny random {args.family} checkpoint (seed {args.seed}, {args.dtype}) with DARE's "
+          "byte-level tokenizer (264 tokens)")
+    print(f"try it: dare generate --model {shlex.quote(str(path))} --prompt Hi --gen-length 16")
     return 0

@@ -5,13 +5,16 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
+
+from dare.errors import ConfigError
 
 HELP = "train a model from a YAML recipe with key=value overrides (multi-GPU: torchrun -m dare.cli train ...)"
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("config", nargs="?", help="recipe YAML (e.g. configs/llada/sft_tiny.yaml)")
-    parser.add_argument("overrides", nargs="*", help="key=value overrides, e.g. optim.lr=1e-5 trainer.max_steps=10")
+    parser.add_argument("overrides", nargs="*", help="key=value overrides after the recipe, e.g. optim.lr=1e-5 trainer.max_steps=10")
     parser.add_argument("--show-config", action="store_true",
                         help="print every config key with its type, value and meaning (of the recipe with its overrides "
                              "when given, else the defaults; the chosen algorithm's section only), then exit")
@@ -23,11 +26,55 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def take_extra(args: argparse.Namespace, extra: list[str]) -> bool:
-    """Accept ``key=value`` overrides that argparse left over (e.g. after ``--dry-run``)."""
-    if not all("=" in item and not item.startswith("-") for item in extra):
-        return False
-    args.overrides = [*args.overrides, *extra]
-    return True
+    """Accept ``key=value`` overrides that argparse left over (e.g. after ``--dry-run``). An unknown ``--flag`` that
+    names a config key (``--max-steps 5``) ends with the one-line error giving the override to write instead
+    (``trainer.max_steps=5``); other leftovers get the parser's own error."""
+    if all("=" in item and not item.startswith("-") for item in extra):
+        args.overrides = [*args.overrides, *extra]
+        return True
+    suggested = overrides_for_flags(extra, args.train_parser)
+    if suggested:
+        flags = " ".join(item.split("=", 1)[0] for item in extra if item.startswith("-"))
+        args.train_parser.error(f"unknown option {flags}: settings are key=value overrides here (use "
+                                f"{' '.join(suggested)})")
+    return False
+
+
+def overrides_for_flags(extra: list[str], parser: argparse.ArgumentParser) -> list[str]:
+    """``key=value`` for each unknown ``--flag [value]`` / ``--flag=value`` of ``extra`` that names a config key
+    (``--max-steps 5`` -> ``trainer.max_steps=5``, ``--lr=1e-4`` -> ``optim.lr=1e-4``); empty when any flag names
+    none, or is close to one of ``parser``'s own options (its did-you-mean error fits better)."""
+    from dare.errors import closest
+
+    options = [option for action in parser._actions for option in action.option_strings]
+    suggested = []
+    for index, item in enumerate(extra):
+        if not item.startswith("-"):
+            continue
+        flag, has_value, value = item.partition("=")
+        if not has_value:
+            following = extra[index + 1] if index + 1 < len(extra) else ""
+            value = following if following and not following.startswith("-") and "=" not in following else "VALUE"
+        keys = config_keys_of_flag(flag)
+        if not keys or closest(flag, options) is not None:
+            return []
+        suggested.append(" or ".join(f"{key}={value}" for key in keys))
+    return suggested
+
+
+def config_keys_of_flag(flag: str) -> list[str]:
+    """The config keys option ``flag`` may stand for: the key itself (``--trainer.max_steps``), else the shallowest keys
+    whose last part it spells (``--max-steps`` -> trainer.max_steps; ``--path`` -> model.path, data.path), else
+    none."""
+    from dare.config import config_keys
+    from dare.trainer.config import TrainConfig
+
+    name = flag.lstrip("-").replace("-", "_")
+    keys = config_keys(TrainConfig)
+    if name in keys:
+        return [name]
+    spelt = [k for k in keys if k.rpartition(".")[2] == name]
+    return [k for k in spelt if k.count(".") == min(k.count(".") for k in spelt)]
 
 
 def print_quietly(text: str) -> None:
@@ -45,11 +92,27 @@ def print_quietly(text: str) -> None:
 
 
 def split_recipe(args: argparse.Namespace) -> tuple[str | None, list[str]]:
-    """``(recipe or None, overrides)``: a first positional with ``=`` is an override, not a recipe."""
+    """``(recipe or None, overrides)``: a first positional with ``=`` is an override, not a recipe. A recipe after
+    the overrides (``dare train k=v RECIPE``), or a second recipe, is a one-line error saying where it goes."""
+    import shlex
+
     config_path, overrides = args.config, list(args.overrides)
     if config_path is not None and "=" in config_path:
         config_path, overrides = None, [config_path, *overrides]
+    late = next((item for item in overrides if "=" not in item and looks_like_recipe(item)), None)
+    if late is not None and config_path is not None:
+        raise ConfigError(f"one recipe per run: got {config_path} and {late} (settings of another file go in as "
+                          "key=value overrides)")
+    if late is not None:
+        flags = [*(["--show-config"] if args.show_config else []), *(["--dry-run"] if args.dry_run else [])]
+        command = shlex.join([late, *(item for item in overrides if item != late), *flags])
+        raise ConfigError(f"the recipe must come first, before the key=value overrides: dare train {command}")
     return config_path, overrides
+
+
+def looks_like_recipe(item: str) -> bool:
+    """True for a command-line word that names a recipe: a ``.yaml`` / ``.yml`` name or an existing file."""
+    return item.lower().endswith((".yaml", ".yml")) or Path(item).is_file()
 
 
 def describe_values(value, default, prefix: str = "") -> list[str]:

@@ -114,12 +114,50 @@ def read_records(path: str, limit: int | None = None, seed: int = 0) -> Records:
             except UnicodeDecodeError:
                 raise InputError(f"{path}: not UTF-8 text (a .jsonl file holds one JSON object per line)") from None
     if not records:
-        raise InputError(f"data file {path} holds no records")
+        raise no_records(path)
     records = Records(records[:limit], path, lines[:limit] if lines is not None else None)
     for number, record in enumerate(records):
         if not isinstance(record, dict):
             raise InputError(f"{records.where(number)} is {type(record).__name__}, not an object of fields")
     return records
+
+
+def no_records(path: str) -> InputError:
+    """The error for data file ``path`` holding no record (:func:`read_records`, and the dry run's count)."""
+    return InputError(f"data file {path} holds no records")
+
+
+def count_records(path: str, limit: int | None = None, enough: int | None = None) -> int | None:
+    """How many records :func:`read_records` gives for ``path`` and ``limit`` (``data.num_examples``), told without
+    reading the whole source: ``synthetic:TASK`` makes ``limit`` (default 512), a JSONL file holds one per non-blank
+    line (read up to ``enough`` records: a larger file is not read through), a parquet file's metadata holds its row
+    count. None where only reading it all tells (a ``.json`` list) and where a line read is no JSON object or the
+    file cannot be read: :func:`read_records` names the file and line."""
+    if path.startswith(SYNTHETIC_PREFIX):
+        return limit or DEFAULT_SYNTHETIC_SIZE
+    stop = min((n for n in (limit, enough) if n is not None), default=None)
+    file = Path(path)
+    try:
+        if file.suffix == ".jsonl":
+            count = 0
+            with file.open("rb") as handle:
+                for line in handle:
+                    if not line.strip():
+                        continue
+                    if not isinstance(json.loads(line), dict):
+                        return None
+                    count += 1
+                    if count == stop:
+                        break
+        elif file.suffix == ".parquet":
+            import pyarrow.parquet as pq
+
+            count = pq.ParquetFile(file).metadata.num_rows
+        else:
+            return None
+    except Exception:  # noqa: BLE001 - the run reads the file and names what is wrong with it
+        return None
+    return count if limit is None else min(count, limit)
 
 
 def record_text(value, key: str, where: str) -> str:

@@ -9,6 +9,7 @@ accuracy is the GSM8K benchmark's scorer on the held-out split (:mod:`dare.demo.
 SFT stops at **partial competence**: every ``sft_check_every`` steps the validation split is decoded greedily
 and SFT ends at the first check with accuracy >= ``sft_target`` (or after ``sft_max_steps``). RL then starts
 from that checkpoint with the chosen algorithm (``--algorithm``; ``sft`` continues SFT instead, as a baseline).
+The settings, their defaults and their checks: :mod:`dare.demo.settings`.
 
 The output directory is marked as a demo run with its settings (:func:`dare.outputs.mark_output`). A rerun into it
 replaces the earlier run when the settings are the same (saying so in one line, so rerunning ``dare demo`` just
@@ -24,80 +25,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from dare.demo.settings import DEVICES, FLAGS, QUICK, QUICK_SIZE, DemoConfig, check_values, resolved, resolved_device
 from dare.errors import ConfigError, unknown_choice
-
-
-@dataclass
-class DemoConfig:
-    """Settings of one demo run (``dare demo`` flags set the most useful ones)."""
-
-    out_dir: str = "runs/demo"
-    """Output directory: data/, init/, sft/, rl/, recipes, report.json, curves.png (:meth:`quick`'s default:
-    ``runs/demo-quick``)."""
-    seed: int = 0
-    """Seed of the model initialisation, the training problems, data order, corruption noise and rollouts."""
-    algorithm: str = "d1"
-    """RL algorithm of the second phase (any registered rollout algorithm; ``sft`` continues SFT instead)."""
-    digits: int = 5
-    """Digits of the numbers to reverse."""
-    train_size: int = 4096
-    """Training problems (SFT demonstrations and RL prompts)."""
-    validation_size: int = 128
-    """Validation problems (decide when SFT has reached partial competence)."""
-    test_size: int = 256
-    """Held-out test problems (every reported accuracy)."""
-    layers: int = 4
-    """Transformer blocks of the LLaDA model."""
-    hidden: int = 128
-    """Model width (d_model)."""
-    heads: int = 4
-    """Attention heads."""
-    mlp: int = 256
-    """MLP hidden size."""
-    sft_max_steps: int = 400
-    """Upper bound of SFT optimizer steps."""
-    sft_target: float = 0.3
-    """SFT stops at the first validation check whose accuracy reaches this (partial competence)."""
-    sft_check_every: int = 5
-    """SFT steps between validation checks."""
-    sft_batch_size: int = 64
-    """SFT examples per step."""
-    sft_lr: float = 1e-3
-    """SFT learning rate (constant after 20 warm-up steps)."""
-    rl_steps: int = 120
-    """Optimizer steps of the RL phase."""
-    group_size: int = 8
-    """Rollouts per prompt (G)."""
-    prompts_per_step: int = 16
-    """Prompts per rollout batch (rollouts per step = G x prompts)."""
-    rl_lr: float = 3e-4
-    """RL learning rate (constant)."""
-    temperature: float = 1.0
-    """Sampling temperature of the RL rollouts (evaluation is greedy)."""
-    eval_every: int = 20
-    """RL steps between held-out evaluations (the accuracy curve)."""
-    algorithm_options: dict = field(default_factory=dict)
-    """Extra ``algorithm.*`` settings, on top of the demo's per-algorithm defaults."""
-    device: str = "cpu"
-    """``cpu`` (the demo's reference setting), ``cuda`` or ``auto`` (CUDA when available)."""
-    threads: int | None = 1
-    """torch CPU threads during the run (restored afterwards). Pinned because float rounding, and so every number
-    of the run, depends on the thread count; None = torch's choice (results then vary between machines)."""
-
-    @classmethod
-    def quick(cls, **overrides) -> DemoConfig:
-        """The shortened CI variant (about 15 s on 2 cores): 3-digit numbers, a 2-layer width-64 model trained to
-        partial competence (about 120 SFT steps), then 4 RL steps. Its default output directory is
-        ``runs/demo-quick``, so that it never meets the full demo's ``runs/demo``."""
-        return cls(**{**QUICK, **overrides})
-
-
-QUICK = dict(out_dir="runs/demo-quick", digits=3, train_size=512, validation_size=32, test_size=64, layers=2,
-             hidden=64, mlp=128, sft_max_steps=150, sft_target=0.2, sft_check_every=10, sft_batch_size=32,
-             rl_steps=4, group_size=4, prompts_per_step=4, eval_every=2)
-"""What :meth:`DemoConfig.quick` changes: the output directory and a smaller task, model and run."""
-QUICK_SIZE = ("digits", "train_size", "validation_size", "test_size", "layers", "hidden", "mlp")
-"""The quick demo's task and model sizes, which no flag changes: they tell a quick run's settings apart."""
 
 
 # Demo-sized settings per algorithm (everything else: the algorithm's paper defaults, see README). mu = 2 inner
@@ -123,7 +52,6 @@ ROLLOUT_SAMPLER: dict[str, dict] = {
 }
 """Rollout-sampler settings an algorithm requires (on top of the demo's sampler)."""
 BASELINE = "sft"
-DEVICES = ("cpu", "cuda", "auto")
 
 
 def demo_algorithms() -> list[str]:
@@ -141,38 +69,32 @@ def _fits_llada(cls) -> bool:
 
 
 def check_config(config: DemoConfig) -> None:
-    """One-line errors for impossible settings (before any work)."""
-    choices = demo_algorithms()
-    if config.algorithm not in choices:
-        from dare.algorithms import ALGORITHMS
-
-        cls = ALGORITHMS.get(config.algorithm)
-        if cls is not None and not cls.needs.rollout:
-            raise ConfigError(f"algorithm '{config.algorithm}' trains on preference pairs, not rollouts; the demo "
-                              f"runs one of: {', '.join(choices)}")
-        if cls is not None:
-            raise ConfigError(f"algorithm '{config.algorithm}' trains block-causal models, not the demo's LLaDA; "
-                              f"the demo runs one of: {', '.join(choices)}")
-        raise unknown_choice("demo algorithm", config.algorithm, choices)
+    """One-line errors for impossible settings (before any work), naming the flag on the command line."""
+    check_values(config)
+    check_algorithm(config.algorithm)
     if config.device not in DEVICES:
         raise unknown_choice("device", config.device, DEVICES)
     if config.device == "cuda":
         from dare.devices import resolve_device
 
-        resolve_device("cuda")
-    if not 0 < config.sft_target <= 1:
-        raise ConfigError(f"sft_target must be in (0, 1]; got {config.sft_target}")
-    positive = {"sft_max_steps": config.sft_max_steps, "rl_steps": config.rl_steps, "test_size": config.test_size,
-                "validation_size": config.validation_size, "sft_check_every": config.sft_check_every,
-                "eval_every": config.eval_every, "group_size": config.group_size,
-                "prompts_per_step": config.prompts_per_step}
-    for key, value in positive.items():
-        if value < 1:
-            raise ConfigError(f"{key} must be positive; got {value}")
-    if config.threads is not None and config.threads < 1:
-        raise ConfigError(f"threads must be >= 1; got {config.threads}")
-    if config.rl_lr <= 0 or config.sft_lr <= 0:
-        raise ConfigError(f"learning rates must be positive; got sft_lr={config.sft_lr}, rl_lr={config.rl_lr}")
+        resolve_device("cuda")  # "--device cuda: CUDA is not available on this machine (use --device cpu)"
+
+
+def check_algorithm(name: str) -> None:
+    """``name`` is one of :func:`demo_algorithms`, or a one-line error saying why not."""
+    choices = demo_algorithms()
+    if name in choices:
+        return
+    from dare.algorithms import ALGORITHMS
+
+    cls = ALGORITHMS.get(name)
+    if cls is None:
+        err = unknown_choice("demo algorithm", name, choices)
+        raise ConfigError(str(err), cli=f"{FLAGS['algorithm']}: {err}")
+    why = ("trains on preference pairs, not rollouts" if not cls.needs.rollout
+           else "trains block-causal models, not the demo's LLaDA")
+    problem = f"{why}; the demo runs one of: {', '.join(choices)}"
+    raise ConfigError(f"algorithm '{name}' {problem}", cli=f"{FLAGS['algorithm']} {name} {problem}")
 
 
 # ------------------------------------------------------------------------------------------------ output directory
@@ -184,10 +106,11 @@ SHOWN = 4
 
 def run_settings(config: DemoConfig) -> dict:
     """The settings a demo output directory records (and a rerun into it compares): every field except
-    ``out_dir``, as JSON data."""
+    ``out_dir``, as JSON data, with the device and thread count the run uses (:func:`dare.demo.settings.resolved`:
+    ``--device auto`` on a CPU machine records ``cpu``)."""
     import json
 
-    return {k: v for k, v in json.loads(json.dumps(asdict(config))).items() if k != "out_dir"}
+    return resolved({k: v for k, v in json.loads(json.dumps(asdict(config))).items() if k != "out_dir"})
 
 
 def earlier_settings(out: Path) -> dict | None:
@@ -219,17 +142,21 @@ def check_out_dir(config: DemoConfig) -> bool:
     saved = earlier_settings(out) if out.is_dir() else None
     if saved is None:
         return check_replaceable(out, "--out", COMMAND)  # raises for a non-empty directory of other contents
-    new = run_settings(config)
+    saved, new = resolved(saved), run_settings(config)  # a marker of an earlier DARE may record device "auto"
     keys = sorted(k for k in saved.keys() | new.keys() if saved.get(k) != new.get(k))
     if not keys:
         return True
-    shown = ", ".join(f"{k} {saved.get(k)} -> {new.get(k)}" for k in keys[:SHOWN])
-    more = f" and {len(keys) - SHOWN} more" if len(keys) > SHOWN else ""
     kind = "a demo run"
     if is_quick(saved) != is_quick(new):  # the quick and the full demo in one --out: say which one is there
         kind = "a --quick demo run" if is_quick(saved) else "a full demo run (not --quick)"
-    raise ConfigError(f"--out {out} holds {kind} with other settings ({shown}{more}); give another --out "
-                      f"(e.g. --out {out}_2), or delete {out} to replace it")
+
+    def message(names: dict) -> str:
+        shown = ", ".join(f"{names.get(k, k)} {saved.get(k)} -> {new.get(k)}" for k in keys[:SHOWN])
+        more = f" and {len(keys) - SHOWN} more" if len(keys) > SHOWN else ""
+        return (f"--out {out} holds {kind} with other settings ({shown}{more}); give another --out "
+                f"(e.g. --out {out}_2), or delete {out} to replace it")
+
+    raise ConfigError(message({}), cli=message(FLAGS))  # the command line names each setting's flag
 
 
 def is_quick(settings: dict) -> bool:
@@ -253,7 +180,7 @@ def sft_recipe(config: DemoConfig, model: str, data, output_dir: Path, max_steps
         "data": {"path": str(data.sft), "chat_template": False, "max_length": 64},
         "algorithm": {"name": "sft", "normalize": "llada"},
         "optim": {"lr": config.sft_lr, "warmup_steps": 20},
-        "distributed": {"device": config.device},
+        "distributed": {"device": resolved_device(config.device)},
         "trainer": {"output_dir": str(output_dir), "seed": config.seed, "batch_size": config.sft_batch_size,
                     "micro_batch_size": config.sft_batch_size, "max_steps": max_steps, "resume": "never"},
     }
@@ -282,7 +209,7 @@ def rl_recipe(config: DemoConfig, model: str, data, output_dir: Path) -> dict:
                                 "block_length": sampler.block_length, "steps": sampler.steps,
                                 "temperature": config.temperature, **ROLLOUT_SAMPLER.get(config.algorithm, {})}},
         "optim": {"lr": config.rl_lr},
-        "distributed": {"device": config.device},
+        "distributed": {"device": resolved_device(config.device)},
         "trainer": {"output_dir": str(output_dir), "seed": config.seed, "batch_size": rollouts,
                     "micro_batch_size": rollouts, "max_steps": config.rl_steps, "resume": "never"},
     }
@@ -394,7 +321,7 @@ def _run(config: DemoConfig, log: Callable[[str], None]) -> dict:
         return evaluate_heldout(model, tokenizer, samples if samples is not None else data.test, sampler,
                                 seed=config.seed, data={"source": str(source), "split": split, "phase": name})
 
-    device = "cuda" if config.device == "cuda" or (config.device == "auto" and torch.cuda.is_available()) else "cpu"
+    device = resolved_device(config.device)
 
     def final_eval(phase: Phase, model_dir: Path) -> None:
         results = heldout(load_model(str(model_dir), device=device), phase.name)

@@ -2,7 +2,7 @@
 
 | benchmark | native columns | reward |
 |---|---|---|
-| gsm8k | question, answer (``... #### 42``) | gsm8k |
+| gsm8k | question, answer (``... #### 42``, or the number: ``42``) | gsm8k |
 | math, math500, aime24, aime25, olympiadbench | problem + solution / answer; question + final_answer | math |
 | humaneval | task_id, prompt, canonical_solution, test, entry_point | code |
 | mbpp | task_id, text (or prompt), code, test_list, test_setup_code (or test_imports) | code |
@@ -109,12 +109,26 @@ def _gsm8k_solution(answer: str) -> str:
     return f"{body}\nThe answer is {final.strip().replace(',', '')}."
 
 
+def gsm8k_answer(answer: Any) -> str:
+    """The gold number of a GSM8K ``answer``: a string ending in ``#### <number>`` or holding the number alone, or a
+    number (``42``, ``2.5``; a whole float is written without its ``.0``). ValueError for anything else (an MMLU row's
+    option index is a number too, but a bool, a list or text without a number is not an answer)."""
+    if isinstance(answer, float) and answer.is_integer():
+        answer = int(answer)
+    number = isinstance(answer, (int, float)) and not isinstance(answer, bool)
+    gold = gsm8k_gold(answer) if isinstance(answer, str) or number else None
+    if gold is None or parse_number(gold) is None:
+        raise ValueError(f"'answer' must be a number, or a string ending in '#### <number>' or holding the number "
+                         f"alone; got {answer!r:.40}")
+    return gold
+
+
 def _parse_gsm8k(row: Mapping[str, Any], index: int) -> Sample:
-    answer = row["answer"]
-    gold = gsm8k_gold(answer)
-    if not isinstance(answer, str) or parse_number(gold) is None:  # e.g. an MMLU row's option index
-        raise ValueError(f"'answer' must be a string ending in '#### <number>' (or the number alone); "
-                         f"got {answer!r:.40}")
+    choices = next((key for key in ("choices", "options") if key in row), None)
+    if choices is not None:  # an MMLU-style row: its number is an option index, not a gold number
+        raise ValueError(f"it has '{choices}' (multiple-choice data: its 'answer' {row.get('answer')!r:.40} is an "
+                         "option index, not the gold number)")
+    gold = gsm8k_answer(row["answer"])
     return Sample(
         id=_id(row, index, "gsm8k", "id", "idx"),
         question=str(row["question"]),
@@ -423,7 +437,7 @@ register_benchmark(Benchmark(
         "few_shot": PromptTemplate(question="Question: {question}\nAnswer:", answer=" {solution}", stop=("\nQuestion:",)),
     },
     hf=HFSource("openai/gsm8k", "main", "test", "train"), generation=GenerationDefaults(max_new_tokens=256),
-    answer_to_target=lambda a: {"answer": gsm8k_gold(a)},
+    answer_to_target=lambda a: {"answer": gsm8k_answer(a)},
 ), aliases=("gsm",))
 register_benchmark(Benchmark(
     name="math", description="MATH (Hendrycks) competition problems, boxed answer", reward="math",

@@ -9,7 +9,8 @@ dare eval lm-eval --model dare --model_args pretrained=GSAI-ML/LLaDA-8B-Instruct
 ``dare eval lm-eval ARGS...`` registers the model and runs lm-eval's own CLI with ``ARGS``; lm-eval versions that
 load ``lm_eval.models`` entry points find it on their own (``lm_eval --model dare ...``), and in Python
 ``import dare.eval.lm_harness`` registers it. Model args (``--model_args k=v,...``): ``pretrained`` (checkpoint
-directory, hub name or ``tiny:FAMILY[:SEED]``), ``adapter``, ``dtype``, ``device``, ``batch_size`` (lm-eval's
+directory, hub name or ``tiny:FAMILY[:SEED]``), ``adapter``, ``tokenizer`` (a tokenizer directory or hub name, for
+a checkpoint saved without tokenizer files), ``dtype``, ``device``, ``batch_size`` (lm-eval's
 ``--batch_size``), ``seed``, ``mc_batch_size``, plus any :class:`~dare.rollout.SamplerConfig` field (decoding)
 and any :class:`~dare.eval.likelihood.LikelihoodConfig` field (MC-ELBO). An unknown one is a one-line error.
 
@@ -105,7 +106,8 @@ class DareLM(_LM):
             if str(device or "").startswith("cuda") and not torch.cuda.is_available():
                 device = "cpu"  # lm-eval's CLI asks for cuda:0 unless told otherwise
 
-            model, tokenizer, info = load_for_eval(str(pretrained), adapter, device, dtype)
+            tokenizer_path = tokenizer if isinstance(tokenizer, str) else None  # model_args tokenizer=PATH
+            model, tokenizer, info = load_for_eval(str(pretrained), adapter, device, dtype, tokenizer=tokenizer_path)
         elif tokenizer is None:
             raise ConfigError("DareLM(model=...) needs its tokenizer too")
         self.model = model.eval()

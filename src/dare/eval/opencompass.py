@@ -35,7 +35,7 @@ import inspect
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from dare.errors import ConfigError, InputError, closest, first_line
+from dare.errors import ConfigError, InputError, closest
 
 try:  # OpenCompass is optional: the class below subclasses its BaseModel only when it is installed.
     from opencompass.models.base import BaseModel as _BaseModel
@@ -284,12 +284,12 @@ def check_model_args(args: Mapping[str, Any], name: str = "DareDiffusionModel") 
 
 def _load_tokenizer(path: str):
     """The tokenizer of ``path`` alone (``tokenizer_only=True``), with a one-line error."""
-    from dare.models.loading import load_tokenizer
+    from dare.models.loading import load_tokenizer, one_line
 
     try:
         return load_tokenizer(path)
-    except (OSError, ValueError) as err:
-        raise InputError(f"cannot load the tokenizer of {path}: {first_line(err)}") from None
+    except (OSError, ValueError) as err:  # the whole reason: the first line of transformers' is often a heading
+        raise InputError(f"cannot load the tokenizer of {path}: {one_line(err)}") from None
 
 
 def _plain(item) -> str:

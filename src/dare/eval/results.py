@@ -57,14 +57,16 @@ def is_results_file(path: str | os.PathLike) -> bool:
 
 
 def check_results_out(path: str | os.PathLike, what: str = "--out",
-                      inputs: dict[str, str | os.PathLike | None] | None = None) -> bool:
+                      inputs: dict[str, str | os.PathLike | None] | None = None,
+                      example: str = "results.json") -> bool:
     """Check, before any work, that a results file may be written to ``path`` (``what`` names the flag): True when
     it replaces an earlier results file, False when ``path`` is new. ``path`` being one of the command's ``inputs``
-    (``{flag: path}``, e.g. ``--predictions``, ``--data``) or an existing file of other contents is a one-line
+    (``{flag: path}``, e.g. ``--predictions``, ``--data``), an existing file of other contents, or a directory (an
+    existing one, or a path ending in ``/``: the error suggests the file ``example`` in it) is a one-line
     :class:`~dare.errors.ConfigError` (:func:`dare.outputs.check_file_replaceable`); nothing is written."""
     from dare.outputs import check_file_replaceable
 
-    return check_file_replaceable(path, what, EARLIER, is_results_file, inputs)
+    return check_file_replaceable(path, what, EARLIER, is_results_file, inputs, example=example)
 
 
 @dataclass

@@ -125,6 +125,10 @@ def check_checkpoint_path(path: str) -> Path | None:
                     f"first (dare merge-lora --adapter {path} --out DIR)")
         elif (local / "final").is_dir():
             hint = f"; it looks like a training run directory: its weights are in {local / 'final'}"
+        else:
+            training = training_checkpoint_message(path, local)
+            if training:
+                raise ConfigError(training)
         raise ConfigError(f"{path} is not a model checkpoint (no config.json){hint}")
     if not any(next(local.glob(pattern), None) for pattern in WEIGHT_FILES):
         raise ConfigError(f"{path} is not a model checkpoint (config.json but no weights: *.safetensors or *.bin)")
@@ -132,6 +136,49 @@ def check_checkpoint_path(path: str) -> Path | None:
     for file in safetensors_files(path, local):
         check_safetensors_file(path, file)
     return local
+
+
+TRAINER_STATE = "trainer_state.pt"
+"""The file every complete ``dare train`` checkpoint (``RUN/checkpoints/step_N``) holds
+(:mod:`dare.trainer.checkpoint`)."""
+
+
+def training_run_of(local: Path) -> Path | None:
+    """The ``dare train`` output directory that ``local`` is a resumable checkpoint of (``RUN/checkpoints/step_N``,
+    or ``RUN/checkpoints`` itself, or a run without an export); None for anything else."""
+    if local.name == "checkpoints" and any(local.glob(f"step_*/{TRAINER_STATE}")):
+        return local.parent
+    if (local / TRAINER_STATE).is_file() and local.parent.name == "checkpoints":
+        return local.parent.parent
+    if any((local / "checkpoints").glob(f"step_*/{TRAINER_STATE}")):
+        return local
+    return None
+
+
+def training_checkpoint_message(path: str, local: Path) -> str | None:
+    """The one-line error for a ``dare train`` checkpoint (model, optimizer and trainer state in
+    torch.distributed.checkpoint shards, which no loader reads as a model) given as a model: it names the run's
+    export ``RUN/final``, or the command that writes it; None when ``local`` is not part of a training run."""
+    run = training_run_of(local)
+    if run is None:
+        return None
+    if run == local:
+        what = f"{path} is a training run directory"
+    else:
+        holds = "holds training checkpoints" if local.name == "checkpoints" else "is a training checkpoint"
+        what = f"{path} {holds} (the state `dare train` resumes from), not a model checkpoint"
+    final = run / "final"
+    if (final / "config.json").is_file():
+        return f"{what}; load the run's export instead: {final} (the weights at the end of the run)"
+    if (final / ADAPTER_CONFIG).is_file():
+        return (f"{what}; load the run's export instead: {final}, a LoRA adapter (on top of the base model it "
+                f"records: dare eval run --adapter {final})")
+    config = run / "config.yaml"
+    if config.is_file():
+        return (f"{what}, and the run has no export ({final}) yet: `dare train {config} trainer.resume=auto "
+                f"trainer.export=true` writes it from the latest checkpoint (finishing the run first if it stopped "
+                "early)")
+    return f"{what}; load the export of its run ({final}), which this run has not written"
 
 
 ADAPTER_CONFIG = "adapter_config.json"
@@ -169,6 +216,11 @@ def check_adapter_path(adapter: str) -> Path | None:
         if (local / "final" / ADAPTER_CONFIG).is_file():
             raise ConfigError(not_adapter(f"no {ADAPTER_CONFIG}", "it looks like a training run directory: its "
                                                                   f"adapter is in {local / 'final'}"))
+        run = training_run_of(local)
+        if run is not None and (run / "final" / ADAPTER_CONFIG).is_file():
+            raise ConfigError(not_adapter(f"no {ADAPTER_CONFIG}", "it is a training checkpoint (the state `dare "
+                                                                  f"train` resumes from); the run's adapter is in "
+                                                                  f"{run / 'final'}"))
         raise ConfigError(not_adapter(f"no {ADAPTER_CONFIG}"))
     config = read_json_file(adapter, config_file, kind="adapter")
     if not isinstance(config, dict):
@@ -403,7 +455,8 @@ def family_of_path(path: str):
 
 
 def load_tokenizer(path: str):
-    """The tokenizer of a model path (``tiny:*`` -> DARE's byte tokenizer)."""
+    """The tokenizer of a model path (``tiny:*`` -> DARE's byte tokenizer); transformers' errors as they are (see
+    :func:`tokenizer_for_model` for one-line ones)."""
     check_path_argument("path", path, CHECKPOINT)
     if parse_tiny(path) is not None:
         from dare.data.tokenizer import build_byte_tokenizer
@@ -412,6 +465,71 @@ def load_tokenizer(path: str):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(str(path))
+
+
+TOKENIZER_FILES = ("tokenizer_config.json", "tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt",
+                   "spiece.model")
+"""Files of which a tokenizer directory holds at least one."""
+
+
+def tokenizer_for_model(path: str, tokenizer: str | None = None):
+    """The tokenizer to decode with model ``path``: the one at ``tokenizer`` (a directory, hub name or
+    ``tiny:FAMILY``) when given - for a checkpoint saved without its tokenizer files -, else the model's own; checked
+    first (:func:`check_model_tokenizer`). A tokenizer transformers cannot build is a one-line error
+    (:func:`tokenizer_error`)."""
+    source = check_model_tokenizer(path, tokenizer)
+    try:
+        return load_tokenizer(source)
+    except (OSError, ValueError, KeyError) as err:
+        raise tokenizer_error(path, tokenizer, f"cannot load its tokenizer ({one_line(err)})") from None
+
+
+def check_model_tokenizer(path: str, tokenizer: str | None = None) -> str:
+    """The cheap check before model ``path``'s weights load that its tokenizer can be found: ``tokenizer`` when given,
+    else the model's directory, must hold tokenizer files (:data:`TOKENIZER_FILES`; hub names and ``tiny:FAMILY`` are
+    not checked). The model path is checked first (:func:`check_checkpoint_path`: a training checkpoint or run
+    directory is named as such, not as a directory without a tokenizer). A model directory without tokenizer files
+    points to the ``tokenizer`` argument (``--tokenizer`` on the command line). Returns where the tokenizer loads
+    from."""
+    check_path_argument("path", path, CHECKPOINT)
+    check_path_argument("tokenizer", tokenizer, "a tokenizer directory, hub name or tiny:FAMILY", optional=True)
+    model_dir = check_checkpoint_path(path) if parse_tiny(path) is None else None
+    source = path if tokenizer is None else tokenizer
+    if parse_tiny(source) is not None:
+        return source
+    local = model_dir if tokenizer is None else local_tokenizer(path, tokenizer)
+    if local is not None and not local.is_dir():
+        raise tokenizer_error(path, tokenizer, "is a file; expected a tokenizer (or model) directory")
+    if local is not None and not any((local / name).is_file() for name in TOKENIZER_FILES):
+        raise tokenizer_error(path, tokenizer, f"has no tokenizer files ({', '.join(TOKENIZER_FILES[:2])}, ...)")
+    return source
+
+
+def local_tokenizer(path: str, tokenizer: str) -> Path | None:
+    """``tokenizer`` as an existing local path; None for a hub name; a missing local path is a one-line error."""
+    try:
+        return local_path(tokenizer, "")
+    except ConfigError:
+        raise tokenizer_error(path, tokenizer, "no such directory") from None
+
+
+def tokenizer_error(path: str, tokenizer: str | None, problem: str) -> ConfigError:
+    """The one-line error for a tokenizer that cannot be loaded: ``tokenizer`` (``--tokenizer`` on the command line)
+    when given, else model ``path``'s own, with a hint to pass one."""
+    if tokenizer is not None:
+        return ConfigError(f"tokenizer {tokenizer}: {problem}", cli=f"--tokenizer {tokenizer}: {problem}")
+    hint = "the directory or hub name of its tokenizer, e.g. the model it was trained from"
+    return ConfigError(f"model {path}: {problem}; pass tokenizer=PATH ({hint})",
+                       cli=f"--model {path}: {problem}; pass --tokenizer PATH ({hint})")
+
+
+def one_line(err: BaseException, limit: int = 200) -> str:
+    """``err``'s whole message on one line, cut to ``limit`` characters (transformers' tokenizer errors span several
+    lines, and the first alone is often a heading ending in a colon)."""
+    text = " ".join(str(err).split()) or type(err).__name__
+    if isinstance(err, KeyError):  # a damaged tokenizer file: str() is just the key
+        text = f"no {text} entry in its files"
+    return text if len(text) <= limit else text[:limit].rstrip() + " ..."
 
 
 def recorded_base(adapter: str) -> str | None:

@@ -27,16 +27,28 @@ MERGE_WEIGHTS = re.compile(r"model(-\d+-of-\d+)?\.safetensors")
 """A merge's weight files (always safetensors): ``model.safetensors`` or its shards."""
 
 
-def apply_lora(model, r: int = 16, alpha: int = 32, dropout: float = 0.0, target_modules: str | None = None):
+def target_pattern(targets: str | list[str] | tuple[str, ...] | None) -> str | None:
+    """``lora.target_modules`` as the regex peft matches against whole module paths (None: unset). A string is that
+    regex; a list of module names (peft's list form, ``[q_proj, v_proj]``) adapts every module whose path is one of
+    them or ends in ``.NAME``, as peft reads a list."""
+    if targets is None or isinstance(targets, str):
+        return targets
+    names = "|".join(re.escape(str(name)) for name in targets)
+    return rf"(.*\.)?({names})"
+
+
+def apply_lora(model, r: int = 16, alpha: int = 32, dropout: float = 0.0,
+               target_modules: str | list[str] | None = None):
     """Wrap ``model`` in a trainable peft LoRA model (base weights frozen).
 
-    ``target_modules`` is a regex over module paths; default ``dare.family_of(model).lora_targets``.
+    ``target_modules`` is a regex over module paths or a list of module names (:func:`target_pattern`); default
+    ``dare.family_of(model).lora_targets``.
     """
     from peft import LoraConfig, get_peft_model
 
     from dare.models.spec import family_of
 
-    targets = target_modules or family_of(model).lora_targets
+    targets = target_pattern(target_modules) or family_of(model).lora_targets
     config = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=targets, bias="none")
     try:
         return get_peft_model(model, config)

@@ -50,7 +50,8 @@ def set_rng_state(state: dict) -> None:
 def _state_dicts(model, optimizer, trainable_only: bool):
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
-    options = StateDictOptions(ignore_frozen_params=trainable_only)
+    # a LoRA run saves only its trainable parameters, so loading them back must not ask for the frozen base ones
+    options = StateDictOptions(ignore_frozen_params=trainable_only, strict=not trainable_only)
     model_sd, optim_sd = get_state_dict(model, optimizer, options=options)
     return {"model": model_sd, "optim": optim_sd}, options
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dare.config import from_dict, load_yaml, merge, parse_overrides, to_dict
+from dare.config import SEEDS, from_dict, load_yaml, merge, override_tree, to_dict
 from dare.errors import ConfigError, unknown_choice, wrong_type
 from dare.rollout.config import SamplerConfig
 
@@ -46,8 +46,9 @@ class LoraConfig:
     """LoRA scaling numerator (scale = alpha / r)."""
     dropout: float = 0.0
     """LoRA dropout (non-zero breaks exact invariance to micro-batching: dropout uses the global RNG)."""
-    target_modules: str | None = None
-    """Regex of adapted module paths (default: the family's ``lora_targets``)."""
+    target_modules: str | list[str] | None = None
+    """Regex of adapted module paths, matched in full, or a list of module names as peft takes one (``[q_proj,
+    v_proj]``: every module whose path ends in one of them); default: the family's ``lora_targets``."""
 
 
 @dataclass
@@ -197,7 +198,8 @@ class TrainerConfig:
     resume: str = "auto"
     """auto (latest checkpoint in output_dir, if any; none: start at step 0, replacing final/ and metrics.jsonl),
     never (start over: deletes output_dir's checkpoints/ and final/ first; refused when model.path, model.tokenizer
-    or data.path lies in them), or a checkpoint directory."""
+    or data.path lies in them), a checkpoint directory (OUTPUT_DIR/checkpoints/step_00000012: eight-digit step
+    numbers) or a run directory (its latest complete checkpoint)."""
     export: bool = True
     """At the end write output_dir/final: a HF checkpoint (full training) or a peft adapter (LoRA)."""
     progress: bool = True
@@ -219,7 +221,8 @@ class DistributedConfig:
     fsdp: bool = True
     """Shard with FSDP2 (fully_shard per block + root) when running under torchrun."""
     mixed_precision: str = "auto"
-    """auto (bf16 compute / fp32 reduce on CUDA, fp32 on CPU), bf16 or fp32."""
+    """auto (bf16 compute / fp32 reduce on CUDA, fp32 on CPU), bf16 (on CPU too: bf16 autocast in one process, FSDP2's
+    bf16 weights under torchrun; the master weights stay model.dtype) or fp32."""
     reshard_after_forward: bool = True
     """FSDP2: free gathered block weights after forward (ZeRO-3); false keeps them (ZeRO-2, faster)."""
     sequence_parallel: int = 1
@@ -298,6 +301,8 @@ class TrainConfig:
         """One-line errors for numbers outside their range (they would otherwise fail deep inside torch, or train
         silently wrong: a negative gradient clip reverses the update)."""
         optim, data = self.optim, self.data
+        if not SEEDS[0] <= self.trainer.seed <= SEEDS[1]:
+            raise ConfigError(f"trainer.seed must be in [{SEEDS[0]}, {SEEDS[1]}]; got {self.trainer.seed}")
         if optim.grad_clip is not None and optim.grad_clip <= 0:
             raise ConfigError(f"optim.grad_clip must be positive (null disables clipping); got {optim.grad_clip}")
         if optim.weight_decay < 0:
@@ -315,7 +320,8 @@ class TrainConfig:
             raise ConfigError(f"lora.alpha must be positive; got {self.lora.alpha}")
         if not 0 <= self.lora.dropout < 1:
             raise ConfigError(f"lora.dropout must be in [0, 1); got {self.lora.dropout}")
-        check_regex("lora.target_modules", self.lora.target_modules)
+        if isinstance(self.lora.target_modules, str):  # a list holds module names (dare.models.lora.target_pattern)
+            check_regex("lora.target_modules", self.lora.target_modules)
         positive_or_null({"data.num_examples": (data.num_examples, "null = every record; synthetic tasks: 512"),
                           "data.pack_length": (data.pack_length, "null = data.max_length"),
                           "data.pad_response_to": (data.pad_response_to, "null = no padding")})
@@ -342,19 +348,61 @@ class TrainConfig:
         return (self.data.pack_length or self.data.max_length) if self.data.packing else self.data.max_length
 
 
-def load_train_config(path: str | Path | None, overrides: list[str] = ()) -> TrainConfig:
-    """Read a recipe YAML, apply ``key=value`` overrides, validate every section (algorithm included)."""
+def load_train_config(path: str | os.PathLike | None, overrides: list[str] | str | dict = ()) -> TrainConfig:
+    """Read a recipe YAML (None: the defaults), apply ``overrides`` (a list of ``key=value`` strings, one such string,
+    or a mapping ``{key: value}`` with dotted keys or nested sections), validate every section (algorithm included).
+    A ``model.path`` / ``data.path`` that neither the recipe nor an override sets gets a ``note:`` line naming the
+    default the run trains (:func:`note_defaults`)."""
     from dare.algorithms import resolve_algorithm_config
 
+    check_recipe_argument(path)
     raw = load_yaml(path, texts=True) if path is not None else {}
-    given = parse_overrides(list(overrides))
+    given = override_tree(overrides)
     if path is not None:
         raw = _fit_recipe_algorithm(raw, given, path)
     raw = merge(raw, given)
     config = from_dict(TrainConfig, raw)
     config.algorithm = resolve_algorithm_config(config.algorithm)
     config.validate()
+    note_defaults(raw, path)
     return config
+
+
+def check_recipe_argument(path) -> None:
+    """One-line :class:`ConfigError` for a ``path`` of :func:`load_train_config` that is no recipe path: another type
+    (overrides given first), or a ``key=value`` text that is not a file."""
+    if path is not None and not isinstance(path, (str, os.PathLike)):
+        raise wrong_type("load_train_config's path", path, "a recipe path (str or Path) or None",
+                         "overrides go second: load_train_config(path, ['key=value', ...])", ConfigError)
+    if isinstance(path, str) and "=" in path and not Path(path).exists():
+        raise ConfigError(f"load_train_config's path {path!r} looks like an override, not a recipe: "
+                          f"load_train_config(None, [{path!r}]) (or load_train_config(RECIPE, [{path!r}]))")
+
+
+DEFAULTS_NOTED = {"model.path": "a tiny randomly initialised LLaDA, no weights",
+                  "data.path": "a generated digit-reversal task"}
+"""Keys whose default a run trains only after a ``note:`` line (a recipe that forgot them would otherwise train the
+tiny default model on the generated task without a word), with what their defaults are."""
+
+
+def note_defaults(raw: dict, path) -> None:
+    """Log one ``note:`` line per key of :data:`DEFAULTS_NOTED` that ``raw`` (the recipe with its overrides) does not
+    set: the run then trains on that key's default. Under torchrun only rank 0 says so."""
+    import logging
+
+    if int(os.environ.get("RANK", "0")) != 0:
+        return
+    defaults = TrainConfig()
+    for key, meaning in DEFAULTS_NOTED.items():
+        section, name = key.split(".")
+        given = raw.get(section)
+        is_set = name in given if isinstance(given, dict) else given is not None  # a section object sets it
+        if is_set:
+            continue
+        where = f"the recipe {path} sets no {key}" if path is not None else f"no recipe and no {key}=... override"
+        default = getattr(getattr(defaults, section), name)
+        logging.getLogger("dare.trainer").warning(
+            f"note: {where}: using the default {key}={default} ({meaning}); set {key} to choose")
 
 
 def _algorithm_keys(name: str) -> set[str] | None:

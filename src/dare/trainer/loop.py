@@ -70,6 +70,17 @@ def present_outputs(out: Path, names: list[str]) -> list[str]:
 
 log = logging.getLogger("dare.trainer")
 
+
+def compute_precision(mixed_precision: str, device: torch.device, sharded: bool):
+    """The autocast context of the trainer's forwards (losses, rollouts, old / reference log-probs) for
+    ``distributed.mixed_precision``: none when FSDP2 shards the model (its policy casts the weights), bf16 on CUDA for
+    ``auto`` / ``bf16`` (:func:`~dare.distributed.autocast_context`), and bf16 on CPU when ``bf16`` is asked for:
+    float32 master weights, optimizer and gradients, bf16 matmuls, as FSDP2's bf16 policy computes on CPU."""
+    if not sharded and device.type == "cpu" and mixed_precision == "bf16":
+        return torch.autocast("cpu", dtype=torch.bfloat16)
+    return autocast_context(mixed_precision if not sharded else "fp32", device)
+
+
 def _add(into: dict, values: dict) -> None:
     """Accumulate scalar metrics where they live (no host sync per micro-batch; one at the end of the step)."""
     for key, value in values.items():
@@ -171,8 +182,7 @@ class Trainer:
             source = source(self)
         self.source = source
         if getattr(self.source, "prepares_views", False):  # old / reference forwards under the same precision
-            precision = cfg.distributed.mixed_precision if not self.sharded else "fp32"
-            self.source.precision = lambda: autocast_context(precision, self.info.device)
+            self.source.precision = self.precision
         self.total_steps = cfg.trainer.max_steps or max(1, int(cfg.trainer.epochs * self.source.steps_per_epoch))
 
         params = [p for p in self.model.parameters() if p.requires_grad]
@@ -193,6 +203,10 @@ class Trainer:
         self.logger = MetricsLogger(self.output_dir, enabled=self.info.is_main, tensorboard=cfg.trainer.tensorboard,
                                     wandb=cfg.trainer.wandb, wandb_project=cfg.trainer.wandb_project,
                                     config=config_dict(config))
+
+    def precision(self):
+        """The autocast context of this run's forwards (:func:`compute_precision`)."""
+        return compute_precision(self.config.distributed.mixed_precision, self.info.device, self.sharded)
 
     # ---- construction helpers -----------------------------------------------------------------------
     def _prepare_output_dir(self) -> Path | None:
@@ -415,8 +429,7 @@ class Trainer:
         device_totals = {k: v.to(self.info.device) for k, v in totals.items()}
         micro = [mb.to(self.info.device, non_blocking=True) for mb in micro]  # all copies queued up front
         for mb in micro:
-            with autocast_context(self.config.distributed.mixed_precision if not self.sharded else "fp32",
-                                  self.info.device), batch_keys_read_by(self.algorithm.name, micro):
+            with self.precision(), batch_keys_read_by(self.algorithm.name, micro):
                 metrics = self.algorithm.backward(self.model, mb, device_totals)
             _add(sums, metrics)
         out = all_reduce_dict(sums, self.data_info)

@@ -1,11 +1,13 @@
-"""Checks of a training run that load no model and read no data.
+"""Checks of a training run that load no model and parse no data (a data file's records are at most counted).
 
 ``dare train --dry-run`` runs them, and so does every run before it loads anything (:class:`~dare.trainer.Trainer`),
 with the same functions the run uses later (the sampler and reward of :mod:`dare.trainer.rl`, the algorithm's
 ``check_family`` against the model family read from ``model.path``, ``model.attn_backend`` on the device, the LoRA
 target patterns against the model's module tree built on the meta device, the data path checks of
-:mod:`dare.data.sft` / :mod:`dare.trainer.prompts`, ``trainer.resume``, ``trainer.output_dir``), so a dry run cannot
-pass a config that the run rejects before its first step (a hub model whose config is not cached locally: its family
+:mod:`dare.data.sft` / :mod:`dare.trainer.prompts`, ``trainer.resume``, ``trainer.output_dir``), and with the run's own
+messages for what it finds only later (a global batch larger than the data, a metrics package that is not installed,
+a response padding that leaves no example within ``data.max_length``), so a dry run cannot pass a config that the run
+rejects before its first step (a hub model whose config is not cached locally: its family
 and LoRA checks are skipped, with a note). Settings the run does not use (``rollout.*`` without rollouts, ``lora.*``
 without ``lora.enabled``, data options of another kind of source, record-key settings of a generated source) get one
 warning line per section, and so does each setting that another one overrides (:data:`OVERRIDDEN`).
@@ -17,8 +19,9 @@ import dataclasses
 import logging
 from pathlib import Path
 
-from dare.errors import ConfigError
+from dare.errors import ConfigError, first_line
 from dare.outputs import check_dir_target
+from dare.trainer.lora_targets import LORA_LAYERS, check_lora_targets
 
 log = logging.getLogger("dare.trainer")
 
@@ -40,7 +43,9 @@ def check_run(config, *, model: bool = True, data: bool = True, warn: bool = Tru
     """Raise the one-line error a run of ``config`` would raise for its model path, the algorithm's settings against
     the model family, ``model.attn_backend`` on the device, tokenizer path (or the model directory's tokenizer files),
     ``lora.target_modules`` against the model's module paths (:func:`check_lora_targets` on :func:`model_skeleton`),
-    data path, rollout sampler and reward,
+    data path, rollout sampler and reward, the metrics packages (:func:`check_metric_packages`),
+    ``data.pad_response_to`` against ``data.max_length`` (:func:`check_response_padding`), the global batch against
+    the data's records (:func:`check_batch_fits`),
     ``trainer.resume`` or ``trainer.output_dir`` (another command's output or the user's files: refused before the
     run writes there); ``model`` / ``data``: check those sections (False when the trainer is given its own model /
     batch source); ``family``: the model's :class:`~dare.models.spec.FamilySpec` (default: read from
@@ -56,6 +61,9 @@ def check_run(config, *, model: bool = True, data: bool = True, warn: bool = Tru
     needs = algorithm.needs
     check_resume(config.trainer.resume)
     check_dir_target(config.trainer.output_dir, "trainer.output_dir")  # what ensure_dir would refuse
+    check_metric_packages(config.trainer)  # the run imports them once the model and data are loaded
+    if data and not needs.rollout:  # RL prompts ignore both keys
+        check_response_padding(config.data)
     if model and family is None:  # also the model path's own errors (a missing directory, no weights, ...)
         family = known_family(config.model.path, note=dry_run)
     if family is not None:
@@ -78,9 +86,72 @@ def check_run(config, *, model: bool = True, data: bool = True, warn: bool = Tru
         from dare.data.sft import check_data_path
 
         check_relative(check_data_path, config.data.path)
+    if data:
+        check_batch_fits(config, needs)
     check_output_dir(config.trainer.output_dir)  # after the config's own mistakes
     if warn:
         warn_unused(config, needs)
+
+
+METRIC_PACKAGES = {"tensorboard": ("torch.utils.tensorboard", "tensorboard"), "wandb": ("wandb", "wandb")}
+"""``trainer.KEY`` switch of a metrics sink: (the module the run imports for it, the pip package that holds it)."""
+
+
+def check_metric_packages(trainer) -> None:
+    """One-line error for a metrics sink switched on (``trainer.tensorboard`` / ``trainer.wandb``, a
+    :class:`~dare.trainer.config.TrainerConfig`) whose module cannot be imported: not installed (the line names the
+    pip package), or failing to import. The run imports it when it opens its logs, after the model and data load."""
+    import importlib
+
+    for key, (module, package) in METRIC_PACKAGES.items():
+        if not getattr(trainer, key):
+            continue
+        try:
+            importlib.import_module(module)
+        except Exception as err:  # noqa: BLE001 - a broken install fails in many ways (the run's import too)
+            if isinstance(err, ModuleNotFoundError) and (err.name or "").partition(".")[0] == package:
+                raise ConfigError(f"trainer.{key}=true needs the {package} package, which is not installed: pip "
+                                  f"install {package} (or set trainer.{key}=false)") from None
+            raise ConfigError(f"trainer.{key}=true: importing {module} failed ({first_line(err)}); repair the "
+                              f"installation of {package} or set trainer.{key}=false") from None
+
+
+def check_response_padding(data) -> None:
+    """One-line error when ``data.pad_response_to`` leaves no example within ``data.max_length`` (``data``: a
+    :class:`~dare.trainer.config.DataConfig`): padding beyond it, or up to it under a chat template, whose prompt
+    tokens cannot fit beside the response (the run would drop every example as too long)."""
+    pad, longest = data.pad_response_to, data.max_length
+    if pad is None or pad < longest or (pad == longest and not data.chat_template):
+        return
+    if pad > longest:
+        why = f"is larger than data.max_length={longest}: every response is padded to at least {pad} tokens"
+    else:
+        why = (f"equals data.max_length={longest}: every response is padded to at least {pad} tokens, leaving no room "
+               "for the prompt (data.chat_template adds tokens to every prompt)")
+    raise ConfigError(f"data.pad_response_to={pad} {why}, so no example fits; lower data.pad_response_to or raise "
+                      "data.max_length")
+
+
+def check_batch_fits(config, needs) -> None:
+    """The run's one-line error for a global batch larger than the data: a step takes ``trainer.batch_size``
+    examples (or pairs), or ``batch_size / rollout.group_size`` prompts. The records are counted without reading
+    more of the data than a batch (:func:`dare.data.sft.count_records`; a ``benchmark:`` source by
+    ``data.num_examples`` only; an empty file is the run's own error); the run alone knows how many are dropped as
+    too long, or what is wrong with a record that is no JSON object."""
+    from dare.data.sft import count_records, no_records
+    from dare.trainer.prompts import BENCHMARK_PREFIX
+
+    batch, path, limit = config.trainer.batch_size, config.data.path, config.data.num_examples
+    needed = batch // config.rollout.group_size if needs.rollout else batch
+    held = limit if path.startswith(BENCHMARK_PREFIX) else count_records(path, limit, enough=needed)
+    if held is None or held >= needed:
+        return
+    if held == 0:  # the run's error when it reads the file
+        raise no_records(path)
+    if needs.rollout:  # RolloutSource's message
+        raise ConfigError(f"{needed} prompts per step but the dataset has only {held}")
+    unit = "pairs" if needs.pairs else "examples"  # PairSource's and DatasetSource's
+    raise ConfigError(f"trainer.batch_size={batch} is larger than the dataset ({held} {unit})")
 
 
 def known_family(path: str, note: bool = False):
@@ -171,16 +242,11 @@ def fill_rollout_defaults(config, model=None) -> None:
     config.rollout.sampler = sampler
 
 
-TOKENIZER_FILES = ("tokenizer_config.json", "tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt",
-                   "spiece.model")
-"""Files of which a tokenizer directory holds at least one."""
-
-
 def check_tokenizer_path(path: str | None, key: str = "model.tokenizer") -> None:
     """``model.tokenizer`` (or, with ``key="model.path"``, the model directory that gives the tokenizer when
     ``model.tokenizer`` is unset): unset, ``tiny:...``, a hub name, or a local directory holding tokenizer files
-    (:data:`TOKENIZER_FILES`)."""
-    from dare.models.loading import local_path, parse_tiny
+    (:data:`dare.models.loading.TOKENIZER_FILES`)."""
+    from dare.models.loading import TOKENIZER_FILES, local_path, parse_tiny
 
     if path is None or parse_tiny(path) is not None:
         return
@@ -206,10 +272,6 @@ def tokenizer_error(key: str, path: str, err: BaseException) -> ConfigError:
                        "or tokenizer_config.json with the vocabulary files it names")
 
 
-LORA_LAYERS = ("Linear", "Embedding", "Conv1d", "Conv2d", "Conv3d", "MultiheadAttention", "Conv1D")
-"""Class names of the modules peft's LoRA can adapt (``torch.nn`` layers and transformers' ``Conv1D``)."""
-
-
 def model_skeleton(path: str):
     """The module tree of the model at ``path`` (``tiny:FAMILY`` or a checkpoint whose config is local or cached) built
     on the meta device: no weights are read or allocated; None for a hub name whose config is not cached."""
@@ -232,37 +294,6 @@ def model_skeleton(path: str):
             return None
     with torch.device("meta"):
         return family_of(hf_config).model_class(hf_config)
-
-
-def check_lora_targets(pattern: str | None, model) -> None:
-    """One-line error unless ``lora.target_modules`` (``pattern``; None: the model family's default) matches at least
-    one module path of ``model`` in full, as peft matches it, and every module it matches is a layer LoRA can adapt
-    (:data:`LORA_LAYERS`); the message names a few real module paths. ``model`` None: nothing to check."""
-    import re
-
-    from dare.models.loading import unwrap
-    from dare.models.spec import family_of
-
-    if model is None:
-        return
-    model = unwrap(model)
-    targets = pattern or family_of(model).lora_targets
-    key = f"lora.target_modules={targets!r}" if pattern else f"the family's default LoRA targets {targets!r}"
-    modules = [(name, type(module).__name__) for name, module in model.named_modules() if name]
-    adaptable = [name for name, kind in sorted(modules, key=lambda m: m[1] != "Linear") if kind in LORA_LAYERS]
-    shapes = {}
-    for name in adaptable:  # one real path per layer kind: model.blocks.0.q_proj stands for every block's q_proj
-        shapes.setdefault(re.sub(r"\.\d+\.", ".N.", name), name)
-    examples = f"{', '.join(list(shapes.values())[:6])}, ... ({len(adaptable)} in all)"
-    matched = [(name, kind) for name, kind in modules if re.fullmatch(targets, name)]
-    if not matched:
-        raise ConfigError(f"{key} matches no module of the model (the pattern must match a whole module path); "
-                          f"its LoRA-adaptable modules include {examples}")
-    wrong = [f"{name} ({kind})" for name, kind in matched if kind not in LORA_LAYERS]
-    if wrong:
-        raise ConfigError(f"{key} matches modules LoRA cannot adapt: {', '.join(wrong[:3])}"
-                          f"{', ...' if len(wrong) > 3 else ''}; LoRA adapts linear and embedding layers, e.g. "
-                          f"{examples}")
 
 
 def check_relative(check, path: str) -> None:
@@ -344,6 +375,7 @@ def overridden(config) -> list[tuple[str, str]]:
     return moot
 
 
-__all__ = ["LORA_LAYERS", "OVERRIDDEN", "UNUSED_DATA", "changed", "check_attn_backend", "check_lora_targets",
+__all__ = ["LORA_LAYERS", "METRIC_PACKAGES", "OVERRIDDEN", "UNUSED_DATA", "changed", "check_attn_backend",
+           "check_batch_fits", "check_lora_targets", "check_metric_packages", "check_response_padding",
            "check_relative", "check_run", "check_tokenizer_path", "fill_rollout_defaults", "known_family",
            "model_dtype", "model_skeleton", "overridden", "record_given_model", "tokenizer_error", "warn_unused"]

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dare.errors import ConfigError
+from dare.errors import ConfigError, closest
 
 FREE_KEYS = frozenset({
     "trainer.output_dir", "trainer.log_every", "trainer.save_every", "trainer.keep_last", "trainer.resume",
@@ -39,7 +39,8 @@ SHOWN = 4
 START_OVER_DIRS = ("checkpoints", "final")
 """What ``trainer.resume=never`` deletes from the output directory before training."""
 RESUME_VALUES = ("auto", "never")
-"""The ``trainer.resume`` modes (or a checkpoint directory, ``OUTPUT_DIR/checkpoints/step_N``)."""
+"""The ``trainer.resume`` modes (or a checkpoint directory, ``OUTPUT_DIR/checkpoints/step_00000012``, or a run
+directory: its latest checkpoint)."""
 
 
 NOT_PATHS = ("tiny:", "synthetic:")
@@ -85,10 +86,13 @@ def relevant(settings: dict) -> dict:
 
 
 def differing_keys(saved: dict, new: dict) -> list[str]:
-    """Training-relevant keys whose values differ (or exist on one side only), sorted. A key that is null on one
-    side and absent on the other (a field of another algorithm's section) is unset on both: not a difference."""
-    a, b = relevant(saved), relevant(new)
-    return sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
+    """Keys relevant to training on either side whose values differ (or exist on one side only), sorted. A key that
+    is null on one side and absent on the other (a field of another algorithm's section) is unset on both: not a
+    difference; nor is a key relevant on one side only with the same value on both (``trainer.epochs`` when only
+    the new run's schedule depends on the run length)."""
+    keys = relevant(saved).keys() | relevant(new).keys()
+    a, b = flatten(saved), flatten(new)
+    return sorted(k for k in keys if a.get(k) != b.get(k))
 
 
 def _show(value) -> str:
@@ -173,17 +177,76 @@ def check_start_over(output_dir: Path, settings: dict) -> None:
 
 
 def check_resume(resume: str) -> None:
-    """One-line error unless ``trainer.resume`` is ``auto``, ``never`` or a complete checkpoint directory."""
-    from dare.trainer.checkpoint import STATE_FILE
+    """One-line error unless ``trainer.resume`` is ``auto``, ``never``, a complete checkpoint directory or a run
+    directory holding one (:func:`resume_checkpoint`)."""
+    if resume not in RESUME_VALUES:
+        resume_checkpoint(resume)
 
-    if resume in RESUME_VALUES or (Path(resume) / STATE_FILE).is_file():
-        return
+
+def resume_checkpoint(resume: str) -> Path:
+    """The checkpoint ``trainer.resume=PATH`` names: a complete checkpoint directory, or the latest complete checkpoint
+    of a run directory (``trainer.output_dir`` of a run) or of its ``checkpoints/`` folder. Anything else is a one-line
+    error; where checkpoints are near (a deleted or misspelt ``step_...``, a run directory) it names them, since their
+    step numbers are zero-padded (``step_00000012``)."""
+    from dare.trainer.checkpoint import STATE_FILE, list_checkpoints
+
     path = Path(resume)
-    missing = not path.exists() and len(path.parts) > 1  # a path (e.g. a deleted step_N), not a misspelt mode
-    problem = ("is not a complete DARE checkpoint" if path.is_dir() else
-               "does not exist" if missing else "is not a checkpoint directory")
-    raise ConfigError(f"trainer.resume={resume} {problem}; use auto, never or a checkpoint directory "
-                      "(OUTPUT_DIR/checkpoints/step_N)")
+    if (path / STATE_FILE).is_file():
+        return path
+    run_dir = path.parent if path.name == "checkpoints" else path
+    found = list_checkpoints(run_dir) if path.is_dir() else []
+    if found:
+        return found[-1]
+    raise ConfigError(f"trainer.resume={resume} {_not_a_checkpoint(path)}; use auto, never, a run directory (its "
+                      f"latest checkpoint) or a checkpoint directory ({CHECKPOINT_EXAMPLE})")
+
+
+CHECKPOINT_EXAMPLE = "OUTPUT_DIR/checkpoints/step_00000012"
+"""How the errors spell a checkpoint directory: step numbers have eight digits (``checkpoint.checkpoint_dir``)."""
+
+
+def _not_a_checkpoint(path: Path) -> str:
+    """Why ``path`` is no checkpoint to resume from, with the complete checkpoints beside it, if any."""
+    from dare.trainer.checkpoint import list_checkpoints
+
+    beside = list_checkpoints(path.parent.parent) if path.parent.name == "checkpoints" else []
+    if beside:
+        names = ", ".join(p.name for p in beside)
+        meant = _same_step(path.name, beside)
+        hint = f" (did you mean {meant}?)" if meant is not None else ""
+        problem = "is not a complete checkpoint" if path.exists() else "does not exist"
+        return f"{problem}{hint}; the checkpoints in {path.parent}: {names}"
+    if path.is_file():
+        return "is a file, not a checkpoint directory"
+    if path.is_dir():
+        if path.name == "checkpoints" or (path / "checkpoints").is_dir():
+            return "holds no complete checkpoint"
+        if path.parent.name == "checkpoints":
+            return "is not a complete checkpoint (no trainer_state.pt: its write was cut short)"
+        if (path / "final").is_dir() or (path / "config.json").is_file():
+            weights = path / "final" if (path / "final").is_dir() else path
+            return f"holds no checkpoint, only exported weights (to train from them: model.path={weights})"
+        return "is neither a DARE checkpoint nor a run directory"
+    if path.exists() or len(path.parts) > 1:  # a path (e.g. a deleted step_...), not a misspelt mode
+        return "does not exist"
+    mode = MODE_WORDS.get(str(path).lower()) or closest(str(path), RESUME_VALUES)
+    return "is not a checkpoint directory" + (f" (did you mean {mode}?)" if mode else "")
+
+
+MODE_WORDS = {"latest": "auto", "last": "auto", "resume": "auto", "continue": "auto", "true": "auto",
+              "false": "never", "restart": "never", "scratch": "never", "fresh": "never", "none": "never"}
+"""Words users write for a ``trainer.resume`` mode, with the mode they mean (the error's did-you-mean)."""
+
+
+def _same_step(name: str, checkpoints: list[Path]) -> Path | None:
+    """The checkpoint of ``checkpoints`` with the step number of ``name`` written another way (``step_12`` for
+    ``step_00000012``), if any."""
+    def step(text: str) -> int | None:
+        number = text.removeprefix("step_").removesuffix(".tmp")
+        return int(number) if number.isdigit() else None
+
+    wanted = step(name)
+    return next((p for p in checkpoints if wanted is not None and step(p.name) == wanted and p.name != name), None)
 
 
 def _ways_out(output_dir: Path, settings: dict) -> str:
@@ -197,9 +260,10 @@ def _ways_out(output_dir: Path, settings: dict) -> str:
 
 def resume_point(output_dir: Path, resume: str, settings: dict) -> Path | None:
     """The checkpoint a run with ``settings`` continues from (None: it starts at step 0), for ``trainer.resume``
-    = ``auto`` (the latest complete checkpoint in ``output_dir``), ``never`` or a checkpoint directory; raises the
-    one-line error when the weights there were trained with other training-relevant settings, or when ``never``
-    would delete a path the run reads (:func:`check_start_over`). Reads only: the dry run calls it too."""
+    = ``auto`` (the latest complete checkpoint in ``output_dir``), ``never``, a checkpoint directory or a run directory
+    (its latest checkpoint, :func:`resume_checkpoint`); raises the one-line error when the weights there were trained
+    with other training-relevant settings, or when ``never`` would delete a path the run reads
+    (:func:`check_start_over`). Reads only: the dry run calls it too."""
     from dare.trainer.checkpoint import list_checkpoints
 
     check_resume(resume)
@@ -213,10 +277,11 @@ def resume_point(output_dir: Path, resume: str, settings: dict) -> Path | None:
         if saved is not None:
             check_same_settings(saved, settings, f"trainer.output_dir={output_dir}", _ways_out(output_dir, settings))
         return checkpoint
-    checkpoint = Path(resume)
+    checkpoint = resume_checkpoint(resume)  # a run directory: its latest checkpoint
     saved = saved_settings(checkpoint.parent.parent, checkpoint)
     if saved is not None:
-        check_same_settings(saved, settings, f"checkpoint trainer.resume={resume}",
+        named = "" if checkpoint == Path(resume) else f" ({checkpoint})"
+        check_same_settings(saved, settings, f"checkpoint trainer.resume={resume}{named}",
                             "resume from a checkpoint of this recipe, or set trainer.resume=never")
     return checkpoint
 
@@ -236,5 +301,5 @@ def interrupt_message(output_dir, resume_command: str | None = None) -> str:
 
 
 __all__ = ["FREE_KEYS", "LENGTH_KEYS", "RESUME_VALUES", "START_OVER_DIRS", "check_resume", "check_same_settings",
-           "check_start_over", "differing_keys", "input_paths", "interrupt_message", "relevant", "resume_point",
-           "saved_settings", "start_over_blocker"]
+           "check_start_over", "differing_keys", "input_paths", "interrupt_message", "relevant", "resume_checkpoint",
+           "resume_point", "saved_settings", "start_over_blocker"]
