@@ -360,6 +360,9 @@ def test_config_and_input_errors():
         generate(model, ids, mask, sampler="lada")
     with pytest.raises(ConfigError, match="block_length \\(5\\) must divide gen_length \\(16\\)"):
         generate(model, ids, mask, gen_length=16, block_length=5)
+    with pytest.raises(ConfigError, match="unless given, block_length is the llada preset's: set it to a divisor of "
+                                          "40 \\(e.g. 8\\), or gen_length to a multiple of 32$"):
+        generate(model, ids, mask, gen_length=40)  # the preset's 32
     with pytest.raises(ConfigError, match="steps \\(7\\) must be a multiple of the number of blocks"):
         generate(model, ids, mask, gen_length=16, block_length=8, steps=7)
     with pytest.raises(ConfigError, match="unknown sampler option 'temprature' \\(did you mean 'temperature'\\?\\)"):

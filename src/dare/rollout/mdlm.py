@@ -13,6 +13,7 @@ strategy (:mod:`dare.rollout.caching`):
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -53,7 +54,10 @@ def check_config(config: SamplerConfig) -> None:
     config.reject_fields(("block_steps", "editing_threshold", "num_to_transfer"),
                          "block-diffusion samplers only")
     if config.gen_length % config.block_length or config.block_length > config.gen_length:
-        raise ConfigError(f"block_length ({config.block_length}) must divide gen_length ({config.gen_length})")
+        raise ConfigError(f"block_length ({config.block_length}) must divide gen_length ({config.gen_length}); unless "
+                          f"given, block_length is the {config.sampler} preset's: set it to a divisor of "
+                          f"{config.gen_length} (e.g. {math.gcd(config.block_length, config.gen_length)}), or "
+                          f"gen_length to a multiple of {config.block_length}")
     if config.steps < 1:
         raise ConfigError(f"steps must be >= 1; got {config.steps}")
     if config.decoder in ("quota", "dynamic", "sequential") and config.steps % config.num_blocks:
