@@ -199,3 +199,17 @@ def test_a_yaml_list_of_lora_targets_trains_from_the_command_line(tmp_path, caps
                  f"trainer.output_dir={tmp_path / 'ok'}"]) == 0
     line = refused_alike(capsys, tmp_path / "bad", LORA, *SMALL, "lora.target_modules=[q_proj, o_proj]")
     assert "lists o_proj, which names no module LoRA can adapt" in line
+
+
+@pytest.mark.parametrize("recipe,overrides,expected", [
+    (D1, ["algorithm.name=justgrpo"], "justgrpo decodes left to right, one token per step"),
+    (str(ROOT / "configs/llada/dtreerpo_tiny.yaml"), ["rollout.sampler.sampler=fastdllm"],
+     "dtreerpo branches at fixed denoising steps: use rollout.sampler.decoder=quota"),
+    (str(ROOT / "configs/llada/justgrpo_tiny.yaml"), ["lora.enabled=true", "rollout.sampler.weights=merged"],
+     "rollout.sampler.weights must be 'model'"),
+])
+def test_the_algorithms_rollout_checks_run_in_the_dry_run(recipe, overrides, expected, tmp_path, capsys):
+    """An algorithm's checks of its rollout sampler (``check_rollout``) ran only once the policy had loaded (minutes
+    for an 8B model); the dry run makes them on the model's meta-device skeleton, with the run's own line."""
+    line = refused_alike(capsys, tmp_path / "run", recipe, *overrides)
+    assert expected in line

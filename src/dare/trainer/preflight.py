@@ -78,7 +78,9 @@ def check_run(config, *, model: bool = True, data: bool = True, warn: bool = Tru
         from dare.trainer.prompts import check_prompt_path
         from dare.trainer.rl import check_rollout_batch, rollout_reward, rollout_sampler
 
-        rollout_sampler(config.rollout)
+        resolved = rollout_sampler(config.rollout, family.name if family is not None else None)
+        if model and family is not None:
+            check_algorithm_rollout(config, family, resolved)
         rollout_reward(config.rollout)
         check_rollout_batch(config.trainer.batch_size, config.rollout.group_size)
         check_relative(check_prompt_path, config.data.path)
@@ -91,6 +93,24 @@ def check_run(config, *, model: bool = True, data: bool = True, warn: bool = Tru
     check_output_dir(config.trainer.output_dir)  # after the config's own mistakes
     if warn:
         warn_unused(config, needs)
+
+
+def check_algorithm_rollout(config, family, sampler) -> None:
+    """The algorithm's own checks of the resolved rollout ``sampler`` (``check_rollout``: justgrpo's one token per
+    step, spg's blocks, dtreerpo's decoder, a block grid that differs from training's, ...), which the run makes once
+    the policy is loaded: here on the model's meta-device skeleton (:func:`model_skeleton`), no weights read. Skipped
+    for a hub model whose config is not cached."""
+    from dare.algorithms import get_algorithm
+
+    algorithm_class = get_algorithm(config.algorithm.name)
+    skeleton = model_skeleton(config.model.path) if hasattr(algorithm_class, "check_rollout") else None
+    if skeleton is None:
+        return
+    skeleton.attn_backend = config.model.attn_backend
+    algorithm = algorithm_class(config.algorithm, token_ids=family.token_ids(skeleton.config), seed=config.trainer.seed,
+                                attn_backend=config.model.attn_backend,
+                                logits_chunk_size=config.model.logits_chunk_size)
+    algorithm.check_rollout(skeleton, sampler)
 
 
 METRIC_PACKAGES = {"tensorboard": ("torch.utils.tensorboard", "tensorboard"), "wandb": ("wandb", "wandb")}
