@@ -220,3 +220,10 @@ def test_a_seed_outside_torchs_range_is_a_config_error(seed):
     """A seed of 2^64 or more failed deep inside torch.manual_seed with a traceback; the range is the demo's."""
     with pytest.raises(ConfigError, match=r"trainer.seed must be in \[0, 4294967295\]"):
         load_train_config(None, [f"trainer.seed={seed}"])
+
+
+@pytest.mark.parametrize("name,hint", [("grpo", "d1"), ("DTreeRPO", "dtreerpo"), ("D1", "d1")])
+def test_an_unknown_algorithm_suggests_the_one_meant(name, hint):
+    """``grpo`` suggested the preference algorithm ``vrpo`` (closest spelling); ``DTreeRPO`` suggested nothing."""
+    with pytest.raises(ConfigError, match=rf"unknown algorithm '{name}' \(did you mean '{hint}'\?\)"):
+        load_train_config(ROOT / "configs/llada/d1_tiny.yaml", [f"algorithm.name={name}"])

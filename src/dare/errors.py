@@ -53,20 +53,24 @@ def and_join(names: list[str]) -> str:
     return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
 
 
-SYNONYMS = {"gpu": ("cuda", "device")}
+SYNONYMS = {"gpu": ("cuda", "device"), "grpo": ("d1",)}
 """Words users give for a choice, with the choices they stand for: :func:`closest` suggests the first of them among
-the choices (``--device gpu`` -> ``cuda``, not ``cpu``; the config key ``gpu`` -> ``device``)."""
+the choices (``--device gpu`` -> ``cuda``, not ``cpu``; the config key ``gpu`` -> ``device``; the algorithm ``grpo`` ->
+``d1``, diffu-GRPO, not the preference algorithm ``vrpo``)."""
 
 
 def closest(name: str, choices: Iterable[str]) -> str | None:
     """Return the choice most similar to ``name`` (for 'did you mean' hints), or None: a synonym's choice
-    (:data:`SYNONYMS`), else the one choice ``name`` abbreviates (``temp`` -> ``temperature``), else the most
+    (:data:`SYNONYMS`), else the one choice spelled alike but for case, else the one choice ``name`` abbreviates (``temp`` -> ``temperature``), else the most
     similar spelling. Leading dashes are not compared (``--gpu`` is not close to ``--help``)."""
     bare = {choice.lstrip("-"): choice for choice in choices}
     key = name.lstrip("-")
     synonym = next((word for word in SYNONYMS.get(key.lower(), ()) if word in bare), None)
     if synonym is not None:
         return bare[synonym]
+    same_letters = [choice for bare_choice, choice in bare.items() if bare_choice.lower() == key.lower()]
+    if len(same_letters) == 1:  # DTreeRPO -> dtreerpo
+        return same_letters[0]
     longer = [choice for bare_choice, choice in bare.items() if bare_choice.startswith(key) and key]
     if len(longer) == 1 and key not in bare:
         return longer[0]
