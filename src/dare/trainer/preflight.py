@@ -72,15 +72,18 @@ def check_run(config, *, model: bool = True, data: bool = True, warn: bool = Tru
     check_tokenizer_path(config.model.tokenizer)
     if model and config.model.tokenizer is None and (data or config.trainer.export):  # the model's own tokenizer
         check_tokenizer_path(config.model.path, "model.path")
-    if model and config.lora.enabled and family is not None:
-        check_lora_targets(config.lora.target_modules, model_skeleton(config.model.path))
+    rollout_checked = data and needs.rollout and hasattr(algorithm, "check_rollout")
+    skeleton = (model_skeleton(config.model.path) if model and family is not None
+                and (config.lora.enabled or rollout_checked) else None)  # built once for both checks
+    if config.lora.enabled and skeleton is not None:
+        check_lora_targets(config.lora.target_modules, skeleton)
     if data and needs.rollout:
         from dare.trainer.prompts import check_prompt_path
         from dare.trainer.rl import check_rollout_batch, rollout_reward, rollout_sampler
 
         resolved = rollout_sampler(config.rollout, family.name if family is not None else None)
-        if model and family is not None:
-            check_algorithm_rollout(config, family, resolved)
+        if rollout_checked and skeleton is not None:
+            check_algorithm_rollout(config, family, resolved, skeleton)
         rollout_reward(config.rollout)
         check_rollout_batch(config.trainer.batch_size, config.rollout.group_size)
         check_relative(check_prompt_path, config.data.path)
@@ -95,21 +98,16 @@ def check_run(config, *, model: bool = True, data: bool = True, warn: bool = Tru
         warn_unused(config, needs)
 
 
-def check_algorithm_rollout(config, family, sampler) -> None:
+def check_algorithm_rollout(config, family, sampler, skeleton) -> None:
     """The algorithm's own checks of the resolved rollout ``sampler`` (``check_rollout``: justgrpo's one token per
-    step, spg's blocks, dtreerpo's decoder, a block grid that differs from training's, ...), which the run makes once
-    the policy is loaded: here on the model's meta-device skeleton (:func:`model_skeleton`), no weights read. Skipped
-    for a hub model whose config is not cached."""
+    step, dtreerpo's decoder, a block grid that differs from training's, ...), which the run makes once the policy is
+    loaded: here on the model's meta-device ``skeleton`` (:func:`model_skeleton`), no weights read."""
     from dare.algorithms import get_algorithm
 
-    algorithm_class = get_algorithm(config.algorithm.name)
-    skeleton = model_skeleton(config.model.path) if hasattr(algorithm_class, "check_rollout") else None
-    if skeleton is None:
-        return
     skeleton.attn_backend = config.model.attn_backend
-    algorithm = algorithm_class(config.algorithm, token_ids=family.token_ids(skeleton.config), seed=config.trainer.seed,
-                                attn_backend=config.model.attn_backend,
-                                logits_chunk_size=config.model.logits_chunk_size)
+    algorithm = get_algorithm(config.algorithm.name)(
+        config.algorithm, token_ids=family.token_ids(skeleton.config), seed=config.trainer.seed,
+        attn_backend=config.model.attn_backend, logits_chunk_size=config.model.logits_chunk_size)
     algorithm.check_rollout(skeleton, sampler)
 
 
