@@ -281,12 +281,9 @@ def check_tokenizer_path(path: str | None, key: str = "model.tokenizer") -> None
 def tokenizer_error(key: str, path: str, err: BaseException) -> ConfigError:
     """The one-line error for a tokenizer at ``path`` (named by config key ``key``) that transformers failed to load
     with ``err``: its whole message on one line (the first line alone is often just a heading ending in a colon)."""
-    text = " ".join(str(err).split()) or type(err).__name__
-    if isinstance(err, KeyError):  # a damaged tokenizer file: str() is just the key
-        text = f"no {text} entry in its files"
-    if len(text) > 200:
-        text = text[:200].rstrip() + " ..."
-    return ConfigError(f"{key}={path}: cannot load a tokenizer ({text}); a tokenizer directory holds tokenizer.json "
+    from dare.models.loading import one_line
+
+    return ConfigError(f"{key}={path}: cannot load a tokenizer ({one_line(err)}); a tokenizer directory holds tokenizer.json "
                        "or tokenizer_config.json with the vocabulary files it names")
 
 
