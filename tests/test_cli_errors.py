@@ -11,6 +11,25 @@ import torch
 from dare.cli import main
 from dare.errors import ConfigError
 
+@pytest.mark.parametrize("command", ["run", "score"])
+@pytest.mark.parametrize("flag, value, message", [
+    ("--workers", "0", "--workers must be >= 1 (leave it out for one per CPU); got 0"),
+    ("--workers", "-2", "--workers must be >= 1 (leave it out for one per CPU); got -2"),
+    ("--timeout", "0", "--timeout must be positive (seconds per sandboxed program); got 0.0"),
+])
+def test_sandbox_options_out_of_range_fail_before_any_work(command, flag, value, message, tmp_path, capsys,
+                                                           monkeypatch):
+    """Before: the sandbox read --workers 0 as one per CPU and -2 as 1, silently, and refused --timeout 0 only when
+    scoring, after the whole generation."""
+    import dare.eval.run
+
+    monkeypatch.setattr(dare.eval.run, "load_for_eval",
+                        lambda *a, **k: (_ for _ in ()).throw(AssertionError("loaded the model")))
+    head = (["eval", "run", "--model", "tiny:llada"] if command == "run"
+            else ["eval", "score", "--predictions", str(tmp_path / "p.jsonl")])
+    assert one_line_error(capsys, *head, "--benchmark", "humaneval", f"{flag}={value}") == f"error: {message}"
+
+
 ROOT = Path(__file__).resolve().parents[1]
 GSM8K = [{"question": f"What is {i} + 1?", "answer": f"#### {i + 1}"} for i in range(3)]
 NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
@@ -515,3 +534,52 @@ def test_every_dare_variable_the_code_reads_is_a_known_setting():
     sources = [*ROOT.joinpath("src").rglob("*.py"), ROOT / ".ci" / "run"]
     read = {name for path in sources for name in re.findall(r"\bDARE_[A-Z0-9_]+", path.read_text())}
     assert read and read == set(ENVIRONMENT)
+
+
+def test_every_numeric_option_of_every_sub_command_takes_a_negative_number_in_any_notation():
+    """Before: Python 3.11's argparse read `--rl-lr -1e-3` as two options (`argument --rl-lr: expected one argument`);
+    a negative value is a value now, left to the command's own range check."""
+    import argparse
+
+    from dare.cli import build_parser
+
+    def numeric_options(parser, path):
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    yield from numeric_options(sub, [*path, name])
+            elif action.option_strings and action.type in (int, float):
+                required = [word for other in parser._actions if other.required and other.option_strings
+                            for word in (other.option_strings[0], "x")]
+                yield path + required, action
+
+    found = list(numeric_options(build_parser(), []))
+    assert {("demo", "--rl-lr"), ("generate", "--temperature"), ("eval", "--timeout")} <= {
+        (path[0], action.option_strings[0]) for path, action in found}
+    for path, action in found:
+        written, expected = ("-1e-3", -0.001) if action.type is float else ("-3", -3)
+        args, extra = build_parser().parse_known_args([*path, action.option_strings[0], written])
+        value = getattr(args, action.dest)
+        assert (value[0] if action.nargs == "*" else value, extra) == (expected, []), (path, action.option_strings)
+    args, _ = build_parser().parse_known_args(["demo", "--sft-target", "-2.5E+1", "--rl-lr", "-.5e-2"])
+    assert (args.sft_target, args.rl_lr) == (-25.0, -0.005)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["generate", "--model", "tiny:llada", "--prompt", "-hi"],
+     "error: dare generate: argument --prompt: expected one argument (-hi reads as an option: write --prompt=-hi); "
+     "see 'dare generate --help'"),
+    (["eval", "run", "--model", "tiny:llada", "--benchmark", "gsm8k", "-n", "-inf"],
+     "error: dare eval run: argument --num-samples/-n: expected one argument (-inf reads as an option: write "
+     "--num-samples=-inf); see 'dare eval run --help'"),
+])
+def test_a_value_read_as_an_option_says_to_write_flag_equals_value(argv, message, capsys):
+    with pytest.raises(SystemExit) as stop:
+        main(argv)
+    assert stop.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines() == [message]
+
+
+def test_a_negative_value_reaches_the_commands_own_check(capsys):
+    assert main(["generate", "--model", "tiny:llada", "--prompt", "x", "--temperature", "-1e-3"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == ["error: temperature must be >= 0; got -0.001"]

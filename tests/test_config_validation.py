@@ -201,14 +201,17 @@ def test_defaults_and_settings_that_apply_warn_nothing(caplog):
     assert warnings_of(caplog, str(ROOT / "configs/llada/sft_lora_tiny.yaml")) == []
 
 
-def test_the_summary_reports_the_last_reward_of_an_rl_run_with_inner_steps(tmp_path, capsys):
+def test_the_summary_reports_the_first_and_last_reward_of_an_rl_run_with_inner_steps(tmp_path, capsys):
     out = tmp_path / "d1"
     assert main(["train", D1, f"trainer.output_dir={out}", "trainer.progress=false", "trainer.max_steps=4"]) == 0
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert "rollout/reward" not in records[-1]  # mu = 2: the last step is an inner update
-    reward = records[-2]["rollout/reward"]
+    first, last = records[0]["rollout/reward"], records[-2]["rollout/reward"]
     done = [line for line in capsys.readouterr().out.splitlines() if line.startswith("done: ")]
-    assert len(done) == 1 and f"reward {reward:.4f} at step 3;" in done[0]
+    assert len(done) == 1, done
+    assert (f"reward {first:.4f} -> {last:.4f} (first -> last of 2 rollouts), "
+            f"grad_norm {records[-1]['grad_norm']:.4g};") in done[0]
+    assert " loss " not in done[0]  # the policy-gradient loss says little (0 at the old policy)
 
 
 def test_the_summary_prefers_the_reward_of_the_last_record():

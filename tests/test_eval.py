@@ -318,6 +318,20 @@ def test_cli_score_generic_native_and_joined(tmp_path, capsys):
     assert out["metrics"]["accuracy"] == 0.75 and out["metrics"]["pass@2"] == 1.0 and out["num_predictions"] == 4
 
 
+def test_cli_score_joins_a_multiple_choice_prediction_by_the_question_of_its_data_file(tmp_path, capsys):
+    """Before: a sample's question holds its options too, so `{"question": <the data file's question>}` was
+    'not in --data' although the data file holds it."""
+    from dare.cli import main
+
+    data = write_jsonl(tmp_path / "mmlu.jsonl", NATIVE["mmlu"])
+    row = NATIVE["mmlu"][0]
+    predictions = write_jsonl(tmp_path / "p.jsonl", [{"question": row["question"], "prediction": "B"}])
+    assert main(["eval", "score", "--benchmark", "mmlu", "--predictions", str(predictions), "--data", str(data),
+                 "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["num_problems"] == 1 and out["metrics"]["accuracy"] == 1.0  # answer 1: option B
+
+
 def test_cli_errors_are_one_line(tmp_path, capsys):
     from dare.cli import main
 

@@ -153,6 +153,9 @@ def test_wrong_model_args_are_one_line_errors():
         DareLM(pretrained="tiny:llada", schedule="continuous")
     with pytest.raises(ConfigError, match=r"unknown dare model arg 'likelihood.temperature'"):
         DareLM(pretrained="tiny:llada", **{"likelihood.temperature": 1.0})
+    with pytest.raises(ConfigError, match=r"dare model arg 'sampler.seed' is not used: the model's own seed applies "
+                                          r"to every request; write seed=5"):  # before: decoded with seed 0, silently
+        DareLM(pretrained="tiny:llada", **{"sampler.seed": 5})
 
 
 def test_a_misspelt_kernel_switch_fails_when_the_model_is_made(monkeypatch, capsys):
@@ -217,6 +220,23 @@ def test_cli_loading_errors_are_one_line(tmp_path, capsys, only_local_tasks):
     line = run_cli_error(capsys, "--model_args", "pretrained=tiny:llada", "--tasks", "dare_broken",
                          "--include_path", str(broken))
     assert "missing.jsonl" in line and "check the task's dataset_path and dataset_kwargs (data_files)" in line
+
+
+@pytest.mark.parametrize("model_args, message", [
+    ("pretrained=tiny:llada,device=cpu",
+     "error: --model_args device=cpu is lm-eval's own --device, which lm-eval passes to the model itself: write "
+     "--device cpu instead"),
+    ("pretrained=tiny:llada,batch_size=4",
+     "error: --model_args batch_size=4 is lm-eval's own --batch_size, which lm-eval passes to the model itself: "
+     "write --batch_size 4 instead"),
+    ('{"pretrained": "tiny:llada", "max_batch_size": 8}',
+     "error: --model_args max_batch_size=8 is lm-eval's own --max_batch_size, which lm-eval passes to the model "
+     "itself: write --max_batch_size 8 instead"),
+])
+def test_lm_evals_own_flags_in_model_args_are_one_line_errors(model_args, message, capsys, only_local_tasks):
+    """Before: lm-eval passed its --device / --batch_size values too, and the model got them twice (`TypeError:
+    DareLM() got multiple values for keyword argument 'device'`, a traceback), though --help offered them."""
+    assert run_cli_error(capsys, "--model_args", model_args, "--tasks", "dare_tiny_gen") == message
 
 
 def test_without_lm_eval_the_command_says_what_to_install(monkeypatch, capsys):

@@ -213,6 +213,9 @@ def run_dare_opencompass(cwd: Path, *args: str) -> subprocess.CompletedProcess:
      "error: OpenCompass dataset configs/opencompass/data/missing.jsonl: no such file (relative paths start at"),
     ("block_length=8", "block_lenght=8",
      "error: OpenCompass model tiny-llada-fastdllm: unknown sampler option 'block_lenght' (did you mean 'block_length'?)"),
+    ("block_length=8)", "block_length=8, mc_samples=8)",
+     "error: OpenCompass model tiny-llada-fastdllm: 'mc_samples' is not a sampler option; write it as "
+     "likelihood=dict(mc_samples=...)"),
     ("max_seq_len=512,", "max_seq_len=512, smapler=None,",
      "error: OpenCompass model tiny-llada-fastdllm: unknown argument 'smapler' (did you mean 'sampler'?)"),
     ('path="tiny:llada"', 'path="./checkpoints/llada"',

@@ -61,6 +61,31 @@ def test_wrong_model_args_name_the_argument(change, expected):
     assert expected in message, message
 
 
+@pytest.mark.parametrize("change, expected", [
+    ({"sampler": {"mc_samples": 8}},
+     "'mc_samples' is not a sampler option; write it as likelihood=dict(mc_samples=...)"),
+    ({"sampler": {"mc_sampels": 8}},
+     "unknown sampler option 'mc_sampels' (did you mean likelihood=dict(mc_samples=...)?)"),
+    ({"likelihood": {"steps": 8}}, "'steps' is not a likelihood option; write it as sampler=dict(steps=...)"),
+    ({"likelihood": {"mc_batch_size": 4}}, "'mc_batch_size' is not a likelihood option; write it as mc_batch_size=... "
+                                           "in the model entry"),
+    ({"sampler": {"max_out_len": 32}}, "'max_out_len' is not a sampler option; write it as max_out_len=... in the "
+                                       "model entry"),
+    ({"sampler": {"seed": 1}}, "'seed' is not a sampler option; write it as seed=... in the model entry"),
+    ({"mc_samples": 8},
+     "'mc_samples' is not an argument of DareDiffusionModel; write it as likelihood=dict(mc_samples=...)"),
+    ({"schedule": "cosine"}, "'schedule' is not an argument of DareDiffusionModel; write it as "
+                             "sampler=dict(schedule=...) or likelihood=dict(schedule=...)"),
+    ({"generation_kwargs": {"do_sample": False}}, "unknown generation_kwargs option 'do_sample' (did you mean "
+                                                  "'temperature'?)"),
+    ({"generation_kwargs": {"mc_samples": 2}}, "'mc_samples' is not a generation_kwargs option; write it as "
+                                               "likelihood=dict(mc_samples=...)"),
+])
+def test_a_key_in_the_wrong_place_says_where_it_goes(change, expected):
+    message = error_of(check_model_config, {**MODEL, **change})
+    assert message == f"OpenCompass model tiny: {expected}", message
+
+
 def test_a_local_checkpoint_and_non_dare_models_pass(tmp_path):
     write_tiny_checkpoint("llada", tmp_path / "ckpt")
     check_model_config({**MODEL, "path": str(tmp_path / "ckpt")})

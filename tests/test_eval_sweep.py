@@ -61,6 +61,37 @@ def test_sweep_errors_are_one_line(tmp_path, capsys):
         assert main(base + extra) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and message in err[0], err
-    assert main(["eval", "sweep", "--model", "tiny:llada", "--benchmark", "mmlu", "--out", str(tmp_path),
-                 "--point", "threshold=0.5"]) == 2
-    assert "scored by likelihood" in capsys.readouterr().err
+
+
+def test_a_multiple_choice_benchmark_is_swept_as_eval_run_mode_generate_evaluates_it(tmp_path, capsys):
+    """Each point of a multiple-choice sweep is ``dare eval run --mode generate`` with the point's settings: the
+    same prompts, predictions and metrics."""
+    data = DATA.replace("tiny_gen", "tiny_mc")
+    common = ["--model", "tiny:llada", "--benchmark", "mmlu", "--data", data, "--limit", "4", "--shots", "0",
+              "--gen-length", "4", "--no-progress"]
+    assert main(["eval", "sweep", *common, "--out", str(tmp_path / "sweep"), "--point", "sampler=llada,steps=2"]) == 0
+    assert main(["eval", "run", *common, "--mode", "generate", "--sampler", "llada", "--steps", "2",
+                 "--out", str(tmp_path / "run.json")]) == 0
+    point = json.loads((tmp_path / "sweep" / "points" / "00.json").read_text())
+    run = json.loads((tmp_path / "run.json").read_text())
+    assert point["mode"] == run["mode"] == "generate"
+    for key in ("prompt", "sampler", "metrics"):
+        assert point[key] == run[key], key
+    assert [s["prediction"] for s in point["samples"]] == [s["prediction"] for s in run["samples"]]
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--limit", "0"], "error: --limit must be positive (omit it to evaluate every problem); got 0"),
+    (["--batch-size", "0"], "error: --batch-size must be >= 1; got 0"),
+])
+def test_a_bad_limit_or_batch_size_fails_before_any_work(flags, message, tmp_path, capsys, monkeypatch):
+    """Before: the sweep created --out, loaded the model and only then failed (`gsm8k: no samples to evaluate`,
+    `batch_size must be >= 1`), as `dare eval run` does not."""
+    import dare.eval.run
+
+    monkeypatch.setattr(dare.eval.run, "load_for_eval", lambda *a, **k: pytest.fail("the model was loaded"))
+    out = tmp_path / "sweep"
+    assert main(["eval", "sweep", "--model", "tiny:llada", "--benchmark", "gsm8k", "--data", DATA, "--out", str(out),
+                 "--point", "steps=2", *flags]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [message]
+    assert not out.exists()

@@ -24,6 +24,7 @@ SFT = str(ROOT / "configs/llada/sft_tiny.yaml")
 LORA = str(ROOT / "configs/llada/sft_lora_tiny.yaml")
 VRPO = str(ROOT / "configs/llada/vrpo_tiny.yaml")
 D1 = str(ROOT / "configs/llada/d1_tiny.yaml")
+SPG = str(ROOT / "configs/llada/spg_tiny.yaml")
 SMALL = ["trainer.progress=false", "data.num_examples=8", "data.max_length=32", "trainer.batch_size=4",
          "trainer.micro_batch_size=4", "trainer.max_steps=1"]
 
@@ -207,6 +208,16 @@ def test_a_yaml_list_of_lora_targets_trains_from_the_command_line(tmp_path, caps
      "dtreerpo branches at fixed denoising steps: use rollout.sampler.decoder=quota"),
     (str(ROOT / "configs/llada/justgrpo_tiny.yaml"), ["lora.enabled=true", "rollout.sampler.weights=merged"],
      "rollout.sampler.weights must be 'model'"),
+    (SPG, ["algorithm.block_length=3"],
+     "error: algorithm.block_length=3 must divide the generation length rollout.sampler.gen_length=8"),
+    (SPG, ["algorithm.block_length=8"],
+     "error: algorithm.num_t=2 exceeds the number of blocks (1 = rollout.sampler.gen_length=8 / "
+     "algorithm.block_length=8)"),
+    (SPG, ["rollout.sampler.weights=fp8", "distributed.device=cpu"],
+     "error: rollout.sampler: weights 'fp8' decodes on the static engines; engine 'auto' is 'eager' on cpu: set "
+     "engine 'static'"),
+    (SPG, ["rollout.sampler.engine=graph", "distributed.device=cpu"],
+     "error: rollout.sampler: rollout engine 'graph' needs CUDA (the model is on cpu); use 'static' or 'eager'"),
 ])
 def test_the_algorithms_rollout_checks_run_in_the_dry_run(recipe, overrides, expected, tmp_path, capsys):
     """An algorithm's checks of its rollout sampler (``check_rollout``) ran only once the policy had loaded (minutes

@@ -128,6 +128,10 @@ def test_a_recipe_after_the_overrides_says_it_must_come_first(capsys):
                                          "(use trainer.output_dir=runs/x)"),
     (["--path", "m"], "unknown option --path: settings are key=value overrides here (use model.path=m or "
                       "data.path=m)"),
+    (["--lr", "-1e-3"], "unknown option --lr: settings are key=value overrides here (use optim.lr=-1e-3)"),
+    (["--rl-lr", "1e-3"], "unknown option --rl-lr: settings are key=value overrides here (use optim.lr=1e-3)"),
+    (["--out", "runs/x"], "unknown option --out: settings are key=value overrides here (use "
+                          "trainer.output_dir=runs/x)"),
     (["--dryrun"], "unrecognized arguments: --dryrun (did you mean '--dry-run'?)"),  # an option of its own: as before
     (["--verbose"], "unrecognized arguments: --verbose"),
 ])

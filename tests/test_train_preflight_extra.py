@@ -86,6 +86,34 @@ def test_a_hub_model_not_in_the_cache_skips_the_family_checks_with_a_note(tmp_pa
                      "them once the model is downloaded)"]
 
 
+@pytest.mark.parametrize("overrides", [[], ["rollout.sampler.sampler=null"]])
+def test_an_rl_dry_run_offline_with_an_uncached_hub_model_notes_and_goes_on(tmp_path, overrides):
+    """The RL dry run read the hub model's config (``fill_rollout_defaults``) and failed offline; it now says which
+    checks it skips, as the SFT one does, and checks the rest (a sampler left unset stays unset)."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}  # an empty cache
+    (tmp_path / "hf").mkdir()
+    proc = subprocess.run([sys.executable, "-m", "dare.cli", "train", str(ROOT / "configs/llada/d1_tiny.yaml"),
+                           "model.path=GSAI-ML/LLaDA-8B-Instruct", f"trainer.output_dir={tmp_path / 'run'}",
+                           *overrides, "--dry-run"], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    notes = [line for line in proc.stderr.splitlines() if line.startswith("note: ")]
+    assert notes == ["note: model.path=GSAI-ML/LLaDA-8B-Instruct is a hub name whose config is not in the local "
+                     "cache: the dry run skips the checks of algorithm.* and rollout.sampler against the model family "
+                     "(the run makes them once the model is downloaded)"]
+    sampler = "null" if overrides else "llada"
+    assert f"  sampler:\n    sampler: {sampler}\n" in proc.stdout
+
+
+def test_the_preflights_tokenizer_error_has_a_name_of_its_own():
+    """preflight.tokenizer_error and dare.models.loading.tokenizer_error were two functions of one name and
+    different arguments."""
+    from dare.trainer import preflight
+
+    assert not hasattr(preflight, "tokenizer_error")
+    err = preflight.tokenizer_load_error("model.path", "org/m", OSError("Can't load tokenizer:\nbad file"))
+    assert str(err).startswith("model.path=org/m: cannot load a tokenizer (Can't load tokenizer: bad file)")
+
+
 # ---- B. YAML recipes that would lose settings ---------------------------------------------------------------------
 @pytest.mark.parametrize("text, expected", [
     ("trainer:\n  max_steps: 1\nmodel:\n  path: tiny:llada\ntrainer:\n  max_steps: 2\n",

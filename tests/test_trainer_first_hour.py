@@ -22,6 +22,9 @@ from dare.trainer import Trainer, load_train_config
 ROOT = Path(__file__).resolve().parents[1]
 SFT = str(ROOT / "configs/llada/sft_tiny.yaml")
 D1 = str(ROOT / "configs/llada/d1_tiny.yaml")
+SPG = str(ROOT / "configs/llada/spg_tiny.yaml")
+DTREERPO = str(ROOT / "configs/llada/dtreerpo_tiny.yaml")
+TRACERL = str(ROOT / "configs/sdar/tracerl_tiny.yaml")
 SMALL = ["trainer.progress=false", "data.num_examples=8", "data.max_length=32", "trainer.batch_size=4",
          "trainer.micro_batch_size=4", "trainer.max_steps=1"]
 
@@ -122,11 +125,50 @@ def test_a_valid_target_pattern_passes():
                                      "(min_lr_ratio applies to cosine and linear)", ["optim.scheduler=cosine"]),
     (SFT, ["model.compile_backend=eager"], "warning: ignoring model.compile_backend: model.compile is false",
      ["model.compile=true"]),
+    (D1, ["algorithm.kl_coef=0", "algorithm.kl_estimator=k1"], "warning: ignoring algorithm.kl_estimator: "
+     "algorithm.kl_coef is 0: there is no KL term (set algorithm.kl_coef > 0 to add one)", ["algorithm.kl_coef=0.01"]),
+    (D1, ["rollout.dynamic_extra_rounds=2"], "warning: ignoring rollout.dynamic_extra_rounds: "
+     "rollout.dynamic_sampling is false", ["rollout.dynamic_sampling=true"]),
+    (D1, ["rollout.samples_file=false", "rollout.samples_per_step=4"], "warning: ignoring rollout.samples_per_step: "
+     "rollout.samples_file is false (no rollouts.jsonl is written)", ["rollout.samples_file=true"]),
+    (D1, ["algorithm.population_std=true"], "warning: ignoring algorithm.population_std: algorithm.advantage is not "
+     "zscore (population_std chooses the z-score's std)", ["algorithm.advantage=zscore"]),
+    (TRACERL, ["algorithm.value_model=false", "algorithm.lam=0.9"], "warning: ignoring algorithm.value_lr, "
+     "algorithm.lam: algorithm.value_model is false (no value model is trained, and GAE needs one)",
+     ["algorithm.value_model=true"]),
+    (SPG, ["algorithm.logp_estimation=eubo", "algorithm.mix_weight=0.3"], "warning: ignoring algorithm.mix_weight: "
+     "algorithm.logp_estimation is not mix", ["algorithm.logp_estimation=mix"]),
+    (SPG, ["algorithm.logp_estimation=elbo", "algorithm.eubo_beta=2"], "warning: ignoring algorithm.eubo_beta: "
+     "algorithm.logp_estimation=elbo uses no EUBO", ["algorithm.logp_estimation=eubo"]),
+    (DTREERPO, ["algorithm.self_distillation=false"], "warning: ignoring algorithm.distill_horizon: "
+     "algorithm.self_distillation is false", ["algorithm.self_distillation=true"]),
 ])
 def test_a_setting_another_one_overrides_gets_one_warning(recipe, overrides, warning, applies, caplog):
     assert warnings_of(caplog, recipe, *overrides) == [warning]
     assert warnings_of(caplog, recipe, *overrides, *applies) == []  # where it applies: no warning
     assert warnings_of(caplog, recipe) == []  # the recipe's own values (sft_tiny: min_lr_ratio with cosine) apply
+
+
+def test_a_wandb_project_without_wandb_is_warned(caplog):
+    assert warnings_of(caplog, SFT, "trainer.wandb_project=mine") == [
+        "warning: ignoring trainer.wandb_project: trainer.wandb is false"]
+
+
+def test_a_rollout_setting_without_rollouts_is_warned_once(caplog):
+    assert warnings_of(caplog, SFT, "rollout.dynamic_extra_rounds=2") == [
+        "warning: ignoring rollout.dynamic_extra_rounds: algorithm 'sft' makes no rollouts"]
+
+
+def test_a_moot_setting_is_warned_once_by_the_dry_run_and_once_by_the_run(tmp_path, capsys, caplog):
+    args = ["train", D1, *SMALL, "trainer.export=false", "algorithm.kl_coef=0", "algorithm.kl_estimator=k1",
+            f"trainer.output_dir={tmp_path / 'run'}"]
+    for extra in (["--dry-run"], []):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="dare.trainer"):
+            assert main([*args, *extra]) == 0, capsys.readouterr().err
+        said = [r.getMessage() for r in caplog.records if "algorithm.kl_estimator" in r.getMessage()]
+        assert len(said) == 1 and said[0].startswith("warning: ignoring algorithm.kl_estimator: "), (extra, said)
+    capsys.readouterr()
 
 
 def test_no_recipe_warns():

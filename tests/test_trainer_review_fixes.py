@@ -32,11 +32,13 @@ def test_tracerl_accuracy_filter_dropping_every_group_is_said(tmp_path, capsys, 
                      *SMALL]) == 0
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["rows"] for r in records] == [0.0, 0.0]  # the random model's groups are all outside [0.2, 0.8]
-    said = [w for w in dare_warnings(caplog) if "nothing trained" in w]
-    assert said == ["warning: step 1: algorithm.accuracy_filter [0.2, 0.8] dropped all 2 groups (mean accuracy "
-                    "outside it): nothing trained this step (later such steps are counted in the end-of-run "
-                    "summary)"]
-    assert "2 of the 2 steps run trained nothing" in capsys.readouterr().out
+    # the shared RL check says why once (the trainer's generic "nothing trained" line would repeat it)
+    said = [w for w in dare_warnings(caplog) if "nothing trained" in w or "learning signal" in w]
+    assert said == ["warning: step 1: no learning signal in this rollout (algorithm.accuracy_filter [0.2, 0.8] "
+                    "dropped 2 of 2 groups (accuracy outside it)): every advantage is 0, so nothing is learned from "
+                    "it (later such rollouts are counted in the end-of-run summary)"]
+    out = capsys.readouterr().out
+    assert "2 of the 2 steps run trained nothing" in out and "1 of the 1 rollouts had no learning signal" in out
 
 
 def test_summary_counts_steps_that_trained_nothing(tmp_path):
@@ -60,13 +62,41 @@ def test_a_training_step_with_rows_is_not_counted(tmp_path, capsys, caplog):
 def test_switching_algorithm_drops_the_recipes_other_keys_with_one_warning(caplog, capsys):
     with caplog.at_level(logging.WARNING, logger="dare.trainer"):
         config = load_train_config(D1, ["algorithm.name=tracerl"])
-    assert config.algorithm.name == "tracerl" and config.algorithm.inner_steps == 2  # shared keys are kept
+    assert config.algorithm.name == "tracerl" and config.algorithm.inner_steps == 1  # tracerl's default, not d1's 2
     assert [w for w in dare_warnings(caplog) if "dropping" in w] == [
-        "warning: algorithm.name=tracerl: dropping the recipe's algorithm.p_mask_prompt (a d1 setting tracerl "
-        "does not have)"]
+        "note: algorithm.name=tracerl replaces the recipe's d1: dropping its algorithm.inner_steps, "
+        "algorithm.kl_coef, algorithm.clip_low, algorithm.p_mask_prompt (tracerl starts from its own defaults; keep "
+        "a setting with algorithm.KEY=VALUE)"]
     for flag in ("--dry-run", "--show-config"):
         assert main(["train", D1, "algorithm.name=tracerl", flag, "trainer.output_dir=/nonexistent/x"]) == 0, flag
     capsys.readouterr()
+
+
+LLADA = ROOT / "configs/llada"
+
+
+@pytest.mark.parametrize("recipe, name", [("vrpo_tiny.yaml", "dpo"), ("d1_tiny.yaml", "igpo"),
+                                          ("sft_tiny.yaml", "bgpo")])
+def test_another_algorithm_starts_from_its_own_defaults(recipe, name):
+    """The recipe's settings of keys the new algorithm also has (VRPO's MC samples under DPO, d1's p_mask_prompt under
+    IGPO, SFT's normalize under BGPO, which has other values) no longer carry over."""
+    switched = load_train_config(LLADA / recipe, [f"algorithm.name={name}"]).algorithm
+    assert switched == load_train_config(None, [f"algorithm.name={name}"]).algorithm
+
+
+def test_an_algorithm_override_beside_the_switch_is_kept(caplog):
+    with caplog.at_level(logging.WARNING, logger="dare.trainer"):
+        config = load_train_config(LLADA / "d1_tiny.yaml", ["algorithm.name=igpo", "algorithm.kl_coef=0.04"])
+    algorithm = config.algorithm
+    assert algorithm.kl_coef == 0.04 and algorithm.p_mask_prompt == 0.0 and algorithm.inner_steps == 4
+    notes = [w for w in dare_warnings(caplog) if "dropping" in w]
+    assert len(notes) == 1 and "algorithm.kl_coef" not in notes[0] and "algorithm.p_mask_prompt" in notes[0]
+
+
+def test_the_recipes_own_algorithm_keeps_its_settings(caplog):
+    with caplog.at_level(logging.WARNING, logger="dare.trainer"):
+        config = load_train_config(LLADA / "vrpo_tiny.yaml", ["algorithm.name=vrpo"])
+    assert config.algorithm.mc_num == 4 and not [w for w in dare_warnings(caplog) if "dropping" in w]
 
 
 def test_a_key_given_as_override_stays_an_error():

@@ -55,21 +55,32 @@ class StoreOnce(argparse._StoreAction):
         super().__call__(parser, namespace, values, option_string)
 
 
+NEGATIVE_NUMBER = re.compile(r"^-(\d[\d_]*\.?[\d_]*|\.\d[\d_]*)([eE][+-]?\d[\d_]*)?$")
+"""What a negative number given as a value looks like: ``-1``, ``-0.5``, ``-.5``, ``-1e-3``, ``-2.5E+4``, ``-1_000``.
+Python 3.11's argparse knows only the first three and reads ``--temperature -1e-3`` as two options (Python 3.14
+reads all of them as numbers)."""
+
+
 class Parser(argparse.ArgumentParser):
     """``argparse`` with one-line errors: ``error: dare eval run: MESSAGE (did you mean 'X'?); see 'dare eval run
     --help'``, instead of the usage block and a bare message. The innermost (sub-)parser that parsed the command
     line is left in the namespace as ``_parser``, so that arguments only ``main`` finds unrecognised are reported
     against it. A single-valued option given twice with different values is an error (:class:`StoreOnce`, the
-    default action of every (sub-)parser: sub-parsers are made by ``add_subparsers`` of a Parser, hence Parsers)."""
+    default action of every (sub-)parser: sub-parsers are made by ``add_subparsers`` of a Parser, hence Parsers).
+    A negative number in any notation is a value, not an option (:data:`NEGATIVE_NUMBER`: ``--rl-lr -1e-3``); any
+    other value that starts with ``-`` is an error saying to write ``--flag=VALUE``."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.register("action", None, StoreOnce)  # shared with this parser's argument groups
         self.register("action", "store", StoreOnce)
+        self._negative_number_matcher = NEGATIVE_NUMBER  # argparse's own test of "looks like a negative number"
+        self._arguments: list[str] = []
 
     def parse_known_args(self, args=None, namespace=None):
         namespace = namespace if namespace is not None else argparse.Namespace()
         namespace._parser = self  # a sub-parser parses later and overwrites it
+        self._arguments = list(sys.argv[1:] if args is None else args)  # for the hint of a missing value
         try:
             return super().parse_known_args(args, namespace)
         finally:
@@ -80,7 +91,11 @@ class Parser(argparse.ArgumentParser):
         sys.exit(2)
 
     def hint(self, message: str) -> str:
-        """`` (did you mean 'X'?)`` for a mistyped choice or option named in ``message``, else ``""``."""
+        """`` (did you mean 'X'?)`` for a mistyped choice or option named in ``message``; for an option whose value
+        starts with ``-`` (read as an option), how to write it; else ``""``."""
+        dashed = self.dashed_value(message)
+        if dashed:
+            return dashed
         choice = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
         if choice:
             guess = closest(choice.group(1), re.findall(r"'([^']*)'", choice.group(2)))
@@ -90,6 +105,20 @@ class Parser(argparse.ArgumentParser):
             flags = [w.split("=")[0] for w in unknown.group(1).split() if w.startswith("-")] if unknown else []
             guess = next((g for g in (closest(flag, options) for flag in flags) if g), None)
         return f" (did you mean '{guess}'?)" if guess else ""
+
+    def dashed_value(self, message: str) -> str:
+        """For argparse's ``argument --flag: expected one argument`` when the word after ``--flag`` on the command
+        line starts with ``-`` (argparse took it for an option): `` (VALUE reads as an option: write
+        --flag=VALUE)``; else ``""``."""
+        expected = re.match(r"argument ([^:]+): expected (?:one|\d+) argument", message)
+        if not expected:
+            return ""
+        flags = expected.group(1).split("/")
+        words = self._arguments
+        for flag, value in zip(words, words[1:]):
+            if flag in flags and value.startswith("-") and value != "--":
+                return f" ({value} reads as an option: write {max(flags, key=len)}={value})"
+        return ""
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -53,10 +53,11 @@ def and_join(names: list[str]) -> str:
     return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
 
 
-SYNONYMS = {"gpu": ("cuda", "device"), "grpo": ("d1",)}
+SYNONYMS = {"gpu": ("cuda", "device"), "grpo": ("d1",), "do_sample": ("temperature",)}
 """Words users give for a choice, with the choices they stand for: :func:`closest` suggests the first of them among
 the choices (``--device gpu`` -> ``cuda``, not ``cpu``; the config key ``gpu`` -> ``device``; the algorithm ``grpo`` ->
-``d1``, diffu-GRPO, not the preference algorithm ``vrpo``)."""
+``d1``, diffu-GRPO, not the preference algorithm ``vrpo``; Hugging Face's ``do_sample`` -> the sampler's
+``temperature``, 0 being greedy, not ``sampler``)."""
 
 
 def closest(name: str, choices: Iterable[str]) -> str | None:

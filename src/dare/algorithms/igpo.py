@@ -15,7 +15,9 @@ tokenized and cut into chunks of ``min_chunk .. max_chunk`` tokens; for an inpai
 ``[ratio_low, ratio_high]`` (sorted within the group), ``int(n_chunks (1 - r))`` random chunks are hidden and the
 others (always including the last one) are revealed, placed at their offsets stretched by
 ``f = clamp((G - free_tail) / n_tokens, 1, 1.5)`` inside the first ``G - free_tail`` positions. Samples without
-reasoning get no hint (their group is re-rolled without one).
+reasoning get no hint (their group is re-rolled without one): at the start of a run a warning says when no prompt
+record has usable reasoning (the field is absent, or holds nothing before the answer), a note when only some lack
+it; ``reasoning_key: null`` re-rolls without hints on purpose (no warning), e.g. on data without reasoning.
 
 **Loss**: d1's one-step estimator (the whole completion masked, prompt never masked: the reference's
 ``d1_masking``) with token-level clipped GRPO, mean-only advantages and k3 KL, over the global batch's completion
@@ -66,8 +68,9 @@ class IGPOConfig(D1Config):
     """beta of the k3 KL to the reference (IGPO 0.01)."""
     p_mask_prompt: float = 0.0
     """Prompt tokens are never masked in IGPO's estimator."""
-    reasoning_key: str = "reasoning"
-    """Sample field holding the reference reasoning the hints come from (MetaMathQA: reasoning; GSM8K rows: answer)."""
+    reasoning_key: str | None = "reasoning"
+    """Sample field holding the reference reasoning the hints come from (MetaMathQA: reasoning; GSM8K rows: answer);
+    null = no hints (failed groups are re-rolled without them)."""
     answer_key: str = "answer"
     """Sample field holding the final answer; the reasoning is cut before its first occurrence."""
     answer_marker: str | None = "####"
@@ -99,10 +102,12 @@ class IGPOConfig(D1Config):
             raise ConfigError("algorithm.max_replacements and free_tail must be >= 0, hint_entropy_keep in [0, 1]")
 
 
-def hint_source(sample: dict, reasoning_key: str, answer_key: str, marker: str | None) -> str:
+def hint_source(sample: dict, reasoning_key: str | None, answer_key: str, marker: str | None) -> str:
     """The part of the sample's reasoning that may be revealed: everything before ``marker`` and before the first
     occurrence of the final answer (the ``answer_key`` text, or what follows ``marker`` in it); empty without
-    reasoning."""
+    reasoning (or ``reasoning_key`` None)."""
+    if reasoning_key is None:
+        return ""
     reasoning = str(sample.get(reasoning_key) or "")
     answer = str(sample.get(answer_key) or "")
     if marker and marker in answer:
@@ -149,6 +154,32 @@ class IGPO(D1):
     attentions = ("full",)
 
     # ---- rollouts ------------------------------------------------------------------------------------------
+    def check_samples(self, samples: list[dict]) -> str | None:
+        """The rollout source's start-of-run line on the prompt records ``samples``: a warning when none can give a
+        hint (``reasoning_key`` absent, or no reasoning before the answer), a note when some cannot; None when all
+        can or ``reasoning_key`` is null (no hints asked for)."""
+        cfg = self.config
+        if cfg.reasoning_key is None or not samples:
+            return None
+        missing = sum(not sample.get(cfg.reasoning_key) for sample in samples)
+        empty = sum(not hint_source(sample, cfg.reasoning_key, cfg.answer_key, cfg.answer_marker).strip()
+                    for sample in samples) - missing
+        key, n = cfg.reasoning_key, len(samples)
+        if missing == n:
+            fields = ", ".join(sorted({k for sample in samples for k in sample}))
+            return (f"warning: algorithm.reasoning_key={key!r}: none of the {n} prompt records has this field "
+                    f"(they hold: {fields}), so IGPO never writes hints: failed groups are only re-rolled (set "
+                    "algorithm.reasoning_key to the field holding reference reasoning, or to null to re-roll "
+                    "without hints on purpose)")
+        if missing + empty == n:
+            return (f"warning: algorithm.reasoning_key={key!r}: no prompt record has reasoning before its answer "
+                    f"(algorithm.answer_key={cfg.answer_key!r}, answer_marker={cfg.answer_marker!r}), so IGPO never "
+                    "writes hints (hints never contain the answer): failed groups are only re-rolled")
+        if missing + empty:
+            return (f"note: {missing + empty} of the {n} prompt records have no reasoning before the answer in "
+                    f"{key!r}: their failed groups are re-rolled without hints")
+        return None
+
     def refine_rollouts(self, batch: TensorDict, context: RolloutContext) -> tuple[TensorDict, dict]:
         cfg, group = self.config, context.group_size
         correct = batch["correct"].bool().reshape(-1, group)

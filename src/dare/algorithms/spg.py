@@ -72,11 +72,7 @@ def block_random_views(batch: TensorDict, mask_id: int, cfg: SPGConfig, *, seed:
     for row, index in enumerate(batch["rollout_index"].tolist()):
         gen_pos = generated[row].nonzero().squeeze(-1)
         gen_len = len(gen_pos)
-        if gen_len % block:
-            raise ConfigError(f"algorithm.block_length={block} must divide the generation length {gen_len}")
-        num_blocks = gen_len // block
-        if n > num_blocks:
-            raise ConfigError(f"algorithm.num_t={n} exceeds the number of blocks ({num_blocks})")
+        num_blocks = gen_len // block  # SPG.check_rollout: block divides gen_len, n <= num_blocks
         length = int(completion[row].sum())
         used_blocks = max((length - 1) // block + 1, 1)
         order = torch.randperm(num_blocks, generator=example_generator(seed, index, step, 0, 0)) % used_blocks
@@ -110,6 +106,18 @@ class SPG(RLAlgorithm):
     name = "spg"
     config_class = SPGConfig
     uses_ratio = False
+
+    def check_rollout(self, model, sampler) -> None:
+        """Also: ``algorithm.block_length`` divides the sampler's ``gen_length`` into at least ``num_t`` blocks
+        (the views pick ``num_t`` of them); checked by ``--dry-run`` and before the first rollout."""
+        super().check_rollout(model, sampler)
+        block, length, n = self.config.block_length, sampler.gen_length, self.config.num_t
+        if length % block:
+            raise ConfigError(f"algorithm.block_length={block} must divide the generation length "
+                              f"rollout.sampler.gen_length={length}")
+        if n > length // block:
+            raise ConfigError(f"algorithm.num_t={n} exceeds the number of blocks ({length // block} = "
+                              f"rollout.sampler.gen_length={length} / algorithm.block_length={block})")
 
     def corrupt(self, batch: TensorDict, step: int) -> TensorDict:
         batch["noisy_ids"], batch["masked"] = block_random_views(batch, self.token_ids.mask, self.config,

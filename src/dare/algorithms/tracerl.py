@@ -23,7 +23,11 @@ the KL is 0: TraceRL's KL only acts after the first update on a rollout batch).
 
 Advantages: rollouts that never emitted a stop token get ``truncated_reward`` (TraceRL: incorrect); rewards
 are z-scored in the group with the population std (0 for a flat group); groups whose accuracy is outside
-``accuracy_filter`` are dropped (no rows). Without a value model every token of a rollout gets its score.
+``accuracy_filter`` are dropped (no rows). The rollout source logs the rewards after the truncation rule
+(``rollout/trained_reward``; ``rollout/flat_groups`` counts groups flat after it) and warns, naming the rule, when it
+flattens groups or no group is left with a learning signal (e.g. no rollout reached a stop token within the
+generation length: with the default ``truncated_reward: 0`` every reward is then 0). Without a value model every
+token of a rollout gets its score.
 With ``value_model: true`` a scalar value head on a **separate copy of the backbone** (initialised from the
 policy's starting weights, head at 0; the reference trains a separate value model too, so policy and value
 gradients never mix and the value lr can differ) predicts ``V_j`` on the same rows; at rollout time the
@@ -168,17 +172,47 @@ class TraceRL(TermwiseMixin, RLAlgorithm):
             return self.config.normalize
         return "length" if self.blocks is not None else "row"
 
+    def stopped(self, batch: TensorDict) -> torch.Tensor:
+        """``[R]``: whether each rollout's completion ends with a stop token (EOS/EOT)."""
+        last = (batch["completion_mask"].long().cumsum(-1) * batch["completion_mask"]).argmax(-1)
+        final = batch["input_ids"].gather(1, last[:, None]).squeeze(1)
+        return torch.isin(final, torch.tensor(self.token_ids.stop_ids, device=final.device))
+
+    def trained_rewards(self, batch: TensorDict) -> torch.Tensor:
+        """``[R]``: the rewards the advantages are computed from: ``truncated_reward`` for rollouts that emitted no
+        stop token (unless null). The rollout source logs them (``rollout/trained_reward``, ``rollout/flat_groups``)
+        and dynamic sampling judges flat groups on them."""
+        rewards = batch["rewards"].float().clone()
+        if self.config.truncated_reward is None:
+            return rewards
+        return torch.where(self.stopped(batch), rewards, torch.full_like(rewards, self.config.truncated_reward))
+
+    def signal_notes(self, counts: dict[str, float], flattening: bool = False) -> list[str]:
+        """Why groups of a rollout carry no learning signal besides their own equal rewards, for the rollout source's
+        warnings (``counts``: its global counts ``rows``, ``stopped``, ``groups``, ``dropped``): the truncation rule
+        and (unless ``flattening``: only what flattens groups) the accuracy filter."""
+        cfg, notes = self.config, []
+        rows, stopped = round(counts["rows"]), round(counts["stopped"])
+        if cfg.truncated_reward is not None and stopped < rows:
+            note = (f"algorithm.truncated_reward={cfg.truncated_reward:g} replaced the reward of the {rows - stopped} "
+                    f"of {rows} rollouts that emitted no stop token")
+            if stopped == 0:
+                note += (" (none stopped within rollout.sampler.gen_length: raise it, or set "
+                         "algorithm.truncated_reward=null to keep their rewards)")
+            notes.append(note)
+        if cfg.accuracy_filter is not None and counts.get("dropped", 0) and not flattening:
+            low, high = cfg.accuracy_filter
+            notes.append(f"algorithm.accuracy_filter [{low}, {high}] dropped {round(counts['dropped'])} of "
+                         f"{round(counts['groups'])} groups (accuracy outside it)")
+        return notes
+
     def scores(self, batch: TensorDict, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
         """``(score [R], keep [R])``: group-normalised rewards after the truncation rule, and the accuracy filter."""
         cfg = self.config
-        rewards = batch["rewards"].float().clone()
-        correct = batch["correct"].bool().clone() if "correct" in batch.keys() else rewards > 0
+        rewards = self.trained_rewards(batch)
+        correct = batch["correct"].bool().clone() if "correct" in batch.keys() else batch["rewards"] > 0
         if cfg.truncated_reward is not None:
-            last = (batch["completion_mask"].long().cumsum(-1) * batch["completion_mask"]).argmax(-1)
-            final = batch["input_ids"].gather(1, last[:, None]).squeeze(1)
-            stopped = torch.isin(final, torch.tensor(self.token_ids.stop_ids, device=final.device))
-            rewards = torch.where(stopped, rewards, torch.full_like(rewards, cfg.truncated_reward))
-            correct &= stopped
+            correct &= self.stopped(batch)
         score = group_advantages(rewards, group_size, cfg.advantage, unbiased_std=not cfg.population_std)
         keep = torch.ones_like(correct)
         if cfg.accuracy_filter is not None:
@@ -234,19 +268,7 @@ class TraceRL(TermwiseMixin, RLAlgorithm):
         out = super().totals(batch)
         out["rows"] = batch["select"].any(-1).sum().to(torch.float64)
         out["trace_tokens"] = batch["select"].sum().to(torch.float64)
-        if "keep" in batch.keys():  # groups in the step, and those the accuracy filter dropped
-            per_row = 1.0 / batch["group_size"].to(torch.float64)
-            out["groups"] = per_row.sum()
-            out["filtered_groups"] = (per_row * (~batch["keep"].bool()).to(torch.float64)).sum()
         return out
-
-    def nothing_trained_reason(self, record: dict) -> str | None:
-        groups, dropped = round(record.get("groups", 0)), round(record.get("filtered_groups", 0))
-        if self.config.accuracy_filter is not None and groups and dropped == groups:
-            low, high = self.config.accuracy_filter
-            return (f"algorithm.accuracy_filter [{low}, {high}] dropped all {groups} groups "
-                    "(mean accuracy outside it)")
-        return None
 
     def row_weights(self, batch: TensorDict, k: int, totals) -> tuple[torch.Tensor, torch.Tensor]:
         """``(surrogate weights, KL weights) [R, S]`` of round ``k`` (normalisation of the module docstring)."""

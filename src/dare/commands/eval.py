@@ -36,7 +36,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
     run_help = "evaluate a model on a benchmark and print the metrics as JSON"
     configure_run(sub.add_parser("run", help=run_help, description=run_help))
-    eval_sweep.configure(sub.add_parser("sweep", help=eval_sweep.HELP, description=eval_sweep.HELP))
+    eval_sweep.configure(sub.add_parser("sweep", help=eval_sweep.HELP, description=eval_sweep.DESCRIPTION))
     eval_lm.configure(sub.add_parser("lm-eval", help=eval_lm.HELP, description=eval_lm.HELP, add_help=False))
     eval_oc.configure(sub.add_parser("opencompass", help=eval_oc.HELP, description=eval_oc.HELP, add_help=False))
     score_help = "score a predictions .jsonl file and print the metrics as JSON"
@@ -50,8 +50,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     score.add_argument("--out", default=None, help="also write the full results file (per-sample records) here: a new "
                        "file or an earlier results file")
     score.add_argument("--json", action="store_true", help="print one compact JSON line instead of indented JSON")
-    score.add_argument("--workers", type=int, default=None, help="parallel sandboxed programs (code benchmarks)")
-    score.add_argument("--timeout", type=float, default=None, help="seconds per sandboxed program (code benchmarks)")
+    score.add_argument("--workers", type=int, default=None,
+                       help="parallel sandboxed programs (code benchmarks; default: one per CPU)")
+    score.add_argument("--timeout", type=float, default=None,
+                       help="seconds per sandboxed program (code benchmarks; default 20)")
     score.add_argument("--trust-prediction-tests", action="store_true",
                        help="code benchmarks: run the tests written in the predictions file instead of the benchmark's own")
     parser.set_defaults(eval_parser=parser)
@@ -99,8 +101,10 @@ def configure_run(run: argparse.ArgumentParser) -> None:
     run.add_argument("--out", default=None, help="write the full results file (settings, per-sample records) here: a "
                      "new file or an earlier results file")
     run.add_argument("--json", action="store_true", help="print one compact JSON line")
-    run.add_argument("--workers", type=int, default=None, help="parallel sandboxed programs (code benchmarks)")
-    run.add_argument("--timeout", type=float, default=None, help="seconds per sandboxed program (code benchmarks)")
+    run.add_argument("--workers", type=int, default=None,
+                     help="parallel sandboxed programs (code benchmarks; default: one per CPU)")
+    run.add_argument("--timeout", type=float, default=None,
+                     help="seconds per sandboxed program (code benchmarks; default 20)")
     run.set_defaults(eval_parser=run)
 
 
@@ -177,17 +181,15 @@ def reject_other_mode_options(options: dict, mode: str, bench) -> None:
 
 
 def run_run(args: argparse.Namespace) -> int:
-    from dare.commands.eval_inputs import load_samples
+    from dare.commands.eval_inputs import check_limit, load_samples
     from dare.commands.generate import model_argument
     from dare.devices import resolve_device
-    from dare.errors import ConfigError
     from dare.eval import evaluate, get_benchmark
     from dare.eval.results import check_results_out
     from dare.eval.run import load_for_eval
     from dare.rollout import SamplerConfig, default_sampler
 
-    if args.limit is not None and args.limit < 1:
-        raise ConfigError(f"--limit must be positive (omit it to evaluate every problem); got {args.limit}")
+    check_limit(args)
     model_argument(args)  # --model, or the base model --adapter records; the adapter checked before anything loads
     bench = get_benchmark(args.benchmark)
     if args.out:  # never an input, nor a file an evaluation did not write
@@ -223,14 +225,19 @@ def write_results(results, out: str) -> None:
 
 
 def code_reward_options(args: argparse.Namespace, bench) -> dict:
-    """``--workers`` / ``--timeout`` for the sandbox of a code benchmark; on any other benchmark a one-line error
-    (nothing would read them)."""
+    """``--workers`` / ``--timeout`` for the sandbox of a code benchmark, checked before any work (the sandbox
+    would read ``--workers 0`` as one per CPU, a negative count as 1, and refuse ``--timeout 0`` only after the
+    whole generation); on any other benchmark a one-line error (nothing would read them)."""
     from dare.errors import ConfigError
 
     given = {k: v for k, v in (("workers", args.workers), ("timeout", args.timeout)) if v is not None}
     if bench.reward != "code" and given:
         raise ConfigError(f"--{next(iter(given))} applies to code benchmarks (their tests run in the sandbox); "
                           f"{bench.name} is scored from its answers")
+    if given.get("workers", 1) < 1:
+        raise ConfigError(f"--workers must be >= 1 (leave it out for one per CPU); got {given['workers']}")
+    if given.get("timeout", 1) <= 0:
+        raise ConfigError(f"--timeout must be positive (seconds per sandboxed program); got {given['timeout']}")
     return given
 
 
@@ -242,7 +249,8 @@ def print_summary(results, compact: bool) -> None:
 def samples_for(bench, lines, data_samples=None, data_name: str = "--data"):
     """Pair each prediction (``(where, number, object)`` of
     :func:`~dare.commands.eval_predictions.read_predictions`) with its Sample; predictions with the same id are
-    pooled (n completions)."""
+    pooled (n completions). A ``question`` joins a sample by its text as posed or, for multiple choice, as the data
+    file writes it (the stem, without the options the sample's question appends)."""
     from dare.errors import InputError
     from dare.eval.benchmark import stable_id
 
@@ -251,6 +259,9 @@ def samples_for(bench, lines, data_samples=None, data_name: str = "--data"):
         for s in data_samples:
             by_key[s.id] = s
             by_key.setdefault(s.question, s)
+        for s in data_samples:
+            if s.fields.get("stem"):
+                by_key.setdefault(s.fields["stem"], s)
     order, grouped = [], {}
     for where, lineno, obj in lines:
         key = next((str(obj[k]) for k in ("id", "task_id") if k in obj), None)

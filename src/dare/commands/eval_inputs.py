@@ -35,6 +35,14 @@ def add_model_data_arguments(run: argparse.ArgumentParser) -> None:
     add_compile_argument(run)
 
 
+def check_limit(args: argparse.Namespace) -> None:
+    """``--limit`` is positive: a one-line error before any work (``--limit 0`` would evaluate nothing)."""
+    from dare.errors import ConfigError
+
+    if args.limit is not None and args.limit < 1:
+        raise ConfigError(f"--limit must be positive (omit it to evaluate every problem); got {args.limit}")
+
+
 def load_samples(bench, args: argparse.Namespace):
     """``(samples, fewshot pool or None, fewshot source or None, data record)``. Warns once when the exemplars
     come from the evaluated data (or share problems with it) and when ``--fewshot-data`` is not used; a pool too

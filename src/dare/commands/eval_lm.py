@@ -8,6 +8,7 @@ instead of tracebacks."""
 from __future__ import annotations
 
 import argparse
+import json
 
 HELP = "run lm-evaluation-harness with the dare model registered (all further arguments go to lm-eval)"
 
@@ -21,12 +22,16 @@ DATASET_HINT = ("check the task's dataset_path and dataset_kwargs (data_files); 
 
 HELP_PREAMBLE = [
     "dare eval lm-eval: lm-evaluation-harness's command line with DARE's model registered as --model dare.",
-    "  --model_args pretrained=CHECKPOINT|HUB_NAME|tiny:FAMILY[,adapter=DIR][,dtype=...][,device=...]",
-    "               [,batch_size=N][,seed=N][,sampler=NAME][,any SamplerConfig or LikelihoodConfig field=VALUE]",
+    "  --model_args pretrained=CHECKPOINT|HUB_NAME|tiny:FAMILY[,adapter=DIR][,dtype=...][,seed=N][,mc_batch_size=N]",
+    "               [,sampler=NAME][,any SamplerConfig or LikelihoodConfig field=VALUE]",
+    "  the device and batch size are lm-eval's own --device and --batch_size N",
     "  e.g. dare eval lm-eval run --model dare --model_args pretrained=tiny:llada,gen_length=32 --tasks gsm8k",
     "  Every argument goes to lm-eval unchanged; lm-eval's own help follows.",
 ]
 """DARE's lines before lm-eval's ``--help``."""
+LM_EVAL_FLAGS = {"device": "--device", "batch_size": "--batch_size", "max_batch_size": "--max_batch_size"}
+"""Model args that lm-eval's CLI passes to the model from its own flags (with defaults, checked with lm-eval
+0.4.13): given in ``--model_args`` too they reach the model twice (a ``TypeError``)."""
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -80,12 +85,32 @@ def reject_repeated_model_args(argv: list[str]) -> None:
             seen[key] = value
 
 
+def reject_lm_eval_flags_in_model_args(argv: list[str]) -> None:
+    """One-line :class:`~dare.errors.ConfigError` for ``device`` / ``batch_size`` / ``max_batch_size`` in
+    ``--model_args`` (``k=v`` or JSON): lm-eval gives the model its own flags' values as well, and the model would
+    get the argument twice; the message names the lm-eval flag to use instead."""
+    from dare.errors import ConfigError
+
+    for text in model_args_text(argv):
+        try:
+            pairs = dict(json.loads(text)) if text.lstrip().startswith("{") else dict(
+                (key.strip(), value) for key, _, value in (part.partition("=") for part in text.split(",")))
+        except (ValueError, TypeError):
+            continue  # lm-eval's to parse
+        key = next((k for k in pairs if k in LM_EVAL_FLAGS), None)
+        if key is not None:
+            flag = LM_EVAL_FLAGS[key]
+            raise ConfigError(f"--model_args {key}={pairs[key]} is lm-eval's own {flag}, which lm-eval passes to the "
+                              f"model itself: write {flag} {pairs[key]} instead")
+
+
 def run(args: argparse.Namespace) -> int:
     from dare.commands.passthrough import asks_for_help, exit_status, print_preamble, program_argv
     from dare.errors import DareError, InputError
     from dare.eval.lm_harness import require_lm_eval
 
     reject_repeated_model_args(args.lm_eval_args)
+    reject_lm_eval_flags_in_model_args(args.lm_eval_args)
     if asks_for_help(args.lm_eval_args):
         print_preamble(HELP_PREAMBLE)
     require_lm_eval()

@@ -8,7 +8,8 @@ replacing those of an earlier sweep in ``DIR``. ``DIR`` must be new, empty or an
 sweep), and neither be nor contain the model, adapter or data files' directory: anything else is a one-line error before
 any work. One ``--grid`` varies one key; a key given twice (in a point, a grid,
 ``-o`` or a flag and ``-o``) is a one-line error. Every point's settings are checked before the first point runs
-(:func:`check_points`): a bad one is a one-line error naming the point.
+(:func:`check_points`): a bad one is a one-line error naming the point. Every point generates (``EvalConfig(mode=
+"generate")``), so a multiple-choice benchmark is evaluated as ``dare eval run --mode generate`` evaluates it.
 """
 
 from __future__ import annotations
@@ -18,6 +19,9 @@ import sys
 from typing import Any
 
 HELP = "evaluate one benchmark under several decoder settings: accuracy vs tokens per forward, NFE, tokens/s"
+DESCRIPTION = (f"{HELP}. Every point decodes completions: a multiple-choice benchmark (mmlu, arc_c, ...) is evaluated "
+               "as `dare eval run --mode generate` evaluates it (its answer extracted from each completion), not "
+               "by likelihood.")
 
 
 def configure(sweep: argparse.ArgumentParser) -> None:
@@ -152,7 +156,7 @@ def check_decoding(sampler, model) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from dare.commands.eval_inputs import eval_sampler_values, load_samples
+    from dare.commands.eval_inputs import check_limit, eval_sampler_values, load_samples
     from dare.commands.generate import model_argument
     from dare.errors import ConfigError
     from dare.eval import EvalConfig, evaluate, get_benchmark
@@ -162,18 +166,18 @@ def run(args: argparse.Namespace) -> int:
     from dare.rollout import SamplerConfig, default_sampler
 
     model_argument(args)  # --model, or the base model --adapter records; the adapter checked before anything loads
+    check_limit(args)
     check_sweep_out(args.out, "--out", sweep_inputs(args))  # new, empty or an earlier sweep; before any work
-    ensure_dir(args.out, "--out")  # before the data and the model are loaded
-    bench = get_benchmark(args.benchmark)
-    if bench.kind == "choice":
-        raise ConfigError(f"a sweep compares decoders; {bench.name} is scored by likelihood (use a free-form benchmark)")
+    bench = get_benchmark(args.benchmark)  # multiple choice included: generated, as `dare eval run --mode generate`
     points = [parse_point(p) for p in args.point] + [p for g in args.grid for p in expand_grid(g)]
     if not points:
         raise ConfigError("dare eval sweep needs at least one --point or --grid")
     config = EvalConfig(mode="generate", shots=args.shots, template=args.template, chat=args.chat,
                         batch_size=args.batch_size, seed=args.seed or 0)
+    config.check()  # --batch-size, before any work
     common = eval_sampler_values(args, bench, config)
     check_points(points, common)  # every point's names and values, before the data and the model load
+    ensure_dir(args.out, "--out")  # a bad flag leaves no directory behind; before the data and the model load
     samples, pool, pool_source, data = load_samples(bench, args)
     model, tokenizer, model_info = load_for_eval(args.model, args.adapter, args.device, args.dtype,
                                                  compile_blocks=args.compile_blocks, tokenizer=args.tokenizer)

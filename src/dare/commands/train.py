@@ -29,12 +29,15 @@ def take_extra(args: argparse.Namespace, extra: list[str]) -> bool:
     """Accept ``key=value`` overrides that argparse left over (e.g. after ``--dry-run``). An unknown ``--flag`` that
     names a config key (``--max-steps 5``) ends with the one-line error giving the override to write instead
     (``trainer.max_steps=5``); other leftovers get the parser's own error."""
+    from dare.cli import NEGATIVE_NUMBER
+
     if all("=" in item and not item.startswith("-") for item in extra):
         args.overrides = [*args.overrides, *extra]
         return True
     suggested = overrides_for_flags(extra, args.train_parser)
     if suggested:
-        flags = " ".join(item.split("=", 1)[0] for item in extra if item.startswith("-"))
+        flags = " ".join(item.split("=", 1)[0] for item in extra
+                         if item.startswith("-") and not NEGATIVE_NUMBER.match(item))
         args.train_parser.error(f"unknown option {flags}: settings are key=value overrides here (use "
                                 f"{' '.join(suggested)})")
     return False
@@ -44,19 +47,24 @@ def overrides_for_flags(extra: list[str], parser: argparse.ArgumentParser) -> li
     """``key=value`` for each unknown ``--flag [value]`` / ``--flag=value`` of ``extra`` that names a config key
     (``--max-steps 5`` -> ``trainer.max_steps=5``, ``--lr=1e-4`` -> ``optim.lr=1e-4``); empty when any flag names
     none, or is close to one of ``parser``'s own options (its did-you-mean error fits better)."""
+    from dare.cli import NEGATIVE_NUMBER
     from dare.errors import closest
+
+    def is_value(word: str) -> bool:  # a flag's value: a word, or a negative number (--lr -1e-3)
+        return bool(word) and "=" not in word and (not word.startswith("-") or bool(NEGATIVE_NUMBER.match(word)))
 
     options = [option for action in parser._actions for option in action.option_strings]
     suggested = []
     for index, item in enumerate(extra):
-        if not item.startswith("-"):
+        if not item.startswith("-") or NEGATIVE_NUMBER.match(item):
             continue
         flag, has_value, value = item.partition("=")
         if not has_value:
             following = extra[index + 1] if index + 1 < len(extra) else ""
-            value = following if following and not following.startswith("-") and "=" not in following else "VALUE"
+            value = following if is_value(following) else "VALUE"
         keys = config_keys_of_flag(flag)
-        if not keys or closest(flag, options) is not None:
+        habit = flag.lstrip("-").replace("-", "_") in OTHER_COMMAND_FLAGS  # not a typo of this parser's options
+        if not keys or (closest(flag, options) is not None and not habit):
             return []
         suggested.append(" or ".join(f"{key}={value}" for key in keys))
     return suggested
@@ -74,7 +82,14 @@ def config_keys_of_flag(flag: str) -> list[str]:
     if name in keys:
         return [name]
     spelt = [k for k in keys if k.rpartition(".")[2] == name]
-    return [k for k in spelt if k.count(".") == min(k.count(".") for k in spelt)]
+    return [k for k in spelt if k.count(".") == min(k.count(".") for k in spelt)] or OTHER_COMMAND_FLAGS.get(name, [])
+
+
+OTHER_COMMAND_FLAGS = {"rl_lr": ["optim.lr"], "sft_lr": ["optim.lr"], "rl_steps": ["trainer.max_steps"],
+                       "sft_max_steps": ["trainer.max_steps"], "steps": ["trainer.max_steps"],
+                       "out": ["trainer.output_dir"], "out_dir": ["trainer.output_dir"]}
+"""Flags of ``dare demo`` (and other habits) that spell no config key, with the keys they stand for in ``dare train``
+(``--rl-lr 1e-3`` -> ``optim.lr=1e-3``)."""
 
 
 def print_quietly(text: str) -> None:
@@ -180,7 +195,7 @@ def run(args: argparse.Namespace) -> int:
 
         from dare.trainer.preflight import check_run, fill_rollout_defaults
 
-        fill_rollout_defaults(config)
+        fill_rollout_defaults(config, dry_run=True)  # downloads nothing
         check_run(config, dry_run=True)  # what a run checks before it loads the model and the data
         from pathlib import Path
 
@@ -232,20 +247,18 @@ def resume_command(config_path: str | None, overrides: list[str]) -> str:
 
 
 def run_summary(config, record: dict, rewarded: dict | None = None) -> str:
-    """The end-of-run lines: output directory, steps, final loss / reward, where the weights are. ``rewarded``
+    """The end-of-run lines: output directory, steps, the training values (RL: reward first -> last and gradient
+    norm; else the loss: :func:`~dare.trainer.loop.summary_parts`), where the weights are. ``rewarded``
     (``{"step", "reward"}``): the latest step with a rollout reward, when ``record`` (an inner step) has none."""
     from pathlib import Path
+
+    from dare.trainer.loop import summary_parts, summary_warnings
 
     out = Path(config.trainer.output_dir)
     parts = [f"step {record.get('step', 0)}"]
     if "time/elapsed_s" in record:
         parts.append(f"{record['time/elapsed_s']:.1f} s")
-    if "loss" in record:
-        parts.append(f"loss {record['loss']:.4f}")
-    if "rollout/reward" in record:
-        parts.append(f"reward {record['rollout/reward']:.4f}")
-    elif rewarded is not None:
-        parts.append(f"reward {rewarded['reward']:.4f} at step {rewarded['step']}")
+    parts += summary_parts(record, rewarded)
     lines = [f"done: {out} ({', '.join(parts)}; metrics in {out / 'metrics.jsonl'})"]
     if config.trainer.export:
         kind = "LoRA adapter" if config.lora.enabled else "HF checkpoint"
@@ -254,10 +267,7 @@ def run_summary(config, record: dict, rewarded: dict | None = None) -> str:
         saved = sorted((out / "checkpoints").glob("step_*"))  # zero-padded step numbers
         lines.append(f"no final export (trainer.export=false); latest checkpoint: {saved[-1]}" if saved else
                      "no weights written (trainer.export=false and no checkpoint: set trainer.save_every)")
-    empty = int(record.get("steps_trained_nothing", 0))
-    if empty:  # the loss says 0.0000 either way: say why
-        lines.append(f"warning: {empty} of the {record.get('steps_run', empty)} steps run trained nothing (no rows "
-                     "left to train: the first such step's warning says why)")
+    lines += summary_warnings(record)  # steps that trained nothing, rollouts without a learning signal
     fallbacks = int(record.get("rollout/engine_fallbacks", 0))
     if fallbacks:  # a 2-15x slower rollout that would otherwise show only as a log line (e.g. a failed recording)
         lines.append(f"note: the last step's rollout decoded {fallbacks} generation call(s) with the slow eager loop "

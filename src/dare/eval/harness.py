@@ -29,7 +29,8 @@ def split_options(options: Mapping[str, Any], own: Sequence[str], kind: str) -> 
     send it to that config only. A key of :data:`SHARED_OPTIONS` sets both; a key that both configs have with
     different meanings (``schedule``: the unmasking schedule of the sampler, the masking schedule of the ELBO)
     must carry a prefix. Anything else is a one-line ``ConfigError`` naming the closest valid key (``kind`` names
-    the options in the message)."""
+    the options in the message). A prefixed key that names one of ``own`` (``sampler.seed``: the adapter's ``seed``
+    seeds every request) is an error pointing to ``own``'s."""
     from dare.eval.likelihood import LikelihoodConfig
     from dare.rollout import SamplerConfig
 
@@ -50,6 +51,9 @@ def split_options(options: Mapping[str, Any], own: Sequence[str], kind: str) -> 
             hint = closest(key, valid)
             raise ConfigError(f"unknown {kind} '{key}'" + (f" (did you mean '{hint}'?)" if hint else "")
                               + "; valid: the adapter's own, any SamplerConfig or LikelihoodConfig field")
+        if name in own:  # ``sampler.seed``: the adapter's own ``seed`` replaces it in every request
+            raise ConfigError(f"{kind} '{key}' is not used: the model's own {name} applies to every request; "
+                              f"write {name}={value}")
         if len(targets) > 1 and name not in SHARED_OPTIONS:
             raise ConfigError(f"{kind} '{key}' is a SamplerConfig field and a LikelihoodConfig field with different "
                               f"meanings: write sampler.{name}=... or likelihood.{name}=...")

@@ -10,9 +10,11 @@ dare eval lm-eval --model dare --model_args pretrained=GSAI-ML/LLaDA-8B-Instruct
 load ``lm_eval.models`` entry points find it on their own (``lm_eval --model dare ...``), and in Python
 ``import dare.eval.lm_harness`` registers it. Model args (``--model_args k=v,...``): ``pretrained`` (checkpoint
 directory, hub name or ``tiny:FAMILY[:SEED]``), ``adapter``, ``tokenizer`` (a tokenizer directory or hub name, for
-a checkpoint saved without tokenizer files), ``dtype``, ``device``, ``batch_size`` (lm-eval's
-``--batch_size``), ``seed``, ``mc_batch_size``, plus any :class:`~dare.rollout.SamplerConfig` field (decoding)
-and any :class:`~dare.eval.likelihood.LikelihoodConfig` field (MC-ELBO). An unknown one is a one-line error.
+a checkpoint saved without tokenizer files), ``dtype``, ``seed``, ``mc_batch_size``, plus any
+:class:`~dare.rollout.SamplerConfig` field (decoding) and any :class:`~dare.eval.likelihood.LikelihoodConfig` field
+(MC-ELBO). An unknown one is a one-line error. ``device`` and ``batch_size`` come from lm-eval's ``--device`` and
+``--batch_size``, which its CLI passes to the model itself (``dare eval lm-eval`` refuses them in ``--model_args``,
+where they would reach the model twice); in Python they are keyword arguments.
 
 Requests are answered exactly as ``dare eval run`` answers them, so the two give the same predictions:
 

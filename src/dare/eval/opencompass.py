@@ -79,8 +79,9 @@ class DareDiffusionModel(_BaseModel):
             tasks always score the plain text.
         meta_template: OpenCompass meta template (prompt rounds); with ``chat`` the default maps roles to
             user/assistant turns like OpenCompass's ``HuggingFacewithChatTemplate``.
+        generation_kwargs: more sampler fields (OpenCompass's per-model generation settings; ``sampler`` wins).
         stop_words: extra stop strings for generation.
-        seed: seeds sampling and the MC corruptions.
+        seed: seeds sampling and the MC corruptions (a sampler ``seed`` is an error: this one is used).
         mc_batch_size: corrupted rows per forward in likelihood scoring.
         compile_blocks: compile every transformer block once before decoding (``torch.compile``, dynamic
             shapes; faster generation on CUDA).
@@ -104,7 +105,8 @@ class DareDiffusionModel(_BaseModel):
         check_environment()
         # OpenCompass passes every key of the model entry: a misspelt one is a one-line error, as are unknown
         # sampler / likelihood fields and an unknown sampler preset
-        check_model_args({"sampler": sampler, "likelihood": likelihood, **unknown})
+        check_model_args({"sampler": sampler, "likelihood": likelihood, "generation_kwargs": generation_kwargs,
+                          **unknown})
         compile_blocks = boolean("compile_blocks", compile_blocks)
         super().__init__(path=path, max_seq_len=max_seq_len, tokenizer_only=tokenizer_only,
                          meta_template=meta_template, generation_kwargs=dict(generation_kwargs or {}))
@@ -256,24 +258,76 @@ def model_arguments() -> tuple[str, ...]:
     return tuple(p.name for p in parameters if p.name != "self" and p.kind is not p.VAR_KEYWORD)
 
 
+SECTIONS = ("sampler", "likelihood", "generation_kwargs")
+"""The dict arguments of ``DareDiffusionModel`` whose keys are fields (``generation_kwargs`` holds sampler fields
+too: OpenCompass's per-model generation settings, overridden by ``sampler``)."""
+
+
+def key_places() -> dict[str, tuple[str, ...]]:
+    """Where each key of a ``DareDiffusionModel`` entry goes: ``"entry"`` (an argument of the model entry, the
+    model's own or OpenCompass's), ``"sampler"`` (a :class:`~dare.rollout.SamplerConfig` field) and
+    ``"likelihood"`` (a :class:`~dare.eval.likelihood.LikelihoodConfig` field). ``seed`` is the model's argument
+    only: it seeds sampling and the MC corruptions, and overrides a sampler ``seed``."""
+    import dataclasses
+
+    from dare.eval.likelihood import LikelihoodConfig
+    from dare.rollout import SamplerConfig
+
+    return {"entry": (*model_arguments(), *OPENCOMPASS_MODEL_KEYS),
+            "sampler": tuple(f.name for f in dataclasses.fields(SamplerConfig) if f.name != "seed"),
+            "likelihood": tuple(f.name for f in dataclasses.fields(LikelihoodConfig))}
+
+
+def _written(key: str, place: str) -> str:
+    """How a config writes ``key`` at ``place`` (a :func:`key_places` name)."""
+    return f"{key}=... in the model entry" if place == "entry" else f"{place}=dict({key}=...)"
+
+
+def check_key_places(args: Mapping[str, Any], name: str = "DareDiffusionModel") -> None:
+    """Every key of a model entry (``args``: its arguments) and of its ``sampler`` / ``likelihood`` /
+    ``generation_kwargs`` dicts is one that goes there: a key that goes in another of them is a one-line error
+    saying where (``sampler=dict(mc_samples=8)`` -> ``likelihood=dict(mc_samples=...)``), a misspelt one names the
+    closest key and where that one goes."""
+    places = key_places()
+    everything = list(dict.fromkeys(k for keys in places.values() for k in keys))
+    sections = [("entry", args)] + [(s, args[s]) for s in SECTIONS if isinstance(args.get(s), Mapping)]
+    for section, mapping in sections:
+        own = places["sampler" if section == "generation_kwargs" else section]
+        for key in mapping:
+            if key in own:
+                continue
+            here = "an argument of DareDiffusionModel" if section == "entry" else f"a {section} option"
+            homes = [place for place, keys in places.items() if key in keys]
+            if homes:
+                raise ConfigError(f"{name}: '{key}' is not {here}; write it as "
+                                  + " or ".join(_written(key, place) for place in homes))
+            hint = closest(key, everything)
+            if hint in own:
+                hint_text = f" (did you mean '{hint}'?)"
+            elif hint is not None:  # a misspelt key of another place: say that place
+                home = next(place for place, keys in places.items() if hint in keys)
+                hint_text = f" (did you mean {_written(hint, home)}?)"
+            else:
+                hint_text = ""
+            kind = "argument" if section == "entry" else f"{section} option"
+            raise ConfigError(f"{name}: unknown {kind} '{key}'{hint_text}"
+                              + (f"; valid: {', '.join(model_arguments())}" if section == "entry" else ""))
+
+
 def check_model_args(args: Mapping[str, Any], name: str = "DareDiffusionModel") -> None:
-    """Argument names, ``sampler`` fields (and the sampler preset) and ``likelihood`` fields of a
-    ``DareDiffusionModel``; ``name`` starts the messages."""
+    """Argument names, ``sampler`` / ``generation_kwargs`` fields (and the sampler preset) and ``likelihood``
+    fields of a ``DareDiffusionModel`` (:func:`check_key_places`, then the values); ``name`` starts the
+    messages."""
     from dare.eval.harness import request_sampler
     from dare.eval.likelihood import LikelihoodConfig
     from dare.rollout import SamplerConfig
 
-    valid = model_arguments()
-    for key in args:
-        if key not in valid:
-            hint = closest(key, [*valid, *OPENCOMPASS_MODEL_KEYS])
-            raise ConfigError(f"{name}: unknown argument '{key}'" + (f" (did you mean '{hint}'?)" if hint else "")
-                              + f"; valid: {', '.join(valid)}")
-    for key in ("sampler", "likelihood"):
+    for key in SECTIONS:
         if args.get(key) is not None and not isinstance(args[key], Mapping):
             raise ConfigError(f"{name}: {key} must be a dict of fields, e.g. {key}=dict(...); got {args[key]!r}")
+    check_key_places(args, name)
     try:
-        sampler = dict(args.get("sampler") or {})
+        sampler = {**(args.get("generation_kwargs") or {}), **(args.get("sampler") or {})}  # as sampler_config merges
         SamplerConfig.from_dict(sampler)
         if "sampler" in sampler:  # resolved as a request resolves it: an unknown preset, a wrong field type
             request_sampler(sampler, sampler["sampler"], None, 0)
@@ -323,4 +377,5 @@ if _IMPORT_ERROR is None:  # make ``type="DareDiffusionModel"`` work in OpenComp
     MODELS.register_module(name="DareDiffusionModel", module=DareDiffusionModel, force=True)
 
 
-__all__ = ["OPENCOMPASS_MODEL_KEYS", "DareDiffusionModel", "check_model_args", "model_arguments", "require_opencompass"]
+__all__ = ["OPENCOMPASS_MODEL_KEYS", "DareDiffusionModel", "check_key_places", "check_model_args", "key_places",
+           "model_arguments", "require_opencompass"]

@@ -86,10 +86,11 @@ class EvalConfig:
         """One-line :class:`ConfigError` for a field of the wrong type (``shots='2'``, ``ks=5``, ``chat='yes'``) or
         a bad count (before any model is loaded or any token generated)."""
         EvalConfig.from_dict(dataclasses.asdict(self))  # the types, as a mapping of these values would be checked
-        if self.num_samples < 1:
-            raise ConfigError(f"num_samples must be >= 1; got {self.num_samples}")
-        if self.batch_size < 1:
-            raise ConfigError(f"batch_size must be >= 1; got {self.batch_size}")
+        for name, flag in (("num_samples", "--num-samples"), ("batch_size", "--batch-size")):
+            value = getattr(self, name)
+            if value < 1:
+                raise ConfigError(f"EvalConfig.{name} must be >= 1; got {value}",
+                                  cli=f"{flag} must be >= 1; got {value}")
         for k in self.ks or ():
             if not 1 <= k <= self.num_samples:
                 needs = f"pass@{k} needs 1 <= k <= num_samples (completions per problem"

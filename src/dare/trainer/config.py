@@ -417,9 +417,11 @@ def _algorithm_keys(name: str) -> set[str] | None:
 
 def _fit_recipe_algorithm(raw: dict, given: dict, path) -> dict:
     """The recipe's ``algorithm`` section against the algorithm that runs. With ``algorithm.name`` overridden to
-    another algorithm, the recipe's keys the new one lacks are dropped (one warning naming them); an unknown key
-    the recipe itself holds is an error that says so and names the algorithms having it. Keys given as overrides
-    are left to the usual unknown-key error."""
+    another algorithm, none of the recipe's algorithm settings carry over: the new algorithm starts from its own
+    defaults plus the ``algorithm.*`` overrides, and one note names the settings dropped (a key both algorithms have
+    would otherwise keep a value tuned for the recipe's algorithm). With the recipe's own algorithm, an unknown key
+    the recipe holds is an error that says so and names the algorithms having it. Keys given as overrides are left
+    to the usual unknown-key error."""
     import logging
 
     from dare.algorithms import ALGORITHMS
@@ -435,15 +437,17 @@ def _fit_recipe_algorithm(raw: dict, given: dict, path) -> dict:
     keys = _algorithm_keys(name)
     if keys is None:
         return raw
+    if name != recipe_name:
+        dropped = [k for k in section if k != "name" and k not in override]
+        if dropped:
+            logging.getLogger("dare.trainer").warning(
+                f"note: algorithm.name={name} replaces the recipe's {recipe_name}: dropping its "
+                f"{', '.join(f'algorithm.{k}' for k in dropped)} ({name} starts from its own defaults; keep a "
+                "setting with algorithm.KEY=VALUE)")
+        return {**raw, "algorithm": {"name": name}}
     stray = [k for k in section if k not in keys and k not in override]
     if not stray:
         return {**raw, "algorithm": section}
-    if name != recipe_name and _algorithm_keys(recipe_name) is not None:
-        names = ", ".join(f"algorithm.{k}" for k in stray)
-        what = f"a {recipe_name} setting" if len(stray) == 1 else f"{recipe_name} settings"
-        logging.getLogger("dare.trainer").warning(
-            f"warning: algorithm.name={name}: dropping the recipe's {names} ({what} {name} does not have)")
-        return {**raw, "algorithm": {k: v for k, v in section.items() if k not in stray}}
     key = stray[0]
     owners = sorted(n for n in ALGORITHMS if key in (_algorithm_keys(n) or ()))
     if not owners:

@@ -1,7 +1,8 @@
 """Dynamic sampling (DAPO, DiRL): keep only groups whose rewards differ, roll out more prompts until the step is full.
 
 A group whose ``G`` rewards are all equal has zero advantage under every group baseline: it costs a backward and
-gives no policy gradient (it only dilutes the loss normalisation). With ``rollout.dynamic_sampling: true`` the
+gives no policy gradient (it only dilutes the loss normalisation). The rewards judged are those the advantages are
+computed from (the algorithm's ``trained_rewards``, e.g. after TraceRL's ``truncated_reward``). With ``rollout.dynamic_sampling: true`` the
 :class:`~dare.trainer.rl.RolloutSource` generates the step's ``P`` prompts as usual (round 0), drops the flat groups,
 and runs extra rounds of ``P`` further prompts until ``P`` informative groups are collected or
 ``rollout.dynamic_extra_rounds`` extra rounds are spent. The step's batch is then the first ``P`` informative groups

@@ -50,7 +50,7 @@ from dare.trainer.checkpoint import load_checkpoint, remove_partial_checkpoints,
 from dare.trainer.config import TrainConfig, config_dict, revalidate
 from dare.trainer.metrics import MetricsLogger, truncate_jsonl
 from dare.trainer.preflight import (
-    check_lora_targets, check_run, fill_rollout_defaults, record_given_model, tokenizer_error,
+    check_lora_targets, check_run, fill_rollout_defaults, record_given_model, tokenizer_load_error,
 )
 from dare.trainer.output_dir import COMMAND as RUN_COMMAND
 from dare.trainer.output_dir import OutputLock
@@ -200,6 +200,8 @@ class Trainer:
         self.stop_requested = False
         self.steps_run = 0           # steps this call of train() ran, and those of them that trained nothing
         self.empty_steps = 0
+        self.rewards: list[float] = []  # each rollout's mean reward, for the summary's first -> last
+        self.rollouts_without_signal = 0  # rollouts with no informative group (every advantage 0)
         self.logger = MetricsLogger(self.output_dir, enabled=self.info.is_main, tensorboard=cfg.trainer.tensorboard,
                                     wandb=cfg.trainer.wandb, wandb_project=cfg.trainer.wandb_project,
                                     config=config_dict(config))
@@ -295,8 +297,8 @@ class Trainer:
         try:
             return load_tokenizer(path)
         except (OSError, ValueError, KeyError, TypeError) as err:  # "can't load", unrecognised or damaged files
-            raise tokenizer_error("model.tokenizer" if self.config.model.tokenizer else "model.path", path,
-                                  err) from None
+            raise tokenizer_load_error("model.tokenizer" if self.config.model.tokenizer else "model.path", path,
+                                       err) from None
 
     def _reference(self, frozen=None):
         """The frozen reference policy: the adapter-disabled policy with LoRA, else a frozen (sharded) copy
@@ -463,6 +465,15 @@ class Trainer:
         return record
 
     def train_step(self, step: int) -> dict:
+        """Run optimizer step ``step`` and return its metrics record (not logged: :meth:`train` logs it).
+
+        ``step`` is the **0-based** index of the step (the record and ``metrics.jsonl`` say ``step + 1``): the first
+        step is ``train_step(0)``, the next one to run ``train_step(trainer.step)``. Sources are pure functions of
+        the index, so it chooses the data / rollout of the step; RL with ``algorithm.inner_steps = mu > 1`` makes
+        its rollouts at the multiples of ``mu`` and reuses them for the following ``mu - 1`` indices (an index
+        inside a cycle whose rollouts were never made is a warning and rolls them out). It does not advance
+        ``trainer.step``, does not count toward the end-of-run summary and does not checkpoint (:meth:`train`
+        does all three)."""
         start, cpu_start = time.perf_counter(), time.process_time()
         sums = self.forward_backward(step)
         record = {"step": step + 1, "epoch": round(self.source_epoch(step + 1), 6)}
@@ -600,6 +611,7 @@ class Trainer:
                 bar.close()
         if self.empty_steps:  # for the end-of-run summary (not a logged metric)
             record = {**record, "steps_run": self.steps_run, "steps_trained_nothing": self.empty_steps}
+        record = {**record, **reward_digest(self.rewards, self.rollouts_without_signal)}
         if self.stop_requested and self.step < self.total_steps:
             self._record_early_stop()
         self.save()  # always: a rerun resumes from it (and finds nothing left to train) instead of starting over
@@ -608,15 +620,21 @@ class Trainer:
         self.logger.close()
         return record
 
-    def _note_empty_step(self, record: dict) -> None:
-        """Count a step that trained nothing (a count metric of :data:`EMPTY_STEP_METRICS` is 0: e.g. TraceRL's
-        accuracy filter or dynamic sampling left no rows); the first one is a warning, the summary says how many."""
+    def _note_step(self, record: dict) -> None:
+        """Count the step for the end-of-run summary: its rollout's mean reward and learning signal (RL), and whether
+        it trained nothing (a count metric of :data:`EMPTY_STEP_METRICS` is 0: e.g. TraceRL's accuracy filter or
+        dynamic sampling left no rows); the first such step is a warning unless the rollout source's warning on a
+        rollout without learning signal already said why, the summary says how many."""
         self.steps_run += 1
+        if "rollout/reward" in record:  # a step that rolled out (inner steps reuse its rollouts)
+            self.rewards.append(record["rollout/reward"])
+            self.rollouts_without_signal += int(record.get("rollout/informative_groups") == 0)
         key = next((key for key in EMPTY_STEP_METRICS if key in record and record[key] == 0), None)
         if key is None:
             return
         self.empty_steps += 1
-        if self.empty_steps == 1 and self.info.is_main:
+        said = record.get("rollout/informative_groups") == 0  # the rollout source's warning said why
+        if self.empty_steps == 1 and self.info.is_main and not said:
             reason = self.algorithm.nothing_trained_reason(record) or f"no {key} to train (metric {key} = 0)"
             log.warning(f"warning: step {record['step']}: {reason}: nothing trained this step (later such steps "
                         "are counted in the end-of-run summary)")
@@ -636,20 +654,20 @@ class Trainer:
     def _run_steps(self, on_step, bar, kill_at: int) -> dict | None:
         """The remaining steps; returns the last step's record (None when no step was left)."""
         cfg = self.config.trainer
-        record, start, reward = None, time.perf_counter(), {}
+        record, start, reward = None, time.perf_counter(), None
+        rl = bool(self.algorithm.needs.rollout)
         while self.step < self.total_steps and not self.stop_requested:
             record = self.train_step(self.step)
             self.step += 1
-            self._note_empty_step(record)
+            self._note_step(record)
             if on_step is not None:
                 record.update(on_step(self, record) or {})
             record["time/elapsed_s"] = round(time.perf_counter() - start, 3)
             if self.step % cfg.log_every == 0 or self.step == self.total_steps or self.stop_requested:
                 self.logger.log(record)
             if bar is not None:  # postfix first: the line update() draws shows this step's values
-                if "rollout/reward" in record:  # the latest rollout's (inner steps reuse it)
-                    reward = {"reward": f"{record['rollout/reward']:.3f}"}
-                bar.set_postfix(loss=f"{record['loss']:.4f}", **reward, lr=f"{record['lr']:.2e}", refresh=False)
+                reward = record.get("rollout/reward", reward)  # the latest rollout's (inner steps reuse it)
+                bar.set_postfix(progress_postfix(record, reward, rl), refresh=False)
                 bar.update(1)
             if cfg.save_every and self.step % cfg.save_every == 0 and self.step < self.total_steps:
                 self.save()
@@ -660,6 +678,75 @@ class Trainer:
 
 EMPTY_STEP_METRICS = ("rows", "sequences", "tokens", "trained_tokens")
 """Count metrics of a step (summed over the global batch); one that is 0 means the step trained nothing."""
+
+REWARD_WINDOW = 5
+"""The end-of-run summary compares the mean reward of the first and the last rollouts, at most this many each."""
+
+
+def progress_postfix(record: dict, reward: float | None, rl: bool) -> dict[str, str]:
+    """The training bar's values after step ``record``: for RL (``rl``) the latest rollout's mean ``reward`` and the
+    gradient norm - the clipped policy-gradient loss is 0 at the old policy (one update per rollout batch), though
+    its gradient is not, so the loss would say nothing -, else the loss; and the learning rate."""
+    values = {}
+    if rl:
+        if reward is not None:
+            values["reward"] = f"{reward:.3f}"
+        values["grad_norm"] = f"{record['grad_norm']:.3g}"
+    else:
+        values["loss"] = f"{record['loss']:.4f}"
+    values["lr"] = f"{record['lr']:.2e}"
+    return values
+
+
+def reward_digest(rewards: list[float], without_signal: int = 0) -> dict:
+    """The end-of-run summary's keys (added to :meth:`Trainer.train`'s record, not logged) of a run whose rollouts
+    had mean rewards ``rewards``: ``reward_first`` / ``reward_last`` (means of the first / last ``reward_window``
+    rollouts: at most :data:`REWARD_WINDOW`, half of them), ``rollouts_run`` and ``rollouts_without_signal``
+    (rollouts whose every advantage was 0). Empty without rollouts."""
+    if not rewards:
+        return {}
+    window = max(1, min(REWARD_WINDOW, len(rewards) // 2))
+    return {"reward_first": sum(rewards[:window]) / window, "reward_last": sum(rewards[-window:]) / window,
+            "reward_window": window, "rollouts_run": len(rewards), "rollouts_without_signal": without_signal}
+
+
+def summary_parts(record: dict, rewarded: dict | None = None) -> list[str]:
+    """The training values of the end-of-run line for ``record`` (:meth:`Trainer.train`'s): an RL run's mean reward
+    first -> last (:func:`reward_digest`) and its last gradient norm (its loss says little: :func:`progress_postfix`),
+    else the loss; ``rewarded`` (``{"step", "reward"}``, the latest step that rolled out) for a record without the
+    digest."""
+    if "reward_first" in record:
+        first, last, window, runs = (record[k] for k in ("reward_first", "reward_last", "reward_window",
+                                                          "rollouts_run"))
+        if runs == 1:
+            parts = [f"reward {last:.4f} (1 rollout)"]
+        else:
+            which = "first -> last" if window == 1 else f"means of the first / last {window}"
+            parts = [f"reward {first:.4f} -> {last:.4f} ({which} of {runs} rollouts)"]
+        if "grad_norm" in record:
+            parts.append(f"grad_norm {record['grad_norm']:.4g}")
+        return parts
+    parts = [f"loss {record['loss']:.4f}"] if "loss" in record else []
+    if "rollout/reward" in record:
+        parts.append(f"reward {record['rollout/reward']:.4f}")
+    elif rewarded is not None:
+        parts.append(f"reward {rewarded['reward']:.4f} at step {rewarded['step']}")
+    return parts
+
+
+def summary_warnings(record: dict) -> list[str]:
+    """The end-of-run warning lines of ``record``: steps that trained nothing, rollouts without a learning signal
+    (each said once by a warning when it first happened)."""
+    lines = []
+    empty = int(record.get("steps_trained_nothing", 0))
+    if empty:  # the loss says 0.0000 either way: say why
+        lines.append(f"warning: {empty} of the {record.get('steps_run', empty)} steps run trained nothing (no rows "
+                     "left to train: the first such step's warning says why)")
+    flat = int(record.get("rollouts_without_signal", 0))
+    if flat:
+        lines.append(f"warning: {flat} of the {record.get('rollouts_run', flat)} rollouts had no learning signal "
+                     "(every advantage 0, e.g. all rewards of each group equal: the first one's warning says why)")
+    return lines
 
 
 def run_training(config: TrainConfig, source=None,

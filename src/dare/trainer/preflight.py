@@ -2,15 +2,16 @@
 
 ``dare train --dry-run`` runs them, and so does every run before it loads anything (:class:`~dare.trainer.Trainer`),
 with the same functions the run uses later (the sampler and reward of :mod:`dare.trainer.rl`, the algorithm's
-``check_family`` against the model family read from ``model.path``, ``model.attn_backend`` on the device, the LoRA
-target patterns against the model's module tree built on the meta device, the data path checks of
-:mod:`dare.data.sft` / :mod:`dare.trainer.prompts`, ``trainer.resume``, ``trainer.output_dir``), and with the run's own
-messages for what it finds only later (a global batch larger than the data, a metrics package that is not installed,
-a response padding that leaves no example within ``data.max_length``), so a dry run cannot pass a config that the run
-rejects before its first step (a hub model whose config is not cached locally: its family
-and LoRA checks are skipped, with a note). Settings the run does not use (``rollout.*`` without rollouts, ``lora.*``
-without ``lora.enabled``, data options of another kind of source, record-key settings of a generated source) get one
-warning line per section, and so does each setting that another one overrides (:data:`OVERRIDDEN`).
+``check_family`` against the model family read from ``model.path`` and its ``check_rollout`` against the sampler, the
+rollout engine and ``model.attn_backend`` on the device, the LoRA target patterns against the model's module tree
+built on the meta device, the data path checks of :mod:`dare.data.sft` / :mod:`dare.trainer.prompts`,
+``trainer.resume``, ``trainer.output_dir``), and with the run's own messages for what it finds only later (a global
+batch larger than the data, a metrics package that is not installed, a response padding that leaves no example within
+``data.max_length``), so a dry run cannot pass a config that the run rejects before its first step (a hub model whose
+config is not cached locally: its family, LoRA and rollout-sampler checks are skipped, with a note). Settings the run
+does not use (``rollout.*`` without rollouts, ``lora.*`` without ``lora.enabled``, data options of another kind of
+source, record-key settings of a generated source) get one warning line per section, and so does each setting that
+another one makes moot (:data:`OVERRIDDEN`).
 """
 
 from __future__ import annotations
@@ -65,10 +66,11 @@ def check_run(config, *, model: bool = True, data: bool = True, warn: bool = Tru
     if data and not needs.rollout:  # RL prompts ignore both keys
         check_response_padding(config.data)
     if model and family is None:  # also the model path's own errors (a missing directory, no weights, ...)
-        family = known_family(config.model.path, note=dry_run)
+        family = known_family(config.model.path, note=dry_run, rollout=data and needs.rollout)
     if family is not None:
         algorithm.check_family(config.algorithm, family)  # what bind_model checks on the loaded model
-    check_attn_backend(config, device or training_device(config.distributed.device))
+    device = device or training_device(config.distributed.device)
+    check_attn_backend(config, device)
     check_tokenizer_path(config.model.tokenizer)
     if model and config.model.tokenizer is None and (data or config.trainer.export):  # the model's own tokenizer
         check_tokenizer_path(config.model.path, "model.path")
@@ -81,9 +83,13 @@ def check_run(config, *, model: bool = True, data: bool = True, warn: bool = Tru
         from dare.trainer.prompts import check_prompt_path
         from dare.trainer.rl import check_rollout_batch, rollout_reward, rollout_sampler
 
-        resolved = rollout_sampler(config.rollout, family.name if family is not None else None)
+        if family is None and config.rollout.sampler.sampler is None:  # the family's default: unknown (noted)
+            resolved = None
+        else:
+            resolved = rollout_sampler(config.rollout, family.name if family is not None else None)
         if rollout_checked and skeleton is not None:
             check_algorithm_rollout(config, family, resolved, skeleton)
+        check_rollout_engine(resolved or config.rollout.sampler, device)  # the first rollout's error
         rollout_reward(config.rollout)
         check_rollout_batch(config.trainer.batch_size, config.rollout.group_size)
         check_relative(check_prompt_path, config.data.path)
@@ -96,6 +102,20 @@ def check_run(config, *, model: bool = True, data: bool = True, warn: bool = Tru
     check_output_dir(config.trainer.output_dir)  # after the config's own mistakes
     if warn:
         warn_unused(config, needs)
+
+
+def check_rollout_engine(sampler, device: str) -> None:
+    """The error the first rollout would raise for the engine of ``sampler`` (a ``SamplerConfig``) on ``device``
+    (``cpu`` / ``cuda``): ``engine=graph`` off CUDA, or ``weights`` ``merged`` / ``fp8`` where ``engine=auto``
+    decodes with the eager loops (:func:`dare.rollout.samplers.decoding_engine`)."""
+    import torch
+
+    from dare.rollout.samplers import decoding_engine
+
+    try:
+        decoding_engine(sampler, torch.device(device))
+    except ConfigError as err:
+        raise ConfigError(f"rollout.sampler: {err}") from None
 
 
 def check_algorithm_rollout(config, family, sampler, skeleton) -> None:
@@ -172,12 +192,13 @@ def check_batch_fits(config, needs) -> None:
     raise ConfigError(f"trainer.batch_size={batch} is larger than the dataset ({held} {unit})")
 
 
-def known_family(path: str, note: bool = False):
+def known_family(path: str, note: bool = False, rollout: bool = False):
     """The :class:`~dare.models.spec.FamilySpec` of model path ``path`` without loading weights: of ``tiny:FAMILY``
     or a local checkpoint (:func:`dare.models.loading.family_of_path`), or of a hub name whose config is in the local
     Hugging Face cache; None for a hub name that is not (nothing is downloaded; ``note``: log that the checks that
-    depend on the family are skipped; the run makes them once the model is loaded). A local path that cannot hold a
-    model is a one-line error (:func:`dare.models.loading.check_checkpoint_path`, as the loader checks it)."""
+    depend on the family are skipped, ``rollout``: those of the rollouts too; the run makes them once the model is
+    loaded). A local path that cannot hold a model is a one-line error
+    (:func:`dare.models.loading.check_checkpoint_path`, as the loader checks it)."""
     from dare.models.loading import family_of_path, local_path, parse_tiny
 
     if parse_tiny(path) is not None or local_path(path, f"model path {path}: no such checkpoint directory"):
@@ -190,9 +211,10 @@ def known_family(path: str, note: bool = False):
         hf_config = AutoConfig.from_pretrained(str(path), local_files_only=True)
     except (OSError, ValueError):  # not cached (or a model_type transformers does not know: load_model says so)
         if note:
+            what = "algorithm.* and rollout.sampler" if rollout else "algorithm.*"
             log.warning(f"note: model.path={path} is a hub name whose config is not in the local cache: the dry run "
-                        "skips the checks of algorithm.* against the model family (the run makes them once the "
-                        "model is downloaded)")
+                        f"skips the checks of {what} against the model family (the run makes them once the model is "
+                        "downloaded)")
         return None
     return family_of(hf_config)
 
@@ -235,11 +257,13 @@ def record_given_model(config, model) -> None:
         config.model.dtype = dtype
 
 
-def fill_rollout_defaults(config, model=None) -> None:
+def fill_rollout_defaults(config, model=None, dry_run: bool = False) -> None:
     """Record in ``config`` (a :class:`~dare.trainer.config.TrainConfig`, changed in place) the rollout settings that
     depend on the model: an unset ``rollout.sampler.sampler`` is the family's default sampler (of ``model``, else of
     the checkpoint at ``model.path``, read from its config) and an unset ``gen_length`` is 128. So ``config.yaml``,
-    the resume check and ``--dry-run`` name the sampler that decodes. Nothing for algorithms that make no rollouts."""
+    the resume check and ``--dry-run`` name the sampler that decodes. Nothing for algorithms that make no rollouts.
+    ``dry_run``: nothing is downloaded; a hub model whose config is not cached leaves the sampler unset
+    (:func:`check_run` notes it)."""
     from dare.algorithms import get_algorithm
     from dare.rollout.config import DEFAULT_GEN_LENGTH
 
@@ -250,10 +274,13 @@ def fill_rollout_defaults(config, model=None) -> None:
     from dare.models.spec import family_of
     from dare.trainer.rl import check_rollout_family
 
-    family = family_of(model) if model is not None else family_of_path(config.model.path)
-    if sampler.sampler is None:
+    if model is not None:
+        family = family_of(model)
+    else:
+        family = known_family(config.model.path) if dry_run else family_of_path(config.model.path)
+    if family is not None and sampler.sampler is None:  # None: a dry run's uncached hub config (left unset)
         sampler = sampler.for_family(family.name)
-    else:  # a sampler of the wrong attention kind is the error, before its settings' (e.g. block_steps)
+    elif family is not None:  # a sampler of the wrong attention kind: the error before its settings' (block_steps)
         check_rollout_family(config.rollout, family)
     if sampler.gen_length is None:
         sampler = sampler.replace(gen_length=DEFAULT_GEN_LENGTH)
@@ -278,7 +305,7 @@ def check_tokenizer_path(path: str | None, key: str = "model.tokenizer") -> None
         raise ConfigError(f"{key} {path} holds no tokenizer files (none of {', '.join(TOKENIZER_FILES)}){hint}")
 
 
-def tokenizer_error(key: str, path: str, err: BaseException) -> ConfigError:
+def tokenizer_load_error(key: str, path: str, err: BaseException) -> ConfigError:
     """The one-line error for a tokenizer at ``path`` (named by config key ``key``) that transformers failed to load
     with ``err``: its whole message on one line (the first line alone is often just a heading ending in a colon)."""
     from dare.models.loading import one_line
@@ -359,8 +386,12 @@ def warn_unused(config, needs) -> None:
         if keys:
             log.warning(f"warning: ignoring {', '.join(keys)}: data.path={config.data.path} makes its own records "
                         "(these keys name the fields of a data file's records)")
+    moot: dict[str, list[str]] = {}  # one line per reason
     for key, reason in overridden(config):
-        log.warning(f"warning: ignoring {key}: {reason}")
+        if needs.rollout or not key.startswith("rollout."):  # else the rollout section's line names it
+            moot.setdefault(reason, []).append(key)
+    for reason, keys in moot.items():
+        log.warning(f"warning: ignoring {', '.join(keys)}: {reason}")
 
 
 OVERRIDDEN = {
@@ -372,25 +403,45 @@ OVERRIDDEN = {
     "optim.min_lr_ratio": (lambda c: c.optim.scheduler == "constant",
                            "optim.scheduler=constant does not decay (min_lr_ratio applies to cosine and linear)"),
     "model.compile_backend": (lambda c: not c.model.compile, "model.compile is false"),
+    "trainer.wandb_project": (lambda c: not c.trainer.wandb, "trainer.wandb is false"),
+    "rollout.dynamic_extra_rounds": (lambda c: not c.rollout.dynamic_sampling, "rollout.dynamic_sampling is false"),
+    "rollout.samples_per_step": (lambda c: not c.rollout.samples_file,
+                                 "rollout.samples_file is false (no rollouts.jsonl is written)"),
+    "algorithm.kl_estimator": (lambda c: c.algorithm.kl_coef == 0,
+                               "algorithm.kl_coef is 0: there is no KL term (set algorithm.kl_coef > 0 to add one)"),
+    "algorithm.population_std": (lambda c: c.algorithm.advantage != "zscore",
+                                 "algorithm.advantage is not zscore (population_std chooses the z-score's std)"),
+    **dict.fromkeys(("algorithm.value_lr", "algorithm.value_clip", "algorithm.gamma", "algorithm.lam"), (
+        lambda c: not c.algorithm.value_model,
+        "algorithm.value_model is false (no value model is trained, and GAE needs one)")),
+    "algorithm.mix_weight": (lambda c: c.algorithm.logp_estimation != "mix", "algorithm.logp_estimation is not mix"),
+    "algorithm.eubo_beta": (lambda c: c.algorithm.logp_estimation == "elbo",
+                            "algorithm.logp_estimation=elbo uses no EUBO"),
+    **dict.fromkeys(("algorithm.distill_lambda_max", "algorithm.distill_gamma", "algorithm.distill_tau_max",
+                     "algorithm.distill_beta", "algorithm.distill_horizon"), (
+        lambda c: not c.algorithm.self_distillation, "algorithm.self_distillation is false")),
 }
 """``key: (when another setting makes it moot, why)``; warned only when ``key`` differs from its default, so a recipe
-that sets it (e.g. ``min_lr_ratio`` with a cosine schedule) warns only once the schedule it applies to is changed."""
+that sets it (e.g. ``min_lr_ratio`` with a cosine schedule) warns only once the schedule it applies to is changed.
+An ``algorithm.*`` key counts for the algorithms that have it (its default is that algorithm's); keys of one reason
+share one warning line."""
 
 
 def overridden(config) -> list[tuple[str, str]]:
     """``(key, reason)`` of the non-default settings of ``config`` that another setting makes moot."""
-    from dare.trainer.config import TrainConfig
-
-    default = TrainConfig()
     moot = []
     for key, (moot_when, reason) in OVERRIDDEN.items():
         section, name = key.split(".")
-        if getattr(getattr(config, section), name) != getattr(getattr(default, section), name) and moot_when(config):
+        values = getattr(config, section)
+        if not hasattr(values, name):  # another algorithm's setting
+            continue
+        if getattr(values, name) != getattr(type(values)(), name) and moot_when(config):
             moot.append((key, reason))
     return moot
 
 
 __all__ = ["LORA_LAYERS", "METRIC_PACKAGES", "OVERRIDDEN", "UNUSED_DATA", "changed", "check_attn_backend",
            "check_batch_fits", "check_lora_targets", "check_metric_packages", "check_response_padding",
-           "check_relative", "check_run", "check_tokenizer_path", "fill_rollout_defaults", "known_family",
-           "model_dtype", "model_skeleton", "overridden", "record_given_model", "tokenizer_error", "warn_unused"]
+           "check_relative", "check_rollout_engine", "check_run", "check_tokenizer_path", "fill_rollout_defaults",
+           "known_family", "model_dtype", "model_skeleton", "overridden", "record_given_model",
+           "tokenizer_load_error", "warn_unused"]

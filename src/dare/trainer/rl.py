@@ -36,6 +36,14 @@ unsharded copy), ``rollout/graph_captures`` and ``rollout/graph_capture_s`` (gra
 recorded in this rollout: the first rollouts of each new batch/prompt-width shape), ``rollout/engine_fallbacks``
 (generation calls of this rollout that fell back to the eager loop, each 2-15x slower; the log names the reason).
 
+Learning signal (every group-based algorithm): ``rollout/flat_groups`` is the fraction of groups whose rewards are
+all equal (the rewards the advantages are computed from: after an algorithm's own rule such as TraceRL's
+``truncated_reward``, whose mean is then ``rollout/trained_reward``), ``rollout/informative_groups`` the fraction
+with a non-zero advantage. A rollout without any informative group teaches nothing: the first one is a warning
+saying why (equal rewards, the algorithm's notes: truncation, a group filter), later ones are counted in the
+end-of-run summary; the first rollout where an algorithm's rule flattened groups that the reward alone did not is
+a warning too.
+
 With ``rollout.dynamic_sampling`` the step's groups whose rewards are all equal are replaced by groups of extra
 rounds of prompts (:mod:`dare.trainer.dynamic_sampling`; ``rollout/dynamic/*`` metrics); the health metrics then
 describe the step's own prompts (round 0), ``nfe`` and ``generate_s`` every round, the other metrics the admitted
@@ -45,10 +53,9 @@ batch.
 from __future__ import annotations
 
 import contextlib
-
 import json
+import logging
 import time
-import warnings
 from pathlib import Path
 
 import torch
@@ -64,6 +71,8 @@ from dare.rollout.output import completion_mask as stop_mask
 from dare.trainer.workflow import Reference, prepare_micro_batches
 
 TRAJECTORY_FIELDS = ("states", "predictions", "confidences", "transfers", "candidates")
+
+log = logging.getLogger("dare.trainer")
 
 
 class RolloutSource:
@@ -129,6 +138,12 @@ class RolloutSource:
         self._order_cache: tuple[int, list[int]] | None = None
         self._dynamic_metrics: dict[str, float] = {}
         self._generate_s = 0.0
+        self._restored = False  # load_state_dict ran (a resumed run)
+        self._warned: set[str] = set()  # the learning-signal warnings said once
+        check_samples = getattr(algorithm, "check_samples", None)  # e.g. IGPO: do the records hold hints?
+        message = check_samples([item.sample for item in prompts]) if check_samples is not None else None
+        if message and self.info.is_main:
+            log.warning(message)
 
     # ---- prompt order (pure function of the rollout index) -------------------------------------------
     def _order(self, epoch: int) -> list[int]:
@@ -151,13 +166,23 @@ class RolloutSource:
         start = step - step % self.mu
         self.step_metrics = {}
         if self._cache is None or self._cache[0] != start:
-            if step != start:
-                warnings.warn(f"step {step} is inside the rollout cycle starting at step {start} but its cached "
-                              "rollouts are missing (resumed with another world size?); regenerating them with the "
-                              "current policy", stacklevel=2)
+            if step != start and self.info.is_main:
+                log.warning(self._missing_cycle_message(step, start))
             self._cache = (start, self._collect(start))
         self._last_step = step
         return [mb.clone() for mb in self._cache[1][step - start]]
+
+    def _missing_cycle_message(self, step: int, start: int) -> str:
+        """The warning of step ``step`` (0-based) inside a rollout cycle whose rollouts (made at ``start``) are not
+        cached: a first call with a 1-based step (``Trainer.train_step(1)``), or a resume that lost the cache."""
+        where = (f"step index {step} (0-based, logged as step {step + 1}) is update {step - start + 1} of "
+                 f"algorithm.inner_steps={self.mu} on the rollouts made at step index {start}, which")
+        if self._last_step < 0 and not self._restored:  # nothing ran before: most likely a 1-based step index
+            return (f"warning: {where} were never made: rolling them out now with the current policy. "
+                    "Trainer.train_step(step) takes the 0-based index of the step to run: the first step is "
+                    "train_step(0), the next one train_step(trainer.step)")
+        return (f"warning: {where} are not cached (resumed with another world size?): rolling them out again "
+                "with the current policy")
 
     def state_dict(self) -> dict:
         if self._cache is None or (self._last_step + 1) % self.mu == 0:
@@ -167,6 +192,7 @@ class RolloutSource:
                 "sizes": [[mb.batch_size[0] for mb in row] for row in cached]}
 
     def load_state_dict(self, state: dict) -> None:
+        self._restored = True
         if state.get("micro") is None:
             return
         micro = [[TensorDict(d, batch_size=[n]) for d, n in zip(row, sizes)]
@@ -376,7 +402,7 @@ class RolloutSource:
         context = self._context(items, rows, rollout, batch)
         batch, refined = self.algorithm.refine_rollouts(batch, context)  # e.g. IGPO's inpainted re-rolls
         self.algorithm.assign_advantages(batch, self._context(items, rows, rollout, batch))
-        self._log_metrics(batch, results, outputs, nfe, generated_s)
+        self._log_metrics(batch, results, outputs, nfe, generated_s, step=start)
         self.step_metrics.update(refined)
         self._write_samples(start, items, texts, results)
         device = next(self.policy.parameters()).device
@@ -408,7 +434,7 @@ class RolloutSource:
 
         def record(round_: int, batch: TensorDict, items, texts, results) -> None:
             local = torch.zeros(prompts)
-            local[first:first + share] = flat_groups(batch["rewards"], group).double()
+            local[first:first + share] = flat_groups(self._trained_rewards(batch), group).double()
             flat.append(all_reduce_dict({"f": local}, self.info)["f"].bool())
             for p in range(share):
                 rows = slice(p * group, (p + 1) * group)
@@ -441,28 +467,77 @@ class RolloutSource:
                 [x for p in parts for x in p[3]], nfe)
 
     # ---- logging ---------------------------------------------------------------------------------------
-    def _log_metrics(self, batch: TensorDict, results, outputs, nfe: int, generated_s: float) -> None:
-        """Step metrics: rewards etc. of ``batch``, health of the ``outputs`` chunks, ``nfe`` forwards."""
+    def _trained_rewards(self, batch: TensorDict) -> torch.Tensor:
+        """``[R]``: the rewards the algorithm computes advantages from (its ``trained_rewards`` hook, e.g. TraceRL's
+        truncation rule; else the reward's own)."""
+        hook = getattr(self.algorithm, "trained_rewards", None)
+        return batch["rewards"] if hook is None else hook(batch)
+
+    def _signal_sums(self, batch: TensorDict) -> dict[str, torch.Tensor]:
+        """Rank-local counts of the learning-signal check (module docstring): ``groups``, ``flat`` (equal trained
+        rewards), ``made_flat`` (of them, those whose own rewards differ), ``informative`` (a non-zero advantage),
+        ``dropped`` (groups an algorithm's filter removed: ``keep`` false), ``rows``, ``stopped`` (a stop token in
+        the completion)."""
+        group = self.group_size
+        trained = self._trained_rewards(batch).double().reshape(-1, group)
+        raw = batch["rewards"].double().reshape(-1, group)
+        advantage = batch["advantages"].reshape(batch.batch_size[0], -1).abs().amax(-1).reshape(-1, group)
+        stops = torch.tensor(list(self.token_ids.stop_ids), device=batch["input_ids"].device)
+        stopped = (torch.isin(batch["input_ids"], stops) & batch["completion_mask"]).any(-1)
+        flat, raw_flat = trained.std(1, unbiased=False) == 0, raw.std(1, unbiased=False) == 0
+        sums = {"groups": trained.shape[0], "flat": flat.sum(), "made_flat": (flat & ~raw_flat).sum(),
+                "informative": (advantage > 0).any(1).sum(), "rows": batch.batch_size[0], "stopped": stopped.sum(),
+                "trained_reward": trained.sum()}
+        if "keep" in batch.keys():
+            sums["dropped"] = (~batch["keep"].bool().reshape(-1, group).any(1)).sum()
+        return {k: torch.as_tensor(v, dtype=torch.float64) for k, v in sums.items()}
+
+    def _check_signal(self, step: int, counts: dict[str, float]) -> None:
+        """Warn (rank 0, once each) about the first rollout without any informative group and the first one where
+        the algorithm's own reward rule flattened groups (``step``: the 0-based step that made the rollout)."""
+        if not self.info.is_main:
+            return
+        groups, flat = round(counts["groups"]), round(counts["flat"])
+        notes_of = getattr(self.algorithm, "signal_notes", None) or (lambda counts, flattening=False: [])
+        made_flat = round(counts["made_flat"])  # flat only after the algorithm's reward rule
+        if counts["informative"] == 0 and "no_signal" not in self._warned:
+            self._warned.add("no_signal")
+            share = f"all {groups}" if flat == groups else f"{flat} of {groups}"
+            why = [f"{share} groups have equal rewards"] if flat else []
+            why = [*why, *notes_of(counts)] or [f"none of the {groups} groups has a non-zero advantage"]
+            log.warning(f"warning: step {step + 1}: no learning signal in this rollout ({'; '.join(why)}): every "
+                        "advantage is 0, so nothing is learned from it (later such rollouts are counted in the "
+                        "end-of-run summary)")
+        elif made_flat > 0 and "made_flat" not in self._warned:
+            self._warned.add("made_flat")
+            why = "; ".join(notes_of(counts, flattening=True)) or "the algorithm's reward rule"
+            log.warning(f"warning: step {step + 1}: {why}: that made {made_flat} of {groups} groups flat (equal "
+                        "rewards, zero advantage); said once, see rollout/trained_reward and rollout/flat_groups")
+
+    def _log_metrics(self, batch: TensorDict, results, outputs, nfe: int, generated_s: float,
+                     step: int = 0) -> None:
+        """Step metrics: rewards etc. of ``batch``, health of the ``outputs`` chunks, ``nfe`` forwards; the
+        learning-signal check of the rollout made at ``step``."""
         rewards = batch["rewards"].double()
         partial = [r.partial for r in results if r.partial is not None]
-        groups = rewards.reshape(-1, self.group_size)
         lengths = batch["completion_mask"].sum(-1).double()
         sums = {
             "n": float(rewards.numel()), "reward": rewards.sum(), "reward_sq": (rewards ** 2).sum(),
             "correct": float(sum(r.correct for r in results)), "partial": float(sum(partial)),
             "partial_n": float(len(partial)), "length": lengths.sum(),
-            "flat_groups": (groups.std(1, unbiased=False) == 0).double().sum(), "groups": float(groups.shape[0]),
             "adv_abs": batch["advantages"].double().abs().sum() / max(batch["advantages"][0].numel(), 1),
             "nfe": float(nfe), "generate_s": generated_s, "ranks": 1.0,
-            **health_sums(outputs, self.token_ids.stop_ids),
+            **health_sums(outputs, self.token_ids.stop_ids), **self._signal_sums(batch),
         }
         s = {k: float(v) for k, v in all_reduce_dict(sums, self.info).items()}
         n = max(s["n"], 1.0)
         mean = s["reward"] / n
+        groups = max(s["groups"], 1.0)
         self.step_metrics = {
             "rollout/reward": mean, "rollout/reward_std": max(s["reward_sq"] / n - mean ** 2, 0.0) ** 0.5,
             "rollout/accuracy": s["correct"] / n, "rollout/length": s["length"] / n,
-            "rollout/eos_fraction": s["eos"] / n, "rollout/flat_groups": s["flat_groups"] / max(s["groups"], 1.0),
+            "rollout/eos_fraction": s["eos"] / n, "rollout/flat_groups": s["flat"] / groups,
+            "rollout/informative_groups": s["informative"] / groups,
             "rollout/advantage_abs": s["adv_abs"] / n, "rollout/nfe": s["nfe"] / s["ranks"],
             "rollout/generate_s": s["generate_s"] / s["ranks"], "rollout/decoded": s["decoded"] / n,
             "rollout/tokens_per_forward": s["decoded"] / max(s["row_steps"], 1.0),
@@ -472,6 +547,11 @@ class RolloutSource:
             self.step_metrics["rollout/commit_confidence"] = s["confidence"] / s["confident_n"]
         if s["partial_n"]:
             self.step_metrics["rollout/partial"] = s["partial"] / s["partial_n"]
+        if getattr(self.algorithm, "trained_rewards", None) is not None:  # the algorithm changes rewards
+            self.step_metrics["rollout/trained_reward"] = s["trained_reward"] / n
+        if "dropped" in s:
+            self.step_metrics["rollout/dropped_groups"] = s["dropped"] / groups
+        self._check_signal(step, s)
         if self.config.dynamic_sampling:
             self.step_metrics.update(self._dynamic_metrics)
 
