@@ -196,9 +196,35 @@ def test_settings_that_do_not_apply_get_one_warning_each(caplog):
 
 
 def test_defaults_and_settings_that_apply_warn_nothing(caplog):
-    assert warnings_of(caplog, SFT, "rollout.group_size=8", "lora.r=16", "data.packing=true") == []
+    assert warnings_of(caplog, SFT, "rollout.group_size=8", "lora.r=16", "data.packing=true",
+                       "data.eos_padding=false") == []
     assert warnings_of(caplog, D1, "lora.enabled=true", "lora.r=4") == []
     assert warnings_of(caplog, str(ROOT / "configs/llada/sft_lora_tiny.yaml")) == []
+
+
+PACKED_EOS_NOTE = ("note: data.packing=true: packed rows get no EOS padding (data.eos_padding=true pads only padded "
+                   "rows with trained EOS), so the loss differs from a padded run's; set data.eos_padding=false to "
+                   "compare packed and padded runs")
+
+
+def test_packing_under_eos_padding_is_noted_by_the_dry_run_and_the_run(tmp_path, caplog):
+    """Packed rows carry no EOS padding, so a packed run under the default data.eos_padding=true trains another
+    objective than the padded run (fewer answer tokens): its start says so, once, in the dry run and the run. With
+    data.eos_padding=false the two are the same run (test_sft.py: same loss and gradients), and nothing is said."""
+    from dare.trainer import Trainer
+
+    assert warnings_of(caplog, SFT, "data.packing=true") == [PACKED_EOS_NOTE]
+    assert warnings_of(caplog, SFT, "data.packing=true", "data.eos_padding=false") == []
+    assert warnings_of(caplog, D1, "data.packing=true") == [  # RL prompts: packing itself is ignored
+        "warning: ignoring data.packing: not used by algorithm 'd1' (it trains on RL prompts)"]
+    run = [SFT, f"trainer.output_dir={tmp_path / 'run'}", "data.packing=true", "data.num_examples=16",
+           "trainer.progress=false"]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="dare.trainer"):
+        assert main(["train", *run, "--dry-run"]) == 0
+        Trainer(load_train_config(run[0], run[1:])).release_output_dir()
+    notes = [r.getMessage() for r in caplog.records if r.getMessage().startswith("note: ")]
+    assert notes == [PACKED_EOS_NOTE, PACKED_EOS_NOTE]  # one from the dry run, one from the run's start
 
 
 def test_the_summary_reports_the_first_and_last_reward_of_an_rl_run_with_inner_steps(tmp_path, capsys):

@@ -1,6 +1,8 @@
 """The docs a clone needs are in the repository: every relative link resolves, nothing points outside it."""
 
+import os
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -86,3 +88,64 @@ def test_train_commands_of_one_readme_block_write_different_runs():
 
 def test_the_readme_says_how_to_skip_the_hub_when_offline():
     assert "HF_HUB_OFFLINE=1" in (ROOT / "README.md").read_text()
+
+
+def test_every_module_is_named_in_the_architecture_layout():
+    """docs/architecture.md's layout names every module under src/dare (a package's __init__.py may go unnamed),
+    under its own folder (by indentation), and no module that does not exist."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    block = re.search(r"## Layout.*?```\n(.*?)```", text, re.S).group(1)
+    named, folders = set(), []  # folders: (indent, path) of the enclosing folder lines
+    for line in block.splitlines():
+        indent = len(line) - len(line.lstrip())
+        while folders and folders[-1][0] >= indent:
+            folders.pop()
+        first = line.split()[0] if line.strip() else ""
+        here = "/".join(path for _, path in folders[1:])  # below src/dare/
+        if first.endswith("/"):
+            folders.append((indent, first.rstrip("/")))
+            continue
+        if folders and folders[0][1] == "src/dare":
+            named |= {f"{here}/{name}".lstrip("/") for name in re.findall(r"\b(\w+\.py)\b", line)}
+    source = ROOT / "src" / "dare"
+    modules = {str(p.relative_to(source)) for p in source.rglob("*.py")}
+    inits = {m for m in modules if m.endswith("/__init__.py")}  # a package's own line may stand for it
+    assert modules - inits - named == set(), "modules missing from docs/architecture.md's layout"
+    assert named - modules == set(), "docs/architecture.md's layout names modules that do not exist"
+
+
+def test_the_benchmarks_page_matches_the_registry():
+    """docs/benchmarks.md has one row per registered benchmark, with its templates (default in bold), default
+    dataset and split, kind and reward, and names every alias."""
+    from dare.eval.benchmark import ALIASES, BENCHMARKS
+
+    text = (ROOT / "docs" / "benchmarks.md").read_text()
+    rows = {m.group(1): m.group(0).split(" | ") for m in re.finditer(r"^\| `(\w+)` \|.*\|$", text, re.M)}
+    assert set(rows) == set(BENCHMARKS)
+    for name, bench in BENCHMARKS.items():
+        cells = rows[name]
+        templates = ", ".join(f"**{t}**" if t == bench.default_template else t for t in sorted(bench.templates))
+        assert cells[4] == templates, name
+        assert cells[5] == f"{bench.kind}, `{bench.reward}` |", name
+        if bench.hf is None:
+            assert cells[3].startswith("none"), name
+        else:
+            hf = bench.hf
+            expected = f"`{hf.path}`" + (f" (`{hf.name}`)" if hf.name else "") + f", {hf.split}"
+            expected += f"; few-shot: {hf.fewshot_split}" if hf.fewshot_split else ""
+            assert cells[3] == expected, name
+    aliases = text.split("Aliases:")[1].split("\n\n")[0]
+    assert all(f"`{alias}`" in aliases for alias in ALIASES)
+    assert "(docs/benchmarks.md)" in (ROOT / "README.md").read_text()
+
+
+def test_the_readme_names_every_registered_reward_and_preset():
+    import subprocess
+
+    # a fresh interpreter: tests register rewards of their own in this process (dist_worker's dist_varied, ...)
+    code = "from dare.rewards import PRESETS, REWARDS; print(' '.join([*REWARDS, *PRESETS]))"
+    names = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                           env={**os.environ, "PYTHONPATH": str(ROOT / "src")}).stdout.split()
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("### Rewards (`dare.rewards`)")[1].split("\n### ")[0]
+    assert names and [name for name in names if f"`{name}`" not in section] == []

@@ -141,6 +141,19 @@ def test_a_setting_given_twice_is_a_one_line_error(argv, message, tmp_path, caps
     assert one_line_error(capsys, *argv).startswith(message)
 
 
+def test_the_same_option_value_given_twice_is_accepted_as_for_a_flag():
+    """Before: ``-o cache=none -o cache=none`` was "-o sets cache twice", while ``--gen-length 4 --gen-length 4``
+    is accepted (the same value changes nothing); values of different types still differ."""
+    from dare.commands.generate import parse_options
+    from dare.errors import ConfigError
+
+    assert parse_options(["cache=none", "cache=none", "temperature=0.5", "temperature=.5"]) == {
+        "cache": "none", "temperature": 0.5}
+    for first, second in (("steps=1", "steps=true"), ("steps=1", "steps=1.0"), ("cache=none", "cache=dual")):
+        with pytest.raises(ConfigError, match="-o sets steps twice|-o sets cache twice"):
+            parse_options([first, second])
+
+
 def test_block_steps_in_likelihood_mode_is_refused_like_every_other_decoding_flag(capsys, no_model):
     line = one_line_error(capsys, *mmlu_run("--block-steps", "4"))
     assert line == "error: --block-steps applies to generation; mmlu is scored by likelihood here (add --mode generate)"

@@ -254,6 +254,20 @@ def test_eval_run_and_eval_score_accept_the_same_gsm8k_answers(answer, accepted)
     assert outcomes[0] == outcomes[1] and (outcomes[0] is not None) == accepted, outcomes
 
 
+@pytest.mark.parametrize("key", ["choices", "options"])
+def test_a_gsm8k_row_with_choices_is_refused_in_data_and_in_predictions_alike(key, tmp_path, capsys):
+    """Before: a generic prediction line ``{"id", "prediction", "answer", "choices"}`` was scored silently, its
+    option index taken for the gold number, while the same row in --data (or with native fields) was refused."""
+    why = f"it has '{key}' (multiple-choice data: its 'answer' 1 is an option index, not the gold number)"
+    row = {"id": 0, "prediction": "A", "answer": 1, key: ["a", "b"]}
+    generic = write_jsonl(tmp_path / "p.jsonl", [row])
+    assert one_line_error(capsys, *score(generic)) == f"error: {generic}:1: gsm8k: {why}"
+    native = write_jsonl(tmp_path / "native.jsonl", [{**row, "question": "q"}])
+    assert one_line_error(capsys, *score(native)) == f"error: {native}:1: gsm8k: row 1 is malformed: {why}"
+    data = write_jsonl(tmp_path / "d.jsonl", [{"id": 0, "question": "q", "answer": 1, key: ["a", "b"]}])
+    assert one_line_error(capsys, *score(generic, "--data", data)) == f"error: gsm8k: row 0 is malformed: {why}"
+
+
 # ------------------------------------------------------------------ 5. a setting of the other evaluation mode
 
 @pytest.mark.parametrize("argv, message", [

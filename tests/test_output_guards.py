@@ -159,6 +159,58 @@ def test_an_unmarked_checkpoint_of_symlinks_is_not_an_older_merge(tmp_path):
     assert not is_unmarked_merge_output(tmp_path / "missing") and not is_unmarked_merge_output(blobs / "config.json")
 
 
+@pytest.fixture
+def no_loading(monkeypatch):
+    """Fail the test if a model is loaded (the output checks come first)."""
+    from dare.models import loading
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a model was loaded before the output path was checked")
+
+    monkeypatch.setattr(loading, "load_model", refuse)
+
+
+def test_merge_lora_into_a_broken_symlink_is_one_line_before_loading(run_dir, tmp_path, capsys, no_loading):
+    """Before: the merge ran, then renaming its staging directory onto the link raised NotADirectoryError."""
+    link = tmp_path / "dl"
+    link.symlink_to(tmp_path / "nonexistent" / "z")
+    line = one_line_error(capsys, *merge("--adapter", run_dir / "final", "--out", link))
+    assert line == (f"error: --out {link}: is a broken symbolic link (to {tmp_path / 'nonexistent' / 'z'}); remove "
+                    "it or give another directory (nothing was written)")
+    assert link.is_symlink() and sorted(p.name for p in tmp_path.iterdir()) == ["dl"]  # no staging directory
+
+
+PROC = pytest.mark.skipif(not __import__("os").path.isdir("/proc/self"), reason="needs Linux /proc")
+
+
+@PROC
+def test_merge_lora_under_a_directory_nothing_can_be_written_in_is_one_line_before_loading(run_dir, capsys,
+                                                                                          no_loading):
+    """/proc: its permission bits let root write (os.access says yes) but every write fails; before, the merge ran
+    and creating the staging directory raised FileNotFoundError."""
+    line = one_line_error(capsys, *merge("--adapter", run_dir / "final", "--out", "/proc/dare-x"))
+    assert line.startswith("error: --out /proc/dare-x: cannot write in /proc: the directory is not writable")
+
+
+@PROC
+@pytest.mark.parametrize("command", [
+    ["eval", "run", "--model", "tiny:llada", "--benchmark", "gsm8k", "--limit", "1"],
+    ["eval", "score", "--benchmark", "gsm8k", "--predictions", "{predictions}"],
+])
+def test_eval_results_under_a_directory_nothing_can_be_written_in_are_one_line(command, tmp_path, capsys,
+                                                                               no_loading):
+    predictions = tmp_path / "p.jsonl"
+    predictions.write_text(json.dumps({"id": 0, "prediction": "#### 1", "answer": "#### 1"}) + "\n")
+    args = [part.format(predictions=predictions) for part in command]
+    line = one_line_error(capsys, *args, "--out", "/proc/dare-y.json")
+    assert line.startswith("error: --out /proc/dare-y.json: cannot write in /proc: the directory is not writable")
+
+
+def test_can_write_in_probes_and_leaves_nothing(tmp_path):
+    assert outputs.can_write_in(tmp_path) is None and not list(tmp_path.iterdir())
+    assert outputs.can_write_in(tmp_path / "missing") is not None
+
+
 def test_publish_dir_accepts_a_relative_dot_and_still_replaces_the_directory(tmp_path, monkeypatch):
     final = tmp_path / "final"  # e.g. a training run's final/, replaced by every export
     final.mkdir()

@@ -387,6 +387,29 @@ def test_config_and_input_errors():
 
 # ------------------------------------------------------------------------------------------ registry
 
+def test_a_sampler_registered_with_few_defaults_takes_the_rest_from_its_loops_base(monkeypatch):
+    """The README's minimal registration: defaults it leaves out are ``llada``'s (masked-diffusion loop) or
+    ``sdar``'s (block loop), so it decodes as that preset with the given fields."""
+    from dare.rollout import SAMPLERS, Sampler, block, register_sampler
+    from dare.rollout.engine.block import BlockState
+
+    for name in ("few", "few_block"):
+        monkeypatch.setitem(SAMPLERS, name, None)
+    register_sampler(Sampler("few", "llada with blocks of 4", {"decoder": "quota", "block_length": 4}))
+    model = model_for("llada")
+    ids, mask = padded([5, 3])
+    mine = generate(model, ids, mask, SamplerConfig(sampler="few", gen_length=8))
+    builtin = generate(model, ids, mask, SamplerConfig(sampler="llada", gen_length=8, block_length=4))
+    assert torch.equal(mine.completion, builtin.completion) and mine.nfe == builtin.nfe
+    register_sampler(Sampler("few_block", "sdar with threshold 0.5", {"threshold": 0.5}, run=block.denoise_blocks,
+                             finalize=block.finalize_config, check=block.check_config, static_state=BlockState,
+                             attention="block_causal"))
+    model = sharp_model("sdar", seed=2, scale=30.0, dtype=F64)
+    mine = generate(model, ids, mask, SamplerConfig(sampler="few_block", gen_length=8))
+    builtin = generate(model, ids, mask, SamplerConfig(sampler="sdar", gen_length=8, threshold=0.5))
+    assert torch.equal(mine.completion, builtin.completion)
+
+
 def test_a_registered_preset_runs_the_masked_diffusion_loop_by_default(monkeypatch):
     """A new sampler is one ``register_sampler`` call: hooks it leaves out are the masked-diffusion loop's, and it
     decodes as the built-in it copies does, on the eager and the static engine."""

@@ -55,6 +55,19 @@ def test_another_algorithm_names_itself_first_and_not_fields_unset_on_both_sides
                               "use another trainer.output_dir")
 
 
+def test_eos_padding_is_free_for_resume_only_in_a_packed_run():
+    """Packed rows carry no EOS padding either way (the Dream recipes now say data.eos_padding: false): a packed run
+    resumes across the setting; a padded one, which it changes, does not."""
+    from dare.trainer.resume import differing_keys
+
+    def settings(packing: bool, eos_padding: bool) -> dict:
+        return {"data": {"packing": packing, "eos_padding": eos_padding}, "optim": {"lr": 1e-3}}
+
+    assert differing_keys(settings(True, True), settings(True, False)) == []
+    assert differing_keys(settings(False, True), settings(False, False)) == ["data.eos_padding"]
+    assert differing_keys(settings(False, True), settings(True, False)) == ["data.eos_padding", "data.packing"]
+
+
 def test_another_family_in_the_same_directory_is_a_one_line_error(tmp_path):
     run(sft(tmp_path))
     with pytest.raises(ConfigError, match=r"model.path \(tiny:llada -> tiny:dream\)"):

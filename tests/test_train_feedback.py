@@ -158,5 +158,5 @@ def test_a_resumed_cycle_without_its_rollouts_keeps_the_resume_warning(caplog):
         src.batch(1)
     assert dare_warnings(caplog) == [
         "warning: step index 1 (0-based, logged as step 2) is update 2 of algorithm.inner_steps=2 on the rollouts "
-        "made at step index 0, which are not cached (resumed with another world size?): rolling them out again with "
-        "the current policy"]
+        "made at step index 0, which are not cached (resumed with another world size or "
+        "distributed.sequence_parallel?): rolling them out again with the current policy"]

@@ -53,6 +53,17 @@ CASES = {
         ["configs/llada/sft_tiny.yaml", "model.attn_backend=varlen", "distributed.device=cpu"],
         "error: model.attn_backend=varlen cannot train on CPU (flex has no CPU backward, varlen needs CUDA); use sdpa "
         "or eager"),
+    "sequence parallelism in one process": (
+        ["configs/llada/sft_tiny.yaml", "distributed.sequence_parallel=2"],
+        "error: distributed.sequence_parallel=2 must divide the number of processes (1); launch with torchrun "
+        "--nproc_per_node a multiple of it"),
+    "sequence parallelism without FSDP": (
+        ["configs/llada/sft_tiny.yaml", "distributed.sequence_parallel=2", "distributed.fsdp=false"],
+        "error: distributed.sequence_parallel > 1 needs distributed.fsdp=true (FSDP2 sums the gradients of the "
+        "sequence shards)"),
+    "expert parallelism in one process": (
+        ["configs/llada2/sft_tiny.yaml", "distributed.expert_parallel=2"],
+        "error: distributed.expert_parallel=2 needs a torchrun launch with distributed.fsdp=true"),
 }
 
 
@@ -63,6 +74,38 @@ def test_the_dry_run_fails_with_the_runs_error(case, tmp_path, capsys):
     assert one_line_error(capsys, *args, "--dry-run") == expected
     assert one_line_error(capsys, *args) == expected
     assert not (tmp_path / "run").exists()  # refused before the output directory is made
+
+
+@pytest.mark.parametrize("recipe, world, overrides, expected", [
+    ("llada/sft_tiny", 4, ["distributed.sequence_parallel=3"],
+     "error: distributed.sequence_parallel=3 must divide the number of processes (4); launch with torchrun "
+     "--nproc_per_node a multiple of it"),
+    ("llada/sft_tiny", 6, ["distributed.sequence_parallel=3"],
+     "error: distributed.sequence_parallel=3 must divide the model's 4 attention heads"),
+    ("llada/sft_tiny", 4, ["distributed.sequence_parallel=4", "model.path=tiny:dream"], None),  # 2 KV heads repeated
+    ("llada2/sft_tiny", 4, ["distributed.expert_parallel=3"],
+     "error: distributed.expert_parallel=3 must divide the world size 4"),
+    ("llada2/sft_tiny", 6, ["distributed.expert_parallel=3"],
+     "error: distributed.expert_parallel=3 must divide the number of experts 8"),
+    ("llada/sft_tiny", 4, ["distributed.expert_parallel=2"],
+     "error: distributed.expert_parallel > 1 needs a mixture-of-experts model (no MoE layer found)"),
+    ("sdar/bgpo_tiny", 4, ["distributed.expert_parallel=2", "model.path=tiny:sdar_moe"],
+     "error: distributed.expert_parallel > 1 does not support RL rollouts yet (ranks decode different numbers of "
+     "forwards; the expert all-to-all needs every rank in step)"),
+    ("llada2/sft_tiny", 4, ["distributed.expert_parallel=4"], None),
+])
+def test_a_dry_run_under_torchrun_checks_the_parallel_degrees_against_its_world(recipe, world, overrides, expected,
+                                                                                tmp_path, capsys, monkeypatch):
+    """The dry run reads the launch from torchrun's environment (``world`` processes) and gives the run's errors for
+    the sequence- and expert-parallel degrees: the number of processes, the model's heads and experts."""
+    monkeypatch.setenv("WORLD_SIZE", str(world))
+    monkeypatch.setenv("RANK", "0")
+    args = ["train", str(ROOT / "configs" / f"{recipe}.yaml"), *overrides, f"trainer.output_dir={tmp_path / 'run'}",
+            "--dry-run"]
+    if expected is None:
+        assert main(args) == 0, capsys.readouterr().err
+    else:
+        assert one_line_error(capsys, *args) == expected
 
 
 def test_a_config_mistake_is_reported_before_the_output_directory_clash(tmp_path, capsys):

@@ -1,7 +1,8 @@
 """Output paths: checked before any work, written atomically, interrupted writes cleaned up.
 
 * :func:`ensure_dir` / :func:`check_file_target` turn an output path that cannot be created or written into a
-  one-line :class:`~dare.errors.ConfigError` naming the flag or key, before a command spends minutes computing.
+  one-line :class:`~dare.errors.ConfigError` naming the flag or key, before a command spends minutes computing
+  (a probe file tells, :func:`can_write_in`: permission bits say yes to root where writes fail, e.g. ``/proc``).
 * :func:`atomic_write_text` writes a file next to its target and renames it into place: a reader never sees a
   half-written file.
 * :func:`staging_dir` / :func:`publish_dir` write a directory (e.g. a run's ``final/`` checkpoint) under a hidden
@@ -39,19 +40,42 @@ def _reason(err: OSError) -> str:
     return err.strerror or str(err)
 
 
-def ensure_dir(path: str | os.PathLike, what: str) -> Path:
-    """Create directory ``path`` (with parents) and check it is writable; ``what`` names the flag/key in the
-    one-line error (``--out``, ``trainer.output_dir``)."""
+def ensure_dir(path: str | os.PathLike, what: str, target: str | os.PathLike | None = None) -> Path:
+    """Create directory ``path`` (with parents) and check that it is writable (:func:`can_write_in`); ``what`` names
+    the flag/key in the one-line error (``--out``, ``trainer.output_dir``), ``target`` the output path when ``path``
+    is only the directory it goes in (a file, or a directory written beside it and renamed)."""
     path = Path(path).expanduser()
+    subject = f"{what} {target}: cannot write in {path}" if target is not None else f"{what} {path}"
     try:
         path.mkdir(parents=True, exist_ok=True)
     except FileExistsError:
-        raise ConfigError(f"{what} {path}: exists and is not a directory") from None
+        raise ConfigError(f"{subject}: exists and is not a directory") from None
     except OSError as err:
-        raise ConfigError(f"{what} {path}: cannot create the directory ({_reason(err)})") from None
+        raise ConfigError(f"{subject}: cannot create the directory ({_reason(err)})") from None
     if not os.access(path, os.W_OK | os.X_OK):
-        raise ConfigError(f"{what} {path}: the directory is not writable")
+        raise ConfigError(f"{subject}: the directory is not writable")
+    failure = can_write_in(path)
+    if failure is not None:
+        raise ConfigError(f"{subject}: the directory is not writable ({failure})")
     return path
+
+
+PROBE_PREFIX = ".dare-probe-"
+"""The name of :func:`can_write_in`'s probe file starts so (a hidden ``.tmp`` name: :func:`remove_strays`)."""
+
+
+def can_write_in(directory: Path) -> str | None:
+    """None when a file can be created in existing ``directory`` (a probe file is made and deleted), else why not:
+    permission bits (``os.access``) say yes to root in ``/proc`` or ``/sys``, where every write fails."""
+    import tempfile
+
+    try:
+        handle, probe = tempfile.mkstemp(prefix=PROBE_PREFIX, suffix=".tmp", dir=directory)
+    except OSError as err:
+        return _reason(err)
+    os.close(handle)
+    Path(probe).unlink(missing_ok=True)
+    return None
 
 
 def check_dir_target(path: str | os.PathLike, what: str) -> None:
@@ -78,7 +102,7 @@ def check_file_target(path: str | os.PathLike, what: str, example: str | None = 
         suggestion = f", e.g. {path / example}" if example else ""
         why = "is a directory" if path.is_dir() else "ends in '/', so it names a directory"
         raise ConfigError(f"{what} {path}{'/' if names_directory else ''}: {why}; give a file name{suggestion}")
-    ensure_dir(path.parent if str(path.parent) else Path("."), what)
+    ensure_dir(path.parent if str(path.parent) else Path("."), what, target=path)
     if path.exists() and not os.access(path, os.W_OK):
         raise ConfigError(f"{what} {path}: the file is not writable")
     return path
@@ -147,6 +171,9 @@ def check_replaceable(path: str | os.PathLike, what: str, command: str) -> bool:
     else (a file, a directory with other contents: a trained model, a run, a user's files) is a one-line
     :class:`~dare.errors.ConfigError`; nothing is written."""
     path = Path(path).expanduser()
+    if path.is_symlink() and not path.exists():  # writing it would fail after the work
+        raise ConfigError(f"{what} {path}: is a broken symbolic link (to {os.readlink(path)}); remove it or give "
+                          "another directory (nothing was written)")
     if not path.exists():
         return False
     if not path.is_dir():
@@ -226,6 +253,6 @@ def remove_strays(root: str | os.PathLike) -> list[Path]:
     return removed
 
 
-__all__ = ["OUTPUT_MARKER", "absolute_path", "atomic_write_text", "check_apart", "check_dir_target",
-           "check_file_replaceable", "check_file_target", "check_replaceable", "ensure_dir", "mark_output",
-           "publish_dir", "read_marker", "remove_strays", "staging_dir"]
+__all__ = ["OUTPUT_MARKER", "PROBE_PREFIX", "absolute_path", "atomic_write_text", "can_write_in", "check_apart",
+           "check_dir_target", "check_file_replaceable", "check_file_target", "check_replaceable", "ensure_dir",
+           "mark_output", "publish_dir", "read_marker", "remove_strays", "staging_dir"]

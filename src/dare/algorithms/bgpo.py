@@ -42,8 +42,8 @@ class BGPOConfig(GroupConfig):
     dual_clip: float | None = 3.0
     """Dual clip c for negative advantages (null = off)."""
     normalize: str = "auto"
-    """ELBO term normaliser: pad (generation length, DARE's LLaDA port), valid (EOS-truncated completion length,
-    DARE's SDAR / LLaDA2 ports) or auto (valid on block-causal families, pad otherwise)."""
+    """ELBO term normaliser: pad (generation length, yjyddq/DARE's LLaDA port), valid (EOS-truncated completion
+    length, yjyddq/DARE's SDAR / LLaDA2 ports) or auto (valid on block-causal families, pad otherwise)."""
 
     def __post_init__(self):
         super().__post_init__()

@@ -6,7 +6,7 @@ positions it committed (the ``U_s`` partition the decoded completion). Step ``s`
 ``(1/T) sum_s [sum_{i, j in U_s} l_ij / sum_i |U_s,i|]`` with both sums over the global batch (``T`` = steps
 with at least one token).
 
-Block diffusion (SDAR, LLaDA2; DARE's block variant): the transitions are per (sample, block, local step),
+Block diffusion (SDAR, LLaDA2; yjyddq/DARE's block variant): the transitions are per (sample, block, local step),
 read from the rollout's ``block_step_map`` (no trajectory is stored): the state of block ``b`` before its local
 step ``k`` holds the tokens the block committed at local steps ``< k``. All blocks' ``k``-th local steps are
 one ``[noisy ; clean]`` forward (block-parallel replay: block ``b`` of the noisy copy sees itself and the clean
@@ -38,11 +38,11 @@ class CJGRPOConfig(PPOConfig):
     name: str = "cj_grpo"
     """Algorithm name."""
     advantage: str = "mean"
-    """Group advantage (CJ-GRPO: mean-only; DARE: zscore)."""
+    """Group advantage (CJ-GRPO: mean-only; yjyddq/DARE: zscore)."""
     inner_steps: int = 12
     """mu."""
     clip_low: float = 0.5
-    """Ratio clip epsilon (CJ-GRPO: 0.5; DARE: 0.2)."""
+    """Ratio clip epsilon (CJ-GRPO: 0.5; yjyddq/DARE: 0.2)."""
     kl_coef: float = 0.04
     """beta of the k3 KL to the reference."""
     train_post_eos: bool = False

@@ -25,13 +25,13 @@ class D1Config(PPOConfig):
     name: str = "d1"
     """Algorithm name."""
     advantage: str = "mean"
-    """Group advantage (d1: mean-only; DARE's port: zscore)."""
+    """Group advantage (d1: mean-only; yjyddq/DARE's port: zscore)."""
     inner_steps: int = 12
     """mu (d1 num_iterations)."""
     clip_low: float = 0.5
-    """Ratio clip epsilon (d1: 0.5; DARE: 0.2)."""
+    """Ratio clip epsilon (d1: 0.5; yjyddq/DARE: 0.2)."""
     kl_coef: float = 0.04
-    """beta of the k3 KL to the reference (d1: 0.04; DARE: 0)."""
+    """beta of the k3 KL to the reference (d1: 0.04; yjyddq/DARE: 0)."""
     p_mask_prompt: float = 0.15
     """Probability of masking each prompt token in the one-step estimator."""
 

@@ -51,7 +51,7 @@ class EBPOConfig(PPOConfig):
     clip_low: float = 0.2
     """epsilon_low of the sequence ratio clip."""
     kl_coef: float = 0.0
-    """beta of the KL between the policy's and the reference's composite ELBO (DARE: off)."""
+    """beta of the KL between the policy's and the reference's composite ELBO (yjyddq/DARE: off)."""
 
     def __post_init__(self):
         super().__post_init__()

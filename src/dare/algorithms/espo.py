@@ -20,8 +20,8 @@ Deviations from the reference (``ML-GSAI/ESPO`` ``espo_trainer.py``; DARE ``llad
   depend on micro-batching or the number of processes (with ``mc_num = 1`` the marginal is the same).
 * Masks come from per-rollout generators (``example_generator``), not from re-seeding the global RNG.
 * ``scope = generation`` (default) is the reference (all generated positions, the EOS padding included, ``L`` = the
-  generation length); ``scope = completion`` is DARE's padding-aware port (tokens up to the first EOS, ``L`` = that
-  count). Positions outside the scope stay clean in both views.
+  generation length); ``scope = completion`` is yjyddq/DARE's padding-aware port (tokens up to the first EOS,
+  ``L`` = that count). Positions outside the scope stay clean in both views.
 * The reference keeps every view's graph for one backward; the two-pass gradient is exact with one graph alive.
 * The reference re-syncs the LoRA reference every 64 steps (``sync_ref_model``); the reference here stays the
   initial policy.

@@ -11,7 +11,7 @@ sampler's returned per-step log-probs (``rollout_logprobs``). Parallel decoding 
 
 Loss: token-level clipped GRPO (algorithms.md §0.3) with the rollout's advantages,
 ``sum_{i,j} m_ij [-min(rho A_i, clip(rho) A_i) + beta KL_ij] / N`` with ``N = G * #{i: A_i != 0}`` (``normalize =
-generation``, grpo.py: ``gain / gen_length / valid_samples``) or ``N = sum m`` (``normalize = tokens``, DARE's
+generation``, grpo.py: ``gain / gen_length / valid_samples``) or ``N = sum m`` (``normalize = tokens``, yjyddq/DARE's
 token-mean). Every scored position needs its own view ``[x ; y_<j ; M ... M]`` (bidirectional attention: the
 prompt's states depend on which completion tokens are visible, so views share no computation). The views are
 built per (rollout, position) pair and only where a term exists: positions up to the row's first EOS (later
@@ -64,9 +64,9 @@ class JustGRPOConfig(PPOConfig):
     """beta of the KL to the reference (JustGRPO: none)."""
     normalize: str = "generation"
     """Loss normaliser: generation (generation length x rollouts with a non-zero advantage; JustGRPO) or tokens
-    (completion tokens of the batch; DARE's token-mean)."""
+    (completion tokens of the batch; yjyddq/DARE's token-mean)."""
     positions_per_forward: int = 1
-    """Generated columns whose left-to-right views share one forward (JustGRPO: 1; DARE's
+    """Generated columns whose left-to-right views share one forward (JustGRPO: 1; yjyddq/DARE's
     justgrpo_position_chunk_size); a memory knob that does not change the result."""
     skip_zero_advantage: bool = True
     """Training pass: leave out the views of rollouts with advantage 0 when kl_coef = 0 (their loss terms and

@@ -41,7 +41,7 @@ class SFTConfig(AlgorithmConfig):
     """Loss normalisation: llada (per-answer length, then / #sequences), d1 (/ #answer tokens), batch
     (/ #sequences), masked (/ #masked tokens; DARE trainers, not the NELBO). Aliases: sequence, token."""
     inverse_t: bool = True
-    """Weight each masked token by 1/p_mask (the NELBO); false = unweighted CE (DARE's LLaDA2 SFT)."""
+    """Weight each masked token by 1/p_mask (the NELBO); false = unweighted CE (yjyddq/DARE's LLaDA2 SFT)."""
     block_size: int | None = None
     """Block-causal families: block length of the [noisy ; clean] training layout (and of per_block_t); null = the
     model's (config.json block_size, else the family default: SDAR 4, LLaDA2 32). Must match inference."""

@@ -5,7 +5,7 @@ corruptions (stratified discrete mask counts, VRPO's "one mask per timestep"), s
 policy and the reference (antithetic sampling: equal models give exactly equal ELBOs). With
 ``B(y) = mean_m sum_{masked} log p / p_m / elbo_divisor``:
 ``L = -mean_pairs log sigmoid(beta [(B_theta(y_w) - B_ref(y_w)) - (B_theta(y_l) - B_ref(y_l))])``.
-``elbo_divisor`` = 1 is the paper's raw ELBO; DARE's port divides by the padded response length (e.g. 512).
+``elbo_divisor`` = 1 is the paper's raw ELBO; yjyddq/DARE's port divides by the padded response length (e.g. 512).
 ``dpo`` is the same objective with one (unstratified) ELBO sample.
 """
 
@@ -30,13 +30,13 @@ class VRPOConfig(AlgorithmConfig):
     beta: float = 0.2
     """DPO temperature beta."""
     mc_num: int = 4
-    """ELBO samples per response (DARE: 4; paper budget: 8)."""
+    """ELBO samples per response (yjyddq/DARE: 4; paper budget: 8)."""
     stratified: bool = True
     """Spread the mask counts over strata (VRPO); false = independent draws."""
     schedule: str = "discrete"
     """Masking schedule of the ELBO samples: discrete (l ~ U{1..L}) or continuous (t ~ U(1e-3, 1))."""
     elbo_divisor: float = 1.0
-    """Divide the ELBO by this constant before the DPO logit (1 = raw ELBO; DARE: the padded length)."""
+    """Divide the ELBO by this constant before the DPO logit (1 = raw ELBO; yjyddq/DARE: the padded length)."""
 
     def __post_init__(self):
         if self.mc_num < 1 or self.beta <= 0 or self.elbo_divisor <= 0:

@@ -275,7 +275,7 @@ def samples_for(bench, lines, data_samples=None, data_name: str = "--data"):
                     sample = bench.parse_row(obj, lineno)
                 elif "answer" in obj:
                     sid = key or stable_id(obj.get("question", lineno))
-                    sample = bench.from_answer(obj["answer"], id=sid, question=str(obj.get("question", "")))
+                    sample = bench.from_answer(obj["answer"], id=sid, question=str(obj.get("question", "")), row=obj)
                 else:
                     raise InputError(f"needs \"answer\" or the native fields ({', '.join(bench.native_keys)})")
             except InputError as err:

@@ -214,7 +214,9 @@ def reject_flag_and_option(flags: dict, options: dict) -> None:
 
 def parse_options(items: list[str], what: str = "-o") -> dict:
     """``["key=value", ...]`` -> ``{key: parsed value}`` (numbers, booleans, ``null`` = None, lists; else the text).
-    A key given twice is a one-line error (``what`` names where the items come from, e.g. ``-o``)."""
+    A key given twice with different values is a one-line error (``what`` names where the items come from, e.g.
+    ``-o``); the same value repeated changes nothing and is accepted, as for a command-line flag
+    (:class:`dare.cli.StoreOnce`). Values are compared with their types (``1``, ``1.0`` and ``true`` differ)."""
     from dare.errors import ConfigError
 
     values = {}
@@ -224,7 +226,7 @@ def parse_options(items: list[str], what: str = "-o") -> dict:
             raise ConfigError(f"--option expects KEY=VALUE; got '{item}'")
         key = key.strip().replace("-", "_")
         parsed = _parse_value(value.strip())
-        if key in values:
+        if key in values and repr(values[key]) != repr(parsed):
             raise ConfigError(f"{what} sets {key} twice ({key}={values[key]} and {key}={parsed}); give it once")
         values[key] = parsed
     return values

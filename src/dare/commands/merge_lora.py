@@ -25,7 +25,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from dare.outputs import ensure_dir
 
-    ensure_dir(Path(args.out).parent, "--out")  # before the models are loaded
+    ensure_dir(Path(args.out).parent, "--out", target=args.out)  # before the models are loaded
     from dare.models.lora import merge_adapter
 
     out = merge_adapter(args.adapter, args.out, base=args.base, dtype=args.dtype, what="--out")

@@ -22,12 +22,32 @@ import torch.nn as nn
 from dare.errors import ConfigError
 
 
+def check_expert_degree(degree: int, world_size: int) -> None:
+    """One-line error unless ``degree`` (``distributed.expert_parallel``) divides the ``world_size`` processes."""
+    if degree < 1 or world_size % degree:
+        raise ConfigError(f"distributed.expert_parallel={degree} must divide the world size {world_size}")
+
+
+def check_expert_banks(model: nn.Module, size: int) -> list:
+    """The :class:`~dare.models.moe.ExpertBank` modules of ``model`` (meta-device skeletons too), with a one-line
+    error when there are none (no MoE model) or ``size`` ranks cannot split a bank's experts evenly."""
+    from dare.models.moe import ExpertBank
+
+    banks = [m for m in model.modules() if isinstance(m, ExpertBank)]
+    if not banks:
+        raise ConfigError("distributed.expert_parallel > 1 needs a mixture-of-experts model (no MoE layer found)")
+    for bank in banks:
+        if bank.num_experts % size:
+            raise ConfigError(
+                f"distributed.expert_parallel={size} must divide the number of experts {bank.num_experts}")
+    return banks
+
+
 def expert_parallel_mesh(info, degree: int):
     """The ``(expert_replicas, expert)`` mesh for ``degree``-way expert parallelism over ``info.world_size`` ranks."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    if degree < 1 or info.world_size % degree:
-        raise ConfigError(f"distributed.expert_parallel={degree} must divide the world size {info.world_size}")
+    check_expert_degree(degree, info.world_size)
     return init_device_mesh(info.device.type, (info.world_size // degree, degree),
                             mesh_dim_names=("expert_replicas", "expert"))
 
@@ -42,16 +62,9 @@ def shard_experts(model: nn.Module, mesh) -> int:
     """
     from torch.distributed.tensor import DTensor, Shard
 
-    from dare.models.moe import ExpertBank
-
     size, rank = mesh.size(), mesh.get_local_rank()
-    banks = [m for m in model.modules() if isinstance(m, ExpertBank)]
-    if not banks:
-        raise ConfigError("distributed.expert_parallel > 1 needs a mixture-of-experts model (no MoE layer found)")
+    banks = check_expert_banks(model, size)
     for bank in banks:
-        if bank.num_experts % size:
-            raise ConfigError(
-                f"distributed.expert_parallel={size} must divide the number of experts {bank.num_experts}")
         if bank.num_local_experts != bank.num_experts:
             raise ConfigError("experts are already sharded (shard_experts called twice)")
     for bank in banks:

@@ -134,15 +134,20 @@ def attention_heads(config) -> int | None:
     return None
 
 
+def check_sequence_degree(degree: int, world_size: int) -> None:
+    """One-line error unless ``degree`` (``distributed.sequence_parallel``) divides the ``world_size`` processes."""
+    if degree < 1:
+        raise ConfigError(f"distributed.sequence_parallel must be >= 1; got {degree}")
+    if world_size % degree:
+        raise ConfigError(f"distributed.sequence_parallel={degree} must divide the number of processes "
+                          f"({world_size}); launch with torchrun --nproc_per_node a multiple of it")
+
+
 def build_sequence_parallel(info: DistInfo, degree: int) -> tuple[SequenceParallel, DistInfo]:
     """The ``(data, sequence)`` mesh of ``info``'s world: this rank's :class:`SequenceParallel` and the
     data-parallel view of ``info`` (rank / world size / process group of the data dimension: what data sources,
     loss normalisers and metric sums use). One-line errors when ``degree`` does not divide the world size."""
-    if degree < 1:
-        raise ConfigError(f"distributed.sequence_parallel must be >= 1; got {degree}")
-    if info.world_size % degree:
-        raise ConfigError(f"distributed.sequence_parallel={degree} must divide the number of processes "
-                          f"({info.world_size}); launch with torchrun --nproc_per_node a multiple of it")
+    check_sequence_degree(degree, info.world_size)
     from torch.distributed.device_mesh import init_device_mesh
 
     mesh = init_device_mesh(info.device.type, (info.world_size // degree, degree),

@@ -110,6 +110,9 @@ class Benchmark:
     ``ValueError`` for an answer of the wrong form."""
     packaged: Callable[[], str | None] | None = None
     """Path of data shipped by an installed package (tried before ``hf`` when no source is given)."""
+    check_row: Callable[[Mapping[str, Any]], None] | None = None
+    """Refuses (``ValueError``) a row the benchmark cannot score whatever its answer (GSM8K: a multiple-choice row):
+    ``parse`` calls it for data rows, :meth:`from_answer` for generic prediction lines."""
 
     # ------------------------------------------------------------------------------- samples
 
@@ -139,13 +142,16 @@ class Benchmark:
     def is_native(self, row: Mapping[str, Any]) -> bool:
         return all(key in row for key in self.native_keys)
 
-    def from_answer(self, answer: Any, id: str, question: str = "") -> Sample:
-        """A Sample from a generic ``{"id", "answer"}`` prediction line."""
+    def from_answer(self, answer: Any, id: str, question: str = "", row: Mapping[str, Any] | None = None) -> Sample:
+        """A Sample from a generic ``{"id", "answer"}`` prediction line (``row``: the whole line, refused as the
+        data's rows are by :attr:`check_row`)."""
         if self.answer_to_target is None:
             raise InputError(
                 f"{self.name}: prediction lines need the native fields ({', '.join(self.native_keys)}), not just 'answer'"
             )
         try:
+            if row is not None and self.check_row is not None:
+                self.check_row(row)
             target = self.answer_to_target(answer)
         except ValueError as err:  # e.g. a choice answer that is no option
             raise InputError(f"{self.name}: {err}") from None

@@ -123,11 +123,17 @@ def gsm8k_answer(answer: Any) -> str:
     return gold
 
 
-def _parse_gsm8k(row: Mapping[str, Any], index: int) -> Sample:
+def _refuse_choices(row: Mapping[str, Any]) -> None:
+    """ValueError for a GSM8K row with ``choices`` / ``options``: an MMLU-style row, whose number is an option index,
+    not a gold number (a data row and a prediction line alike)."""
     choices = next((key for key in ("choices", "options") if key in row), None)
-    if choices is not None:  # an MMLU-style row: its number is an option index, not a gold number
+    if choices is not None:
         raise ValueError(f"it has '{choices}' (multiple-choice data: its 'answer' {row.get('answer')!r:.40} is an "
                          "option index, not the gold number)")
+
+
+def _parse_gsm8k(row: Mapping[str, Any], index: int) -> Sample:
+    _refuse_choices(row)
     gold = gsm8k_answer(row["answer"])
     return Sample(
         id=_id(row, index, "gsm8k", "id", "idx"),
@@ -437,7 +443,7 @@ register_benchmark(Benchmark(
         "few_shot": PromptTemplate(question="Question: {question}\nAnswer:", answer=" {solution}", stop=("\nQuestion:",)),
     },
     hf=HFSource("openai/gsm8k", "main", "test", "train"), generation=GenerationDefaults(max_new_tokens=256),
-    answer_to_target=lambda a: {"answer": gsm8k_answer(a)},
+    answer_to_target=lambda a: {"answer": gsm8k_answer(a)}, check_row=_refuse_choices,
 ), aliases=("gsm",))
 register_benchmark(Benchmark(
     name="math", description="MATH (Hendrycks) competition problems, boxed answer", reward="math",

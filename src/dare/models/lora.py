@@ -103,7 +103,7 @@ def merge_adapter(adapter: str, out_dir: str, base: str | None = None, dtype="au
     check_apart(out_dir, what, inputs)  # replacing out_dir would delete them
     check_merge_target(out_dir, what)  # a trained model, a run or a user's files are never replaced
     out = absolute_path(out_dir)  # `--out .`: Path(".").name is empty
-    ensure_dir(out.parent, what)
+    ensure_dir(out.parent, what, target=out_dir)
     with loading_errors(base, adapter):  # e.g. an adapter trained on another family: one line
         model = load_model(base, adapter=adapter, dtype=dtype)
 

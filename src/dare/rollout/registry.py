@@ -2,7 +2,8 @@
 
 It sits below the loops and :mod:`dare.rollout.config` (which resolves a config against its preset), and the
 loops' modules register the built-in samplers (:mod:`dare.rollout.samplers`). Adding a sampler is one
-:func:`dare.rollout.register_sampler` call; hooks left ``None`` run the masked-diffusion loop.
+:func:`dare.rollout.register_sampler` call; hooks left ``None`` run the masked-diffusion loop, and ``defaults``
+keys left out take that loop's base preset.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ class Sampler:
     Attributes:
         name: registry key (``SamplerConfig.sampler``).
         description: one line for ``--help`` and docs.
-        defaults: values for the ``SamplerConfig`` fields the user leaves as ``None``.
+        defaults: values for the ``SamplerConfig`` fields the user leaves as ``None``; keys left out here take the
+            base preset of the sampler's loop at registration (``llada``'s, one block; ``sdar``'s for the block loop).
         run: ``run(model, input_ids, attention_mask, resolved_config, *, example_ids, progress) -> RolloutOutput``
             (None: :func:`dare.rollout.mdlm.denoise_mdlm`).
         finalize: ``finalize(values, given)`` completes the field dict of ``SamplerConfig.resolved`` after the

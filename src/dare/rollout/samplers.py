@@ -31,8 +31,12 @@ MDLM_HOOKS = dict(run=mdlm.denoise_mdlm, finalize=mdlm.finalize_config, check=md
 
 
 def register_sampler(sampler: Sampler) -> Sampler:
-    """Register ``sampler`` (its ``None`` hooks filled with :data:`MDLM_HOOKS`); returns the registered one."""
-    sampler = dataclasses.replace(sampler, **{k: v for k, v in MDLM_HOOKS.items() if getattr(sampler, k) is None})
+    """Register ``sampler``; returns the registered one. Its ``None`` hooks are filled with :data:`MDLM_HOOKS`, and
+    the ``defaults`` keys it leaves out with its loop's base preset (:data:`BLOCK_BASE` for the block loop, else
+    :data:`MDLM_BASE`), so ``Sampler("s", "...", {"block_length": 4})`` decodes as ``llada`` with blocks of 4."""
+    hooks = {k: v for k, v in MDLM_HOOKS.items() if getattr(sampler, k) is None}
+    base = BLOCK_BASE if sampler.run is block.denoise_blocks else MDLM_BASE
+    sampler = dataclasses.replace(sampler, defaults={**base, **sampler.defaults}, **hooks)
     SAMPLERS[sampler.name] = sampler
     return sampler
 
@@ -47,10 +51,23 @@ def default_sampler(model) -> str:
 _LLADA = dict(confidence="prob", confidence_source="logits", confidence_dtype="model", schedule="linear")
 _DREAM = dict(confidence="neg_entropy", confidence_source="sampling", confidence_dtype="model", schedule="timestep")
 
+# Block diffusion: confidence = probability of the drawn token under the sampling distribution (softmax of
+# the filtered, tempered logits, top-k before top-p), in the logits' dtype; exact block KV cache.
+_BLOCK = dict(confidence="prob", confidence_source="sampling", confidence_dtype="model", schedule="linear",
+              top_k_first=True, cache="block")
+_BLOCK_HOOKS = dict(run=block.denoise_blocks, finalize=block.finalize_config, check=block.check_config,
+                    static_state=BlockState, attention="block_causal")
+
+MDLM_BASE = dict(_LLADA, decoder="quota", cache="none")
+"""The defaults of a masked-diffusion sampler's keys that its ``defaults`` leave out: the ``llada`` preset's, but
+one block (``block_length`` None: the generation length)."""
+BLOCK_BASE = dict(_BLOCK, block_length=4, decoder="dynamic", threshold=0.9)
+"""The defaults of a block-diffusion sampler's keys that its ``defaults`` leave out: the ``sdar`` preset."""
+
 register_sampler(Sampler(
     "llada",
     "LLaDA generate: semi-AR blocks, linear quota, float64 Gumbel-max, low-confidence remasking (bf16 softmax)",
-    dict(_LLADA, block_length=32, decoder="quota", cache="none"),
+    dict(MDLM_BASE, block_length=32),
     families=("llada", "llada_moe"),
 ))
 register_sampler(Sampler(
@@ -70,17 +87,10 @@ register_sampler(Sampler(
     dict(_DREAM, confidence="prob", block_length=32, decoder="threshold", cache="prefix"),
 ))
 
-# Block diffusion: confidence = probability of the drawn token under the sampling distribution (softmax of
-# the filtered, tempered logits, top-k before top-p), in the logits' dtype; exact block KV cache.
-_BLOCK = dict(confidence="prob", confidence_source="sampling", confidence_dtype="model", schedule="linear",
-              top_k_first=True, cache="block")
-_BLOCK_HOOKS = dict(run=block.denoise_blocks, finalize=block.finalize_config, check=block.check_config,
-                    static_state=BlockState, attention="block_causal")
-
 register_sampler(Sampler(
     "sdar",
     "SDAR/TraDo block_diffusion_generate: block 4, per-block steps, low_confidence_dynamic 0.9, block KV cache",
-    dict(_BLOCK, block_length=4, decoder="dynamic", threshold=0.9),
+    BLOCK_BASE,
     families=("sdar", "sdar_moe"), **_BLOCK_HOOKS,
 ))
 register_sampler(Sampler(

@@ -148,10 +148,20 @@ def read_trainer_state(path) -> dict:
     return torch.load(path / STATE_FILE, weights_only=False)
 
 
+def saved_sequence_parallel(trainer_state: dict) -> int:
+    """The ``distributed.sequence_parallel`` degree of the run that wrote a checkpoint (its trainer state's
+    ``config``; 1 when it records none)."""
+    distributed = (trainer_state.get("config") or {}).get("distributed") or {}
+    return int(distributed.get("sequence_parallel", 1) or 1)
+
+
 def load_checkpoint(path, model, optimizer, scheduler, info: DistInfo, *, trainable_only: bool = False,
-                    auxiliary: dict | None = None) -> dict:
+                    auxiliary: dict | None = None, sequence_parallel: int = 1) -> dict:
     """Restore model, optimizer, scheduler, the ``auxiliary`` ``(module, optimizer)`` pairs and this rank's RNG;
-    returns the trainer state (``step``, ...)."""
+    returns the trainer state (``step``, ...). The weights and optimizer state load under any layout
+    (torch.distributed.checkpoint reshards them: another number of processes, ``sequence_parallel`` degree or
+    expert-parallel degree); this rank's RNG and ``rank_state`` only when the ranks hold the data they held when
+    saved: the same world size and ``sequence_parallel`` (the degree of the resuming run)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import set_state_dict
 
@@ -168,7 +178,8 @@ def load_checkpoint(path, model, optimizer, scheduler, info: DistInfo, *, traina
                        optim_state_dict=state[f"{name}_optim"])
     scheduler.load_state_dict(trainer_state["scheduler"])
     rng_file = path / f"rng_rank{info.rank}.pt"
-    same_world = trainer_state.get("world_size") == info.world_size
+    same_world = (trainer_state.get("world_size") == info.world_size
+                  and saved_sequence_parallel(trainer_state) == sequence_parallel)
     if rng_file.is_file() and same_world:
         set_rng_state(torch.load(rng_file, weights_only=False))
     rank_file = path / f"state_rank{info.rank}.pt"

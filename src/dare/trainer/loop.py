@@ -112,7 +112,8 @@ class Trainer:
             record_given_model(cfg, model)  # where the given model comes from and its dtype, for config.yaml
         fill_rollout_defaults(cfg, model)  # the family's sampler, before config.yaml records it
         check_run(cfg, model=model is None, data=source is None, warn=self.info.is_main,  # what --dry-run checks
-                  family=family_of(model) if model is not None else None, device=self.info.device.type)
+                  family=family_of(model) if model is not None else None, device=self.info.device.type,
+                  world_size=self.info.world_size, launched=self.info.initialized)
         self.output_dir = Path(cfg.trainer.output_dir)
         self._lock, self._locked = OutputLock(self.output_dir), False
         self.resume_from = self._prepare_output_dir()  # locks the output directory (rank 0) until train() ends
@@ -321,15 +322,13 @@ class Trainer:
 
     def _sequence_parallel(self, base):
         """``(SequenceParallel | None, data-parallel DistInfo)`` for ``distributed.sequence_parallel``: the
-        (data x sequence) mesh and the view of this rank that data sources and global-batch sums use."""
+        (data x sequence) mesh and the view of this rank that data sources and global-batch sums use (the launch
+        was checked before loading: :func:`~dare.trainer.preflight.check_parallel`)."""
         degree = self.config.distributed.sequence_parallel
         if degree == 1:
             return None, self.info
         from dare.distributed.sequence import attention_heads, build_sequence_parallel
 
-        if not self.config.distributed.fsdp:
-            raise ConfigError("distributed.sequence_parallel > 1 needs distributed.fsdp=true (FSDP2 sums the "
-                              "gradients of the sequence shards)")
         sequence, data_info = build_sequence_parallel(self.info, degree)
         heads = attention_heads(base.config)
         if heads is not None:
@@ -338,7 +337,8 @@ class Trainer:
 
     def _expert_parallel(self, model) -> None:
         """``distributed.expert_parallel: N > 1``: shard the experts of every MoE layer over N ranks (the ``expert``
-        dimension of a 2-D mesh) and FSDP2-shard them over the ``expert_replicas`` dimension."""
+        dimension of a 2-D mesh) and FSDP2-shard them over the ``expert_replicas`` dimension (the launch was checked
+        before loading: :func:`~dare.trainer.preflight.check_parallel`)."""
         from dare.distributed import mixed_precision_policy
         from dare.distributed.expert_parallel import expert_parallel_mesh, shard_expert_replicas, shard_experts
         from dare.models.loading import unwrap
@@ -346,12 +346,6 @@ class Trainer:
         degree = self.config.distributed.expert_parallel
         if degree == 1:
             return
-        if not self.sharded:
-            raise ConfigError(
-                f"distributed.expert_parallel={degree} needs a torchrun launch with distributed.fsdp=true")
-        if self.algorithm.needs.rollout:
-            raise ConfigError("distributed.expert_parallel > 1 does not support RL rollouts yet (ranks decode "
-                              "different numbers of forwards; the expert all-to-all needs every rank in step)")
         mesh = expert_parallel_mesh(self.info, degree)
         shard_experts(unwrap(model), mesh["expert"])
         policy = mixed_precision_policy(self.config.distributed.mixed_precision, self.info.device)
@@ -523,7 +517,8 @@ class Trainer:
             self._truncate_logs(0)
             return
         state = load_checkpoint(path, self.model, self.optimizer, self.scheduler, self.info,
-                                trainable_only=self.trainable_only, auxiliary=self._auxiliary_pairs())
+                                trainable_only=self.trainable_only, auxiliary=self._auxiliary_pairs(),
+                                sequence_parallel=self.config.distributed.sequence_parallel)
         for name, sched_state in state.get("aux_schedulers", {}).items():
             self.aux_schedulers[name].load_state_dict(sched_state)
         self.source.load_state_dict(state.get("rank_state", {}).get("source", state.get("source", {})))

@@ -40,7 +40,8 @@ GENERATED_DATA = ("synthetic:", "benchmark:")
 
 
 def check_run(config, *, model: bool = True, data: bool = True, warn: bool = True, family=None,
-              device: str | None = None, dry_run: bool = False) -> None:
+              device: str | None = None, dry_run: bool = False, world_size: int | None = None,
+              launched: bool | None = None) -> None:
     """Raise the one-line error a run of ``config`` would raise for its model path, the algorithm's settings against
     the model family, ``model.attn_backend`` on the device, tokenizer path (or the model directory's tokenizer files),
     ``lora.target_modules`` against the model's module paths (:func:`check_lora_targets` on :func:`model_skeleton`),
@@ -48,7 +49,9 @@ def check_run(config, *, model: bool = True, data: bool = True, warn: bool = Tru
     ``data.pad_response_to`` against ``data.max_length`` (:func:`check_response_padding`), the global batch against
     the data's records (:func:`check_batch_fits`),
     ``trainer.resume`` or ``trainer.output_dir`` (another command's output or the user's files: refused before the
-    run writes there); ``model`` / ``data``: check those sections (False when the trainer is given its own model /
+    run writes there), ``distributed.sequence_parallel`` / ``expert_parallel`` against the launch
+    (:func:`check_parallel`; ``world_size`` processes, ``launched`` by torchrun: default, as torchrun's environment
+    variables say); ``model`` / ``data``: check those sections (False when the trainer is given its own model /
     batch source); ``family``: the model's :class:`~dare.models.spec.FamilySpec` (default: read from
     ``model.path``, no weights loaded); ``device``: ``cpu`` / ``cuda`` (default:
     :func:`dare.distributed.training_device`); ``warn``: log the settings the run ignores; ``dry_run``: say so when a
@@ -75,10 +78,20 @@ def check_run(config, *, model: bool = True, data: bool = True, warn: bool = Tru
     if model and config.model.tokenizer is None and (data or config.trainer.export):  # the model's own tokenizer
         check_tokenizer_path(config.model.path, "model.path")
     rollout_checked = data and needs.rollout and hasattr(algorithm, "check_rollout")
+    parallel = config.distributed.sequence_parallel > 1 or config.distributed.expert_parallel > 1
     skeleton = (model_skeleton(config.model.path) if model and family is not None
-                and (config.lora.enabled or rollout_checked) else None)  # built once for both checks
+                and (config.lora.enabled or rollout_checked or parallel) else None)  # built once for every check
     if config.lora.enabled and skeleton is not None:
         check_lora_targets(config.lora.target_modules, skeleton)
+    if launched is None:
+        from dare.distributed import launched_by_torchrun
+
+        launched = launched_by_torchrun()
+    if world_size is None:
+        import os
+
+        world_size = int(os.environ.get("WORLD_SIZE", 1)) if launched else 1
+    check_parallel(config, needs, world_size, launched, skeleton)
     if data and needs.rollout:
         from dare.trainer.prompts import check_prompt_path
         from dare.trainer.rl import check_rollout_batch, rollout_reward, rollout_sampler
@@ -102,6 +115,38 @@ def check_run(config, *, model: bool = True, data: bool = True, warn: bool = Tru
     check_output_dir(config.trainer.output_dir)  # after the config's own mistakes
     if warn:
         warn_unused(config, needs)
+
+
+def check_parallel(config, needs, world_size: int, launched: bool, skeleton=None) -> None:
+    """The run's one-line errors for ``distributed.sequence_parallel`` / ``distributed.expert_parallel`` above 1 in
+    a launch of ``world_size`` processes (``launched``: by torchrun, with a process group; ``needs``: the
+    algorithm's): FSDP2 (and for experts a torchrun launch) is needed, the degree must divide the number of
+    processes, expert parallelism makes no rollouts, and on the model's meta-device ``skeleton`` (None: not checked
+    here; the run checks the loaded model) the degree must divide the attention heads / each MoE layer's experts."""
+    from dare.distributed.expert_parallel import check_expert_banks, check_expert_degree
+    from dare.distributed.sequence import SequenceParallel, attention_heads, check_sequence_degree
+
+    distributed = config.distributed
+    degree = distributed.sequence_parallel
+    if degree > 1:
+        if not distributed.fsdp:
+            raise ConfigError("distributed.sequence_parallel > 1 needs distributed.fsdp=true (FSDP2 sums the "
+                              "gradients of the sequence shards)")
+        check_sequence_degree(degree, world_size)
+        heads = attention_heads(skeleton.config) if skeleton is not None else None
+        if heads is not None:
+            SequenceParallel(group=None, degree=degree, rank=0).check_heads(heads)
+    degree = distributed.expert_parallel
+    if degree > 1:
+        if not (launched and distributed.fsdp):
+            raise ConfigError(f"distributed.expert_parallel={degree} needs a torchrun launch with "
+                              "distributed.fsdp=true")
+        if needs.rollout:
+            raise ConfigError("distributed.expert_parallel > 1 does not support RL rollouts yet (ranks decode "
+                              "different numbers of forwards; the expert all-to-all needs every rank in step)")
+        check_expert_degree(degree, world_size)
+        if skeleton is not None:
+            check_expert_banks(skeleton, degree)
 
 
 def check_rollout_engine(sampler, device: str) -> None:
@@ -362,8 +407,15 @@ def changed(value, default, prefix: str) -> list[str]:
     return keys
 
 
+PACKED_EOS_NOTE = ("note: data.packing=true: packed rows get no EOS padding (data.eos_padding=true pads only padded "
+                   "rows with trained EOS), so the loss differs from a padded run's; set data.eos_padding=false to "
+                   "compare packed and padded runs")
+"""Said at the start of an SFT run that packs while ``data.eos_padding`` is on (:func:`warn_unused`)."""
+
+
 def warn_unused(config, needs) -> None:
-    """One warning line per section whose non-default settings this run ignores."""
+    """One warning line per section whose non-default settings this run ignores, and the note of a packed SFT run
+    under ``data.eos_padding`` (:data:`PACKED_EOS_NOTE`)."""
     from dare.trainer.config import DataConfig, LoraConfig, RolloutConfig
 
     name = config.algorithm.name
@@ -380,6 +432,8 @@ def warn_unused(config, needs) -> None:
         log.warning(f"warning: ignoring {', '.join(data)}: not used by algorithm '{name}' (it trains on {what})")
     elif kind == "dataset" and config.data.pack_length is not None and not config.data.packing:
         log.warning("warning: ignoring data.pack_length: data.packing is false")
+    if kind == "dataset" and config.data.packing and config.data.eos_padding:
+        log.warning(PACKED_EOS_NOTE)
     if config.data.path.startswith(GENERATED_DATA):
         keys = [k for k in changed(config.data, DataConfig(), "data.") if k.split(".")[1] in RECORD_KEYS
                 and k not in data]
@@ -440,8 +494,8 @@ def overridden(config) -> list[tuple[str, str]]:
     return moot
 
 
-__all__ = ["LORA_LAYERS", "METRIC_PACKAGES", "OVERRIDDEN", "UNUSED_DATA", "changed", "check_attn_backend",
-           "check_batch_fits", "check_lora_targets", "check_metric_packages", "check_response_padding",
-           "check_relative", "check_rollout_engine", "check_run", "check_tokenizer_path", "fill_rollout_defaults",
-           "known_family", "model_dtype", "model_skeleton", "overridden", "record_given_model",
-           "tokenizer_load_error", "warn_unused"]
+__all__ = ["LORA_LAYERS", "METRIC_PACKAGES", "OVERRIDDEN", "PACKED_EOS_NOTE", "UNUSED_DATA", "changed",
+           "check_attn_backend", "check_batch_fits", "check_lora_targets", "check_metric_packages", "check_parallel",
+           "check_response_padding", "check_relative", "check_rollout_engine", "check_run", "check_tokenizer_path",
+           "fill_rollout_defaults", "known_family", "model_dtype", "model_skeleton", "overridden",
+           "record_given_model", "tokenizer_load_error", "warn_unused"]

@@ -2,7 +2,8 @@
 
 ``trainer.resume=auto`` continues a run only when the saved run's **training-relevant settings** equal the new
 ones: every key of the resolved config except the :data:`FREE_KEYS` (where files go, logging, checkpoint cadence,
-device placement and speed options that do not change the numbers a step computes). ``trainer.max_steps`` and
+device placement, speed options and the process layout, none of which changes the numbers a step computes:
+checkpoints reshard to another number of processes or sequence- / expert-parallel degree). ``trainer.max_steps`` and
 ``trainer.epochs`` are free too (extend or shorten a run) unless the learning-rate schedule depends on the total
 number of steps (cosine / linear decay, or ``optim.warmup_ratio``), where they change the weights of every step.
 The ``rollout`` section is free for algorithms that make no rollouts (SFT, DPO/VRPO).
@@ -27,6 +28,7 @@ FREE_KEYS = frozenset({
     "trainer.export", "trainer.progress", "trainer.tensorboard", "trainer.wandb", "trainer.wandb_project",
     "trainer.micro_batch_size",  # gradients are sums over micro-batches: the split does not change them
     "distributed.backend", "distributed.device", "distributed.fsdp", "distributed.reshard_after_forward",
+    "distributed.sequence_parallel", "distributed.expert_parallel",  # layouts: the same loss (checkpoints reshard)
     "model.gradient_checkpointing", "model.compile", "model.compile_backend", "model.logits_chunk_size",
     "model.attn_backend",
     "rollout.chunk_size", "rollout.samples_file", "rollout.samples_per_step",
@@ -76,10 +78,13 @@ def makes_rollouts(settings: dict) -> bool:
 
 
 def relevant(settings: dict) -> dict:
-    """The training-relevant keys of a resolved config (as plain data), flattened."""
+    """The training-relevant keys of a resolved config (as plain data), flattened. ``data.eos_padding`` is free in a
+    packed run (``data.packing``): packed rows carry no EOS padding either way."""
     free = set(FREE_KEYS)
     if not schedule_depends_on_length(settings):
         free.update(LENGTH_KEYS)
+    if (settings.get("data") or {}).get("packing"):
+        free.add("data.eos_padding")
     rollouts = makes_rollouts(settings)
     return {key: value for key, value in flatten(settings).items()
             if key not in free and (rollouts or not key.startswith("rollout."))}

@@ -181,8 +181,8 @@ class RolloutSource:
             return (f"warning: {where} were never made: rolling them out now with the current policy. "
                     "Trainer.train_step(step) takes the 0-based index of the step to run: the first step is "
                     "train_step(0), the next one train_step(trainer.step)")
-        return (f"warning: {where} are not cached (resumed with another world size?): rolling them out again "
-                "with the current policy")
+        return (f"warning: {where} are not cached (resumed with another world size or "
+                "distributed.sequence_parallel?): rolling them out again with the current policy")
 
     def state_dict(self) -> dict:
         if self._cache is None or (self._last_step + 1) % self.mu == 0:
