@@ -154,6 +154,19 @@ def test_the_same_option_value_given_twice_is_accepted_as_for_a_flag():
             parse_options([first, second])
 
 
+def test_the_same_value_by_flag_and_by_option_is_accepted():
+    """Before: ``--temperature 0.5 -o temperature=0.5`` was "temperature is given twice"; different values (and a
+    boolean for a number) still are."""
+    from dare.commands.generate import reject_flag_and_option
+    from dare.errors import ConfigError
+
+    reject_flag_and_option({"temperature": 0.5, "steps": 4, "cache": "none"},
+                           {"temperature": 0.5, "steps": 4.0, "cache": "none"})
+    for flags, options in (({"temperature": 0.5}, {"temperature": 0.9}), ({"steps": 1}, {"steps": True})):
+        with pytest.raises(ConfigError, match="is given twice"):
+            reject_flag_and_option(flags, options)
+
+
 def test_block_steps_in_likelihood_mode_is_refused_like_every_other_decoding_flag(capsys, no_model):
     line = one_line_error(capsys, *mmlu_run("--block-steps", "4"))
     assert line == "error: --block-steps applies to generation; mmlu is scored by likelihood here (add --mode generate)"

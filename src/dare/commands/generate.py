@@ -203,11 +203,13 @@ def flag_of(field: str) -> str:
 
 def reject_flag_and_option(flags: dict, options: dict) -> None:
     """One-line :class:`ConfigError` when a setting is given both by its flag (``flags``) and by ``-o``
-    (``options``): neither silently wins."""
+    (``options``) with different values: neither silently wins (the same value twice changes nothing: accepted,
+    as for a repeated flag; ``--temperature 1 -o temperature=1`` is the same value, ``true`` and ``1`` are not)."""
     from dare.errors import ConfigError
 
     for key, value in options.items():
-        if key in flags:
+        same = key in flags and flags[key] == value and isinstance(flags[key], bool) == isinstance(value, bool)
+        if key in flags and not same:
             raise ConfigError(f"{key} is given twice, as {flag_of(key)} {flags[key]} and as -o {key}={value}; "
                               "give it once")
 
