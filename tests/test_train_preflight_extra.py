@@ -93,6 +93,10 @@ def test_the_dry_run_fails_with_the_runs_error(case, tmp_path, capsys):
      "error: distributed.expert_parallel > 1 does not support RL rollouts yet (ranks decode different numbers of "
      "forwards; the expert all-to-all needs every rank in step)"),
     ("llada2/sft_tiny", 4, ["distributed.expert_parallel=4"], None),
+    ("sdar/tracerl_tiny", 2, ["distributed.sequence_parallel=2"],  # before: refused only once the models loaded
+     "error: algorithm tracerl trains auxiliary models (value), which do not support distributed.sequence_parallel "
+     "> 1"),
+    ("sdar/tracerl_tiny", 2, ["distributed.sequence_parallel=2", "algorithm.value_model=false"], None),
 ])
 def test_a_dry_run_under_torchrun_checks_the_parallel_degrees_against_its_world(recipe, world, overrides, expected,
                                                                                 tmp_path, capsys, monkeypatch):

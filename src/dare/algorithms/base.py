@@ -137,9 +137,16 @@ class Algorithm:
         """One-line :class:`ConfigError` when ``rollout.group_size`` (``group_size``) cannot train this algorithm with
         section ``config``; the config validation calls it for algorithms that make rollouts. Default: any size."""
 
+    @classmethod
+    def auxiliary_names(cls, config) -> tuple[str, ...]:
+        """The names of the models :meth:`auxiliary_models` trains under section ``config``, known before any model
+        loads (``--dry-run`` checks them against ``distributed.sequence_parallel``). Default: none."""
+        return ()
+
     def auxiliary_models(self, load_backbone) -> dict[str, Auxiliary]:
-        """Models trained alongside the policy, by name (called once after ``bind_model``); ``load_backbone()``
-        returns a fresh copy of the initial policy weights (a ``DiffusionLM``). Default: none."""
+        """Models trained alongside the policy, by name (called once after ``bind_model``; the names are
+        :meth:`auxiliary_names`'); ``load_backbone()`` returns a fresh copy of the initial policy weights (a
+        ``DiffusionLM``). Default: none."""
         return {}
 
     def corrupt(self, batch: TensorDict, step: int) -> TensorDict:

@@ -148,6 +148,10 @@ class TraceRL(TermwiseMixin, RLAlgorithm):
         self.needs = dataclasses.replace(self.needs, reference=False)  # the KL is to the old policy
 
     # ---- value model -------------------------------------------------------------------------------------
+    @classmethod
+    def auxiliary_names(cls, config) -> tuple[str, ...]:
+        return ("value",) if config.value_model else ()
+
     def auxiliary_models(self, load_backbone) -> dict[str, Auxiliary]:
         if not self.config.value_model:
             return {}

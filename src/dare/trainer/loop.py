@@ -50,7 +50,8 @@ from dare.trainer.checkpoint import load_checkpoint, remove_partial_checkpoints,
 from dare.trainer.config import TrainConfig, config_dict, revalidate
 from dare.trainer.metrics import MetricsLogger, truncate_jsonl
 from dare.trainer.preflight import (
-    check_lora_targets, check_run, fill_rollout_defaults, record_given_model, tokenizer_load_error,
+    check_auxiliary_sequence, check_lora_targets, check_run, fill_rollout_defaults, record_given_model,
+    tokenizer_load_error,
 )
 from dare.trainer.output_dir import COMMAND as RUN_COMMAND
 from dare.trainer.output_dir import OutputLock
@@ -168,9 +169,8 @@ class Trainer:
         self.model = model.train()
 
         self.auxiliary = self.algorithm.auxiliary_models(self._load_backbone)
-        if self.auxiliary and self.sequence is not None:
-            raise ConfigError(f"algorithm {cfg.algorithm.name} trains auxiliary models ({', '.join(self.auxiliary)}), "
-                              "which do not support distributed.sequence_parallel > 1")
+        if self.sequence is not None:  # also checked before loading (preflight.check_parallel: auxiliary_names)
+            check_auxiliary_sequence(cfg.algorithm.name, list(self.auxiliary))
         for aux in self.auxiliary.values():
             if self.sharded:
                 apply_fsdp(aux.module, aux.blocks or [], self.info, cfg.distributed.mixed_precision,

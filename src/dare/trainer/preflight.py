@@ -117,12 +117,21 @@ def check_run(config, *, model: bool = True, data: bool = True, warn: bool = Tru
         warn_unused(config, needs)
 
 
+def check_auxiliary_sequence(algorithm: str, names) -> None:
+    """One-line error for ``distributed.sequence_parallel > 1`` with an algorithm that trains auxiliary models
+    ``names`` (TraceRL's value model): they are not split over the sequence ranks."""
+    if names:
+        raise ConfigError(f"algorithm {algorithm} trains auxiliary models ({', '.join(names)}), which do not support "
+                          "distributed.sequence_parallel > 1")
+
+
 def check_parallel(config, needs, world_size: int, launched: bool, skeleton=None) -> None:
     """The run's one-line errors for ``distributed.sequence_parallel`` / ``distributed.expert_parallel`` above 1 in
     a launch of ``world_size`` processes (``launched``: by torchrun, with a process group; ``needs``: the
     algorithm's): FSDP2 (and for experts a torchrun launch) is needed, the degree must divide the number of
     processes, expert parallelism makes no rollouts, and on the model's meta-device ``skeleton`` (None: not checked
     here; the run checks the loaded model) the degree must divide the attention heads / each MoE layer's experts."""
+    from dare.algorithms import get_algorithm
     from dare.distributed.expert_parallel import check_expert_banks, check_expert_degree
     from dare.distributed.sequence import SequenceParallel, attention_heads, check_sequence_degree
 
@@ -133,6 +142,8 @@ def check_parallel(config, needs, world_size: int, launched: bool, skeleton=None
             raise ConfigError("distributed.sequence_parallel > 1 needs distributed.fsdp=true (FSDP2 sums the "
                               "gradients of the sequence shards)")
         check_sequence_degree(degree, world_size)
+        check_auxiliary_sequence(config.algorithm.name, get_algorithm(config.algorithm.name).auxiliary_names(
+            config.algorithm))
         heads = attention_heads(skeleton.config) if skeleton is not None else None
         if heads is not None:
             SequenceParallel(group=None, degree=degree, rank=0).check_heads(heads)
@@ -495,7 +506,7 @@ def overridden(config) -> list[tuple[str, str]]:
 
 
 __all__ = ["LORA_LAYERS", "METRIC_PACKAGES", "OVERRIDDEN", "PACKED_EOS_NOTE", "UNUSED_DATA", "changed",
-           "check_attn_backend", "check_batch_fits", "check_lora_targets", "check_metric_packages", "check_parallel",
+           "check_attn_backend", "check_auxiliary_sequence", "check_batch_fits", "check_lora_targets", "check_metric_packages", "check_parallel",
            "check_response_padding", "check_relative", "check_rollout_engine", "check_run", "check_tokenizer_path",
            "fill_rollout_defaults", "known_family", "model_dtype", "model_skeleton", "overridden",
            "record_given_model", "tokenizer_load_error", "warn_unused"]
