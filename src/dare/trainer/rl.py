@@ -476,18 +476,20 @@ class RolloutSource:
     def _signal_sums(self, batch: TensorDict) -> dict[str, torch.Tensor]:
         """Rank-local counts of the learning-signal check (module docstring): ``groups``, ``flat`` (equal trained
         rewards), ``made_flat`` (of them, those whose own rewards differ), ``informative`` (a non-zero advantage),
-        ``dropped`` (groups an algorithm's filter removed: ``keep`` false), ``rows``, ``stopped`` (a stop token in
-        the completion)."""
+        ``dropped`` (groups an algorithm's filter removed: ``keep`` false), ``rows`` and, for an algorithm whose
+        reward rule depends on it (its ``stopped`` hook, e.g. TraceRL's truncation), ``stopped``: rows it counts as
+        stopped, by its own test."""
         group = self.group_size
         trained = self._trained_rewards(batch).double().reshape(-1, group)
         raw = batch["rewards"].double().reshape(-1, group)
         advantage = batch["advantages"].reshape(batch.batch_size[0], -1).abs().amax(-1).reshape(-1, group)
-        stops = torch.tensor(list(self.token_ids.stop_ids), device=batch["input_ids"].device)
-        stopped = (torch.isin(batch["input_ids"], stops) & batch["completion_mask"]).any(-1)
         flat, raw_flat = trained.std(1, unbiased=False) == 0, raw.std(1, unbiased=False) == 0
         sums = {"groups": trained.shape[0], "flat": flat.sum(), "made_flat": (flat & ~raw_flat).sum(),
-                "informative": (advantage > 0).any(1).sum(), "rows": batch.batch_size[0], "stopped": stopped.sum(),
+                "informative": (advantage > 0).any(1).sum(), "rows": batch.batch_size[0],
                 "trained_reward": trained.sum()}
+        stopped = getattr(self.algorithm, "stopped", None)
+        if stopped is not None:  # one test of "stopped" for the rule and for its warning
+            sums["stopped"] = stopped(batch).sum()
         if "keep" in batch.keys():
             sums["dropped"] = (~batch["keep"].bool().reshape(-1, group).any(1)).sum()
         return {k: torch.as_tensor(v, dtype=torch.float64) for k, v in sums.items()}
