@@ -3,30 +3,16 @@ variants, and RL steps: rollout with the sharded policy, reward, advantages, old
 kill-and-resume reproduces the uninterrupted run's metrics."""
 
 import json
-import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from torchrun_helpers import run_torchrun, worker_env
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKER = ROOT / "tests" / "dist_worker.py"
-
-
-def env():
-    e = dict(os.environ)
-    e["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), e.get("PYTHONPATH", "")])
-    e["OMP_NUM_THREADS"] = "1"
-    return e
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run_worker(out: Path, nproc: int | None):
@@ -41,17 +27,8 @@ def run_worker(out: Path, nproc: int | None):
         finally:
             torch.set_num_threads(threads)
         return torch.load(out / "result.pt", weights_only=False)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
-           "--master_addr", "127.0.0.1", "--master_port", str(free_port()), str(WORKER), str(out)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env(), cwd=ROOT)
-    assert proc.returncode == 0, first_failure(proc.stderr)
+    run_torchrun(WORKER, [out], out, nproc=nproc)
     return torch.load(out / "result.pt", weights_only=False)
-
-
-def first_failure(stderr: str) -> str:
-    """The failing rank's own error first (the tail alone shows only the peers' "connection closed" errors)."""
-    errors = [line for line in stderr.splitlines() if "Error" in line and "Connection closed" not in line]
-    return "\n".join(errors[:12]) + "\n...\n" + stderr[-1500:]
 
 
 @pytest.fixture(scope="module")
@@ -183,7 +160,7 @@ def test_kill_and_resume_reproduces_the_uninterrupted_run(tmp_path):
         torch.set_num_threads(threads)
     out = tmp_path / "killed"
     killed = subprocess.run([sys.executable, "-m", "dare.cli", "train", f"trainer.output_dir={out}", *args],
-                            capture_output=True, text=True, timeout=600, env={**env(), "DARE_KILL_AT_STEP": "3"})
+                            capture_output=True, text=True, timeout=600, env=worker_env(DARE_KILL_AT_STEP="3"))
     assert killed.returncode == -9, killed.stderr[-2000:]
     logged = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert logged == [1, 2, 3]  # step 3 was logged after the last checkpoint (step 2): it must be redone
@@ -229,12 +206,8 @@ def run_fsdp_rollout_worker(tmp_path, nproc: int, device: str) -> dict:
     """``tests/fsdp_rollout_worker.py`` under torchrun (gloo on the CPU, NCCL on CUDA); rank 0's result."""
     out = tmp_path / "fsdp_rollout"
     out.mkdir()
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_addr",
-           "127.0.0.1", "--master_port", str(free_port()), str(ROOT / "tests" / "fsdp_rollout_worker.py"), str(out),
-           device]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=dict(env(), NCCL_NVLS_ENABLE="0"),
-                          cwd=ROOT)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_torchrun(ROOT / "tests" / "fsdp_rollout_worker.py", [out, device], out, nproc=nproc,
+                 env=worker_env(NCCL_NVLS_ENABLE="0"))
     return torch.load(out / "result.pt", weights_only=False, map_location="cpu")
 
 
@@ -268,10 +241,7 @@ def test_a_checkpoint_resumes_exactly_under_another_parallel_layout(tmp_path):
     """``distributed.sequence_parallel`` and ``distributed.expert_parallel`` are free for resume: a step-1 checkpoint
     of a 2-process run resumed under the other layout (``tests/layout_resume_worker.py``) logs the losses and
     gradient norms of steps 2 and 3 that the run gave continuing (weights and AdamW moments reshard)."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-           "--master_port", str(free_port()), str(ROOT / "tests" / "layout_resume_worker.py"), str(tmp_path)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env(), cwd=ROOT)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_torchrun(ROOT / "tests" / "layout_resume_worker.py", [tmp_path], tmp_path)
     result = torch.load(tmp_path / "result.pt", weights_only=False)
     assert set(result) == {"sp_1_to_2", "ep_1_to_2", "ep_2_to_1"}
     for case, record in result.items():

@@ -1,7 +1,5 @@
 """Expert parallelism over 2 gloo processes equals the unsharded model (outputs and gradients), plus errors."""
 
-import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -12,7 +10,7 @@ from dare.distributed import DistInfo
 from dare.distributed.expert_parallel import expert_parallel_mesh, shard_experts
 from dare.errors import ConfigError
 from dare.models.tiny import tiny_model
-from test_distributed import env, free_port
+from torchrun_helpers import run_torchrun
 
 WORKER = Path(__file__).with_name("ep_worker.py")
 ROOT = Path(__file__).resolve().parents[1]
@@ -21,10 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
     out = tmp_path_factory.mktemp("ep")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-           "--master_port", str(free_port()), str(WORKER), str(out)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env(), cwd=ROOT)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_torchrun(WORKER, [out], out)
     return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(2)]
 
 

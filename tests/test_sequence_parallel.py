@@ -5,13 +5,11 @@ grouped-query heads), block diffusion ([noisy ; clean] layout, packed and padded
 the corruption noise does not depend on the topology; one-line errors for degrees that cannot work. Rows (45 tokens,
 two-copy rows of 90) do not divide the degrees, so the model's padding to equal shards is exercised too."""
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from test_distributed import env, free_port
+from torchrun_helpers import run_torchrun
 
 from dare.errors import ConfigError
 
@@ -38,11 +36,8 @@ def run(out, nproc: int | None, degree: int = 1, variants: list[str] = ()):
         finally:
             torch.set_num_threads(threads)
     else:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_addr",
-               "127.0.0.1", "--master_port", str(free_port()), str(root / "tests" / "sp_worker.py"), str(out),
-               str(degree), ",".join(variants)]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env(), cwd=root)
-        assert proc.returncode == 0, proc.stderr[-3000:]
+        run_torchrun(root / "tests" / "sp_worker.py", [out, degree, ",".join(variants)], out, nproc=nproc,
+                     timeout=900)
     return torch.load(out / "result.pt", weights_only=False)
 
 
