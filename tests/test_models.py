@@ -275,3 +275,18 @@ def test_load_model_mistakes_from_python_are_one_line_errors(tmp_path):
     with pytest.raises(ConfigError, match=r"^dtype torch.int8 is not a floating-point dtype"):
         load_model("tiny:llada", dtype=torch.int8)
     assert load_model("tiny:llada", device=torch.device("cpu"), dtype=torch.float64).dtype == torch.float64
+
+
+@pytest.mark.parametrize("family", ALL_FAMILIES)
+def test_generate_is_missing_with_a_message_that_says_how_to_decode(family):
+    """``model.generate`` / ``model.diffusion_generate`` (transformers' and the released remote code's habits) stay
+    AttributeErrors, so ``hasattr`` probes see no such method, and the message names DARE's way to decode."""
+    model = dare.models.tiny.tiny_model(family)
+    for name in ("generate", "diffusion_generate"):
+        assert not hasattr(model, name)
+        with pytest.raises(AttributeError, match=rf"no attribute '{name}': DARE's models decode with a sampler: "
+                                                 r"dare\.rollout\.generate\(model"):
+            getattr(model, name)
+    with pytest.raises(AttributeError, match=r"object has no attribute 'generat'$"):  # any other name: unchanged
+        model.generat
+    assert isinstance(model.blocks, torch.nn.ModuleList)  # submodules still resolve through nn.Module

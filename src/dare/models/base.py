@@ -176,6 +176,20 @@ def _describe_key(entry) -> str:
     return str(entry)
 
 
+GENERATE_NAMES = ("generate", "diffusion_generate")
+"""Decoding methods users call out of habit (transformers' ``generate``; ``diffusion_generate`` of the released Dream
+remote code; LLaDA2's ``generate``): DARE's models have none, they decode through :mod:`dare.rollout` samplers."""
+
+
+def generate_hint(cls_name: str, name: str) -> str:
+    """The AttributeError message for ``model.<name>`` (one of :data:`GENERATE_NAMES`)."""
+    return (f"'{cls_name}' object has no attribute '{name}': DARE's models decode with a sampler: "
+            f"dare.rollout.generate(model, input_ids, attention_mask, SamplerConfig(...)) (an unset sampler is the "
+            f"family's default; the released remote code's steps, gen_length, block_length, temperature, top_p and "
+            f"top_k are SamplerConfig fields of the same names, Dream's alg is its confidence), or on the command "
+            f"line `dare generate --model ...`")
+
+
 class DiffusionLM(PreTrainedModel):
     """Base class of the family models.
 
@@ -201,6 +215,17 @@ class DiffusionLM(PreTrainedModel):
         self.vocab_size = config.embedding_rows
         self.gradient_checkpointing = False
         self.attn_backend = "sdpa"
+
+    def __getattr__(self, name: str):
+        """nn.Module's lookup of parameters and submodules; a missing ``generate`` / ``diffusion_generate`` (what
+        transformers' models and the released Dream / LLaDA2 remote code offer) is still an AttributeError, so
+        ``hasattr`` stays False for libraries that probe it, but its message says how these models decode."""
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            if name in GENERATE_NAMES:
+                raise AttributeError(generate_hint(type(self).__name__, name)) from None
+            raise
 
     # ---- family hooks -------------------------------------------------------------------------
     @property
