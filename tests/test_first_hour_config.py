@@ -185,8 +185,8 @@ def test_train_without_a_recipe_ends_with_an_error_line(tmp_path, capsys, monkey
     assert main(["train"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[0].startswith("usage: dare train")
-    assert err[-1] == ("error: dare train: no recipe given (e.g. dare train configs/llada/sft_tiny.yaml); see "
-                       "'dare train --help'")
+    assert err[-1] == ("error: dare train: no recipe given (e.g. dare train llada/sft_tiny; dare recipes lists "
+                       "them); see 'dare train --help'")
 
 
 # 8. the benchmark-as-training-data notice is a warning ------------------------------------------------------------

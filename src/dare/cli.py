@@ -1,7 +1,9 @@
 """The ``dare`` command.
 
 Each sub-command is a module in :mod:`dare.commands` with ``HELP``, ``configure(parser)`` and
-``run(args) -> int`` (optionally ``take_extra(args, extra) -> bool`` for trailing positionals); heavy imports happen inside ``run`` so ``dare --help`` stays fast. User errors
+``run(args) -> int`` (optionally ``take_extra(args, extra) -> bool`` for trailing positionals, and ``LIGHT = True``
+for a command that reads files only and runs without the torch-side environment checks); heavy imports happen inside
+``run`` so ``dare --help`` stays fast. User errors
 (:class:`~dare.errors.DareError`) are printed as one line (``error: ...``, exit status 2), never as a
 stack trace.
 """
@@ -23,6 +25,7 @@ COMMANDS = {
     "generate": "dare.commands.generate",
     "tiny": "dare.commands.tiny",
     "train": "dare.commands.train",
+    "recipes": "dare.commands.recipes",
     "merge-lora": "dare.commands.merge_lora",
 }
 
@@ -144,6 +147,8 @@ def main(argv: list[str] | None = None) -> int:
         if not hasattr(module, "take_extra") or not module.take_extra(args, extra):
             args._parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
+        if getattr(module, "LIGHT", False):  # reads files only (dare recipes): no torch, no transformers
+            return module.run(args) or 0
         from dare.rollout.engine import check_environment  # imports torch: not for --help
 
         check_environment()

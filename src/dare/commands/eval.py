@@ -33,6 +33,7 @@ HELP = ("evaluate models on benchmarks (run: generate/likelihood + score; score:
 def configure(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="eval_command", metavar="SUBCOMMAND")
     from dare.commands import eval_lm, eval_oc, eval_sweep
+    from dare.plugins import add_import_argument
 
     run_help = "evaluate a model on a benchmark and print the metrics as JSON"
     configure_run(sub.add_parser("run", help=run_help, description=run_help))
@@ -56,6 +57,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                        help="seconds per sandboxed program (code benchmarks; default 20)")
     score.add_argument("--trust-prediction-tests", action="store_true",
                        help="code benchmarks: run the tests written in the predictions file instead of the benchmark's own")
+    add_import_argument(score)
     parser.set_defaults(eval_parser=parser)
 
 
@@ -83,6 +85,7 @@ def take_extra(args: argparse.Namespace, extra: list[str]) -> bool:
 def configure_run(run: argparse.ArgumentParser) -> None:
     from dare.commands.eval_inputs import GEN_LENGTH_HELP, add_model_data_arguments
     from dare.commands.generate import add_sampler_arguments
+    from dare.plugins import add_import_argument
 
     add_model_data_arguments(run)
     run.add_argument("--mode", default="auto", choices=["auto", "generate", "likelihood"],
@@ -105,6 +108,7 @@ def configure_run(run: argparse.ArgumentParser) -> None:
                      help="parallel sandboxed programs (code benchmarks; default: one per CPU)")
     run.add_argument("--timeout", type=float, default=None,
                      help="seconds per sandboxed program (code benchmarks; default 20)")
+    add_import_argument(run)
     run.set_defaults(eval_parser=run)
 
 
@@ -187,8 +191,10 @@ def run_run(args: argparse.Namespace) -> int:
     from dare.eval import evaluate, get_benchmark
     from dare.eval.results import check_results_out
     from dare.eval.run import load_for_eval
+    from dare.plugins import load_plugins
     from dare.rollout import SamplerConfig, default_sampler
 
+    load_plugins(args.imports, "--import")  # a plug-in's benchmark, reward or sampler, before the names are checked
     check_limit(args)
     model_argument(args)  # --model, or the base model --adapter records; the adapter checked before anything loads
     bench = get_benchmark(args.benchmark)
@@ -308,7 +314,9 @@ def run_score(args: argparse.Namespace) -> int:
     from dare.errors import ConfigError
     from dare.eval import get_benchmark, score_predictions
     from dare.eval.results import check_results_out
+    from dare.plugins import load_plugins
 
+    load_plugins(args.imports, "--import")  # a plug-in's benchmark or reward, before the name is checked
     bench = get_benchmark(args.benchmark)
     if args.out:  # never an input, nor a file an evaluation did not write
         check_results_out(args.out, "--out", {"--predictions": args.predictions, "--data": args.data},

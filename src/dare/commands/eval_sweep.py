@@ -27,6 +27,7 @@ DESCRIPTION = (f"{HELP}. Every point decodes completions: a multiple-choice benc
 def configure(sweep: argparse.ArgumentParser) -> None:
     from dare.commands.eval_inputs import GEN_LENGTH_HELP, add_model_data_arguments
     from dare.commands.generate import add_sampler_arguments
+    from dare.plugins import add_import_argument
 
     add_model_data_arguments(sweep)
     add_sampler_arguments(sweep, default=None, seed_help="seeds sampling and few-shot selection (default 0)",
@@ -41,6 +42,7 @@ def configure(sweep: argparse.ArgumentParser) -> None:
     sweep.add_argument("--batch-size", type=int, default=8, help="prompts per generate call (default 8)")
     sweep.add_argument("--out", required=True, help="output directory (points/, summary.json, summary.md, plot): new, "
                        "empty or an earlier sweep's (its files there are replaced)")
+    add_import_argument(sweep)
     sweep.set_defaults(eval_parser=sweep)
 
 
@@ -163,8 +165,10 @@ def run(args: argparse.Namespace) -> int:
     from dare.eval.run import load_for_eval
     from dare.eval.sweep import check_sweep_out, run_sweep
     from dare.outputs import ensure_dir
+    from dare.plugins import load_plugins
     from dare.rollout import SamplerConfig, default_sampler
 
+    load_plugins(args.imports, "--import")  # a plug-in's benchmark, reward or sampler, before the names are checked
     model_argument(args)  # --model, or the base model --adapter records; the adapter checked before anything loads
     check_limit(args)
     check_sweep_out(args.out, "--out", sweep_inputs(args))  # new, empty or an earlier sweep; before any work

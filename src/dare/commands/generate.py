@@ -27,6 +27,8 @@ def sampler_names() -> list[str]:
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
+    from dare.plugins import add_import_argument
+
     add_model_arguments(parser)
     parser.add_argument("--prompt", action="append", required=True,
                         help="prompt text (repeat for a batch)")
@@ -37,6 +39,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add_dtype_argument(parser)
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     add_compile_argument(parser)
+    add_import_argument(parser)
 
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
@@ -261,10 +264,12 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from dare.devices import resolve_device
+    from dare.plugins import load_plugins
     from dare.rollout import default_sampler, generate
 
     from dare.rollout import SamplerConfig
 
+    load_plugins(args.imports, "--import")  # a plug-in's sampler, before --sampler is checked
     values = sampler_values(args)  # a setting given twice fails before the model is loaded
     reject_likelihood_options(values)
     if args.sampler:

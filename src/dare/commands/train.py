@@ -13,7 +13,8 @@ HELP = "train a model from a YAML recipe with key=value overrides (multi-GPU: to
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("config", nargs="?", help="recipe YAML (e.g. configs/llada/sft_tiny.yaml)")
+    parser.add_argument("config", nargs="?", help="recipe YAML or the name of a shipped recipe (e.g. "
+                                                  "configs/llada/sft_tiny.yaml or llada/sft_tiny; dare recipes lists them)")
     parser.add_argument("overrides", nargs="*", help="key=value overrides after the recipe, e.g. optim.lr=1e-5 trainer.max_steps=10")
     parser.add_argument("--show-config", action="store_true",
                         help="print every config key with its type, value and meaning (of the recipe with its overrides "
@@ -66,8 +67,29 @@ def overrides_for_flags(extra: list[str], parser: argparse.ArgumentParser) -> li
         habit = flag.lstrip("-").replace("-", "_") in OTHER_COMMAND_FLAGS  # not a typo of this parser's options
         if not keys or (closest(flag, options) is not None and not habit):
             return []
-        suggested.append(" or ".join(f"{key}={value}" for key in keys))
+        suggested.append(" or ".join(f"{key}={listed(value) if is_list_key(key) else value}" for key in keys))
     return suggested
+
+
+def listed(value: str) -> str:
+    """``value`` as a YAML flow list (``x.py`` -> ``[x.py]``), unless it is one already."""
+    return value if value.startswith("[") else f"[{value}]"
+
+
+def is_list_key(key: str) -> bool:
+    """True when config key ``key`` (dotted) of :class:`~dare.trainer.config.TrainConfig` holds a list."""
+    import dataclasses
+    import typing
+
+    from dare.trainer.config import TrainConfig
+
+    cls = TrainConfig
+    for part in key.split("."):
+        hints = typing.get_type_hints(cls) if dataclasses.is_dataclass(cls) else {}
+        if part not in hints:
+            return False
+        cls = hints[part]
+    return typing.get_origin(cls) in (list, tuple)
 
 
 def config_keys_of_flag(flag: str) -> list[str]:
@@ -87,9 +109,10 @@ def config_keys_of_flag(flag: str) -> list[str]:
 
 OTHER_COMMAND_FLAGS = {"rl_lr": ["optim.lr"], "sft_lr": ["optim.lr"], "rl_steps": ["trainer.max_steps"],
                        "sft_max_steps": ["trainer.max_steps"], "steps": ["trainer.max_steps"],
-                       "out": ["trainer.output_dir"], "out_dir": ["trainer.output_dir"]}
+                       "out": ["trainer.output_dir"], "out_dir": ["trainer.output_dir"],
+                       "import": ["imports"]}
 """Flags of ``dare demo`` (and other habits) that spell no config key, with the keys they stand for in ``dare train``
-(``--rl-lr 1e-3`` -> ``optim.lr=1e-3``)."""
+(``--rl-lr 1e-3`` -> ``optim.lr=1e-3``; ``dare eval``'s ``--import x.py`` -> ``imports=[x.py]``)."""
 
 
 def print_quietly(text: str) -> None:
@@ -126,8 +149,12 @@ def split_recipe(args: argparse.Namespace) -> tuple[str | None, list[str]]:
 
 
 def looks_like_recipe(item: str) -> bool:
-    """True for a command-line word that names a recipe: a ``.yaml`` / ``.yml`` name or an existing file."""
-    return item.lower().endswith((".yaml", ".yml")) or Path(item).is_file()
+    """True for a command-line word that names a recipe: a ``.yaml`` / ``.yml`` name, an existing file, or a shipped
+    recipe's name (``llada/d1_tiny``; ``dare recipes`` lists them). A word with ``=`` is an override."""
+    from dare.recipes import is_recipe_name
+
+    return "=" not in item and (item.lower().endswith((".yaml", ".yml")) or Path(item).is_file()
+                                or is_recipe_name(item))
 
 
 def describe_values(value, default, prefix: str = "") -> list[str]:
@@ -185,8 +212,8 @@ def run(args: argparse.Namespace) -> int:
     if args.config is None and not args.overrides:  # no recipe: say how to give one instead of training a default
         parser = args.train_parser
         parser.print_usage(sys.stderr)
-        print(f"error: {parser.prog}: no recipe given (e.g. {parser.prog} configs/llada/sft_tiny.yaml); see "
-              f"'{parser.prog} --help'", file=sys.stderr)
+        print(f"error: {parser.prog}: no recipe given (e.g. {parser.prog} llada/sft_tiny; dare recipes lists them); "
+              f"see '{parser.prog} --help'", file=sys.stderr)
         return 2
     config_path, overrides = split_recipe(args)
     config = load_train_config(config_path, overrides)

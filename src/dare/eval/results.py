@@ -9,6 +9,7 @@ Schema ``dare.eval.results/1``::
       "model": {"path": "...", "family": "llada", "dtype": "bfloat16", ...},
       "sampler": {"name": "llada", "settings": {"gen_length": 256, "steps": 256, "block_length": 32,
                                                "temperature": 0.0, ...every decoding setting...}},
+      "imports": ["my_reward.py"],   # user plug-ins: dare.plugins entry points' modules, then --import items
       "seed": 0, "mode": "generate",
       "prompt": {"template": "few_shot", "shots": 5, "chat": true, "fewshot_seed": 0,
                  "fewshot_source": "train.jsonl"},   # "evaluated data": exemplars drawn from the evaluated problems
@@ -36,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from dare.errors import InputError
+from dare.plugins import imported
 
 SCHEMA = "dare.eval.results/1"
 EARLIER = "an earlier `dare eval run`/`dare eval score` results file"
@@ -80,6 +82,10 @@ class EvalResults:
     model: dict[str, Any] = field(default_factory=dict)
     sampler: dict[str, Any] = field(default_factory=dict)
     """``{"name": sampler, "settings": {every decoding setting}}``."""
+    imports: list[str] = field(default_factory=imported)
+    """The user plug-ins imported in this process, in order (:func:`dare.plugins.imported`): installed ``dare.plugins``
+    entry points by module name, then the ``--import`` items as given; they may define the reward, sampler or
+    benchmark."""
     seed: int | None = None
     prompt: dict[str, Any] = field(default_factory=dict)
     """``{"template", "shots", "chat", "fewshot_seed"}``, and with exemplars ``fewshot_source`` (the few-shot file
@@ -121,6 +127,7 @@ class EvalResults:
             "data": self.data,
             "model": self.model,
             "sampler": self.sampler,
+            "imports": self.imports,
             "seed": self.seed,
             "mode": self.mode,
             "prompt": self.prompt,
@@ -148,4 +155,5 @@ class EvalResults:
         if not isinstance(data, dict) or data.get("schema") != SCHEMA:
             raise InputError(f"{path}: not a DARE results file (schema {data.get('schema') if isinstance(data, dict) else None!r})")
         data.pop("schema")
+        data.setdefault("imports", [])  # a file written before results recorded plug-ins
         return cls(**data)

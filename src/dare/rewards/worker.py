@@ -4,7 +4,9 @@ hang in C code, where neither threads nor SIGALRM can stop them).
 ``BoundedWorker("dare.rewards.math_check:verify_pair").call(args, timeout=5)`` runs the function in a
 helper interpreter (JSON lines over its stdin/stdout); a call that takes longer kills the helper (a
 fresh one starts on the next call) and returns ``default``. Calls are serialised by a lock, so any
-thread may use one worker.
+thread may use one worker. The helper first imports the user plug-ins this process imported
+(:func:`dare.plugins.child_setup`: ``imports:`` / ``--import`` items, ``dare.plugins`` entry points), so a plug-in
+file's reward can run its own function there: ``BoundedWorker(f"{__name__}:my_check")``.
 """
 
 from __future__ import annotations
@@ -20,14 +22,19 @@ from typing import Any
 
 import dare
 
-# The helper: import the target, say "ready", then answer one JSON line per request.
+# The helper: import the parent's plug-ins (their prints kept off the reply pipe) and the target, say "ready", then
+# answer one JSON line per request.
 _SERVER = r"""
 import importlib, json, sys
 sys.path.insert(0, sys.argv[1])
-module, _, name = sys.argv[2].partition(":")
-func = getattr(importlib.import_module(module), name)
 out = sys.stdout
 sys.stdout = sys.stderr
+plugins = json.loads(sys.argv[3])
+if plugins:
+    from dare.plugins import load_in_child
+    load_in_child(plugins)
+module, _, name = sys.argv[2].partition(":")
+func = getattr(importlib.import_module(module), name)
 out.write('"ready"\n'); out.flush()
 for line in sys.stdin:
     try:
@@ -64,9 +71,11 @@ class BoundedWorker:
         return json.loads(buf)
 
     def _start(self) -> None:
+        from dare.plugins import child_setup
+
         src = os.path.dirname(os.path.dirname(os.path.abspath(dare.__file__)))
         self._process = subprocess.Popen(
-            [sys.executable, "-c", _SERVER, src, self.target],
+            [sys.executable, "-c", _SERVER, src, self.target, json.dumps(child_setup())],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True,
         )  # fmt: skip
         if self._readline(self.start_timeout) != "ready":

@@ -10,6 +10,7 @@ from typing import Any
 
 from dare.config import SEEDS, from_dict, load_yaml, merge, override_tree, to_dict
 from dare.errors import ConfigError, unknown_choice, wrong_type
+from dare.plugins import load_plugins
 from dare.rollout.config import SamplerConfig
 
 
@@ -253,6 +254,9 @@ class TrainConfig:
     """Loop, logging and checkpointing."""
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
     """torchrun / FSDP2 settings."""
+    imports: list[str] = field(default_factory=list)
+    """Your own plug-ins, imported before any name is checked: module names (``my_pkg.rewards``) or ``.py`` files
+    (relative to the current directory) that register rewards, algorithms or samplers (see dare.plugins)."""
 
     def validate(self) -> None:
         choices = {
@@ -352,12 +356,17 @@ def load_train_config(path: str | os.PathLike | None, overrides: list[str] | str
     """Read a recipe YAML (None: the defaults), apply ``overrides`` (a list of ``key=value`` strings, one such string,
     or a mapping ``{key: value}`` with dotted keys or nested sections), validate every section (algorithm included).
     A ``model.path`` / ``data.path`` that neither the recipe nor an override sets gets a ``note:`` line naming the
-    default the run trains (:func:`note_defaults`)."""
+    default the run trains (:func:`note_defaults`). ``path`` may name a shipped recipe (``llada/d1_tiny``; a missing
+    ``configs/llada/d1_tiny.yaml`` reads that recipe after a note: :func:`dare.recipes.resolve_recipe`)."""
     from dare.algorithms import resolve_algorithm_config
+    from dare.recipes import resolve_recipe
 
     check_recipe_argument(path)
+    if path is not None:
+        path = resolve_recipe(path)
     raw = load_yaml(path, texts=True) if path is not None else {}
     given = override_tree(overrides)
+    load_plugins(merge(raw, given).get("imports"))  # their registrations, before any name below is checked
     if path is not None:
         raw = _fit_recipe_algorithm(raw, given, path)
     raw = merge(raw, given)
@@ -474,6 +483,7 @@ def revalidate(config: TrainConfig) -> None:
     from dare.algorithms import resolve_algorithm_config
 
     again = from_dict(TrainConfig, config_dict(config))
+    load_plugins(again.imports)  # a config built in Python: its plug-ins register before its names are checked
     again.algorithm = resolve_algorithm_config(again.algorithm)
     again.validate()
 

@@ -32,6 +32,10 @@ FREE_KEYS = frozenset({
     "model.gradient_checkpointing", "model.compile", "model.compile_backend", "model.logits_chunk_size",
     "model.attn_backend",
     "rollout.chunk_size", "rollout.samples_file", "rollout.samples_per_step",
+    # where the plug-in code lives, not what it computes: a plug-in file moved or renamed (or a module given by path
+    # instead of by name) must not block a resume; the names it registers (rollout.reward, algorithm.name, ...)
+    # are compared as every other key
+    "imports",
 })
 """Keys that may differ between a checkpoint and the run resuming from it."""
 LENGTH_KEYS = ("trainer.max_steps", "trainer.epochs")

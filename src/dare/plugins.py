@@ -1,0 +1,295 @@
+"""User plug-ins: the researcher's own modules that register rewards, algorithms, samplers or benchmarks.
+
+A plug-in is an ordinary Python module whose import registers something (``@register_reward("my_reward")``,
+``@register_algorithm``, ``register_sampler(...)``, ``register_benchmark(...)``). Three ways bring one in, each
+imported once per process, in order, before the names of a config are checked (so ``dare train --dry-run`` and
+``--show-config`` see them too):
+
+* ``dare train``: the recipe key ``imports: [...]`` (or the override ``imports=[my_reward.py]``, which replaces the
+  recipe's list); every torchrun rank loads its config, hence its plug-ins.
+* ``dare generate``, ``dare eval run/sweep/score``: ``--import MODULE_OR_FILE`` (repeatable).
+* installed packages: every entry point of the group ``dare.plugins`` (:data:`ENTRY_POINT_GROUP`) has its module
+  imported, without any setting, at the same moments (before the items above, so a setting may build on them).
+
+An item is a module name (``my_pkg.rewards``: found on ``sys.path``, then in the current directory) or a ``.py``
+file (an item ending in ``.py``, holding a ``/``, or naming an existing file; relative to the current directory).
+A file is imported under a name derived from its absolute path (:func:`file_module_name`), so the same file is
+the same module in every process, and its directory is *appended* to ``sys.path``: modules next to it import
+(``from my_helpers import f``) while it never shadows an installed package or DARE's own modules.
+
+Mistakes are one-line :class:`~dare.errors.ConfigError` s naming the item: a module or file that does not exist, or
+a plug-in that raises while importing (the innermost line of the plug-in's own code and the exception's first
+line; the message says how to see the whole traceback). A reward's helper process
+(:class:`dare.rewards.worker.BoundedWorker`) imports the same plug-ins first (:func:`child_setup`), so a function
+defined in a plug-in file runs there too. Nothing here imports torch; ``import dare`` and ``dare --help`` load no
+entry points.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib
+import importlib.util
+import os
+import re
+import shlex
+import sys
+import traceback
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dare.errors import ConfigError, closest, described, first_line
+
+ENTRY_POINT_GROUP = "dare.plugins"
+"""The entry-point group an installed package declares its plug-in module in (``pyproject.toml``:
+``[project.entry-points."dare.plugins"]`` then ``my_rewards = "my_pkg.dare_rewards"``)."""
+
+FILE_MODULE_PREFIX = "dare_plugin_"
+"""How the module name of a plug-in file begins (:func:`file_module_name`)."""
+
+MODULE_NAME = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
+
+
+@dataclass(frozen=True)
+class Plugin:
+    """One imported plug-in."""
+
+    spec: str
+    """The item as given (``my_reward.py``, ``my_pkg.rewards``); an entry point's: its module name."""
+    module: str
+    """Its name in ``sys.modules``."""
+    path: str | None = None
+    """A plug-in file's absolute path (None for a module imported by name)."""
+    root: str | None = None
+    """The ``sys.path`` entry its imports need (a file's directory; the folder a module was found in)."""
+
+
+_LOADED: dict[str, Plugin] = {}
+"""The plug-ins this process imported, by module name, in import order."""
+_ENTRY_POINTS_LOADED = False
+
+
+def load_plugins(specs: Sequence[str] | None = (), where: str = "imports") -> list[Plugin]:
+    """Import the installed ``dare.plugins`` entry points, then ``specs`` (module names or ``.py`` files), each once
+    per process; return the plug-ins of ``specs``. ``where`` names the setting in errors (``imports``,
+    ``--import``)."""
+    load_entry_points()
+    return load_imports(specs, where)
+
+
+def load_imports(specs: Sequence[str] | None, where: str = "imports") -> list[Plugin]:
+    """Import each of ``specs`` in order (once per process: an item imported before is not run again)."""
+    return [load_one(spec, where) for spec in check_specs(specs, where)]
+
+
+def check_specs(specs: Any, where: str = "imports") -> list[str]:
+    """``specs`` as a list of strings (None: none); a single string or another type is a one-line error."""
+    if specs is None:
+        return []
+    if isinstance(specs, str):
+        raise ConfigError(f"{where} must be a list of modules or .py files; got {described(specs)} (write "
+                          f"{where}=[{specs}], or in a recipe {where}: [{specs}])")
+    if not isinstance(specs, (list, tuple)):
+        raise ConfigError(f"{where} must be a list of modules or .py files; got {described(specs)}")
+    for index, spec in enumerate(specs):
+        if not isinstance(spec, str) or not spec.strip():
+            raise ConfigError(f"{where}[{index}] must be a module name (my_pkg.rewards) or a .py file; got "
+                              f"{described(spec)}")
+    return [str(spec).strip() for spec in specs]
+
+
+def load_one(spec: str, where: str = "imports") -> Plugin:
+    """Import one item: a ``.py`` file (:func:`is_file_spec`) or a module name."""
+    return import_file(spec, where) if is_file_spec(spec) else import_module(spec, where)
+
+
+def is_file_spec(spec: str) -> bool:
+    """True when ``spec`` names a file: it ends in ``.py``, holds a path separator, or is an existing file."""
+    return spec.endswith(".py") or "/" in spec or os.sep in spec or Path(spec).is_file()
+
+
+def file_module_name(path: Path) -> str:
+    """The module name a plug-in file is imported under: ``dare_plugin_<stem>_<hash of its absolute path>``, the
+    same in every process (a helper process finds ``module:function`` of the file by it)."""
+    stem = re.sub(r"\W", "_", path.stem)
+    digest = hashlib.sha1(str(path).encode()).hexdigest()[:10]
+    return f"{FILE_MODULE_PREFIX}{stem}_{digest}"
+
+
+def import_file(spec: str, where: str = "imports") -> Plugin:
+    """Import the ``.py`` file ``spec`` (relative to the current directory) under :func:`file_module_name`; its
+    directory is appended to ``sys.path`` (its sibling modules import; nothing installed is shadowed)."""
+    path = Path(os.path.abspath(os.path.expanduser(spec)))
+    if not path.is_file():
+        raise ConfigError(f"{where}: {missing_file(spec, path)}")
+    if path.suffix != ".py":
+        raise ConfigError(f"{where}: {spec} is not a .py file (give a Python file or a module name)")
+    name = file_module_name(path)
+    if name in _LOADED and name in sys.modules:
+        return _LOADED[name]
+    if str(path.parent) not in sys.path:
+        sys.path.append(str(path.parent))
+    module_spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(module_spec)
+    sys.modules[name] = module  # before it runs: dataclasses, pickle and helper processes look it up by name
+    try:
+        module_spec.loader.exec_module(module)
+    except Exception as err:
+        sys.modules.pop(name, None)
+        raise ConfigError(failure(where, spec, err, [path], f"python {shlex.quote(spec)}")) from err
+    return _record(Plugin(spec, name, str(path), str(path.parent)))
+
+
+def missing_file(spec: str, path: Path) -> str:
+    """Why ``spec`` (absolute: ``path``) is no plug-in file: a directory, or no such file (with the closest ``.py``
+    file of its folder, if any)."""
+    if path.is_dir():
+        return f"{spec} is a directory (give a .py file, or the package's module name)"
+    where = "" if Path(spec).is_absolute() else f" in {Path.cwd()}"
+    others = [p.name for p in path.parent.glob("*.py")] if path.parent.is_dir() else []
+    hint = closest(path.name, others)
+    return f"no file {spec}{where}" + (f" (did you mean {Path(spec).parent / hint}?)" if hint else "")
+
+
+def import_module(spec: str, where: str = "imports", label: str | None = None) -> Plugin:
+    """Import module ``spec`` by name: from ``sys.path``, then from the current directory (appended to
+    ``sys.path``). ``label``: how errors name it (default ``spec``)."""
+    label = label or spec
+    if spec in _LOADED and spec in sys.modules:
+        return _LOADED[spec]
+    if not MODULE_NAME.match(spec):
+        raise ConfigError(f"{where}: no module named {spec!r} (and no file {spec})")
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.append(cwd)
+    try:
+        module = importlib.import_module(spec)
+    except ModuleNotFoundError as err:
+        if err.name and (spec == err.name or spec.startswith(err.name + ".")):
+            raise ConfigError(f"{where}: no module named {spec!r} (and no file {spec})") from None
+        raise ConfigError(failure(where, label, err, own_files(spec), f"python -c 'import {spec}'")) from err
+    except Exception as err:
+        raise ConfigError(failure(where, label, err, own_files(spec), f"python -c 'import {spec}'")) from err
+    return _record(Plugin(spec, spec, None, module_root(module, spec)))
+
+
+def own_files(spec: str) -> list[Path]:
+    """The files (or package folder) that make up module ``spec``'s top-level package, for locating the failing line
+    in a traceback: its folder for a package, its file for a single module; none when not found."""
+    top = spec.split(".")[0]
+    try:
+        found = importlib.util.find_spec(top)
+    except (ImportError, ValueError):
+        return []
+    if found is None:
+        return []
+    if found.submodule_search_locations:
+        return [Path(p) for p in found.submodule_search_locations]
+    return [Path(found.origin)] if found.origin else []
+
+
+def module_root(module: Any, spec: str) -> str | None:
+    """The ``sys.path`` entry module ``spec`` (``module``) was found under, or None (a built-in module)."""
+    top = sys.modules.get(spec.split(".")[0], module)
+    where = getattr(top, "__file__", None)
+    if where is None:
+        paths = list(getattr(top, "__path__", []))
+        return str(Path(paths[0]).parent) if paths else None
+    where = Path(where)
+    return str(where.parent.parent if where.name == "__init__.py" else where.parent)
+
+
+def failure(where: str, label: str, err: BaseException, files: Sequence[Path], how: str) -> str:
+    """The one-line message of a plug-in ``label`` that raised ``err`` while importing: the innermost line of its own
+    ``files`` (a file, or a package folder) that the traceback passes, the exception's type and first line, and
+    ``how`` to see the whole traceback."""
+    kind = type(err).__name__
+    if isinstance(err, SyntaxError) and err.filename:
+        spot = f"{shown(Path(err.filename), label, files)} line {err.lineno}: "
+        return f"{where}: {spot}{kind}: {err.msg} ({how} shows the traceback)"
+    frame = innermost_own_frame(err, files)
+    spot = f"{label} raised" if frame is None else f"{shown(Path(frame[0]), label, files)} line {frame[1]} raised"
+    return f"{where}: {spot} {kind}: {first_line(err)} ({how} shows the traceback)"
+
+
+def innermost_own_frame(err: BaseException, files: Sequence[Path]) -> tuple[str, int] | None:
+    """``(file, line)`` of the innermost frame of ``err``'s traceback inside ``files``, or None."""
+    own = [Path(os.path.abspath(f)) for f in files]
+    found = None
+    for frame in traceback.extract_tb(err.__traceback__):
+        path = Path(os.path.abspath(frame.filename))
+        if any(path == f or path.is_relative_to(f) for f in own):
+            found = (frame.filename, frame.lineno)
+    return found
+
+
+def shown(path: Path, label: str, files: Sequence[Path]) -> str:
+    """How a message names ``path``: ``label`` when it is the plug-in file itself, else ``LABEL: PATH`` with the path
+    relative to the current directory when inside it."""
+    path = Path(os.path.abspath(path))
+    if len(files) == 1 and path == Path(os.path.abspath(files[0])) and files[0].suffix == ".py":
+        return label
+    try:
+        text = str(path.relative_to(Path.cwd()))
+    except ValueError:
+        text = str(path)
+    return f"{label}: {text}"
+
+
+def load_entry_points() -> list[Plugin]:
+    """Import the module of every entry point of :data:`ENTRY_POINT_GROUP` (by name; once per process)."""
+    global _ENTRY_POINTS_LOADED
+    if _ENTRY_POINTS_LOADED:
+        return []
+    from importlib.metadata import entry_points
+
+    loaded = []
+    for point in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda p: (p.name, p.value)):
+        dist = getattr(getattr(point, "dist", None), "name", None)
+        where = f"{ENTRY_POINT_GROUP} entry point '{point.name}'" + (f" of {dist}" if dist else "")
+        loaded.append(import_module(point.module, where, label=point.module))
+    _ENTRY_POINTS_LOADED = True
+    return loaded
+
+
+def _record(plugin: Plugin) -> Plugin:
+    _LOADED.setdefault(plugin.module, plugin)
+    return _LOADED[plugin.module]
+
+
+def imported() -> list[str]:
+    """The plug-ins this process imported, in order, as given (entry points: their modules); what results files
+    record."""
+    return [plugin.spec for plugin in _LOADED.values()]
+
+
+def child_setup() -> dict[str, list[str]]:
+    """What another process needs to import this process's plug-ins (:func:`load_in_child`): the ``sys.path``
+    entries they were found under and the items (absolute paths for files); ``{}`` when there are none."""
+    if not _LOADED:
+        return {}
+    roots = [p.root for p in _LOADED.values() if p.root]
+    return {"path": list(dict.fromkeys(roots)), "imports": [p.path or p.module for p in _LOADED.values()]}
+
+
+def load_in_child(setup: dict[str, list[str]]) -> None:
+    """In a helper process: import the plug-ins of :func:`child_setup`'s ``setup`` (the same module names)."""
+    for root in setup.get("path", []):
+        if root not in sys.path:
+            sys.path.append(root)
+    load_imports(setup.get("imports", []))
+
+
+def add_import_argument(parser: argparse.ArgumentParser) -> None:
+    """``--import MODULE_OR_FILE`` (repeatable) of the commands that read rewards, samplers or benchmarks."""
+    parser.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE_OR_FILE",
+                        help="import your own plug-in first (repeatable): a module name (my_pkg.rewards) or a .py "
+                             "file that registers rewards, samplers or benchmarks (installed dare.plugins entry "
+                             "points load by themselves)")
+
+
+__all__ = ["ENTRY_POINT_GROUP", "Plugin", "add_import_argument", "check_specs", "child_setup", "file_module_name",
+           "imported", "load_entry_points", "load_imports", "load_in_child", "load_plugins"]

@@ -1,0 +1,135 @@
+"""The training recipes shipped with DARE, by name.
+
+A recipe is ``<family>/<name>.yaml`` for the families of :data:`FAMILIES` and is named ``<family>/<name>``
+(``llada/sft_tiny``). An installed wheel carries them in the package (``dare/configs/``, copied there at build time
+by ``setup.py``); a source or editable checkout reads the repository's ``configs/`` next to ``src/``. A recipe's
+description is its first comment line. :func:`resolve_recipe` turns what a user typed (a path or a name) into the
+file to read, or a one-line :class:`~dare.errors.ConfigError` naming the closest recipe.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from dare.errors import ConfigError, closest
+
+FAMILIES = ("dream", "llada", "llada2", "sdar")
+"""The folders of ``configs/`` that hold training recipes (``configs/lm_eval`` and ``configs/opencompass`` are
+harness configs, not recipes)."""
+
+PACKAGED = "configs"
+"""The folder inside the installed package that holds the recipes (``dare/configs/<family>/<name>.yaml``)."""
+
+SUFFIXES = (".yaml", ".yml")
+LISTED_BY = "dare recipes lists the recipes"
+
+
+def recipes_dir() -> Path | None:
+    """The folder holding the recipe families: the installed package's copy, else (a source or editable checkout)
+    the repository's ``configs/`` next to ``src/``; None when neither exists."""
+    package = Path(__file__).resolve().parent
+    if (package / PACKAGED).is_dir():
+        return package / PACKAGED
+    if package.parent.name == "src" and (package.parent.parent / "configs").is_dir():
+        return package.parent.parent / "configs"
+    return None
+
+
+def recipes() -> dict[str, Path]:
+    """Every recipe: name (``llada/sft_tiny``) -> file, sorted by family and name."""
+    root = recipes_dir()
+    if root is None:
+        return {}
+    found = {f"{family}/{path.stem}": path for family in FAMILIES
+             for path in (root / family).glob("*.yaml") if path.is_file()}
+    return dict(sorted(found.items()))
+
+
+def description(path: Path) -> str:
+    """The recipe's one-line description: its first comment line without the ``#`` (and the space after it)."""
+    for line in path.read_text().splitlines():
+        if line.startswith("#"):
+            return line[1:].strip()
+    return ""
+
+
+def recipe_key(given: str | os.PathLike) -> str:
+    """The recipe name that the last two parts of ``given`` spell (``configs/llada/sft_tiny.yaml`` and
+    ``llada/sft_tiny`` -> ``llada/sft_tiny``), found or not."""
+    parts = Path(given).parts[-2:]
+    last = parts[-1] if parts else ""
+    for suffix in SUFFIXES:
+        if last.lower().endswith(suffix):
+            last = last[: -len(suffix)]
+    return "/".join([*parts[:-1], last])
+
+
+def typed_as_name(given: str | os.PathLike) -> bool:
+    """True for a recipe name as typed (``llada/d1_tiny``, ``llada/d1_tiny.yaml``): two relative parts, the first a
+    family, or any word without a YAML suffix; False for a path (``configs/llada/d1_tiny.yaml``)."""
+    path = Path(given)
+    if path.is_absolute():
+        return False
+    if len(path.parts) == 2 and path.parts[0] in FAMILIES:
+        return True
+    return not str(given).lower().endswith(SUFFIXES)
+
+
+def is_recipe_name(word: str) -> bool:
+    """True when ``word`` is a recipe's name as typed (``llada/d1_tiny``, ``llada/d1_tiny.yaml``)."""
+    return typed_as_name(word) and recipe_key(word) in recipes()
+
+
+def recipe_path(name: str) -> Path:
+    """The file of recipe ``name`` (``llada/d1_tiny``, ``llada/d1_tiny.yaml``, or a path ending in its family and file:
+    ``configs/llada/d1_tiny.yaml``); a one-line :class:`ConfigError` naming the closest recipe otherwise."""
+    found = recipes().get(recipe_key(name))
+    if found is None:
+        raise unknown_recipe(name)
+    return found
+
+
+def resolve_recipe(given: str | os.PathLike) -> str | os.PathLike:
+    """The recipe file that ``given`` means: ``given`` itself when it exists; the recipe it names (``llada/d1_tiny``);
+    for a path that does not exist but ends in a recipe's family and file (``configs/llada/sft_tiny.yaml`` typed
+    outside the repository), that recipe, after a ``note:`` line on stderr saying so. Anything else is a one-line
+    :class:`ConfigError` naming the closest recipe (:func:`unknown_recipe`)."""
+    if Path(given).exists():
+        return given
+    found = recipes().get(recipe_key(given))
+    if found is None:
+        raise unknown_recipe(given)
+    if not typed_as_name(given) and int(os.environ.get("RANK", "0")) == 0:  # under torchrun, rank 0 says it once
+        print(f"note: {given} does not exist here; using the recipe {recipe_key(given)} of this installation "
+              f"({found})", file=sys.stderr)
+    return found
+
+
+def unknown_recipe(given: str | os.PathLike) -> ConfigError:
+    """The one-line error for a recipe that is neither a file nor a recipe name: the closest recipe, written as the
+    user wrote theirs (a path keeps its folders: ``did you mean configs/llada/sft_tiny.yaml?``; a name stays a name),
+    and where the list is."""
+    hint = closest(recipe_key(given), recipes())
+    if typed_as_name(given):
+        suggestion = f" (did you mean {hint}?)" if hint else ""
+        return ConfigError(f"no recipe named {given}{suggestion}; {LISTED_BY}")
+    if hint:
+        folders = Path(given).parent.parent
+        suggestion = f" (did you mean {Path(folders, hint + Path(given).suffix)}?)"
+    else:
+        suggestion = ""
+    return ConfigError(f"config file {given} does not exist{suggestion}; {LISTED_BY}")
+
+
+def listing() -> list[str]:
+    """One line per recipe, grouped by family: its name, ``cpu`` for the tiny ones that run on a CPU in seconds (else
+    ``gpu``), and its description, in aligned columns."""
+    found = recipes()
+    if not found:
+        raise ConfigError("this installation has no recipes (neither dare/configs/ in the package nor a checkout's "
+                          "configs/); reinstall dare-dllm, or pass a recipe file's path")
+    width = max(map(len, found))
+    return [f"{name:<{width}}  {'cpu' if name.endswith('_tiny') else 'gpu'}  {description(path)}"
+            for name, path in found.items()]

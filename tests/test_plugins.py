@@ -1,0 +1,366 @@
+"""User plug-ins (dare.plugins): the recipe key ``imports``, ``--import``, the ``dare.plugins`` entry-point group,
+their one-line errors, the resume rule and the reward helper process."""
+
+import json
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from cli_helpers import one_line_error
+
+from dare import plugins
+from dare.cli import main
+from dare.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[1]
+D1 = str(ROOT / "configs/llada/d1_tiny.yaml")
+TINY_GEN = str(ROOT / "configs/lm_eval/data/tiny_gen.jsonl")
+SMALL_RL = ["trainer.progress=false", "trainer.batch_size=8", "trainer.micro_batch_size=8", "algorithm.inner_steps=1",
+            "trainer.max_steps=1"]
+
+LENGTH_REWARD = '''
+from dare.rewards import Reward, RewardResult, register_reward
+
+
+@register_reward("{name}")
+class LengthBonus(Reward):
+    """1 + the completion's length / 1000: above 1, which no built-in reward gives."""
+
+    def score_one(self, completion, sample):
+        return RewardResult(reward=1 + len(completion) / 1000, correct=False)
+'''
+
+COUNTING = '''
+from pathlib import Path
+
+runs = Path(__file__).with_suffix(".runs")
+runs.write_text(runs.read_text() + "x" if runs.exists() else "x")
+'''
+
+
+@pytest.fixture(autouse=True)
+def isolated_plugins(monkeypatch, tmp_path_factory):
+    """Each test starts with no plug-in imported and leaves the registries, sys.path and the plug-in modules of
+    sys.modules as it found them (a plug-in's registrations must not leak into other tests)."""
+    from dare.algorithms import ALGORITHMS
+    from dare.eval.benchmark import BENCHMARKS
+    from dare.rewards import REWARDS
+    from dare.rollout.registry import SAMPLERS
+
+    registries = [ALGORITHMS, BENCHMARKS, REWARDS, SAMPLERS]
+    saved = [dict(r) for r in registries]
+    modules, path = set(sys.modules), list(sys.path)
+    monkeypatch.setattr(plugins, "_LOADED", {})
+    monkeypatch.setattr(plugins, "_ENTRY_POINTS_LOADED", False)
+    installed_only([], monkeypatch)  # no installed plug-in of this machine
+    yield
+    for registry, before in zip(registries, saved):
+        registry.clear()
+        registry.update(before)
+    temporary = str(tmp_path_factory.getbasetemp())
+    for name in set(sys.modules) - modules:  # DARE's own modules imported meanwhile stay
+        if str(getattr(sys.modules[name], "__file__", None) or "").startswith(temporary):
+            del sys.modules[name]
+    sys.path[:] = path
+
+
+def installed_only(points: list, monkeypatch, asked: list | None = None) -> None:
+    """Make ``points`` the installed ``dare.plugins`` entry points (recording each query of that group in ``asked``);
+    other groups (fsspec's, transformers', ...) stay those of the machine."""
+    import importlib.metadata
+
+    real = importlib.metadata.entry_points
+
+    def entry_points(**selection):
+        if selection.get("group") != "dare.plugins":
+            return real(**selection)
+        if asked is not None:
+            asked.append(selection)
+        return points
+
+    monkeypatch.setattr(importlib.metadata, "entry_points", entry_points)
+
+
+def write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def runs_of(plugin: Path) -> int:
+    """How many times the COUNTING plug-in ``plugin`` was executed."""
+    counter = plugin.with_suffix(".runs")
+    return len(counter.read_text()) if counter.exists() else 0
+
+
+# ---------------------------------------------------------------------------------------- dare train imports=[...]
+
+def test_a_reward_of_a_plugin_file_trains_and_its_values_are_in_the_run(tmp_path, monkeypatch, capsys):
+    write(tmp_path / "my_reward.py", LENGTH_REWARD.format(name="length_bonus_t"))
+    monkeypatch.chdir(tmp_path)  # a relative file: relative to the current directory
+    out = tmp_path / "run"
+    assert main(["train", D1, "imports=[my_reward.py]", "rollout.reward=length_bonus_t", *SMALL_RL,
+                 f"trainer.output_dir={out}"]) == 0, capsys.readouterr().err
+    rows = [json.loads(line) for line in (out / "rollouts.jsonl").read_text().splitlines()]
+    assert rows and all(r["reward"] == pytest.approx(1 + len(r["completion"]) / 1000) for r in rows)
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert 1.0 < metrics[-1]["rollout/reward"] <= 1.0 + 8 * 4 / 1000  # 8 tokens of at most 4 bytes
+    from dare.config import load_yaml
+
+    assert load_yaml(out / "config.yaml")["imports"] == ["my_reward.py"]
+    assert "reward 1.0" in capsys.readouterr().out
+
+
+def test_a_plugin_algorithm_is_selectable_by_name_and_unknown_without_its_import(tmp_path, capsys):
+    plugin = write(tmp_path / "my_algorithm.py", '''
+        from dare.algorithms import ALGORITHMS, register_algorithm
+
+
+        @register_algorithm
+        class MyD1(ALGORITHMS["d1"]):
+            name = "my_d1_t"
+        ''')
+    out = f"trainer.output_dir={tmp_path / 'run'}"
+    assert main(["train", D1, f"imports=[{plugin}]", "algorithm.name=my_d1_t", out, "--dry-run"]) == 0
+    printed = capsys.readouterr().out
+    assert "  name: my_d1_t\n" in printed and f"imports:\n- {plugin}\n" in printed
+    assert main(["train", D1, f"imports=[{plugin}]", "algorithm.name=my_d1_t", "--show-config"]) == 0
+    assert "algorithm.name (str) = 'my_d1_t'" in capsys.readouterr().out
+    from dare.algorithms import ALGORITHMS
+
+    del ALGORITHMS["my_d1_t"]
+    line = one_line_error(capsys, "train", D1, "algorithm.name=my_d1_t", out, "--dry-run")
+    assert line.startswith("error: unknown algorithm 'my_d1_t'")
+
+
+def test_a_config_built_in_python_imports_its_plugins_when_checked(tmp_path):
+    from dare.trainer.config import TrainConfig, load_train_config, revalidate
+
+    plugin = write(tmp_path / "my_reward.py", LENGTH_REWARD.format(name="length_bonus_py"))
+    config = load_train_config(D1)
+    config.imports = [str(plugin)]
+    revalidate(config)
+    from dare.rewards import REWARDS
+
+    assert "length_bonus_py" in REWARDS
+    assert TrainConfig().imports == []
+
+
+# ------------------------------------------------------------------------------------- module names, files, once
+
+def test_a_module_name_and_a_file_are_each_imported_once(tmp_path, monkeypatch):
+    module = write(tmp_path / "mods" / "counting_mod.py", COUNTING)
+    monkeypatch.syspath_prepend(str(tmp_path / "mods"))
+    plugins.load_plugins(["counting_mod"])
+    plugins.load_plugins(["counting_mod"])
+    assert runs_of(module) == 1
+    file = write(tmp_path / "files" / "counting_file.py", COUNTING)
+    monkeypatch.chdir(tmp_path / "files")
+    plugins.load_plugins([str(file)])
+    plugins.load_plugins(["counting_file.py"])  # the same file, relative: the same module
+    assert runs_of(file) == 1
+    name = plugins.file_module_name(file)
+    assert name in sys.modules and plugins.imported() == ["counting_mod", str(file)]
+    assert str(file.parent) == sys.path[-1]  # appended: siblings import, nothing installed is shadowed
+
+
+def test_the_current_directory_is_searched_for_a_module_name_and_a_file_imports_its_siblings(tmp_path, monkeypatch):
+    from dare.rewards import REWARDS
+
+    write(tmp_path / "pkg_t" / "__init__.py", "")
+    write(tmp_path / "pkg_t" / "rewards.py", LENGTH_REWARD.format(name="length_bonus_pkg"))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    plugins.load_plugins(["pkg_t.rewards"])
+    assert "length_bonus_pkg" in REWARDS
+    write(tmp_path / "side" / "helper_t.py", "VALUE = 7\n")
+    plugin = write(tmp_path / "side" / "uses_helper.py", "from helper_t import VALUE\n")
+    plugins.load_plugins([str(plugin)])
+    assert sys.modules[plugins.file_module_name(plugin)].VALUE == 7
+
+
+# ------------------------------------------------------------------------------------------------------ errors
+
+def test_a_missing_module_or_file_is_a_one_line_error(tmp_path, monkeypatch, capsys):
+    write(tmp_path / "my_rewards.py", "")
+    monkeypatch.chdir(tmp_path)
+    out = f"trainer.output_dir={tmp_path / 'run'}"
+    assert one_line_error(capsys, "train", D1, "imports=[my_rewardz]", out, "--dry-run") == (
+        "error: imports: no module named 'my_rewardz' (and no file my_rewardz)")
+    assert one_line_error(capsys, "train", D1, "imports=[my_rewardz.py]", out, "--dry-run") == (
+        f"error: imports: no file my_rewardz.py in {tmp_path} (did you mean my_rewards.py?)")
+    assert one_line_error(capsys, "train", D1, f"imports=[{tmp_path / 'nothing.py'}]", out, "--dry-run") == (
+        f"error: imports: no file {tmp_path / 'nothing.py'}")
+    assert one_line_error(capsys, "train", D1, "imports=my_rewards.py", out, "--dry-run") == (
+        "error: imports must be a list of modules or .py files; got the string 'my_rewards.py' (write "
+        "imports=[my_rewards.py], or in a recipe imports: [my_rewards.py])")
+    assert one_line_error(capsys, "eval", "run", "--model", "tiny:llada", "--benchmark", "gsm8k", "--import",
+                          "my_rewardz") == "error: --import: no module named 'my_rewardz' (and no file my_rewardz)"
+
+
+def test_a_plugin_that_raises_is_named_with_its_own_line(tmp_path, monkeypatch, capsys):
+    write(tmp_path / "my_rewards.py", '''
+        import os
+
+
+        def helper():
+            return x
+
+
+        helper()
+        ''')
+    monkeypatch.chdir(tmp_path)
+    out = f"trainer.output_dir={tmp_path / 'run'}"
+    assert one_line_error(capsys, "train", D1, "imports=[my_rewards.py]", out, "--dry-run") == (
+        "error: imports: my_rewards.py line 6 raised NameError: name 'x' is not defined (python my_rewards.py shows "
+        "the traceback)")
+    with pytest.raises(ConfigError) as caught:  # Python callers keep the whole traceback
+        plugins.load_plugins(["my_rewards.py"])
+    assert isinstance(caught.value.__cause__, NameError)
+    write(tmp_path / "syntax.py", "def f(:\n    pass\n")
+    assert one_line_error(capsys, "generate", "--model", "tiny:llada", "--prompt", "hi", "--import", "syntax.py") == (
+        "error: --import: syntax.py line 1: SyntaxError: invalid syntax (python syntax.py shows the traceback)")
+    write(tmp_path / "pkg_bad" / "__init__.py", "")
+    write(tmp_path / "pkg_bad" / "helpers.py", "RATE = 1 / 0\n")
+    write(tmp_path / "pkg_bad" / "rewards.py", "from pkg_bad.helpers import RATE\n")
+    assert one_line_error(capsys, "train", D1, "imports=[pkg_bad.rewards]", out, "--dry-run") == (
+        "error: imports: pkg_bad.rewards: pkg_bad/helpers.py line 1 raised ZeroDivisionError: division by zero "
+        "(python -c 'import pkg_bad.rewards' shows the traceback)")
+
+
+def test_a_name_registered_twice_is_a_one_line_error(tmp_path, capsys):
+    plugin = write(tmp_path / "twice.py", '''
+        from dare.rewards import Reward, register_reward
+
+
+        @register_reward("gsm8k")
+        class Mine(Reward):
+            pass
+        ''')
+    assert one_line_error(capsys, "eval", "score", "--benchmark", "gsm8k", "--predictions", "x.jsonl", "--import",
+                          plugin) == (f"error: --import: {plugin} line 5 raised ValueError: reward 'gsm8k' registered "
+                                      f"twice (python {plugin} shows the traceback)")
+
+
+# ----------------------------------------------------------------------------------------------- dare eval --import
+
+EVAL_PLUGIN = '''
+import dataclasses
+
+from dare.eval import get_benchmark
+from dare.eval.benchmark import register_benchmark
+from dare.rollout import Sampler, register_sampler
+''' + LENGTH_REWARD.format(name="length_bonus_eval") + '''
+
+register_benchmark(dataclasses.replace(get_benchmark("gsm8k"), name="gsm8k_length_t", reward="length_bonus_eval"))
+register_sampler(Sampler("llada_blocks4_t", "llada in blocks of 4", {"block_length": 4}))
+'''
+
+
+def test_eval_run_imports_a_plugin_benchmark_reward_and_sampler_and_records_it(tmp_path, capsys):
+    plugin = write(tmp_path / "my_eval.py", EVAL_PLUGIN)
+    command = ["eval", "run", "--model", "tiny:llada", "--benchmark", "gsm8k_length_t", "--data", TINY_GEN,
+               "--limit", "8", "--json", "--sampler", "llada_blocks4_t", "--gen-length", "8", "--no-progress"]
+    line = one_line_error(capsys, *command)
+    assert line.startswith("error: unknown benchmark 'gsm8k_length_t'")
+    out = tmp_path / "results.json"
+    assert main([*command, "--import", str(plugin), "--out", str(out)]) == 0, capsys.readouterr().err
+    assert json.loads(capsys.readouterr().out.splitlines()[0])["metrics"]["reward"] > 1.0
+    results = json.loads(out.read_text())
+    assert results["imports"] == [str(plugin)]
+    assert results["sampler"]["name"] == "llada_blocks4_t" and results["sampler"]["settings"]["block_length"] == 4
+    assert all(s["reward"] == pytest.approx(1 + len(s["prediction"]) / 1000) for s in results["samples"])
+    from dare.eval.results import EvalResults
+
+    assert EvalResults.read(out).imports == [str(plugin)]
+
+
+def test_generate_imports_a_plugin_sampler(tmp_path, capsys):
+    plugin = write(tmp_path / "my_eval.py", EVAL_PLUGIN)
+    assert main(["generate", "--model", "tiny:llada", "--prompt", "hi", "--sampler", "llada_blocks4_t",
+                 "--gen-length", "8", "--json", "--import", str(plugin)]) == 0, capsys.readouterr().err
+    assert json.loads(capsys.readouterr().out)["sampler"] == "llada_blocks4_t"
+
+
+# --------------------------------------------------------------------------------------------- entry points
+
+class FakeEntryPoint:
+    """What ``importlib.metadata.entry_points(group=...)`` yields for an installed distribution."""
+
+    def __init__(self, name: str, value: str):
+        self.name, self.value, self.module = name, value, value.partition(":")[0]
+        self.dist = type("Dist", (), {"name": "my-dare-plugin"})()
+
+
+def test_an_installed_entry_point_is_imported_once_at_the_same_moments(tmp_path, monkeypatch, capsys):
+    module = write(tmp_path / "site" / "installed_plugin_t.py", COUNTING + LENGTH_REWARD.format(name="installed_t"))
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    asked = []
+    installed_only([FakeEntryPoint("mine", "installed_plugin_t")], monkeypatch, asked)
+    from dare.cli import build_parser
+
+    build_parser().parse_args(["eval", "run", "--model", "tiny:llada", "--benchmark", "gsm8k"])
+    assert asked == [] and runs_of(module) == 0  # `dare --help` and parsing load nothing
+    out = f"trainer.output_dir={tmp_path / 'run'}"
+    assert main(["train", D1, "rollout.reward=installed_t", out, "--dry-run"]) == 0, capsys.readouterr().err
+    assert main(["train", D1, "rollout.reward=installed_t", out, "--dry-run"]) == 0
+    assert runs_of(module) == 1 and asked == [{"group": "dare.plugins"}]
+    assert plugins.imported() == ["installed_plugin_t"]
+
+
+def test_a_broken_entry_point_names_its_distribution(tmp_path, monkeypatch, capsys):
+    installed_only([FakeEntryPoint("gone", "uninstalled_module_t:register")], monkeypatch)
+    assert one_line_error(capsys, "train", D1, f"trainer.output_dir={tmp_path}", "--dry-run") == (
+        "error: dare.plugins entry point 'gone' of my-dare-plugin: no module named 'uninstalled_module_t' (and no "
+        "file uninstalled_module_t)")
+
+
+# ---------------------------------------------------------------------------------------------------- resume
+
+def test_a_resume_with_the_plugin_elsewhere_is_accepted():
+    from dare.trainer.resume import FREE_KEYS, check_same_settings, differing_keys
+
+    saved = {"imports": ["my_reward.py"], "rollout": {"reward": "length_bonus"}, "algorithm": {"name": "d1"}}
+    moved = {**saved, "imports": ["/home/me/plugins/my_reward.py"]}
+    assert "imports" in FREE_KEYS and differing_keys(saved, moved) == []
+    check_same_settings(saved, moved, "runs/x", "")
+    other = {**moved, "rollout": {"reward": "other_reward"}}
+    assert differing_keys(saved, other) == ["rollout.reward"]
+
+
+# ------------------------------------------------------------------------------------- reward helper processes
+
+def test_a_helper_process_imports_the_plugins_so_a_plugin_files_function_runs_there(tmp_path, monkeypatch):
+    from dare.rewards.worker import BoundedWorker
+
+    plugin = write(tmp_path / "checks.py", '''
+        def length(text):
+            return len(text)
+        ''')
+    plugins.load_plugins([str(plugin)])
+    target = f"{plugins.file_module_name(plugin)}:length"
+    worker = BoundedWorker(target)
+    try:
+        assert worker.call(("abcd",), timeout=60, default=-1) == 4
+    finally:
+        worker.close()
+    monkeypatch.setattr(plugins, "child_setup", dict)  # without the plug-ins the helper cannot find it
+    worker = BoundedWorker(target, start_timeout=60)
+    try:
+        assert worker.call(("abcd",), timeout=60, default=-1) == -1
+    finally:
+        worker.close()
+
+
+def test_train_answers_the_eval_habit_import_flag_with_the_imports_override(capsys):
+    """``dare train RECIPE --import x.py`` (the eval / generate option) names the override to write instead, as a
+    list: ``imports=[x.py]`` (a bare ``imports=x.py`` would be a string, which the key refuses)."""
+    from dare.cli import main
+
+    for flag in (["--import", "x.py"], ["--imports=x.py"]):
+        with pytest.raises(SystemExit):
+            main(["train", "configs/llada/d1_tiny.yaml", *flag])
+        assert capsys.readouterr().err.strip().splitlines()[-1] == (
+            f"error: dare train: unknown option {flag[0].split('=')[0]}: settings are key=value overrides here (use "
+            "imports=[x.py]); see 'dare train --help'")
