@@ -126,7 +126,14 @@ def test_a_plugin_algorithm_is_selectable_by_name_and_unknown_without_its_import
     printed = capsys.readouterr().out
     assert "  name: my_d1_t\n" in printed and f"imports:\n- {plugin}\n" in printed
     assert main(["train", D1, f"imports=[{plugin}]", "algorithm.name=my_d1_t", "--show-config"]) == 0
-    assert "algorithm.name (str) = 'my_d1_t'" in capsys.readouterr().out
+    shown, notes = capsys.readouterr()
+    assert "algorithm.name (str) = 'my_d1_t'" in shown
+    # a subclass of the recipe's d1 keeps the recipe's d1 settings (no "dropping ..." note)
+    from dare.config import load_yaml
+
+    recipe_steps = load_yaml(D1)["algorithm"]["inner_steps"]
+    assert recipe_steps != 12  # d1's default: the check below tells the recipe's value from it
+    assert f"algorithm.inner_steps (int) = {recipe_steps}" in shown and "dropping" not in notes
     from dare.algorithms import ALGORITHMS
 
     del ALGORITHMS["my_d1_t"]
@@ -364,3 +371,69 @@ def test_train_answers_the_eval_habit_import_flag_with_the_imports_override(caps
         assert capsys.readouterr().err.strip().splitlines()[-1] == (
             f"error: dare train: unknown option {flag[0].split('=')[0]}: settings are key=value overrides here (use "
             "imports=[x.py]); see 'dare train --help'")
+
+
+def test_dare_targets_start_their_helper_without_the_plugins(monkeypatch):
+    """The math reward's helper (a DARE target) imports no plug-in: it would pay each one's import at every restart,
+    and a plug-in failing there would silently turn its answers into defaults. A target of the user's own gets them."""
+    from dare.rewards.worker import BoundedWorker
+
+    setup = {"path": ["/x"], "imports": ["/x/slow.py"]}
+    assert BoundedWorker("dare.rewards.math_check:verify_pair")._plugins(setup) == {}
+    assert BoundedWorker("dare_plugin_checks_0123:length")._plugins(setup) == setup
+
+
+def test_a_plugin_that_imports_a_sibling_plugin_gets_the_same_module(tmp_path, monkeypatch):
+    """``imports=[my_reward.py, combo.py]`` where combo.py does ``from my_reward import ...``: the file is aliased
+    under its plain name, so it runs once (before: a second run registered ``my_reward`` twice and failed)."""
+    monkeypatch.chdir(tmp_path)
+    write(tmp_path / "my_reward_t.py", f'''
+        from pathlib import Path
+        from dare.rewards import Reward, RewardResult, register_reward
+        with open(Path(__file__).with_suffix(".runs"), "a") as f:
+            f.write("x")
+
+        @register_reward("my_reward_t")
+        class MyReward(Reward):
+            def score_one(self, completion, sample):
+                return RewardResult(reward=1.0, correct=False)
+        ''')
+    write(tmp_path / "combo_t.py", '''
+        from my_reward_t import MyReward
+        from dare.rewards import register_reward
+
+        @register_reward("combo_t")
+        class Combo(MyReward):
+            pass
+        ''')
+    plugins.load_plugins(["my_reward_t.py", "combo_t.py", "my_reward_t"])
+    assert runs_of(tmp_path / "my_reward_t.py") == 1
+    assert sys.modules["my_reward_t"] is sys.modules[plugins.file_module_name(tmp_path / "my_reward_t.py")]
+
+
+def test_a_plain_name_never_shadows_an_installed_module(tmp_path, monkeypatch):
+    """A plug-in file named like a stdlib module (code.py) is imported under its path's name only."""
+    monkeypatch.chdir(tmp_path)
+    write(tmp_path / "code.py", "VALUE = 1\n")
+    import code as stdlib_code
+
+    plugins.load_plugins(["code.py"])
+    assert sys.modules["code"] is stdlib_code
+    assert plugins.plain_alias(tmp_path / "code.py") is None
+
+
+def test_a_plugin_that_exits_while_importing_is_one_line(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    write(tmp_path / "exits_t.py", "import sys\nsys.exit('bye')\n")
+    with pytest.raises(ConfigError, match=r"^imports: exits_t\.py line 2 raised SystemExit: bye \(python exits_t\.py "
+                                          r"shows the traceback\)$"):
+        plugins.load_plugins(["exits_t.py"])
+
+
+def test_a_plugin_file_given_where_a_recipe_or_override_goes_names_the_imports_key(capsys):
+    assert one_line_error(capsys, "train", "my_reward.py") == (
+        "error: my_reward.py is Python, not a YAML recipe: a plug-in of your own goes in as imports=[my_reward.py] "
+        "after the recipe (dare train RECIPE imports=[FILE.py])")
+    assert one_line_error(capsys, "train", "llada/d1_tiny", "my_reward.py") == (
+        "error: my_reward.py is Python, not a YAML recipe or a key=value override: a plug-in of your own goes in as "
+        "imports=[my_reward.py]")

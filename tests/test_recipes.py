@@ -32,6 +32,21 @@ def header(path: Path) -> str:
     return first[2:].strip()
 
 
+def check_description(text: str, path: Path) -> None:
+    """``text`` opens the recipe's leading comment (its first line and what follows, joined), within the width,
+    possibly cut at a word (an ellipsis), never empty."""
+    from dare.recipes import DESCRIPTION_WIDTH
+
+    lead = []
+    for line in path.read_text().splitlines():
+        if not line.startswith("#"):
+            break
+        lead += line[1:].split()
+    joined = " ".join(lead)
+    assert text and len(text) <= DESCRIPTION_WIDTH, text
+    assert joined.startswith(text.removesuffix("…")) and header(path).startswith(text.removesuffix("…")[:20]), text
+
+
 def test_the_repository_has_recipes_in_every_family():
     assert {path.parent.name for path in RECIPE_FILES} == set(FAMILIES)
     assert len(RECIPE_FILES) > 40
@@ -48,7 +63,7 @@ def test_every_recipe_name_resolves_to_its_file_and_description(path):
         found = recipe_path(typed)
         assert Path(resolve_recipe(typed)) == found and found.is_file()
         assert found.read_text() == path.read_text()
-    assert description(recipe_path(name)) == header(path)
+    check_description(description(recipe_path(name)), path)
 
 
 def test_the_listing_has_one_aligned_line_per_recipe(capsys):
@@ -58,7 +73,8 @@ def test_the_listing_has_one_aligned_line_per_recipe(capsys):
     width = max(len(name_of(path)) for path in RECIPE_FILES)
     for line, path in zip(lines, RECIPE_FILES):
         kind = "cpu" if path.stem.endswith("_tiny") else "gpu"
-        assert line == f"{name_of(path):<{width}}  {kind}  {header(path)}"
+        assert line.startswith(f"{name_of(path):<{width}}  {kind}  ")
+        check_description(line[width + 7:], path)
     assert "llada/sft_tiny" in {line.split()[0] for line in lines if line.split()[1] == "cpu"}
     assert "llada/d1_8b" in {line.split()[0] for line in lines if line.split()[1] == "gpu"}
 
@@ -192,3 +208,41 @@ def test_the_build_copies_every_registered_recipe(tmp_path):
     assert sorted(f"{p.parent.name}/{p.stem}" for p in written) == list(recipes())
     manifest = (ROOT / "MANIFEST.in").read_text()  # the sdist carries what the wheel's build copies
     assert all(f"configs/{family}/*.yaml" in manifest for family in FAMILIES)
+
+
+def test_a_missing_path_of_the_users_own_is_never_replaced_by_a_shipped_recipe(tmp_path, monkeypatch):
+    """Only the repository's layout (``[...]/configs/<family>/<name>.yaml``) may stand for a shipped recipe; a
+    mistyped path to an edited copy (``myexpt/llada/sft_tiny.yaml``, an absolute path) is an error, never the shipped
+    settings trained under a note."""
+    from dare.errors import ConfigError
+    from dare.recipes import resolve_recipe
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match=r"^config file myexpt/llada/sft_tiny\.yaml does not exist \(the shipped recipe "
+                                          r"with that name is llada/sft_tiny: dare train llada/sft_tiny\)$"):
+        resolve_recipe("myexpt/llada/sft_tiny.yaml")
+    with pytest.raises(ConfigError, match=r"^config file /x/llada/sft_tny\.yaml does not exist \(did you mean the "
+                                          r"shipped recipe llada/sft_tiny\?\)"):
+        resolve_recipe("/x/llada/sft_tny.yaml")
+    assert str(resolve_recipe("configs/llada/sft_tiny.yaml")).endswith("llada/sft_tiny.yaml")
+
+
+def test_harness_configs_are_named_as_such(tmp_path, monkeypatch):
+    from dare.errors import ConfigError
+    from dare.recipes import resolve_recipe
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match=r"^lm_eval/dare_tiny_gen is not a training recipe: configs/lm_eval/ holds "
+                                          r"lm-evaluation-harness tasks"):
+        resolve_recipe("lm_eval/dare_tiny_gen")
+
+
+def test_descriptions_are_first_sentences_within_the_width(tmp_path):
+    from dare.recipes import DESCRIPTION_WIDTH, description
+
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("# Tiny d1 on CPU: a random model.\n# Second sentence here.\nmodel:\n  path: x\n")
+    assert description(recipe) == "Tiny d1 on CPU: a random model."
+    recipe.write_text("# " + "word " * 60 + "\n# more\nmodel: {}\n")
+    text = description(recipe)
+    assert len(text) <= DESCRIPTION_WIDTH and text.endswith("word…")

@@ -135,12 +135,32 @@ def import_file(spec: str, where: str = "imports") -> Plugin:
     module_spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(module_spec)
     sys.modules[name] = module  # before it runs: dataclasses, pickle and helper processes look it up by name
+    alias = plain_alias(path)
+    if alias:  # a sibling plug-in's `from my_reward import X` gets this module, not a second run of the file
+        sys.modules[alias] = module
     try:
         module_spec.loader.exec_module(module)
-    except Exception as err:
+    except (Exception, SystemExit) as err:  # SystemExit: script code run at import (argparse, sys.exit)
         sys.modules.pop(name, None)
+        if alias:
+            sys.modules.pop(alias, None)
         raise ConfigError(failure(where, spec, err, [path], f"python {shlex.quote(spec)}")) from err
     return _record(Plugin(spec, name, str(path), str(path.parent)))
+
+
+def plain_alias(path: Path) -> str | None:
+    """The plain module name (the file's stem) under which ``import stem`` would load this very file from
+    ``sys.path``, when no module holds that name yet; None otherwise (a stdlib or installed module of that name, or a
+    stem that is no identifier, is never shadowed)."""
+    stem = path.stem
+    if not stem.isidentifier() or stem in sys.modules:
+        return None
+    try:
+        found = importlib.util.find_spec(stem)
+    except (ImportError, ValueError):
+        return None
+    same = found is not None and found.origin is not None and Path(found.origin).resolve() == path.resolve()
+    return stem if same else None
 
 
 def missing_file(spec: str, path: Path) -> str:
@@ -171,7 +191,7 @@ def import_module(spec: str, where: str = "imports", label: str | None = None) -
         if err.name and (spec == err.name or spec.startswith(err.name + ".")):
             raise ConfigError(f"{where}: no module named {spec!r} (and no file {spec})") from None
         raise ConfigError(failure(where, label, err, own_files(spec), f"python -c 'import {spec}'")) from err
-    except Exception as err:
+    except (Exception, SystemExit) as err:  # SystemExit: script code run at import (argparse, sys.exit)
         raise ConfigError(failure(where, label, err, own_files(spec), f"python -c 'import {spec}'")) from err
     return _record(Plugin(spec, spec, None, module_root(module, spec)))
 

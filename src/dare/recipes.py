@@ -22,6 +22,13 @@ harness configs, not recipes)."""
 PACKAGED = "configs"
 """The folder inside the installed package that holds the recipes (``dare/configs/<family>/<name>.yaml``)."""
 
+HARNESS_FOLDERS = {"lm_eval": "lm-evaluation-harness tasks (dare eval lm-eval --include_path configs/lm_eval)",
+                   "opencompass": "OpenCompass configs (dare eval opencompass CONFIG)"}
+"""The other folders of ``configs/``: evaluation-harness configs, not recipes, and not shipped in the wheel."""
+
+DESCRIPTION_WIDTH = 110
+"""The widest description :func:`listing` prints (a longer first sentence is cut at a word, with an ellipsis)."""
+
 SUFFIXES = (".yaml", ".yml")
 LISTED_BY = "dare recipes lists the recipes"
 
@@ -47,12 +54,23 @@ def recipes() -> dict[str, Path]:
     return dict(sorted(found.items()))
 
 
-def description(path: Path) -> str:
-    """The recipe's one-line description: its first comment line without the ``#`` (and the space after it)."""
+def description(path: Path, width: int = DESCRIPTION_WIDTH) -> str:
+    """The recipe's one-line description: the first sentence of its leading comment (the ``#`` lines before the first
+    key, joined), cut at a word to ``width`` characters with an ellipsis when longer."""
+    words: list[str] = []
     for line in path.read_text().splitlines():
-        if line.startswith("#"):
-            return line[1:].strip()
-    return ""
+        if not line.startswith("#"):
+            if words or line.strip():
+                break
+            continue
+        words += line[1:].split()
+    text = " ".join(words)
+    sentence = next((text[: i + 1] for i, char in enumerate(text)
+                     if char == "." and (i + 1 == len(text) or text[i + 1] == " ") and not text[:i].endswith(" e.g")),
+                    text)
+    if len(sentence) > width:
+        sentence = sentence[: width - 1].rsplit(" ", 1)[0].rstrip(",;:") + "…"
+    return sentence.rstrip(":")
 
 
 def recipe_key(given: str | os.PathLike) -> str:
@@ -77,6 +95,14 @@ def typed_as_name(given: str | os.PathLike) -> bool:
     return not str(given).lower().endswith(SUFFIXES)
 
 
+def names_shipped_layout(given: str | os.PathLike) -> bool:
+    """True for a relative path spelt as the repository's layout, ``[...]/configs/<family>/<name>.yaml``: the one path
+    form that may stand for a shipped recipe when it does not exist where it is typed. Any other missing path (an
+    absolute one, ``myexpt/llada/sft_tiny.yaml``) is the user's own file mistyped, never replaced by a shipped one."""
+    path = Path(given)
+    return not path.is_absolute() and len(path.parts) >= 3 and path.parts[-3] == "configs"
+
+
 def is_recipe_name(word: str) -> bool:
     """True when ``word`` is a recipe's name as typed (``llada/d1_tiny``, ``llada/d1_tiny.yaml``)."""
     return typed_as_name(word) and recipe_key(word) in recipes()
@@ -99,7 +125,7 @@ def resolve_recipe(given: str | os.PathLike) -> str | os.PathLike:
     if Path(given).exists():
         return given
     found = recipes().get(recipe_key(given))
-    if found is None:
+    if found is None or not (typed_as_name(given) or names_shipped_layout(given)):
         raise unknown_recipe(given)
     if not typed_as_name(given) and int(os.environ.get("RANK", "0")) == 0:  # under torchrun, rank 0 says it once
         print(f"note: {given} does not exist here; using the recipe {recipe_key(given)} of this installation "
@@ -111,13 +137,23 @@ def unknown_recipe(given: str | os.PathLike) -> ConfigError:
     """The one-line error for a recipe that is neither a file nor a recipe name: the closest recipe, written as the
     user wrote theirs (a path keeps its folders: ``did you mean configs/llada/sft_tiny.yaml?``; a name stays a name),
     and where the list is."""
-    hint = closest(recipe_key(given), recipes())
+    key = recipe_key(given)
+    harness = key.partition("/")[0]
+    if harness in HARNESS_FOLDERS:
+        return ConfigError(f"{given} is not a training recipe: configs/{harness}/ holds {HARNESS_FOLDERS[harness]}, in "
+                           f"the repository only; {LISTED_BY}")
+    if key in recipes():  # a missing path of the user's own that spells a shipped recipe's family and name
+        return ConfigError(f"config file {given} does not exist (the shipped recipe with that name is {key}: dare train "
+                           f"{key})")
+    hint = closest(key, recipes())
     if typed_as_name(given):
         suggestion = f" (did you mean {hint}?)" if hint else ""
         return ConfigError(f"no recipe named {given}{suggestion}; {LISTED_BY}")
-    if hint:
-        folders = Path(given).parent.parent
-        suggestion = f" (did you mean {Path(folders, hint + Path(given).suffix)}?)"
+    spelt_as_layout = names_shipped_layout(given) or (not Path(given).is_absolute() and len(Path(given).parts) == 2)
+    if hint and spelt_as_layout:  # configs/llada/sft_tny.yaml, lada/d1_tiny.yaml: the path as the user spells it
+        suggestion = f" (did you mean {Path(Path(given).parent.parent, hint + Path(given).suffix)}?)"
+    elif hint:  # a path of the user's own: the shipped recipe it may mean, by name
+        suggestion = f" (did you mean the shipped recipe {hint}?)"
     else:
         suggestion = ""
     return ConfigError(f"config file {given} does not exist{suggestion}; {LISTED_BY}")

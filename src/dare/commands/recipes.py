@@ -14,7 +14,7 @@ LIGHT = True
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("name", nargs="?",
+    parser.add_argument("name", nargs="?", metavar="NAME",
                         help="a recipe name from the list (e.g. llada/sft_tiny): print its YAML text unchanged, to "
                              "redirect into a file of your own (dare recipes llada/d1_8b > my.yaml; then dare train "
                              "my.yaml). Without NAME: one line per recipe, grouped by family; 'cpu' marks the tiny "
@@ -23,10 +23,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from dare.commands.train import print_quietly
-    from dare.recipes import listing, recipe_path
+    from pathlib import Path
+
+    from dare.recipes import listing, resolve_recipe
 
     if args.name is None:
         print_quietly("\n".join(listing()) + "\n")
     else:
-        print_quietly(recipe_path(args.name).read_text())
+        print_quietly(Path(resolve_recipe(args.name)).read_text())  # what dare train NAME would read
     return 0

@@ -137,6 +137,10 @@ def split_recipe(args: argparse.Namespace) -> tuple[str | None, list[str]]:
     config_path, overrides = args.config, list(args.overrides)
     if config_path is not None and "=" in config_path:
         config_path, overrides = None, [config_path, *overrides]
+    python = next((item for item in overrides if "=" not in item and item.endswith(".py")), None)
+    if python is not None:  # a plug-in file given bare: it goes in through the imports key
+        raise ConfigError(f"{python} is Python, not a YAML recipe or a key=value override: a plug-in of your own goes "
+                          f"in as imports=[{python}]")
     late = next((item for item in overrides if "=" not in item and looks_like_recipe(item)), None)
     if late is not None and config_path is not None:
         raise ConfigError(f"one recipe per run: got {config_path} and {late} (settings of another file go in as "

@@ -4,9 +4,10 @@ hang in C code, where neither threads nor SIGALRM can stop them).
 ``BoundedWorker("dare.rewards.math_check:verify_pair").call(args, timeout=5)`` runs the function in a
 helper interpreter (JSON lines over its stdin/stdout); a call that takes longer kills the helper (a
 fresh one starts on the next call) and returns ``default``. Calls are serialised by a lock, so any
-thread may use one worker. The helper first imports the user plug-ins this process imported
-(:func:`dare.plugins.child_setup`: ``imports:`` / ``--import`` items, ``dare.plugins`` entry points), so a plug-in
-file's reward can run its own function there: ``BoundedWorker(f"{__name__}:my_check")``.
+thread may use one worker. For a target outside DARE the helper first imports the user plug-ins this process
+imported (:func:`dare.plugins.child_setup`: ``imports:`` / ``--import`` items, ``dare.plugins`` entry points), so a
+plug-in file's reward can run its own function there: ``BoundedWorker(f"{__name__}:my_check")``; DARE's own targets
+(the math reward's) start without them.
 """
 
 from __future__ import annotations
@@ -70,12 +71,18 @@ class BoundedWorker:
             buf += chunk
         return json.loads(buf)
 
+    def _plugins(self, setup: dict) -> dict:
+        """The plug-ins the helper imports: none for DARE's own targets (the math reward's helper would pay every
+        plug-in's import, and a plug-in failing there would turn its answers into defaults); the parent's for a
+        target of the user's own code."""
+        return {} if self.target.startswith("dare.") else setup
+
     def _start(self) -> None:
         from dare.plugins import child_setup
 
         src = os.path.dirname(os.path.dirname(os.path.abspath(dare.__file__)))
         self._process = subprocess.Popen(
-            [sys.executable, "-c", _SERVER, src, self.target, json.dumps(child_setup())],
+            [sys.executable, "-c", _SERVER, src, self.target, json.dumps(self._plugins(child_setup()))],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True,
         )  # fmt: skip
         if self._readline(self.start_timeout) != "ready":

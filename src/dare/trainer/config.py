@@ -386,6 +386,9 @@ def check_recipe_argument(path) -> None:
     if isinstance(path, str) and "=" in path and not Path(path).exists():
         raise ConfigError(f"load_train_config's path {path!r} looks like an override, not a recipe: "
                           f"load_train_config(None, [{path!r}]) (or load_train_config(RECIPE, [{path!r}]))")
+    if isinstance(path, (str, os.PathLike)) and str(path).endswith(".py"):
+        raise ConfigError(f"{path} is Python, not a YAML recipe: a plug-in of your own goes in as imports=[{path}] after "
+                          "the recipe (dare train RECIPE imports=[FILE.py])")
 
 
 DEFAULTS_NOTED = {"model.path": "a tiny randomly initialised LLaDA, no weights",
@@ -424,11 +427,17 @@ def _algorithm_keys(name: str) -> set[str] | None:
     return None if cls is None else {f.name for f in dataclasses.fields(cls.config_class) if f.init}
 
 
+def _extends(algorithm, base) -> bool:
+    """True when registered algorithm class ``algorithm`` subclasses ``base`` (either may be None)."""
+    return isinstance(algorithm, type) and isinstance(base, type) and issubclass(algorithm, base)
+
+
 def _fit_recipe_algorithm(raw: dict, given: dict, path) -> dict:
     """The recipe's ``algorithm`` section against the algorithm that runs. With ``algorithm.name`` overridden to
     another algorithm, none of the recipe's algorithm settings carry over: the new algorithm starts from its own
     defaults plus the ``algorithm.*`` overrides, and one note names the settings dropped (a key both algorithms have
-    would otherwise keep a value tuned for the recipe's algorithm). With the recipe's own algorithm, an unknown key
+    would otherwise keep a value tuned for the recipe's algorithm), unless the new algorithm subclasses the recipe's
+    (a plug-in's variant): then the recipe's settings carry over. With the recipe's own algorithm, an unknown key
     the recipe holds is an error that says so and names the algorithms having it. Keys given as overrides are left
     to the usual unknown-key error."""
     import logging
@@ -446,6 +455,9 @@ def _fit_recipe_algorithm(raw: dict, given: dict, path) -> dict:
     keys = _algorithm_keys(name)
     if keys is None:
         return raw
+    if name != recipe_name and _extends(ALGORITHMS.get(name), ALGORITHMS.get(recipe_name)):
+        # a subclass of the recipe's algorithm (a plug-in's variant of d1): the recipe's settings are its own too
+        return {**raw, "algorithm": {**section, "name": name}}
     if name != recipe_name:
         dropped = [k for k in section if k != "name" and k not in override]
         if dropped:
