@@ -13,7 +13,7 @@ from cli_helpers import one_line_error
 
 from dare.cli import main
 from dare.errors import ConfigError
-from dare.recipes import FAMILIES, description, recipe_path, recipes, resolve_recipe
+from dare.recipes import FAMILIES, description, recipes, resolve_recipe
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE_FILES = sorted(path for family in ("dream", "llada", "llada2", "sdar")
@@ -60,10 +60,10 @@ def test_every_recipe_file_is_registered_by_its_name():
 def test_every_recipe_name_resolves_to_its_file_and_description(path):
     name = name_of(path)
     for typed in (name, f"{name}.yaml"):
-        found = recipe_path(typed)
+        found = recipes()[name]
         assert Path(resolve_recipe(typed)) == found and found.is_file()
         assert found.read_text() == path.read_text()
-    check_description(description(recipe_path(name)), path)
+    check_description(description(recipes()[name]), path)
 
 
 def test_the_listing_has_one_aligned_line_per_recipe(capsys):

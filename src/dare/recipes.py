@@ -108,15 +108,6 @@ def is_recipe_name(word: str) -> bool:
     return typed_as_name(word) and recipe_key(word) in recipes()
 
 
-def recipe_path(name: str) -> Path:
-    """The file of recipe ``name`` (``llada/d1_tiny``, ``llada/d1_tiny.yaml``, or a path ending in its family and file:
-    ``configs/llada/d1_tiny.yaml``); a one-line :class:`ConfigError` naming the closest recipe otherwise."""
-    found = recipes().get(recipe_key(name))
-    if found is None:
-        raise unknown_recipe(name)
-    return found
-
-
 def resolve_recipe(given: str | os.PathLike) -> str | os.PathLike:
     """The recipe file that ``given`` means: ``given`` itself when it exists; the recipe it names (``llada/d1_tiny``);
     for a path that does not exist but ends in a recipe's family and file (``configs/llada/sft_tiny.yaml`` typed

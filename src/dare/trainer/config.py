@@ -366,7 +366,8 @@ def load_train_config(path: str | os.PathLike | None, overrides: list[str] | str
         path = resolve_recipe(path)
     raw = load_yaml(path, texts=True) if path is not None else {}
     given = override_tree(overrides)
-    load_plugins(merge(raw, given).get("imports"))  # their registrations, before any name below is checked
+    # the plug-ins register before any name below is checked; an imports override replaces the recipe's list
+    load_plugins(given.get("imports", raw.get("imports")))
     if path is not None:
         raw = _fit_recipe_algorithm(raw, given, path)
     raw = merge(raw, given)
