@@ -387,7 +387,7 @@ def test_a_plugin_that_imports_a_sibling_plugin_gets_the_same_module(tmp_path, m
     """``imports=[my_reward.py, combo.py]`` where combo.py does ``from my_reward import ...``: the file is aliased
     under its plain name, so it runs once (before: a second run registered ``my_reward`` twice and failed)."""
     monkeypatch.chdir(tmp_path)
-    write(tmp_path / "my_reward_t.py", f'''
+    write(tmp_path / "my_reward_t.py", '''
         from pathlib import Path
         from dare.rewards import Reward, RewardResult, register_reward
         with open(Path(__file__).with_suffix(".runs"), "a") as f:

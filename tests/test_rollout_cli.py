@@ -120,7 +120,6 @@ def test_option_values_parse_like_a_recipe():
 def test_roofline_counts_the_lm_head_only_on_the_rows_whose_logits_are_read():
     import sys
 
-    import torch
 
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from common import Roofline, head_weight, weight_bytes

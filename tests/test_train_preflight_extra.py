@@ -254,6 +254,20 @@ def test_a_foreign_non_empty_output_dir_is_refused_and_left_alone(tmp_path, caps
     assert sorted(p.name for p in out.iterdir()) == before
 
 
+def test_another_ranks_write_probe_does_not_make_the_directory_foreign(tmp_path):
+    # rank 1 checks the directory is writable (a probe file made and deleted) while rank 0 lists it: the torchrun flake
+    from dare.outputs import PROBE_PREFIX
+    from dare.trainer.output_dir import check_output_dir
+
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / f"{PROBE_PREFIX}abc.tmp").write_text("")
+    check_output_dir(out)  # no error: nothing but another process's probe
+    (out / "notes.txt").write_text("mine")
+    with pytest.raises(ConfigError, match=r"\(it holds notes\.txt\)"):
+        check_output_dir(out)
+
+
 def test_earlier_runs_are_accepted_marked_or_not(tmp_path, capsys):
     out = tmp_path / "run"
     train(capsys, out, "trainer.save_every=1")

@@ -428,17 +428,20 @@ def _algorithm_keys(name: str) -> set[str] | None:
     return None if cls is None else {f.name for f in dataclasses.fields(cls.config_class) if f.init}
 
 
-def _extends(algorithm, base) -> bool:
-    """True when registered algorithm class ``algorithm`` subclasses ``base`` (either may be None)."""
-    return isinstance(algorithm, type) and isinstance(base, type) and issubclass(algorithm, base)
+def _shares_settings(algorithm, base) -> bool:
+    """True when registered algorithm class ``algorithm`` is a variant of ``base`` with the same settings: it
+    subclasses ``base`` and keeps its ``config_class`` (a plug-in's d1 that changes a hook). A subclass with a config
+    class of its own (IGPO of d1, DPO of VRPO) has defaults of its own. Either may be None."""
+    return (isinstance(algorithm, type) and isinstance(base, type) and issubclass(algorithm, base)
+            and getattr(algorithm, "config_class", None) is getattr(base, "config_class", None))
 
 
 def _fit_recipe_algorithm(raw: dict, given: dict, path) -> dict:
     """The recipe's ``algorithm`` section against the algorithm that runs. With ``algorithm.name`` overridden to
     another algorithm, none of the recipe's algorithm settings carry over: the new algorithm starts from its own
     defaults plus the ``algorithm.*`` overrides, and one note names the settings dropped (a key both algorithms have
-    would otherwise keep a value tuned for the recipe's algorithm), unless the new algorithm subclasses the recipe's
-    (a plug-in's variant): then the recipe's settings carry over. With the recipe's own algorithm, an unknown key
+    would otherwise keep a value tuned for the recipe's algorithm), unless the new algorithm is a variant of the
+    recipe's with the same settings (:func:`_shares_settings`: a plug-in's d1): then the recipe's settings carry over. With the recipe's own algorithm, an unknown key
     the recipe holds is an error that says so and names the algorithms having it. Keys given as overrides are left
     to the usual unknown-key error."""
     import logging
@@ -456,8 +459,8 @@ def _fit_recipe_algorithm(raw: dict, given: dict, path) -> dict:
     keys = _algorithm_keys(name)
     if keys is None:
         return raw
-    if name != recipe_name and _extends(ALGORITHMS.get(name), ALGORITHMS.get(recipe_name)):
-        # a subclass of the recipe's algorithm (a plug-in's variant of d1): the recipe's settings are its own too
+    if name != recipe_name and _shares_settings(ALGORITHMS.get(name), ALGORITHMS.get(recipe_name)):
+        # a variant of the recipe's algorithm with its config class (a plug-in's d1): the recipe's settings fit it
         return {**raw, "algorithm": {**section, "name": name}}
     if name != recipe_name:
         dropped = [k for k in section if k != "name" and k not in override]

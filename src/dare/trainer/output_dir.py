@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 
 from dare.errors import ConfigError
-from dare.outputs import OUTPUT_MARKER, read_marker
+from dare.outputs import OUTPUT_MARKER, PROBE_PREFIX, read_marker
 
 try:
     import fcntl
@@ -27,6 +27,14 @@ SHOWN_ENTRIES = 3
 """Entries of a refused output directory named in the error."""
 
 
+def _entries(directory: Path) -> list[Path]:
+    """What ``directory`` holds besides the run's lock, its marker and another process's write probe (a file
+    :func:`dare.outputs.can_write_in` makes and deletes at once: another rank of the same run checking the directory
+    is writable while this one lists it)."""
+    return [entry for entry in directory.iterdir()
+            if entry.name not in (LOCK_FILE, OUTPUT_MARKER) and not entry.name.startswith(PROBE_PREFIX)]
+
+
 def is_earlier_run(directory: Path) -> bool:
     """True when ``directory`` (an existing directory) is empty or an earlier ``dare train`` output: marked by
     :func:`dare.outputs.mark_output`, or unmarked with the run layout (``config.yaml`` and one of
@@ -34,7 +42,7 @@ def is_earlier_run(directory: Path) -> bool:
     written_by = read_marker(directory).get("written_by")
     if written_by is not None:
         return written_by == f"dare {COMMAND}"
-    names = {entry.name for entry in directory.iterdir()} - {LOCK_FILE, OUTPUT_MARKER}
+    names = {entry.name for entry in _entries(directory)}
     return not names or ("config.yaml" in names and any(name in names for name in RUN_LAYOUT))
 
 
@@ -49,8 +57,7 @@ def check_output_dir(output_dir) -> None:
     if written_by is not None:
         holds = f"it is a `{written_by}` output"
     else:
-        names = sorted(entry.name + ("/" if entry.is_dir() else "") for entry in directory.iterdir()
-                       if entry.name not in (LOCK_FILE, OUTPUT_MARKER))
+        names = sorted(entry.name + ("/" if entry.is_dir() else "") for entry in _entries(directory))
         more = f", ... ({len(names)} entries)" if len(names) > SHOWN_ENTRIES else ""
         holds = f"it holds {', '.join(names[:SHOWN_ENTRIES])}{more}"
     raise ConfigError(f"trainer.output_dir {output_dir}: the directory is not empty and is not an earlier `dare train` "
