@@ -239,6 +239,29 @@ def test_lm_evals_own_flags_in_model_args_are_one_line_errors(model_args, messag
     assert run_cli_error(capsys, "--model_args", model_args, "--tasks", "dare_tiny_gen") == message
 
 
+def test_import_brings_a_plugin_sampler_in_and_is_not_passed_to_lm_eval(tmp_path, monkeypatch, capsys, request,
+                                                                         only_local_tasks):
+    """``--import`` is DARE's own flag (lm-eval has none): taken out of the arguments, imported before the model args
+    name the plug-in's sampler, which decodes (its block length recorded with the resolved sampler)."""
+    from dare import plugins
+    from dare.rollout.registry import SAMPLERS
+
+    monkeypatch.setattr(plugins, "_LOADED", {})
+    request.addfinalizer(lambda: SAMPLERS.pop("llada_blocks4_lm", None))  # the plug-in's sampler leaves with the test
+    plugin = tmp_path / "my_sampler_lm.py"
+    plugin.write_text('from dare.rollout import Sampler, register_sampler\n\n'
+                      'register_sampler(Sampler("llada_blocks4_lm", "llada in blocks of 4", {"block_length": 4}))\n')
+    args = ["--model_args", "pretrained=tiny:llada,gen_length=8,sampler=llada_blocks4_lm", "--tasks", "dare_tiny_gen"]
+    assert "unknown sampler 'llada_blocks4_lm'" in run_cli_error(capsys, *args)
+    out = tmp_path / "out"
+    assert main(["eval", "lm-eval", "--model", "dare", *args, "--import", str(plugin), "--include_path",
+                 "configs/lm_eval", "--limit", "2", "--output_path", str(out)]) == 0, capsys.readouterr().err
+    results = json.loads(next(out.rglob("results_*.json")).read_text())
+    samplers = json.dumps(results)
+    assert '"llada_blocks4_lm"' in samplers and '"block_length": 4' in samplers
+    assert "--import needs a module name" in run_cli_error(capsys, *args, "--import")
+
+
 def test_without_lm_eval_the_command_says_what_to_install(monkeypatch, capsys):
     import dare.eval.lm_harness as harness
 

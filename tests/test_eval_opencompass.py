@@ -291,3 +291,26 @@ def test_opencompass_runs_the_tiny_config_end_to_end(tmp_path):
     for row in rows:  # a dataset whose inference or scoring failed shows "-" instead of a number
         value = float(row["tiny-llada-fastdllm"])
         assert math.isfinite(value) and 0 <= value <= 100, row
+
+
+def test_the_imports_argument_brings_a_plugin_sampler_in(oc, tiny, tmp_path, monkeypatch, request):
+    """``imports=[...]`` of a model entry: imported when the model is made (in each OpenCompass task's process),
+    before its sampler name is checked; a missing file is a one-line error naming the argument."""
+    from dare import plugins
+    from dare.rollout.registry import SAMPLERS
+
+    module, _ = oc
+    model, tok = tiny
+    monkeypatch.setattr(plugins, "_LOADED", {})
+    request.addfinalizer(lambda: SAMPLERS.pop("llada_blocks4_oc", None))  # the plug-in's sampler leaves with the test
+    plugin = tmp_path / "my_sampler_oc.py"
+    plugin.write_text('from dare.rollout import Sampler, register_sampler\n\n'
+                      'register_sampler(Sampler("llada_blocks4_oc", "llada in blocks of 4", {"block_length": 4}))\n')
+    entry = dict(path="tiny:llada", model=model, tokenizer=tok, chat=False, sampler={"sampler": "llada_blocks4_oc"})
+    with pytest.raises(ConfigError, match="unknown sampler 'llada_blocks4_oc'"):
+        module.DareDiffusionModel(**entry)
+    with pytest.raises(ConfigError, match=r"^DareDiffusionModel: imports: no file .*missing\.py"):
+        module.DareDiffusionModel(**entry, imports=[str(tmp_path / "missing.py")])
+    oc_model = module.DareDiffusionModel(**entry, imports=[str(plugin)])
+    assert oc_model.sampler_config(8).block_length == 4
+    assert len(oc_model.generate(["What is 2+2?"], max_out_len=8)) == 1

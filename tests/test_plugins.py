@@ -250,6 +250,31 @@ def test_a_name_registered_twice_is_a_one_line_error(tmp_path, capsys):
                                       f"twice (python {plugin} shows the traceback)")
 
 
+@pytest.mark.parametrize("body, message", [
+    ('from dare.algorithms import ALGORITHMS, register_algorithm\n\n\n@register_algorithm\n'
+     'class MyD1(ALGORITHMS["d1"]):\n    pass\n',
+     "algorithm class MyD1 needs its own name = '...' (it inherits 'd1')"),
+    ('from dare.algorithms import ALGORITHMS, register_algorithm\n\n\n@register_algorithm\n'
+     'class MyD1(ALGORITHMS["d1"]):\n    name = "d1"\n',
+     "algorithm 'd1' registered twice (MyD1; the first is dare.algorithms.d1.D1): give it another name"),
+    ('from dare.rollout import Sampler, register_sampler\n\n\n'
+     'register_sampler(Sampler("llada", "mine", {}))\n',
+     "sampler 'llada' registered twice: give the second one another name"),
+])
+def test_an_algorithm_or_sampler_name_taken_is_a_one_line_error_and_the_built_in_stays(tmp_path, capsys, body,
+                                                                                         message):
+    """A variant of d1 that forgot its own ``name`` used to replace the built-in d1 for the whole process."""
+    from dare.algorithms import ALGORITHMS
+    from dare.rollout.registry import SAMPLERS
+
+    builtins = (ALGORITHMS["d1"], SAMPLERS["llada"])
+    plugin = write(tmp_path / "taken.py", body)
+    line = one_line_error(capsys, "train", D1, f"imports=[{plugin}]", f"trainer.output_dir={tmp_path / 'run'}",
+                          "--dry-run")
+    assert line == f"error: imports: {plugin} line 4 raised ValueError: {message} (python {plugin} shows the traceback)"
+    assert (ALGORITHMS["d1"], SAMPLERS["llada"]) == builtins
+
+
 # ----------------------------------------------------------------------------------------------- dare eval --import
 
 EVAL_PLUGIN = '''

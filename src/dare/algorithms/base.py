@@ -177,8 +177,18 @@ ALGORITHMS: dict[str, type[Algorithm]] = {}
 
 
 def register_algorithm(cls: type[Algorithm]) -> type[Algorithm]:
-    """Class decorator adding an algorithm to the registry under ``cls.name``."""
-    ALGORITHMS[cls.name] = cls
+    """Class decorator adding an algorithm to the registry under ``cls.name``. A name taken by another class is an
+    error: a variant subclassing a built-in (``class MyD1(ALGORITHMS["d1"])``) that forgot its own ``name`` would
+    otherwise replace the built-in for every run of the process."""
+    name = cls.__dict__.get("name")
+    if not isinstance(name, str) or not name:
+        inherited = getattr(cls, "name", None)
+        detail = f" (it inherits {inherited!r})" if inherited else ""
+        raise ValueError(f"algorithm class {cls.__name__} needs its own name = '...'{detail}")
+    if ALGORITHMS.get(name) not in (None, cls):
+        raise ValueError(f"algorithm '{name}' registered twice ({cls.__name__}; the first is "
+                         f"{ALGORITHMS[name].__module__}.{ALGORITHMS[name].__name__}): give it another name")
+    ALGORITHMS[name] = cls
     return cls
 
 

@@ -25,6 +25,7 @@ HELP_PREAMBLE = [
     "  --model_args pretrained=CHECKPOINT|HUB_NAME|tiny:FAMILY[,adapter=DIR][,dtype=...][,seed=N][,mc_batch_size=N]",
     "               [,sampler=NAME][,any SamplerConfig or LikelihoodConfig field=VALUE]",
     "  the device and batch size are lm-eval's own --device and --batch_size N",
+    "  --import MODULE_OR_FILE (repeatable, DARE's own, not passed on): your plug-in's sampler, imported first",
     "  e.g. dare eval lm-eval run --model dare --model_args pretrained=tiny:llada,gen_length=32 --tasks gsm8k",
     "  Every argument goes to lm-eval unchanged; lm-eval's own help follows.",
 ]
@@ -105,19 +106,22 @@ def reject_lm_eval_flags_in_model_args(argv: list[str]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from dare.commands.passthrough import asks_for_help, exit_status, print_preamble, program_argv
+    from dare.commands.passthrough import asks_for_help, exit_status, print_preamble, program_argv, take_imports
     from dare.errors import DareError, InputError
     from dare.eval.lm_harness import require_lm_eval
+    from dare.plugins import load_plugins
 
-    reject_repeated_model_args(args.lm_eval_args)
-    reject_lm_eval_flags_in_model_args(args.lm_eval_args)
-    if asks_for_help(args.lm_eval_args):
+    imports, lm_eval_args = take_imports(args.lm_eval_args)
+    reject_repeated_model_args(lm_eval_args)
+    reject_lm_eval_flags_in_model_args(lm_eval_args)
+    if asks_for_help(lm_eval_args):
         print_preamble(HELP_PREAMBLE)
     require_lm_eval()
+    load_plugins(imports, "--import")  # a plug-in's sampler, before the model args name it
     import dare.eval.lm_harness  # noqa: F401  (registers the dare model)
     from lm_eval.__main__ import cli_evaluate
 
-    with program_argv("lm-eval", args.lm_eval_args):
+    with program_argv("lm-eval", lm_eval_args):
         try:
             cli_evaluate()
         except SystemExit as exit_:

@@ -23,6 +23,29 @@ def exit_status(exit_: SystemExit) -> int:
     return exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 2)
 
 
+def take_imports(argv: list[str]) -> tuple[list[str], list[str]]:
+    """DARE's own ``--import MODULE_OR_FILE`` (or ``--import=...``, repeatable) taken out of the tool's ``argv``
+    (before any ``--``): ``(the plug-ins to import, the arguments the tool gets)``. A ``--import`` without a value
+    is a one-line error."""
+    from dare.errors import ConfigError
+
+    imports, rest, items = [], [], iter(argv)
+    for item in items:
+        if item == "--":
+            rest += [item, *items]
+            break
+        if item == "--import":
+            value = next(items, None)
+            if value is None or value.startswith("-"):
+                raise ConfigError("--import needs a module name or a .py file (--import my_sampler.py)")
+            imports.append(value)
+        elif item.startswith("--import="):
+            imports.append(item.partition("=")[2])
+        else:
+            rest.append(item)
+    return imports, rest
+
+
 def asks_for_help(argv: list[str]) -> bool:
     """Whether the tool's ``argv`` asks for its help (``-h`` / ``--help`` before any ``--``)."""
     for item in argv:

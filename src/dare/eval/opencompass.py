@@ -10,6 +10,7 @@ Install OpenCompass next to DARE (``pip install "dare-dllm[opencompass]"``, or i
         path="GSAI-ML/LLaDA-8B-Instruct",                       # or a local checkpoint, or tiny:llada
         sampler=dict(sampler="fastdllm", cache="dual", block_length=32),   # any SamplerConfig field
         likelihood=dict(mc_samples=32),                         # any LikelihoodConfig field (ppl / ll tasks)
+        imports=["my_sampler.py"],                              # your plug-ins (dare.plugins), in every task
         max_out_len=256, batch_size=8, run_cfg=dict(num_gpus=1),
     )]
 
@@ -96,7 +97,7 @@ class DareDiffusionModel(_BaseModel):
                  max_seq_len: int = 4096, chat: bool | None = None, meta_template: dict | None = None,
                  generation_kwargs: dict | None = None, stop_words: Sequence[str] = (), seed: int = 0,
                  mc_batch_size: int = 16, compile_blocks: bool = False, tokenizer_only: bool = False, model=None,
-                 tokenizer=None, **unknown: Any):
+                 tokenizer=None, imports: Sequence[str] | None = None, **unknown: Any):
         require_opencompass()
         from dare.eval.harness import boolean
         from dare.eval.likelihood import LikelihoodConfig
@@ -106,7 +107,7 @@ class DareDiffusionModel(_BaseModel):
         # OpenCompass passes every key of the model entry: a misspelt one is a one-line error, as are unknown
         # sampler / likelihood fields and an unknown sampler preset
         check_model_args({"sampler": sampler, "likelihood": likelihood, "generation_kwargs": generation_kwargs,
-                          **unknown})
+                          "imports": imports, **unknown})
         compile_blocks = boolean("compile_blocks", compile_blocks)
         super().__init__(path=path, max_seq_len=max_seq_len, tokenizer_only=tokenizer_only,
                          meta_template=meta_template, generation_kwargs=dict(generation_kwargs or {}))
@@ -315,13 +316,17 @@ def check_key_places(args: Mapping[str, Any], name: str = "DareDiffusionModel") 
 
 
 def check_model_args(args: Mapping[str, Any], name: str = "DareDiffusionModel") -> None:
-    """Argument names, ``sampler`` / ``generation_kwargs`` fields (and the sampler preset) and ``likelihood``
-    fields of a ``DareDiffusionModel`` (:func:`check_key_places`, then the values); ``name`` starts the
+    """The ``imports`` plug-ins (imported here: :func:`dare.plugins.load_plugins`), argument names, ``sampler`` /
+    ``generation_kwargs`` fields (and the sampler preset) and ``likelihood`` fields of a ``DareDiffusionModel`` (:func:`check_key_places`, then the values); ``name`` starts the
     messages."""
     from dare.eval.harness import request_sampler
     from dare.eval.likelihood import LikelihoodConfig
     from dare.rollout import SamplerConfig
 
+    from dare.plugins import load_plugins
+
+    # a plug-in's sampler, imported before the names are checked, in OpenCompass's process and in each task's
+    load_plugins(args.get("imports"), f"{name}: imports")
     for key in SECTIONS:
         if args.get(key) is not None and not isinstance(args[key], Mapping):
             raise ConfigError(f"{name}: {key} must be a dict of fields, e.g. {key}=dict(...); got {args[key]!r}")

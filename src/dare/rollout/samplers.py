@@ -31,9 +31,11 @@ MDLM_HOOKS = dict(run=mdlm.denoise_mdlm, finalize=mdlm.finalize_config, check=md
 
 
 def register_sampler(sampler: Sampler) -> Sampler:
-    """Register ``sampler``; returns the registered one. Its ``None`` hooks are filled with :data:`MDLM_HOOKS`, and
+    """Register ``sampler``; returns the registered one (a name taken already is an error). Its ``None`` hooks are filled with :data:`MDLM_HOOKS`, and
     the ``defaults`` keys it leaves out with its loop's base preset (:data:`BLOCK_BASE` for the block loop, else
     :data:`MDLM_BASE`), so ``Sampler("s", "...", {"block_length": 4})`` decodes as ``llada`` with blocks of 4."""
+    if SAMPLERS.get(sampler.name) is not None:
+        raise ValueError(f"sampler '{sampler.name}' registered twice: give the second one another name")
     hooks = {k: v for k, v in MDLM_HOOKS.items() if getattr(sampler, k) is None}
     base = BLOCK_BASE if sampler.run is block.denoise_blocks else MDLM_BASE
     sampler = dataclasses.replace(sampler, defaults={**base, **sampler.defaults}, **hooks)
