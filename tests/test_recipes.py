@@ -246,3 +246,21 @@ def test_descriptions_are_first_sentences_within_the_width(tmp_path):
     recipe.write_text("# " + "word " * 60 + "\n# more\nmodel: {}\n")
     text = description(recipe)
     assert len(text) <= DESCRIPTION_WIDTH and text.endswith("word…")
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["train", "llada/d1_tny"], "error: no recipe named llada/d1_tny (did you mean llada/d1_tiny?); dare recipes "
+                                "lists the recipes"),
+    (["train", "my_reward.py"], "error: my_reward.py is Python, not a YAML recipe: a plug-in of your own goes in as "
+                                "imports=[my_reward.py] after the recipe (dare train RECIPE imports=[FILE.py])"),
+    (["train", "trainer.max_steps=2", "llada/d1_tiny"], "error: the recipe must come first, before the key=value "
+                                                         "overrides: dare train llada/d1_tiny trainer.max_steps=2"),
+])
+def test_a_mistyped_recipe_answers_before_torch_is_imported(argv, expected, tmp_path):
+    """dare train's precheck: the recipe argument's errors come before the ~5 s torch import."""
+    code = ("import sys; from dare.cli import main; code = main(sys.argv[1:]); "
+            "print(code, 'torch' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, cwd=tmp_path,
+                          timeout=120)
+    assert done.stdout.split() == ["2", "False"], done.stdout + done.stderr
+    assert done.stderr.strip() == expected

@@ -149,6 +149,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if getattr(module, "LIGHT", False):  # reads files only (dare recipes): no torch, no transformers
             return module.run(args) or 0
+        if hasattr(module, "precheck"):  # the command's checks that need no torch: a typo answers at once
+            module.precheck(args)
         from dare.rollout.engine import check_environment  # imports torch: not for --help
 
         check_environment()

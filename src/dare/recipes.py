@@ -13,7 +13,7 @@ import os
 import sys
 from pathlib import Path
 
-from dare.errors import ConfigError, closest
+from dare.errors import ConfigError, closest, wrong_type
 
 FAMILIES = ("dream", "llada", "llada2", "sdar")
 """The folders of ``configs/`` that hold training recipes (``configs/lm_eval`` and ``configs/opencompass`` are
@@ -113,14 +113,37 @@ def resolve_recipe(given: str | os.PathLike) -> str | os.PathLike:
     for a path that does not exist but ends in a recipe's family and file (``configs/llada/sft_tiny.yaml`` typed
     outside the repository), that recipe, after a ``note:`` line on stderr saying so. Anything else is a one-line
     :class:`ConfigError` naming the closest recipe (:func:`unknown_recipe`)."""
+    found = check_recipe(given)
+    if found == given:
+        return given
+    if not typed_as_name(given) and int(os.environ.get("RANK", "0")) == 0:  # under torchrun, rank 0 says it once
+        print(f"note: {given} does not exist here; using the recipe {recipe_key(given)} of this installation "
+              f"({found})", file=sys.stderr)
+    return found
+
+
+def check_recipe_argument(path) -> None:
+    """One-line :class:`ConfigError` for a ``path`` of :func:`load_train_config` that is no recipe path: another type
+    (overrides given first), or a ``key=value`` text that is not a file."""
+    if path is not None and not isinstance(path, (str, os.PathLike)):
+        raise wrong_type("load_train_config's path", path, "a recipe path (str or Path) or None",
+                         "overrides go second: load_train_config(path, ['key=value', ...])", ConfigError)
+    if isinstance(path, str) and "=" in path and not Path(path).exists():
+        raise ConfigError(f"load_train_config's path {path!r} looks like an override, not a recipe: "
+                          f"load_train_config(None, [{path!r}]) (or load_train_config(RECIPE, [{path!r}]))")
+    if isinstance(path, (str, os.PathLike)) and str(path).endswith(".py"):
+        raise ConfigError(f"{path} is Python, not a YAML recipe: a plug-in of your own goes in as imports=[{path}] after "
+                          "the recipe (dare train RECIPE imports=[FILE.py])")
+
+
+def check_recipe(given: str | os.PathLike) -> str | os.PathLike:
+    """:func:`resolve_recipe` without its ``note:``: the file ``given`` means, or its one-line error. Reads files
+    only (``dare train`` answers a mistyped recipe before it imports torch)."""
     if Path(given).exists():
         return given
     found = recipes().get(recipe_key(given))
     if found is None or not (typed_as_name(given) or names_shipped_layout(given)):
         raise unknown_recipe(given)
-    if not typed_as_name(given) and int(os.environ.get("RANK", "0")) == 0:  # under torchrun, rank 0 says it once
-        print(f"note: {given} does not exist here; using the recipe {recipe_key(given)} of this installation "
-              f"({found})", file=sys.stderr)
     return found
 
 

@@ -207,6 +207,17 @@ def show_config(args: argparse.Namespace) -> int:
     return 0
 
 
+def precheck(args: argparse.Namespace) -> None:
+    """What ``dare train`` checks before torch is imported (:func:`dare.cli.main` runs it first): where the recipe
+    and the overrides go, and that the recipe exists (a mistyped name answers in a fraction of a second)."""
+    from dare.recipes import check_recipe, check_recipe_argument
+
+    config_path, _ = split_recipe(args)
+    if config_path is not None:
+        check_recipe_argument(config_path)
+        check_recipe(config_path)
+
+
 def run(args: argparse.Namespace) -> int:
     from dare.config import to_dict
     from dare.trainer.config import load_train_config

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from dare.config import SEEDS, from_dict, load_yaml, merge, override_tree, to_dict
@@ -359,7 +358,7 @@ def load_train_config(path: str | os.PathLike | None, overrides: list[str] | str
     default the run trains (:func:`note_defaults`). ``path`` may name a shipped recipe (``llada/d1_tiny``; a missing
     ``configs/llada/d1_tiny.yaml`` reads that recipe after a note: :func:`dare.recipes.resolve_recipe`)."""
     from dare.algorithms import resolve_algorithm_config
-    from dare.recipes import resolve_recipe
+    from dare.recipes import check_recipe_argument, resolve_recipe
 
     check_recipe_argument(path)
     if path is not None:
@@ -376,20 +375,6 @@ def load_train_config(path: str | os.PathLike | None, overrides: list[str] | str
     config.validate()
     note_defaults(raw, path)
     return config
-
-
-def check_recipe_argument(path) -> None:
-    """One-line :class:`ConfigError` for a ``path`` of :func:`load_train_config` that is no recipe path: another type
-    (overrides given first), or a ``key=value`` text that is not a file."""
-    if path is not None and not isinstance(path, (str, os.PathLike)):
-        raise wrong_type("load_train_config's path", path, "a recipe path (str or Path) or None",
-                         "overrides go second: load_train_config(path, ['key=value', ...])", ConfigError)
-    if isinstance(path, str) and "=" in path and not Path(path).exists():
-        raise ConfigError(f"load_train_config's path {path!r} looks like an override, not a recipe: "
-                          f"load_train_config(None, [{path!r}]) (or load_train_config(RECIPE, [{path!r}]))")
-    if isinstance(path, (str, os.PathLike)) and str(path).endswith(".py"):
-        raise ConfigError(f"{path} is Python, not a YAML recipe: a plug-in of your own goes in as imports=[{path}] after "
-                          "the recipe (dare train RECIPE imports=[FILE.py])")
 
 
 DEFAULTS_NOTED = {"model.path": "a tiny randomly initialised LLaDA, no weights",
