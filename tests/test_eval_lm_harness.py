@@ -255,7 +255,7 @@ def test_import_brings_a_plugin_sampler_in_and_is_not_passed_to_lm_eval(tmp_path
     assert "unknown sampler 'llada_blocks4_lm'" in run_cli_error(capsys, *args)
     out = tmp_path / "out"
     assert main(["eval", "lm-eval", "--model", "dare", *args, "--import", str(plugin), "--include_path",
-                 "configs/lm_eval", "--limit", "2", "--output_path", str(out)]) == 0, capsys.readouterr().err
+                 "configs/lm_eval", "--output_path", str(out)]) == 0, capsys.readouterr().err
     results = json.loads(next(out.rglob("results_*.json")).read_text())
     samplers = json.dumps(results)
     assert '"llada_blocks4_lm"' in samplers and '"block_length": 4' in samplers

@@ -187,6 +187,30 @@ def test_the_current_directory_is_searched_for_a_module_name_and_a_file_imports_
     assert sys.modules[plugins.file_module_name(plugin)].VALUE == 7
 
 
+def test_a_plugin_that_registers_nothing_gets_a_note_and_one_that_registers_does_not(tmp_path, monkeypatch, capsys):
+    """A forgotten decorator shows at once, not only later as an unknown name; DARE's own registrations (a built-in
+    module imported for the first time by the plug-in) do not count as the plug-in's."""
+    forgot = write(tmp_path / "forgot_t.py", '''
+        from dare.rewards import Reward, RewardResult
+
+
+        class Forgotten(Reward):  # no @register_reward
+            def score_one(self, completion, sample):
+                return RewardResult(reward=1.0, correct=False)
+        ''')
+    plugins.load_plugins([str(forgot)])
+    assert capsys.readouterr().err == (
+        f"note: imports: {forgot} registered nothing (no register_reward, register_algorithm, register_sampler or "
+        "register_benchmark call ran while it was imported)\n")
+    plugins.load_plugins([str(forgot)])  # imported once: no second note
+    registers = write(tmp_path / "registers_t.py", LENGTH_REWARD.format(name="length_bonus_note"))
+    plugins.load_plugins([str(registers)])
+    monkeypatch.setenv("RANK", "1")  # under torchrun only rank 0 says it
+    quiet = write(tmp_path / "quiet_t.py", "VALUE = 1\n")
+    plugins.load_plugins([str(quiet)])
+    assert capsys.readouterr().err == ""
+
+
 # ------------------------------------------------------------------------------------------------------ errors
 
 def test_a_missing_module_or_file_is_a_one_line_error(tmp_path, monkeypatch, capsys):

@@ -70,6 +70,27 @@ class Plugin:
 _LOADED: dict[str, Plugin] = {}
 """The plug-ins this process imported, by module name, in import order."""
 _ENTRY_POINTS_LOADED = False
+_REGISTRATIONS = 0
+"""Registrations made by code outside DARE (:func:`count_registration`)."""
+
+
+def count_registration() -> None:
+    """Called by each ``register_*`` function of DARE's registries: counts a registration that the calling module
+    (two frames up: the plug-in's module body, or its decorator line) makes from outside DARE, so that a plug-in
+    whose import registered nothing gets a note (:func:`_note_if_nothing_registered`)."""
+    global _REGISTRATIONS
+    caller = sys._getframe(2).f_globals.get("__name__", "")
+    if caller != "dare" and not caller.startswith("dare."):
+        _REGISTRATIONS += 1
+
+
+def _note_if_nothing_registered(where: str, label: str, before: int) -> None:
+    """One ``note:`` line on stderr (rank 0 under torchrun) when importing plug-in ``label`` registered nothing: a
+    forgotten decorator would otherwise show only later, as an unknown name."""
+    if _REGISTRATIONS != before or int(os.environ.get("RANK", "0")) != 0:
+        return
+    print(f"note: {where}: {label} registered nothing (no register_reward, register_algorithm, register_sampler or "
+          "register_benchmark call ran while it was imported)", file=sys.stderr)
 
 
 def load_plugins(specs: Sequence[str] | None = (), where: str = "imports") -> list[Plugin]:
@@ -138,6 +159,7 @@ def import_file(spec: str, where: str = "imports") -> Plugin:
     alias = plain_alias(path)
     if alias:  # a sibling plug-in's `from my_reward import X` gets this module, not a second run of the file
         sys.modules[alias] = module
+    before = _REGISTRATIONS
     try:
         module_spec.loader.exec_module(module)
     except (Exception, SystemExit) as err:  # SystemExit: script code run at import (argparse, sys.exit)
@@ -145,6 +167,7 @@ def import_file(spec: str, where: str = "imports") -> Plugin:
         if alias:
             sys.modules.pop(alias, None)
         raise ConfigError(failure(where, spec, err, [path], f"python {shlex.quote(spec)}")) from err
+    _note_if_nothing_registered(where, spec, before)
     return _record(Plugin(spec, name, str(path), str(path.parent)))
 
 
@@ -185,6 +208,7 @@ def import_module(spec: str, where: str = "imports", label: str | None = None) -
     cwd = os.getcwd()
     if cwd not in sys.path and "" not in sys.path:
         sys.path.append(cwd)
+    before, imported_before = _REGISTRATIONS, spec in sys.modules
     try:
         module = importlib.import_module(spec)
     except ModuleNotFoundError as err:
@@ -193,6 +217,8 @@ def import_module(spec: str, where: str = "imports", label: str | None = None) -
         raise ConfigError(failure(where, label, err, own_files(spec), f"python -c 'import {spec}'")) from err
     except (Exception, SystemExit) as err:  # SystemExit: script code run at import (argparse, sys.exit)
         raise ConfigError(failure(where, label, err, own_files(spec), f"python -c 'import {spec}'")) from err
+    if not imported_before:  # a module some other import brought in earlier registered what it registers then
+        _note_if_nothing_registered(where, label, before)
     return _record(Plugin(spec, spec, None, module_root(module, spec)))
 
 
@@ -311,5 +337,6 @@ def add_import_argument(parser: argparse.ArgumentParser) -> None:
                              "points load by themselves)")
 
 
-__all__ = ["ENTRY_POINT_GROUP", "Plugin", "add_import_argument", "check_specs", "child_setup", "file_module_name",
+__all__ = ["ENTRY_POINT_GROUP", "Plugin", "add_import_argument", "check_specs", "child_setup", "count_registration",
+           "file_module_name",
            "imported", "load_entry_points", "load_imports", "load_in_child", "load_plugins"]

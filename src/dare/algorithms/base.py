@@ -39,6 +39,7 @@ from tensordict import TensorDict
 from dare.algorithms.logprobs import DEFAULT_LOGITS_CHUNK, BlockLayout
 from dare.config import from_dict
 from dare.errors import ConfigError, unknown_choice
+from dare.plugins import count_registration
 
 
 @dataclass(frozen=True)
@@ -188,6 +189,7 @@ def register_algorithm(cls: type[Algorithm]) -> type[Algorithm]:
     if ALGORITHMS.get(name) not in (None, cls):
         raise ValueError(f"algorithm '{name}' registered twice ({cls.__name__}; the first is "
                          f"{ALGORITHMS[name].__module__}.{ALGORITHMS[name].__name__}): give it another name")
+    count_registration()
     ALGORITHMS[name] = cls
     return cls
 

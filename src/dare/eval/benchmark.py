@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dare.errors import ConfigError, InputError, unknown_choice
+from dare.plugins import count_registration
 
 
 @dataclass
@@ -270,6 +271,7 @@ def register_benchmark(benchmark: Benchmark, aliases: Sequence[str] = ()) -> Ben
     if benchmark.name in BENCHMARKS:
         raise ValueError(f"benchmark '{benchmark.name}' registered twice")
     BENCHMARKS[benchmark.name] = benchmark
+    count_registration()
     for alias in aliases:
         ALIASES[alias] = benchmark.name
     return benchmark

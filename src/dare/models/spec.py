@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from dare.errors import ConfigError, unknown_choice
+from dare.plugins import count_registration
 
 
 @dataclass(frozen=True)
@@ -114,6 +115,7 @@ def register_family(spec: FamilySpec) -> FamilySpec:
     """Add a family to the registry and to transformers' Auto classes."""
     from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM
 
+    count_registration()
     FAMILIES[spec.name] = spec
     AutoConfig.register(spec.config_class.model_type, spec.config_class, exist_ok=True)
     for auto in (AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM):

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from dare.errors import ConfigError, InputError, unknown_choice, wrong_type
+from dare.plugins import count_registration
 
 
 @dataclass
@@ -99,6 +100,7 @@ def register_reward(name: str) -> Callable[[type[Reward]], type[Reward]]:
     def wrap(cls: type[Reward]) -> type[Reward]:
         if name in REWARDS:
             raise ValueError(f"reward '{name}' registered twice")
+        count_registration()
         cls.name = name
         REWARDS[name] = cls
         return cls

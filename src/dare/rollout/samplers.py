@@ -15,6 +15,7 @@ from collections.abc import Sequence
 import torch
 
 from dare.errors import ConfigError, InputError
+from dare.plugins import count_registration
 from dare.rollout import block, mdlm
 from dare.rollout.config import SamplerConfig, warn_once
 from dare.rollout.engine import decode_static, resolve_engine
@@ -39,6 +40,7 @@ def register_sampler(sampler: Sampler) -> Sampler:
     hooks = {k: v for k, v in MDLM_HOOKS.items() if getattr(sampler, k) is None}
     base = BLOCK_BASE if sampler.run is block.denoise_blocks else MDLM_BASE
     sampler = dataclasses.replace(sampler, defaults={**base, **sampler.defaults}, **hooks)
+    count_registration()
     SAMPLERS[sampler.name] = sampler
     return sampler
 
