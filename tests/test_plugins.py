@@ -369,7 +369,7 @@ def test_a_broken_entry_point_names_its_distribution(tmp_path, monkeypatch, caps
     installed_only([FakeEntryPoint("gone", "uninstalled_module_t:register")], monkeypatch)
     assert one_line_error(capsys, "train", D1, f"trainer.output_dir={tmp_path}", "--dry-run") == (
         "error: dare.plugins entry point 'gone' of my-dare-plugin: no module named 'uninstalled_module_t' (and no "
-        "file uninstalled_module_t)")
+        "file uninstalled_module_t); it loads in every dare command: fix it, or pip uninstall my-dare-plugin")
 
 
 # ---------------------------------------------------------------------------------------------------- resume

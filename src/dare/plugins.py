@@ -296,7 +296,11 @@ def load_entry_points() -> list[Plugin]:
     for point in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda p: (p.name, p.value)):
         dist = getattr(getattr(point, "dist", None), "name", None)
         where = f"{ENTRY_POINT_GROUP} entry point '{point.name}'" + (f" of {dist}" if dist else "")
-        loaded.append(import_module(point.module, where, label=point.module))
+        try:
+            loaded.append(import_module(point.module, where, label=point.module))
+        except ConfigError as err:  # every command loads it: say how to get the commands back
+            fix = f"pip uninstall {dist}" if dist else f"remove the package declaring '{point.name}'"
+            raise ConfigError(f"{err}; it loads in every dare command: fix it, or {fix}") from err
     _ENTRY_POINTS_LOADED = True
     return loaded
 
