@@ -1,8 +1,9 @@
 """The ``dare`` command.
 
 Each sub-command is a module in :mod:`dare.commands` with ``HELP``, ``configure(parser)`` and
-``run(args) -> int`` (optionally ``take_extra(args, extra) -> bool`` for trailing positionals, and ``LIGHT = True``
-for a command that reads files only and runs without the torch-side environment checks); heavy imports happen inside
+``run(args) -> int`` (optionally ``take_extra(args, extra) -> bool`` for trailing positionals, ``precheck(args)`` for
+checks that need no torch and run before the environment checks import it, and ``LIGHT = True`` for a command that
+reads files only and runs without the torch-side environment checks); heavy imports happen inside
 ``run`` so ``dare --help`` stays fast. User errors
 (:class:`~dare.errors.DareError`) are printed as one line (``error: ...``, exit status 2), never as a
 stack trace.
