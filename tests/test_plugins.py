@@ -332,6 +332,89 @@ def test_eval_run_imports_a_plugin_benchmark_reward_and_sampler_and_records_it(t
     assert EvalResults.read(out).imports == [str(plugin)]
 
 
+BROKEN_REWARDS = '''
+import dataclasses
+
+from dare.eval import get_benchmark
+from dare.eval.benchmark import register_benchmark
+from dare.rewards import Reward, RewardResult, register_reward
+
+
+@register_reward("raises_t")
+class Raises(Reward):
+    def score_one(self, completion, sample):
+        return RewardResult(reward=float(sample["nope"]), correct=False)
+
+
+@register_reward("float_t")
+class ReturnsFloat(Reward):
+    def score_one(self, completion, sample):
+        return 1.0
+
+
+@register_reward("nan_t")
+class ReturnsNan(Reward):
+    def score_one(self, completion, sample):
+        return RewardResult(reward=float("nan"), correct=False)
+
+
+@register_reward("text_t")
+class ReturnsText(Reward):
+    def score_one(self, completion, sample):
+        return RewardResult(reward="1", correct=False)
+
+
+for name in ("raises_t", "float_t", "nan_t", "text_t"):
+    register_benchmark(dataclasses.replace(get_benchmark("gsm8k"), name=f"gsm8k_{name}", reward=name))
+'''
+
+
+@pytest.mark.parametrize("reward, message", [
+    ("raises_t", "reward 'raises_t': {plugin} line 12 raised KeyError: 'nope' (DARE_TRACEBACK=1 shows the traceback)"),
+    ("float_t", "reward 'float_t' returned float 1.0 for completion 0: score_one returns RewardResult(reward=..., "
+                "correct=...)"),
+    ("nan_t", "reward 'nan_t' returned reward=nan for completion 0: a reward is a finite number"),
+    ("text_t", "reward 'text_t' returned reward='1' for completion 0: a reward is a finite number"),
+])
+def test_a_plugin_reward_that_fails_while_scoring_is_one_line_and_the_generations_are_kept(tmp_path, capsys, reward,
+                                                                                           message):
+    """Before: a traceback after the whole generation (KeyError, AttributeError: 'float' has no 'to_dict', a numpy
+    TypeError) and nothing written; a NaN reward wrote invalid JSON."""
+    plugin = write(tmp_path / "broken_t.py", BROKEN_REWARDS)
+    out = tmp_path / "results.json"
+    command = ["eval", "run", "--model", "tiny:llada", "--benchmark", f"gsm8k_{reward}", "--data", TINY_GEN,
+               "--limit", "2", "--gen-length", "8", "--no-progress", "--import", str(plugin)]
+    saved = tmp_path / "results.predictions.jsonl"
+    rescore = (f"dare eval score --benchmark gsm8k_{reward} --predictions {saved} --data {TINY_GEN} --import "
+               f"{plugin}")
+    assert one_line_error(capsys, *command, "--out", out) == (
+        f"error: {message.format(plugin=plugin)}; the 2 generations are saved in {saved} (once the reward is "
+        f"fixed: {rescore})")
+    assert not out.exists()
+    rows = [json.loads(line) for line in saved.read_text().splitlines()]
+    assert [r["id"] for r in rows] == ["gsm8k/0", "gsm8k/1"] and all(isinstance(r["prediction"], str) for r in rows)
+    assert one_line_error(capsys, "eval", "score", "--benchmark", f"gsm8k_{reward}", "--predictions", saved, "--data",
+                          TINY_GEN, "--import", plugin) == f"error: {message.format(plugin=plugin)}"
+
+
+def test_dare_traceback_prints_the_traceback_behind_the_one_line_error(tmp_path, monkeypatch, capsys):
+    plugin = write(tmp_path / "broken_t.py", BROKEN_REWARDS)
+    monkeypatch.setenv("DARE_TRACEBACK", "1")
+    assert main(["eval", "run", "--model", "tiny:llada", "--benchmark", "gsm8k_raises_t", "--data", TINY_GEN,
+                 "--limit", "1", "--gen-length", "8", "--no-progress", "--import", str(plugin)]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback (most recent call last)" in err and f'File "{plugin}", line 12, in score_one' in err
+    assert err.strip().splitlines()[-1].startswith("error: reward 'raises_t': ")
+
+
+def test_a_plugin_reward_that_raises_in_training_is_one_line(tmp_path, capsys):
+    plugin = write(tmp_path / "broken_t.py", BROKEN_REWARDS)
+    line = one_line_error(capsys, "train", D1, f"imports=[{plugin}]", "rollout.reward=raises_t", *SMALL_RL,
+                          f"trainer.output_dir={tmp_path / 'run'}")
+    assert line == (f"error: reward 'raises_t': {plugin} line 12 raised KeyError: 'nope' (DARE_TRACEBACK=1 shows "
+                    "the traceback)")
+
+
 def test_generate_imports_a_plugin_sampler(tmp_path, capsys):
     plugin = write(tmp_path / "my_eval.py", EVAL_PLUGIN)
     assert main(["generate", "--model", "tiny:llada", "--prompt", "hi", "--sampler", "llada_blocks4_t",

@@ -410,6 +410,18 @@ def test_a_sampler_registered_with_few_defaults_takes_the_rest_from_its_loops_ba
     assert torch.equal(mine.completion, builtin.completion)
 
 
+def test_a_misspelt_or_mistyped_default_is_refused_when_the_sampler_registers():
+    """Before: the file imported fine and choosing the sampler failed with a TypeError in SamplerConfig."""
+    from dare.rollout import SAMPLERS, Sampler, register_sampler
+
+    with pytest.raises(ValueError, match=r"^sampler 'badblk': its defaults: unknown sampler option 'block_lenght' "
+                                         r"\(did you mean 'block_length'\?\)$"):
+        register_sampler(Sampler("badblk", "bad", {"block_lenght": 4}))
+    with pytest.raises(ValueError, match="^sampler 'badblk': its defaults: steps must be a whole number; got 4.0$"):
+        register_sampler(Sampler("badblk", "bad", {"steps": 4.0}))
+    assert "badblk" not in SAMPLERS
+
+
 def test_a_registered_preset_runs_the_masked_diffusion_loop_by_default(monkeypatch):
     """A new sampler is one ``register_sampler`` call: hooks it leaves out are the masked-diffusion loop's, and it
     decodes as the built-in it copies does, on the eager and the static engine."""

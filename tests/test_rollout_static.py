@@ -594,6 +594,18 @@ def test_a_non_numeric_setting_is_a_one_line_error():
         SamplerConfig(sampler="llada", gen_length="long").resolved()
 
 
+@pytest.mark.parametrize("field, value, message", [
+    ("steps", 4.0, "steps must be a whole number; got 4.0"),  # was a TypeError in torch after the model loaded
+    ("max_post_steps", 2.5, "max_post_steps must be a whole number; got 2.5"),  # was decoded and recorded as 2.5
+    ("top_k", True, "top_k must be a number; got True"),
+    ("threshold", True, "threshold must be a number; got True"),  # bool is an int in Python: was taken as 1
+    ("temperature", False, "temperature must be a number; got False"),
+])
+def test_a_fraction_for_a_whole_number_or_a_switch_for_a_number_is_a_one_line_error(field, value, message):
+    with pytest.raises(ConfigError, match=f"^{message}$"):
+        SamplerConfig.from_dict({"sampler": "fastdllm", field: value}).check_values()
+
+
 @pytest.mark.parametrize("family,sampler,overrides", [
     ("llada", "fastdllm", dict(cache="dual", decoder="threshold", threshold=0.3)),
     ("llada", "fastdllm", dict(cache="prefix", decoder="quota", refresh_every=3)),

@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import re
 import sys
+import traceback
 
 from dare import __version__
 from dare.errors import DareError, closest
@@ -158,6 +160,8 @@ def main(argv: list[str] | None = None) -> int:
         with quiet_transformers():  # transformers' bars and info logs stay out of the command's log
             return module.run(args) or 0
     except DareError as err:
+        if os.environ.get("DARE_TRACEBACK", "0") not in ("", "0"):  # the way to a plug-in's bug behind the line
+            traceback.print_exception(err)
         print(f"error: {err.cli_message}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -39,6 +39,8 @@ ENVIRONMENT = {
     "DARE_FUSE_CACHE_WRITES": "0 leaves static steps' KV-cache writes to the cache instead of each block (default 1)",
     "DARE_PROGRESS_INTERVAL": "seconds between two progress lines when stderr is not a terminal (default 30; "
                               "0: every update; inf: only each bar's final line)",
+    "DARE_TRACEBACK": "1: a command's one-line error (error: ...) also prints the Python traceback that led to it "
+                      "(a plug-in of your own that raised)",
     "DARE_KILL_AT_STEP": "test seam: the trainer SIGKILLs itself after saving step N",
     "DARE_OPENCOMPASS_ENV": "where .ci/run makes the OpenCompass environment",
 }

@@ -192,6 +192,7 @@ def run_run(args: argparse.Namespace) -> int:
     from dare.eval.results import check_results_out
     from dare.eval.run import load_for_eval
     from dare.plugins import load_plugins
+    from dare.rewards import RewardFailed
     from dare.rollout import SamplerConfig, default_sampler
 
     load_plugins(args.imports, "--import")  # a plug-in's benchmark, reward or sampler, before the names are checked
@@ -213,13 +214,42 @@ def run_run(args: argparse.Namespace) -> int:
     progress = not args.no_progress  # plain lines when stderr is not a terminal (dare.progress)
     if bench.reward == "code":
         options["progress"] = progress
-    results = evaluate(model, tokenizer, bench, samples, sampler=sampler, likelihood=likelihood, config=config,
-                       fewshot_pool=pool, fewshot_source=pool_source, reward_options=options, model_info=model_info,
-                       data_info=data, progress=progress)
+    try:
+        results = evaluate(model, tokenizer, bench, samples, sampler=sampler, likelihood=likelihood, config=config,
+                           fewshot_pool=pool, fewshot_source=pool_source, reward_options=options,
+                           model_info=model_info, data_info=data, progress=progress)
+    except RewardFailed as err:  # a plug-in reward's bug after the whole generation: keep the generations
+        saved = save_generations(err, args, bench.name)
+        if saved is None:
+            raise
+        raise saved from err
     print_summary(results, args.json)
     if args.out:  # after the metrics are on screen; atomic
         write_results(results, args.out)
     return 0
+
+
+def save_generations(err, args: argparse.Namespace, benchmark: str):
+    """With ``--out``, write the generations of ``err`` (a :class:`~dare.rewards.RewardFailed` after a generation)
+    to ``OUT.predictions.jsonl`` and return the error to raise instead, which says how to score them once the reward
+    is fixed; None without ``--out``."""
+    import json
+    import shlex
+    from pathlib import Path
+
+    from dare.outputs import atomic_write_text
+    from dare.rewards import RewardFailed
+
+    predictions = getattr(err, "predictions", None)
+    if not args.out or not predictions:
+        return None
+    path = Path(args.out).with_suffix(".predictions.jsonl")
+    atomic_write_text(path, "".join(json.dumps(row) + "\n" for row in predictions))
+    command = shlex.join(["dare", "eval", "score", "--benchmark", benchmark, "--predictions", str(path),
+                          *(["--data", args.data] if args.data else []),
+                          *(word for item in args.imports for word in ("--import", item))])
+    return RewardFailed(f"{err}; the {len(predictions)} generations are saved in {path} (once the reward is fixed: "
+                        f"{command})")
 
 
 def write_results(results, out: str) -> None:

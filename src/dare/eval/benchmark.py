@@ -260,7 +260,9 @@ class Benchmark:
 
     def score(self, predictions: Sequence[str], samples: Sequence[Sample], **options: Any):
         """``list[RewardResult]`` for ``predictions[i]`` against ``samples[i]``."""
-        return self.scorer(**options).score(list(predictions), [s.target for s in samples])
+        from dare.rewards import score_checked
+
+        return score_checked(self.scorer(**options), list(predictions), [s.target for s in samples])
 
 
 BENCHMARKS: dict[str, Benchmark] = {}

@@ -71,7 +71,7 @@ class LikelihoodConfig:
     def validated(self) -> LikelihoodConfig:
         from dare.diffusion import ForwardProcess
 
-        if not isinstance(self.mc_samples, int) or self.mc_samples < 1:
+        if not isinstance(self.mc_samples, int) or isinstance(self.mc_samples, bool) or self.mc_samples < 1:
             raise ConfigError(f"mc_samples must be a positive integer; got {self.mc_samples!r}")
         self.check_types()
         if self.length_norm not in LENGTH_NORMS:

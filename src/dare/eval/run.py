@@ -40,6 +40,7 @@ from dare.eval.likelihood import LikelihoodConfig, LikelihoodStats, Request, con
 from dare.eval.results import EvalResults
 from dare.eval.scoring import score_predictions
 from dare.models.loading import check_model_object, evaluating
+from dare.rewards import RewardFailed
 from dare.rollout import SamplerConfig
 from dare.rollout.engine import kernel_settings
 
@@ -316,14 +317,19 @@ def _generation(model, tokenizer, bench, samples, pool, shots, sampler, config, 
     predictions = [[completions[i * n + j]["text"] for j in range(n)] if n > 1 else completions[i]["text"]
                    for i in range(len(samples))]
     scoring_start = time.perf_counter()
-    results = score_predictions(
-        bench, samples, predictions, prompts=prompts, ks=config.ks, reward_options=reward_options,
-        model=info["model"], sampler={"name": resolved.sampler, "settings": dataclasses.asdict(resolved),
-                                      "kernels": kernels},
-        seed=config.seed, prompt={"template": template, "shots": shots, "chat": chat, "fewshot_seed": config.seed,
-                                  "stop": list(defaults.stop), **info["fewshot"]},
-        data=info["data"],
-    )  # fmt: skip
+    try:
+        results = score_predictions(
+            bench, samples, predictions, prompts=prompts, ks=config.ks, reward_options=reward_options,
+            model=info["model"], sampler={"name": resolved.sampler, "settings": dataclasses.asdict(resolved),
+                                          "kernels": kernels},
+            seed=config.seed, prompt={"template": template, "shots": shots, "chat": chat, "fewshot_seed": config.seed,
+                                      "stop": list(defaults.stop), **info["fewshot"]},
+            data=info["data"],
+        )  # fmt: skip
+    except RewardFailed as err:  # a plug-in reward's bug: the generations are not lost (dare eval run saves them)
+        err.predictions = [{"id": s.id, "prediction": p, "answer": s.answer}
+                           for s, group in zip(samples, predictions) for p in ([group] if n == 1 else group)]
+        raise
     for record, done in zip(results.samples, completions):  # records are ordered (problem, sample) like rows
         record.update(tokens=done["tokens"], steps=done["steps"], finish=done["finish"])
     results.mode = "generate"

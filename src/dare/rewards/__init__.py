@@ -6,7 +6,9 @@ rewards ``code_format``, ``xml_count``, ``soft_format``, ``strict_format``, ``in
 ``d1_gsm8k``, ``d1_math``, ``d1_countdown``, ``d1_sudoku``).
 """
 
-from dare.rewards.base import PRESETS, REWARDS, Reward, RewardResult, WeightedSum, get_reward, register_reward
+from dare.rewards.base import (
+    PRESETS, REWARDS, Reward, RewardFailed, RewardResult, WeightedSum, get_reward, register_reward, score_checked,
+)
 from dare.rewards import coding, countdown, formats, matching, sudoku, verifiers  # noqa: F401,E402  (register)
 from dare.rewards.sandbox import ExecResult, Program, Sandbox, SandboxConfig, default_sandbox
 
@@ -16,6 +18,7 @@ __all__ = [
     "ExecResult",
     "Program",
     "Reward",
+    "RewardFailed",
     "RewardResult",
     "Sandbox",
     "SandboxConfig",
@@ -23,4 +26,5 @@ __all__ = [
     "default_sandbox",
     "get_reward",
     "register_reward",
+    "score_checked",
 ]

@@ -8,11 +8,13 @@ code tests) reported apart from accuracy, ``components`` holds the weighted part
 
 from __future__ import annotations
 
+import math
+import numbers
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from dare.errors import ConfigError, InputError, unknown_choice, wrong_type
+from dare.errors import ConfigError, DareError, InputError, first_line, unknown_choice, wrong_type
 from dare.plugins import count_registration
 
 
@@ -108,6 +110,64 @@ def register_reward(name: str) -> Callable[[type[Reward]], type[Reward]]:
     return wrap
 
 
+def score_checked(reward: Reward, completions: Sequence[str], samples: Sequence[Mapping[str, Any]]
+                  ) -> list[RewardResult]:
+    """``reward.score(completions, samples)``, where a reward of the user's own (its class defined outside DARE: a
+    plug-in) that raises, or that returns anything but one :class:`RewardResult` with a finite numeric ``reward`` per
+    completion, is a one-line :class:`RewardFailed` naming the reward and the line of its own code that raised
+    (``DARE_TRACEBACK=1`` prints the traceback). DARE's own rewards (a combined reward checks its parts) pass as they
+    are: their errors keep their tracebacks."""
+    if type(reward).__module__.split(".")[0] == "dare":
+        return reward.score(completions, samples)
+    name = getattr(reward, "name", "") or type(reward).__name__
+    try:
+        results = reward.score(completions, samples)
+    except DareError:
+        raise
+    except Exception as err:  # noqa: BLE001 - the plug-in's own bug: one line naming its own file and line
+        raise RewardFailed(f"reward '{name}': {_raised_at(reward, err)} raised {type(err).__name__}: "
+                           f"{first_line(err)} (DARE_TRACEBACK=1 shows the traceback)") from err
+    if not isinstance(results, (list, tuple)) or len(results) != len(completions):
+        count = len(results) if isinstance(results, (list, tuple)) else type(results).__name__
+        raise RewardFailed(f"reward '{name}': score returned {count} for {len(completions)} completions (a list of "
+                           "one RewardResult per completion)")
+    for index, result in enumerate(results):
+        if not isinstance(result, RewardResult):
+            raise RewardFailed(f"reward '{name}' returned {type(result).__name__} {result!r:.40} for completion "
+                               f"{index}: score_one returns RewardResult(reward=..., correct=...)")
+        value = result.reward
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+            raise RewardFailed(f"reward '{name}' returned reward={value!r:.40} for completion {index}: a reward is a "
+                               "finite number")
+    return list(results)
+
+
+class RewardFailed(InputError):
+    """A reward of the user's own raised while scoring, or returned something else than its results
+    (:func:`score_checked`)."""
+
+
+def _raised_at(reward: Reward, err: BaseException) -> str:
+    """``FILE line N``: the innermost line of ``reward``'s own source file in ``err``'s traceback (the file alone
+    when the traceback does not pass it)."""
+    import inspect
+    import os
+    import traceback
+
+    try:
+        source = os.path.abspath(inspect.getsourcefile(type(reward)) or "")
+    except TypeError:
+        source = ""
+    line = None
+    for frame in traceback.extract_tb(err.__traceback__):
+        if source and os.path.abspath(frame.filename) == source:
+            line = frame.lineno
+    shown = os.path.relpath(source) if source and not os.path.relpath(source).startswith("..") else source
+    if not shown:
+        return "its code"
+    return f"{shown} line {line}" if line is not None else shown
+
+
 class WeightedSum(Reward):
     """``reward = Σ w_i · r_i``; ``correct``/``partial``/``extracted`` come from the first reward."""
 
@@ -118,7 +178,7 @@ class WeightedSum(Reward):
         self.name = "+".join(name for name, _, _ in parts)
 
     def score(self, completions, samples):
-        per_part = [(name, weight, reward.score(completions, samples)) for name, weight, reward in self.parts]
+        per_part = [(name, weight, score_checked(reward, completions, samples)) for name, weight, reward in self.parts]
         out = []
         for i in range(len(completions)):
             first = per_part[0][2][i]

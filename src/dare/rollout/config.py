@@ -354,8 +354,8 @@ class SamplerConfig:
     def check_types(self) -> None:
         """One-line error for a numeric field holding something else (e.g. ``threshold='a'`` from a command line),
         before a comparison with it would fail with a stack trace, and for a switch holding anything but
-        ``True``/``False``: ``suppress_eos='no'`` is a non-empty string, so it would act as true. Choice fields are
-        checked by :meth:`choice`."""
+        ``True``/``False``: ``suppress_eos='no'`` is a non-empty string, so it would act as true. ``true`` is no number
+        and ``4.0`` no whole number (an integer field). Choice fields are checked by :meth:`choice`."""
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             kinds = [k.strip() for k in str(f.type).split("|") if k.strip() != "None"]
@@ -363,8 +363,10 @@ class SamplerConfig:
                 continue
             if kinds == ["bool"] and not isinstance(value, bool):
                 raise ConfigError(f"{f.name} must be true or false; got {value!r}")
-            if set(kinds) <= set(_NUMERIC_TYPES) and not isinstance(value, (int, float)):
+            if set(kinds) <= set(_NUMERIC_TYPES) and (isinstance(value, bool) or not isinstance(value, (int, float))):
                 raise ConfigError(f"{f.name} must be a number; got {value!r}")
+            if kinds == ["int"] and not isinstance(value, int):  # steps=4.0 would fail in torch after the model loads
+                raise ConfigError(f"{f.name} must be a whole number; got {value!r}")
 
     def choice(self, key: str, options) -> None:
         """One-line error when field ``key`` is not one of ``options``."""

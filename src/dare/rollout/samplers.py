@@ -32,11 +32,16 @@ MDLM_HOOKS = dict(run=mdlm.denoise_mdlm, finalize=mdlm.finalize_config, check=md
 
 
 def register_sampler(sampler: Sampler) -> Sampler:
-    """Register ``sampler``; returns the registered one (a name taken already is an error). Its ``None`` hooks are filled with :data:`MDLM_HOOKS`, and
+    """Register ``sampler``; returns the registered one (a name taken already, or a ``defaults`` key that is no
+    :class:`SamplerConfig` field or holds a wrong type, is an error). Its ``None`` hooks are filled with :data:`MDLM_HOOKS`, and
     the ``defaults`` keys it leaves out with its loop's base preset (:data:`BLOCK_BASE` for the block loop, else
     :data:`MDLM_BASE`), so ``Sampler("s", "...", {"block_length": 4})`` decodes as ``llada`` with blocks of 4."""
     if SAMPLERS.get(sampler.name) is not None:
         raise ValueError(f"sampler '{sampler.name}' registered twice: give the second one another name")
+    try:  # a misspelt default would fail only when the sampler is chosen, as a TypeError
+        SamplerConfig.from_dict(dict(sampler.defaults)).check_values()
+    except ConfigError as err:
+        raise ValueError(f"sampler '{sampler.name}': its defaults: {err}") from None
     hooks = {k: v for k, v in MDLM_HOOKS.items() if getattr(sampler, k) is None}
     base = BLOCK_BASE if sampler.run is block.denoise_blocks else MDLM_BASE
     sampler = dataclasses.replace(sampler, defaults={**base, **sampler.defaults}, **hooks)

@@ -66,6 +66,7 @@ from dare.trainer.prompts import PromptItem
 from dare.distributed import DistInfo, all_reduce_dict, all_reduce_max_int, gathered_parameters
 from dare.errors import ConfigError
 from dare.models.loading import evaluating
+from dare.rewards import score_checked
 from dare.rollout import derive_seed, left_pad
 from dare.rollout.output import completion_mask as stop_mask
 from dare.trainer.workflow import Reference, prepare_micro_batches
@@ -258,7 +259,7 @@ class RolloutSource:
 
     def _score(self, items: list[PromptItem], completion: torch.Tensor, mask: torch.Tensor):
         texts = self._decode(completion, mask)
-        return texts, self.reward.score(texts, [item.sample for item in items])
+        return texts, score_checked(self.reward, texts, [item.sample for item in items])
 
     def _assemble(self, outputs, rows: list[int]) -> TensorDict:
         """One CPU TensorDict of this rank's rollouts in the layout of ``dare.algorithms.rl``."""
@@ -333,7 +334,7 @@ class RolloutSource:
 
         def score(ids: torch.Tensor) -> torch.Tensor:
             texts = self._decode(ids, stop_mask(ids.cpu(), stops))
-            return torch.tensor([r.reward for r in self.reward.score(texts, samples)], dtype=torch.float32)
+            return torch.tensor([r.reward for r in score_checked(self.reward, texts, samples)], dtype=torch.float32)
 
         def reduce(t: torch.Tensor) -> torch.Tensor:
             return all_reduce_dict({"t": t}, self.info)["t"].to(t.dtype)
