@@ -77,7 +77,6 @@ def test_eval_prints_the_metrics_before_writing_them(gsm8k, tmp_path, capsys, mo
 @pytest.mark.parametrize("extra, message", [
     (["--k", "5"], "error: pass@5 needs 1 <= k <= num_samples (completions per problem, -n); got num_samples=1"),
     (["-n", "2", "--temperature", "1", "--k", "1", "5"], "error: pass@5 needs 1 <= k <= num_samples"),
-    (["-n", "2", "--temperature", "1", "--k", "0"], "error: pass@0 needs 1 <= k <= num_samples"),
 ])
 def test_pass_at_k_beyond_the_samples_fails_before_loading_the_model(extra, message, gsm8k, capsys, monkeypatch):
     import dare.eval.run
@@ -87,6 +86,19 @@ def test_pass_at_k_beyond_the_samples_fails_before_loading_the_model(extra, mess
 
     monkeypatch.setattr(dare.eval.run, "load_for_eval", never)
     assert one_line_error(capsys, *eval_args(gsm8k, *extra)).startswith(message)
+
+
+@pytest.mark.parametrize("command", ["run", "score"])
+@pytest.mark.parametrize("extra, message", [
+    (["--k", "0"], "argument --k: pass@k takes whole numbers >= 1; got 0"),  # score: a pass@k error naming no flag
+    (["--k"], "argument --k: expected at least one argument"),  # before: an empty list, and every pass@k dropped
+])
+def test_k_takes_whole_numbers_from_one_and_at_least_one(command, extra, message, gsm8k, capsys):
+    args = eval_args(gsm8k) if command == "run" else ["eval", "score", "--benchmark", "gsm8k", "--predictions", "x"]
+    with pytest.raises(SystemExit) as exit_:
+        main([*args, *extra])
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].startswith(f"error: dare eval {command}: {message}")
 
 
 def test_pass_at_k_asked_for_is_reported_never_dropped(gsm8k, tmp_path, capsys):

@@ -24,6 +24,20 @@ def test_yaml_plus_overrides(tmp_path):
     assert given["a"]["b"] == "3" and given["a"]["b"].parsed == 3  # the text, and its reading for a number field
 
 
+def test_section_override_merges_into_earlier_dotted_overrides():
+    after = parse_overrides(["trainer.output_dir=/tmp/x", "trainer.max_steps=3", "trainer={save_every: 1}"])
+    before = parse_overrides(["trainer={save_every: 1}", "trainer.output_dir=/tmp/x", "trainer.max_steps=3"])
+    assert plain(after) == plain(before) == {"trainer": {"output_dir": "/tmp/x", "max_steps": 3, "save_every": 1}}
+    assert plain(parse_overrides(["optim.lr=1e-4", "optim={weight_decay: 0.1}"])) == {
+        "optim": {"lr": 1e-4, "weight_decay": 0.1}}
+    assert plain(parse_overrides(["a.b.c=1", "a={b: {d: 2}}"])) == {"a": {"b": {"c": 1, "d": 2}}}
+    # a leaf given both ways takes its last value, as `k=1 k=2` does
+    assert plain(parse_overrides(["optim.lr=1", "optim={lr: 2}"])) == {"optim": {"lr": 2}}
+    assert plain(parse_overrides(["optim={lr: 2}", "optim.lr=1"])) == {"optim": {"lr": 1}}
+    cfg = load_train_config(None, ["optim.lr=1e-4", "optim={weight_decay: 0.1}"])
+    assert cfg.optim.lr == 1e-4 and cfg.optim.weight_decay == 0.1
+
+
 @pytest.mark.parametrize("override, message", [
     ("optim.lrr=1", "unknown config key 'optim.lrr' (did you mean 'optim.lr'?)"),
     ("trainer.batchsize=2", "did you mean 'trainer.batch_size'"),
@@ -39,6 +53,17 @@ def test_config_errors(override, message):
     with pytest.raises(ConfigError) as err:
         load_train_config(None, [override])
     assert message in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("override, hint", [
+    ("algorithm.group_size=8", "rollout.group_size"),  # a key of another section: named where it lives
+    ("algorithm.max_steps=8", "trainer.max_steps"),
+    ("algorithm.blok_size=8", "algorithm.block_size"),  # a typo of the algorithm's own setting: its closest
+])
+def test_an_algorithm_key_of_another_section_names_that_section(override, hint):
+    with pytest.raises(ConfigError) as err:
+        load_train_config("llada/d1_tiny", [override])
+    assert str(err.value) == f"unknown config key '{override.split('=')[0]}' (did you mean '{hint}'?)"
 
 
 def test_cli_error_is_one_line_and_dry_run_resolves(tmp_path):

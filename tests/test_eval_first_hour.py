@@ -303,3 +303,18 @@ def test_the_python_api_refuses_settings_its_mode_would_drop(caplog):
                            config=EvalConfig(shots=0))
     assert results.sampler["settings"]["seed"] == 0
     assert "warning: ignoring sampler.seed=5: evaluation seeds everything with EvalConfig.seed (0)" in caplog.messages
+
+
+def test_score_refuses_one_id_with_two_answers_and_pools_one_id_with_one(tmp_path, capsys):
+    """Before: the second line was graded against the first line's answer (two problems pooled as two samples of
+    one, its own answer dropped); lines of one id with the same answer stay samples of one problem (pass@2)."""
+    conflict = tmp_path / "conflict.jsonl"
+    conflict.write_text('{"id": "a", "prediction": "42", "answer": "42"}\n{"id": "a", "prediction": "7", "answer": "7"}\n')
+    assert one_line_error(capsys, "eval", "score", "--benchmark", "gsm8k", "--predictions", conflict) == (
+        f"error: {conflict}:2: id 'a' was given before ({conflict}:1) with another answer ('42', here '7'); lines of "
+        "one id are samples of one problem: give each problem its own id")
+    pooled = tmp_path / "pooled.jsonl"
+    pooled.write_text('{"id": "a", "prediction": "42", "answer": "42"}\n{"id": "a", "prediction": "7", "answer": "42"}\n')
+    assert main(["eval", "score", "--benchmark", "gsm8k", "--predictions", str(pooled), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["num_problems"] == 1 and result["metrics"]["pass@2"] == 1.0 and result["metrics"]["accuracy"] == 0.5

@@ -259,7 +259,15 @@ def test_import_brings_a_plugin_sampler_in_and_is_not_passed_to_lm_eval(tmp_path
     results = json.loads(next(out.rglob("results_*.json")).read_text())
     samplers = json.dumps(results)
     assert '"llada_blocks4_lm"' in samplers and '"block_length": 4' in samplers
+    assert results["config"]["dare"]["imports"] == [str(plugin)]  # recorded as dare eval run's results record it
     assert "--import needs a module name" in run_cli_error(capsys, *args, "--import")
+
+
+def test_an_include_path_that_is_no_directory_is_named(capsys, only_local_tasks):
+    """Before: lm-eval's 'Tasks not found ... need --include_path DIR', though --include_path was given."""
+    line = run_cli_error(capsys, "--model_args", "pretrained=tiny:llada", "--tasks", "dare_tiny_gen", "--include_path",
+                         "configs/lm_evl")
+    assert line == f"error: --include_path configs/lm_evl: no such directory (relative to {ROOT})"
 
 
 def test_without_lm_eval_the_command_says_what_to_install(monkeypatch, capsys):

@@ -94,3 +94,81 @@ def test_a_lora_run_resumes_exactly_from_its_trainable_only_checkpoint(tmp_path)
     assert trained and all("lora" in name for name, _ in trained)
     for (name, a), (_, b) in zip(full.model.named_parameters(), resumed.model.named_parameters()):
         torch.testing.assert_close(a, b, atol=0, rtol=0, msg=name)
+
+
+def lora_run(tmp_path, *overrides: str) -> Path:
+    """A 2-step LoRA SFT run on tiny:llada (whose byte tokenizer has a chat template); returns its ``final/``."""
+    run = tmp_path / "run"
+    Trainer(load_train_config(None, [
+        f"trainer.output_dir={run}", "trainer.progress=false", "model.path=tiny:llada", "lora.enabled=true",
+        "lora.r=2", "data.num_examples=8", "data.max_length=32", "trainer.batch_size=4", "trainer.max_steps=2",
+        *overrides,
+    ])).train()
+    return run / "final"
+
+
+def eval_prompt(tmp_path, name: str, *model: str) -> dict:
+    """The ``prompt`` settings that ``dare eval run`` records for ``model`` (its flags) on one tiny problem."""
+    from dare.cli import main
+
+    out = tmp_path / f"{name}.json"
+    assert main(["eval", "run", *model, "--benchmark", "gsm8k", "--data",
+                 str(ROOT / "configs/lm_eval/data/tiny_gen.jsonl"), "--limit", "1", "--gen-length", "4",
+                 "--out", str(out)]) == 0
+    return json.loads(out.read_text())["prompt"]
+
+
+def test_a_lora_run_trained_without_chat_template_is_evaluated_and_merged_without_one(tmp_path):
+    """LoRA training saves the run's tokenizer (without its chat template: ``data.chat_template=false``) next to the
+    adapter, as a full fine-tune saves it in final/. ``--adapter`` loading and ``dare merge-lora`` took the base
+    model's tokenizer instead, so the run was evaluated with a chat template it never saw."""
+    from dare.cli import main
+    from dare.eval.run import load_for_eval
+    from dare.models.loading import load_tokenizer
+
+    assert load_tokenizer("tiny:llada").chat_template is not None  # the base's would template the prompts
+    adapter = lora_run(tmp_path, "data.chat_template=false")
+    assert (adapter / "tokenizer_config.json").is_file() and not (adapter / "chat_template.jinja").exists()
+
+    _, tokenizer, info = load_for_eval("tiny:llada", str(adapter), "cpu", None)  # eval run, lm-eval, sweeps
+    assert tokenizer.chat_template is None and info["tokenizer"] == str(adapter)
+    assert eval_prompt(tmp_path, "adapter", "--model", "tiny:llada", "--adapter", str(adapter))["chat"] is False
+    from dare.commands.generate import load_model as load_for_generate
+
+    assert load_for_generate("tiny:llada", "cpu", None, str(adapter))[1].chat_template is None  # dare generate
+    _, tokenizer, info = load_for_eval("tiny:llada", str(adapter), "cpu", None, tokenizer="tiny:llada")
+    assert tokenizer.chat_template is not None and info["tokenizer"] == "tiny:llada"  # --tokenizer still wins
+
+    merged = tmp_path / "merged"
+    assert main(["merge-lora", "--adapter", str(adapter), "--out", str(merged)]) == 0
+    assert not (merged / "chat_template.jinja").exists() and load_tokenizer(str(merged)).chat_template is None
+    assert eval_prompt(tmp_path, "merged", "--model", str(merged))["chat"] is False
+    assert not [p.name for p in tmp_path.glob(".*")]  # no temporary directory left beside the output
+    assert main(["merge-lora", "--adapter", str(adapter), "--out", str(merged), "--tokenizer", "tiny:llada"]) == 0
+    assert load_tokenizer(str(merged)).chat_template is not None
+
+
+def test_an_adapter_without_tokenizer_files_loads_the_base_models_tokenizer(tmp_path):
+    """An adapter saved without a tokenizer (peft's own save_pretrained, a hub adapter) keeps the base's: the chat
+    template of a run trained with one (the default) is applied, and merge-lora writes the base's tokenizer."""
+    from peft import LoraConfig, get_peft_model
+
+    from dare.cli import main
+    from dare.eval.run import load_for_eval
+    from dare.models.loading import load_tokenizer
+    from dare.models.spec import family_of
+
+    base = load_model("tiny:llada")
+    adapter = tmp_path / "adapter"
+    get_peft_model(base, LoraConfig(r=2, target_modules=family_of(base).lora_targets)).save_pretrained(str(adapter))
+    assert not (adapter / "tokenizer_config.json").exists()
+    _, tokenizer, info = load_for_eval("tiny:llada", str(adapter), "cpu", None)
+    assert tokenizer.chat_template is not None and "tokenizer" not in info
+    assert eval_prompt(tmp_path, "adapter", "--model", "tiny:llada", "--adapter", str(adapter))["chat"] is True
+    merged = tmp_path / "merged"
+    assert main(["merge-lora", "--adapter", str(adapter), "--out", str(merged)]) == 0
+    assert load_tokenizer(str(merged)).chat_template is not None
+
+    templated = lora_run(tmp_path)  # trained with the chat template: its saved tokenizer keeps it
+    _, tokenizer, _ = load_for_eval("tiny:llada", str(templated), "cpu", None)
+    assert tokenizer.chat_template == load_tokenizer("tiny:llada").chat_template

@@ -264,3 +264,15 @@ def test_a_mistyped_recipe_answers_before_torch_is_imported(argv, expected, tmp_
                           timeout=120)
     assert done.stdout.split() == ["2", "False"], done.stdout + done.stderr
     assert done.stderr.strip() == expected
+
+
+def test_a_bare_recipe_name_names_every_family_that_has_it_and_a_family_lists_its_own(capsys):
+    """Before: sft_tiny suggested sdar/sft_tiny alone (the README uses llada/sft_tiny); llada suggested llada/d1_8b."""
+    assert one_line_error(capsys, "train", "sft_tiny") == (
+        "error: no recipe named sft_tiny (did you mean dream/sft_tiny, llada/sft_tiny, llada2/sft_tiny, "
+        "sdar/sft_tiny?); dare recipes lists the recipes")
+    assert one_line_error(capsys, "train", "llada") == (
+        "error: llada is a family, not a recipe: its recipes are llada/NAME; dare recipes llada lists them")
+    assert main(["recipes", "llada"]) == 0
+    names = [line.split()[0] for line in capsys.readouterr().out.splitlines()]
+    assert names == [name for name in recipes() if name.startswith("llada/")] and "llada/sft_tiny" in names

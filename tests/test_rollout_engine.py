@@ -255,6 +255,27 @@ def test_mask_token_is_never_proposed_and_eos_can_be_suppressed():
 # ------------------------------------------------------------------------------------------ errors
 
 
+def test_a_filter_that_greedy_logits_decoding_never_reads_is_warned(caplog, monkeypatch):
+    """top_p / top_k at temperature 0 change nothing where tokens and confidences come from the raw logits (llada:
+    the same tokens, one warning each); Dream's confidences come from the filtered distribution: no warning there."""
+    import dare.rollout.config as config_module
+
+    monkeypatch.setattr(config_module, "_WARNED", set())
+    model = model_for("llada")
+    ids, mask = padded([4, 6], seed=1)
+    base = dict(sampler="llada", gen_length=8, block_length=8, steps=8)
+    with caplog.at_level("WARNING", logger="dare.rollout"):
+        plain = generate(model, ids, mask, SamplerConfig(**base))
+        filtered = generate(model, ids, mask, SamplerConfig(**base, top_p=0.5, top_k=3))
+        assert torch.equal(filtered.completion, plain.completion)
+        SamplerConfig(**base, top_p=0.5, temperature=1.0).resolved()  # read when sampling
+        SamplerConfig(sampler="dream", top_p=0.5).resolved()  # read by Dream's confidence at temperature 0
+    warnings = [r.getMessage() for r in caplog.records if "ignoring" in r.getMessage()]
+    assert warnings == [f"warning: ignoring {key}: at temperature 0 sampler 'llada' takes the argmax of the raw "
+                        f"logits, which {key.split('=')[0]} does not change; set a temperature > 0 to sample with it"
+                        for key in ("top_p=0.5", "top_k=3")]
+
+
 def test_a_setting_the_decoder_does_not_read_is_warned_once_and_not_applied(caplog, monkeypatch):
     """``threshold`` with the quota decoder (or ``factor`` / the factor quirk with another rule) decodes exactly as
     without it, says so once per process, and the resolved config records it as unset; a preset's value for a

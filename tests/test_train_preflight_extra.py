@@ -310,3 +310,36 @@ def test_an_interrupted_run_names_its_latest_checkpoint_and_the_resume_override(
 def test_an_interrupt_before_any_checkpoint_says_a_rerun_starts_over(tmp_path):
     assert interrupt_message(tmp_path) == (f"no checkpoint in {tmp_path} yet (trainer.save_every sets how often one is "
                                            "saved): a rerun starts from step 0")
+
+
+# ---- E. a warm-up as long as the run is warned ---------------------------------------------------------------------
+def warmup_warnings(caplog, tmp_path, *overrides) -> list[str]:
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="dare.trainer"):
+        assert main(["train", SFT, f"trainer.output_dir={tmp_path / 'run'}", *overrides, "--dry-run"]) == 0
+    return [r.getMessage() for r in caplog.records if "optim.warmup_steps=" in r.getMessage()]
+
+
+def test_a_warmup_at_least_as_long_as_the_run_is_warned_once(tmp_path, caplog, capsys):
+    assert warmup_warnings(caplog, tmp_path, "trainer.max_steps=2", "optim.warmup_steps=100") == [
+        "warning: optim.warmup_steps=100 >= the run's 2 steps (trainer.max_steps): the whole run trains in warmup "
+        "(the learning rate never reaches optim.lr)"]
+    assert warmup_warnings(caplog, tmp_path, "trainer.max_steps=2", "optim.warmup_steps=2") == [
+        "warning: optim.warmup_steps=2 >= the run's 2 steps (trainer.max_steps): the whole run trains in warmup "
+        "(the learning rate reaches optim.lr only on the last step)"]
+    assert warmup_warnings(caplog, tmp_path, "trainer.max_steps=3", "optim.warmup_steps=2") == []
+    assert warmup_warnings(caplog, tmp_path, "trainer.max_steps=2", "optim.warmup_steps=0") == []
+    assert warmup_warnings(caplog, tmp_path, "trainer.max_steps=null", "optim.warmup_steps=100") == []  # epochs
+    capsys.readouterr()
+
+
+def test_no_shipped_tiny_recipe_warms_up_for_its_whole_run(caplog):
+    from dare.trainer.config import load_train_config
+    from dare.trainer.preflight import warn_long_warmup
+
+    recipes = sorted((ROOT / "configs").glob("*/*_tiny.yaml"))
+    assert recipes
+    with caplog.at_level(logging.WARNING, logger="dare.trainer"):
+        for recipe in recipes:
+            warn_long_warmup(load_train_config(recipe, []))
+    assert [r.getMessage() for r in caplog.records if "optim.warmup_steps=" in r.getMessage()] == []

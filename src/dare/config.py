@@ -292,7 +292,8 @@ def _override_value(raw: str):
 def parse_overrides(overrides: list[str]) -> dict:
     """``["a.b=1", "c=x"]`` -> nested dict with YAML-typed values (``1`` is an int, ``null`` is None; text that YAML
     1.1 would misread stays text, :func:`_override_value`). A key given twice takes its last value, so that a script
-    can put shared overrides first and its own after them."""
+    can put shared overrides first and its own after them; a section given as a mapping (``"optim={lr: 1}"``) merges
+    into the keys earlier overrides gave it, as later dotted keys merge into it (:func:`_assign_override`)."""
     tree: dict = {}
     for item in overrides:
         if "=" not in item or item.startswith("="):
@@ -304,8 +305,17 @@ def parse_overrides(overrides: list[str]) -> dict:
             node = node.setdefault(part, {})
             if not isinstance(node, dict):
                 raise ConfigError(f"override '{item}' conflicts with another override of '{part}'")
-        node[parts[-1]] = _override_value(raw)
+        _assign_override(node, parts[-1], _override_value(raw))
     return tree
+
+
+def _assign_override(node: dict, key: str, value) -> None:
+    """Set ``node[key]`` to one override's ``value``: a mapping deep-merges into the mapping earlier overrides built
+    there (a leaf both give takes this, the later, value), anything else replaces what was there."""
+    if isinstance(value, dict) and isinstance(node.get(key), dict):
+        node[key] = merge(node[key], value)
+    else:
+        node[key] = value
 
 
 SEEDS = (0, 2**32 - 1)

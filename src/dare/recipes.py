@@ -161,6 +161,12 @@ def unknown_recipe(given: str | os.PathLike) -> ConfigError:
                            f"{key})")
     hint = closest(key, recipes())
     if typed_as_name(given):
+        if key in FAMILIES:  # a family alone: its recipes are family/NAME
+            return ConfigError(f"{given} is a family, not a recipe: its recipes are {key}/NAME; dare recipes {key} "
+                               "lists them")
+        same_name = [name for name in recipes() if "/" not in key and name.partition("/")[2] == key]
+        if len(same_name) > 1:  # sft_tiny: every family's, not one of them at random
+            hint = ", ".join(same_name)
         suggestion = f" (did you mean {hint}?)" if hint else ""
         return ConfigError(f"no recipe named {given}{suggestion}; {LISTED_BY}")
     spelt_as_layout = names_shipped_layout(given) or (not Path(given).is_absolute() and len(Path(given).parts) == 2)
@@ -173,13 +179,15 @@ def unknown_recipe(given: str | os.PathLike) -> ConfigError:
     return ConfigError(f"config file {given} does not exist{suggestion}; {LISTED_BY}")
 
 
-def listing() -> list[str]:
-    """One line per recipe, grouped by family: its name, ``cpu`` for the tiny ones that run on a CPU in seconds (else
-    ``gpu``), and its description, in aligned columns."""
+def listing(family: str | None = None) -> list[str]:
+    """One line per recipe (of ``family`` only, when given), grouped by family: its name, ``cpu`` for the tiny ones
+    that run on a CPU in seconds (else ``gpu``), and its description, in aligned columns."""
     found = recipes()
     if not found:
         raise ConfigError("this installation has no recipes (neither dare/configs/ in the package nor a checkout's "
                           "configs/); reinstall dare-dllm, or pass a recipe file's path")
+    if family is not None:
+        found = {name: path for name, path in found.items() if name.partition("/")[0] == family}
     width = max(map(len, found))
     return [f"{name:<{width}}  {'cpu' if name.endswith('_tiny') else 'gpu'}  {description(path)}"
             for name, path in found.items()]

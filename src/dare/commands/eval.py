@@ -47,7 +47,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                        "native fields per line (or a JSON array of such objects)")
     score.add_argument("--data", default=None, help="benchmark data (file, directory or HF name) to join predictions with by id")
     score.add_argument("--split", default=None, help="split of --data when it is a HF dataset or a directory of split files")
-    score.add_argument("--k", type=int, nargs="*", default=None, help="pass@k values (default: 1,5,10,... up to n)")
+    score.add_argument("--k", type=pass_k, nargs="+", default=None, help="pass@k values (default: 1,5,10,... up to n)")
     score.add_argument("--out", default=None, help="also write the full results file (per-sample records) here: a new "
                        "file or an earlier results file")
     score.add_argument("--json", action="store_true", help="print one compact JSON line instead of indented JSON")
@@ -95,7 +95,7 @@ def configure_run(run: argparse.ArgumentParser) -> None:
         option_help="any SamplerConfig field (generation) or LikelihoodConfig field (likelihood), e.g. -o cache=dual",
         gen_length_help=GEN_LENGTH_HELP)
     run.add_argument("--num-samples", "-n", type=int, default=1, help="completions per problem (pass@k)")
-    run.add_argument("--k", type=int, nargs="*", default=None, help="pass@k values (default: 1,5,10,... up to n)")
+    run.add_argument("--k", type=pass_k, nargs="+", default=None, help="pass@k values (default: 1,5,10,... up to n)")
     run.add_argument("--mc-samples", type=int, default=None, help="likelihood: Monte-Carlo ELBO samples per option")
     run.add_argument("--length-norm", default=None, choices=["none", "tokens", "chars"],
                      help="likelihood: option score normalisation (default none)")
@@ -182,6 +182,17 @@ def reject_other_mode_options(options: dict, mode: str, bench) -> None:
     else:
         how = f"{bench.name} is free-form, so it is evaluated by generation"
     raise ConfigError(f"-o {key} applies to likelihood scoring (--mode likelihood, multiple-choice benchmarks); {how}")
+
+
+def pass_k(text: str) -> int:
+    """One ``--k`` value: a whole number >= 1 (``--k 0`` used to fail after the whole evaluation, in pass@k)."""
+    try:
+        k = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"pass@k takes whole numbers >= 1; got {text!r}") from None
+    if k < 1:
+        raise argparse.ArgumentTypeError(f"pass@k takes whole numbers >= 1; got {k}")
+    return k
 
 
 def run_run(args: argparse.Namespace) -> int:
@@ -298,7 +309,7 @@ def samples_for(bench, lines, data_samples=None, data_name: str = "--data"):
         for s in data_samples:
             if s.fields.get("stem"):
                 by_key.setdefault(s.fields["stem"], s)
-    order, grouped = [], {}
+    order, grouped, first_line, by_id = [], {}, {}, {}
     for where, lineno, obj in lines:
         key = next((str(obj[k]) for k in ("id", "task_id") if k in obj), None)
         if data_samples is not None:
@@ -322,6 +333,12 @@ def samples_for(bench, lines, data_samples=None, data_name: str = "--data"):
         if sample.id not in grouped:
             order.append(sample)
             grouped[sample.id] = []
+            first_line[sample.id] = where
+        elif data_samples is None and sample.target != by_id[sample.id].target:  # two problems under one id
+            raise InputError(f"{where}: id {sample.id!r} was given before ({first_line[sample.id]}) with another "
+                             f"answer ({by_id[sample.id].answer!r}, here {sample.answer!r}); lines of one id are "
+                             "samples of one problem: give each problem its own id")
+        by_id.setdefault(sample.id, sample)
         grouped[sample.id].extend(preds)
     return order, [grouped[s.id] for s in order]
 

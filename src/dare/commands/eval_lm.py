@@ -70,6 +70,21 @@ def model_args_text(argv: list[str]) -> list[str]:
     return found
 
 
+def check_include_paths(argv: list[str]) -> None:
+    """One-line :class:`~dare.errors.ConfigError` for an ``--include_path`` that is no directory: lm-eval would only
+    say that the tasks are not found, and advise the flag that was given."""
+    import os
+
+    from dare.errors import ConfigError
+
+    for index, item in enumerate(argv):
+        path = argv[index + 1] if item == "--include_path" and index + 1 < len(argv) else (
+            item.partition("=")[2] if item.startswith("--include_path=") else None)
+        if path is not None and not os.path.isdir(path):
+            where = "" if os.path.isabs(path) else f" (relative to {os.getcwd()})"
+            raise ConfigError(f"--include_path {path}: no such directory{where}")
+
+
 def reject_repeated_model_args(argv: list[str]) -> None:
     """One-line :class:`~dare.errors.ConfigError` for a key given twice in ``--model_args k=v,k=v``: lm-eval keeps
     the last one without a word (a JSON ``--model_args`` is lm-eval's to parse)."""
@@ -114,6 +129,7 @@ def run(args: argparse.Namespace) -> int:
     imports, lm_eval_args = take_imports(args.lm_eval_args)
     reject_repeated_model_args(lm_eval_args)
     reject_lm_eval_flags_in_model_args(lm_eval_args)
+    check_include_paths(lm_eval_args)
     if asks_for_help(lm_eval_args):
         print_preamble(HELP_PREAMBLE)
     require_lm_eval()

@@ -239,14 +239,15 @@ def parse_options(items: list[str], what: str = "-o") -> dict:
 
 def load_model(spec: str, device, dtype, adapter: str | None = None, tokenizer: str | None = None):
     """``(model, tokenizer)`` from a checkpoint directory, a hub name or ``tiny:FAMILY[:SEED]``, with LoRA
-    ``adapter`` applied when given; the tokenizer from ``tokenizer`` when given, else the model's (its files checked
-    first: a checkpoint without one fails before its weights load)."""
+    ``adapter`` applied when given; the tokenizer from ``tokenizer`` when given, else the one saved with the adapter
+    (LoRA training's ``RUN/final``), else the model's (its files checked first: a checkpoint without one fails before
+    its weights load)."""
     from dare.models.loading import check_model_tokenizer, load_model as load, loading_errors, tokenizer_for_model
 
-    check_model_tokenizer(spec, tokenizer)  # a checkpoint without one fails before its weights load
+    check_model_tokenizer(spec, tokenizer, adapter)  # a checkpoint without one fails before its weights load
     with loading_errors(spec, adapter):
         model = load(spec, adapter, dtype=dtype, device=device)
-    return model, tokenizer_for_model(spec, tokenizer)
+    return model, tokenizer_for_model(spec, tokenizer, adapter)
 
 
 def encode(tokenizer, text: str, chat: bool) -> list[int]:

@@ -18,17 +18,17 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="a recipe name from the list (e.g. llada/sft_tiny): print its YAML text unchanged, to "
                              "redirect into a file of your own (dare recipes llada/d1_8b > my.yaml; then dare train "
                              "my.yaml). Without NAME: one line per recipe, grouped by family; 'cpu' marks the tiny "
-                             "ones that train on a CPU in seconds")
+                             "ones that train on a CPU in seconds. A family (llada): its recipes only")
 
 
 def run(args: argparse.Namespace) -> int:
     from dare.commands.train import print_quietly
     from pathlib import Path
 
-    from dare.recipes import listing, resolve_recipe
+    from dare.recipes import FAMILIES, listing, resolve_recipe
 
-    if args.name is None:
-        print_quietly("\n".join(listing()) + "\n")
+    if args.name is None or args.name in FAMILIES:  # a family: its recipes only
+        print_quietly("\n".join(listing(args.name)) + "\n")
     else:
         print_quietly(Path(resolve_recipe(args.name)).read_text())  # what dare train NAME would read
     return 0

@@ -153,8 +153,10 @@ class DareLM(_LM):
                                                   add_generation_prompt=add_generation_prompt)
 
     def get_model_info(self) -> dict[str, Any]:
-        """Stored by lm-eval under ``config``: the model record and every resolved decoding setting."""
+        """Stored by lm-eval under ``config``: the model record, every resolved decoding setting and the plug-ins
+        this process imported (``imports``, as DARE's own results files record them)."""
         from dare.eval.run import model_record
+        from dare.plugins import imported
         from dare.rollout.engine import kernel_settings
 
         return {"dare": {
@@ -164,7 +166,7 @@ class DareLM(_LM):
             "likelihood": dataclasses.asdict(self.likelihood),
             "kernels": kernel_settings(),
             "seed": self.seed, "batch_size": self.batch_size, "mc_batch_size": self.mc_batch_size,
-            "chat_template_applied": self.chat_applied,
+            "chat_template_applied": self.chat_applied, "imports": imported(),
         }}
 
     # ---------------------------------------------------------------------------------- tokens

@@ -120,25 +120,27 @@ class EvalConfig:
 def load_for_eval(path: str, adapter: str | None, device: str | None, dtype: str | None,
                   compile_blocks: bool = False, tokenizer: str | None = None):
     """``(model, tokenizer, model_info)``; a missing or unreadable checkpoint is a one-line error. The tokenizer comes
-    from ``tokenizer`` (a directory or hub name; recorded in ``model_info``) when given, else from ``path``; its files
-    are checked first, so a checkpoint without one fails before its weights load. With ``compile_blocks`` every
-    transformer block is compiled in place (recorded in ``model_info``)."""
+    from ``tokenizer`` (a directory or hub name) when given, else from the LoRA ``adapter`` directory when it holds one
+    (LoRA training saves the run's tokenizer there, without its chat template when the run trained without it:
+    :func:`~dare.models.loading.adapter_tokenizer`), else from ``path``; where it came from is recorded in
+    ``model_info`` when it is not ``path``. Its files are checked first, so a checkpoint without one fails before its
+    weights load. With ``compile_blocks`` every transformer block is compiled in place (recorded in ``model_info``)."""
     from dare.devices import resolve_device
     from dare.models.loading import check_model_tokenizer, load_model, loading_errors, tokenizer_for_model
 
     device = resolve_device(device)
     dtype = dtype or ("bfloat16" if device.type == "cuda" else "float32")
-    check_model_tokenizer(path, tokenizer)  # a checkpoint without one fails before its weights load
+    source = check_model_tokenizer(path, tokenizer, adapter)  # a checkpoint without one fails before its weights load
     with loading_errors(path, adapter):
         model = load_model(path, adapter, dtype=dtype, device=device)
-    text_tokenizer = tokenizer_for_model(path, tokenizer)  # one-line errors of its own
+    text_tokenizer = tokenizer_for_model(path, tokenizer, adapter)  # one-line errors of its own
     if compile_blocks:
         from dare.models.compile import compile_blocks as compile_model_blocks
 
         compile_model_blocks(model)
     info = {"path": path, "adapter": adapter, "requested_dtype": dtype, "compile_blocks": compile_blocks}
-    if tokenizer is not None:
-        info["tokenizer"] = tokenizer
+    if tokenizer is not None or source != path:
+        info["tokenizer"] = source
     return model, text_tokenizer, info
 
 

@@ -472,28 +472,63 @@ TOKENIZER_FILES = ("tokenizer_config.json", "tokenizer.json", "tokenizer.model",
 """Files of which a tokenizer directory holds at least one."""
 
 
-def tokenizer_for_model(path: str, tokenizer: str | None = None):
-    """The tokenizer to decode with model ``path``: the one at ``tokenizer`` (a directory, hub name or
-    ``tiny:FAMILY``) when given - for a checkpoint saved without its tokenizer files -, else the model's own; checked
-    first (:func:`check_model_tokenizer`). A tokenizer transformers cannot build is a one-line error
+def adapter_tokenizer(adapter: str | None) -> Path | None:
+    """The local LoRA ``adapter`` directory when it holds tokenizer files (:data:`TOKENIZER_FILES`): LoRA training
+    saves the run's tokenizer next to the adapter in ``RUN/final`` - without its chat template when the run encoded
+    its data without it (``data.chat_template: false``) -, so prompts are read as the run trained. None without an
+    adapter, for a hub adapter, a path that is no adapter directory (:func:`check_adapter_path` names what it is when
+    the adapter loads) and an adapter saved without tokenizer files (the base model's tokenizer is used)."""
+    if adapter is None or not isinstance(adapter, (str, Path)):
+        return None
+    local = Path(adapter).expanduser()
+    if not (local / ADAPTER_CONFIG).is_file() or not any((local / name).is_file() for name in TOKENIZER_FILES):
+        return None
+    return local
+
+
+def tokenizer_for_model(path: str, tokenizer: str | None = None, adapter: str | None = None):
+    """The tokenizer to decode with model ``path`` (with LoRA ``adapter`` applied when given): the one at
+    ``tokenizer`` (a directory, hub name or ``tiny:FAMILY``) when given - for a checkpoint saved without its
+    tokenizer files -, else the adapter directory's when it holds one (:func:`adapter_tokenizer`), else the model's
+    own; checked first (:func:`check_model_tokenizer`). A tokenizer transformers cannot build is a one-line error
     (:func:`tokenizer_error`)."""
-    source = check_model_tokenizer(path, tokenizer)
+    source = check_model_tokenizer(path, tokenizer, adapter)
+    if tokenizer is None and adapter_tokenizer(adapter) is not None:
+        return load_adapter_tokenizer(adapter)
     try:
         return load_tokenizer(source)
     except (OSError, ValueError, KeyError) as err:
         raise tokenizer_error(path, tokenizer, f"cannot load its tokenizer ({one_line(err)})") from None
 
 
-def check_model_tokenizer(path: str, tokenizer: str | None = None) -> str:
+def load_adapter_tokenizer(adapter: str | None):
+    """The tokenizer saved with LoRA ``adapter`` (:func:`adapter_tokenizer`); None when it holds none. One that
+    transformers cannot build is a one-line :class:`ConfigError` pointing to ``--tokenizer``."""
+    local = adapter_tokenizer(adapter)
+    if local is None:
+        return None
+    try:
+        return load_tokenizer(str(local))
+    except (OSError, ValueError, KeyError) as err:
+        problem = f"cannot load the tokenizer saved with it ({one_line(err)})"
+        hint = "the directory or hub name of its tokenizer, e.g. its base model"
+        raise ConfigError(f"adapter {adapter}: {problem}; pass tokenizer=PATH ({hint})",
+                          cli=f"--adapter {adapter}: {problem}; pass --tokenizer PATH ({hint})") from None
+
+
+def check_model_tokenizer(path: str, tokenizer: str | None = None, adapter: str | None = None) -> str:
     """The cheap check before model ``path``'s weights load that its tokenizer can be found: ``tokenizer`` when given,
-    else the model's directory, must hold tokenizer files (:data:`TOKENIZER_FILES`; hub names and ``tiny:FAMILY`` are
-    not checked). The model path is checked first (:func:`check_checkpoint_path`: a training checkpoint or run
-    directory is named as such, not as a directory without a tokenizer). A model directory without tokenizer files
-    points to the ``tokenizer`` argument (``--tokenizer`` on the command line). Returns where the tokenizer loads
-    from."""
+    else the LoRA ``adapter`` directory when it holds tokenizer files (:func:`adapter_tokenizer`), else the model's
+    directory, must hold tokenizer files (:data:`TOKENIZER_FILES`; hub names and ``tiny:FAMILY`` are not checked).
+    The model path is checked first (:func:`check_checkpoint_path`: a training checkpoint or run directory is named
+    as such, not as a directory without a tokenizer). A model directory without tokenizer files points to the
+    ``tokenizer`` argument (``--tokenizer`` on the command line). Returns where the tokenizer loads from."""
     check_path_argument("path", path, CHECKPOINT)
     check_path_argument("tokenizer", tokenizer, "a tokenizer directory, hub name or tiny:FAMILY", optional=True)
     model_dir = check_checkpoint_path(path) if parse_tiny(path) is None else None
+    saved = adapter_tokenizer(adapter) if tokenizer is None else None
+    if saved is not None:  # the run's own tokenizer, saved next to its adapter
+        return str(saved)
     source = path if tokenizer is None else tokenizer
     if parse_tiny(source) is not None:
         return source

@@ -86,17 +86,19 @@ def check_merge_target(out_dir: str | os.PathLike, what: str) -> bool:
 
 
 def merge_adapter(adapter: str, out_dir: str, base: str | None = None, dtype="auto",
-                  what: str = "merge output directory") -> Path:
+                  what: str = "merge output directory", tokenizer: str | None = None) -> Path:
     """Merge a LoRA adapter into its base and write a full HF checkpoint that ``AutoModel`` loads strictly.
 
-    ``base`` defaults to the base model recorded in the adapter. The tokenizer is written too, and the
+    ``base`` defaults to the base model recorded in the adapter. The tokenizer is written too: ``tokenizer`` when
+    given, else the one LoRA training saved with the adapter (``RUN/final``, without its chat template when the run
+    trained without it: the merged model reads prompts as the run trained), else the base model's; and the
     :data:`~dare.outputs.OUTPUT_MARKER` that lets a later merge replace ``out_dir``. Before the models load,
     ``out_dir`` (named ``what`` in the one-line errors) is checked: it must be new, empty or an earlier merge
     output (:func:`check_merge_target`), and neither the adapter, the base model directory nor the current
     directory, nor contain any of them.
     Returns ``out_dir`` made absolute.
     """
-    from dare.models.loading import adapter_base, load_model, load_tokenizer, loading_errors
+    from dare.models.loading import adapter_base, load_model, loading_errors, tokenizer_for_model
 
     base = base or adapter_base(adapter)
     inputs = {"the adapter directory": adapter, "the base model directory": base, "the current directory": "."}
@@ -104,12 +106,13 @@ def merge_adapter(adapter: str, out_dir: str, base: str | None = None, dtype="au
     check_merge_target(out_dir, what)  # a trained model, a run or a user's files are never replaced
     out = absolute_path(out_dir)  # `--out .`: Path(".").name is empty
     ensure_dir(out.parent, what, target=out_dir)
+    chosen = tokenizer_for_model(base, tokenizer, adapter)  # before the weights load: one-line errors
     with loading_errors(base, adapter):  # e.g. an adapter trained on another family: one line
         model = load_model(base, adapter=adapter, dtype=dtype)
 
     merged = model.merge_and_unload()
     tmp = staging_dir(out)  # renamed to out when complete: an interrupted merge never looks finished
     merged.save_pretrained(str(tmp), safe_serialization=True)
-    load_tokenizer(base).save_pretrained(str(tmp))
+    chosen.save_pretrained(str(tmp))
     mark_output(tmp, MERGE_COMMAND, adapter=str(adapter), base=str(base))
     return publish_dir(tmp, out)

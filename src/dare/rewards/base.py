@@ -98,6 +98,9 @@ REWARDS: dict[str, Callable[..., Reward]] = {}
 
 def register_reward(name: str) -> Callable[[type[Reward]], type[Reward]]:
     """Class decorator adding a reward plug-in to the registry under ``name``."""
+    if not isinstance(name, str) or not name:  # @register_reward without its name: the class came as the name
+        given = getattr(name, "__name__", repr(name))
+        raise ValueError(f"register_reward needs the reward's name: @register_reward(\"my_reward\") (got {given})")
 
     def wrap(cls: type[Reward]) -> type[Reward]:
         if name in REWARDS:

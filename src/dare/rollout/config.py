@@ -294,6 +294,7 @@ class SamplerConfig:
             values["confidence"] = "neg_entropy"  # the rule ranks positions by entropy
         preset.finalize(values, self)
         self.warn_unread_settings(values["decoder"])
+        self.warn_unread_filters(values)
         for key, default in (("threshold", 0.9), ("factor", 1.0), ("entropy_bound", 0.35), ("top_k_first", False)):
             if values[key] is None:
                 values[key] = default
@@ -334,6 +335,20 @@ class SamplerConfig:
         for key, readers in DECODER_SETTINGS.items():
             if getattr(self, key) not in (None, False) and decoder not in readers:
                 warn_unread(key, getattr(self, key), decoder, readers)
+
+    def warn_unread_filters(self, values: dict) -> None:
+        """Warn (once per process and setting) about a ``top_p`` / ``top_k`` given here that the resolved ``values``
+        never read: at temperature 0 with confidences from the raw logits (LLaDA, Fast-dLLM) the token is the raw
+        argmax and the confidence the raw softmax, which no filter changes. (Samplers whose confidence comes from the
+        filtered distribution - Dream, SDAR, LLaDA2 - do read them at temperature 0.)"""
+        if values["temperature"] != 0 or values["confidence_source"] != "logits":
+            return
+        for key, off in (("top_p", 1.0), ("top_k", 0)):
+            value = getattr(self, key)
+            if value is not None and value != off:
+                warn_once(("greedy", key, value), f"warning: ignoring {key}={value}: at temperature 0 sampler "
+                                                   f"'{values['sampler']}' takes the argmax of the raw logits, which "
+                                                   f"{key} does not change; set a temperature > 0 to sample with it")
 
     def check_values(self) -> None:
         """:meth:`check_types` and :meth:`check_ranges`: what can be checked before the config is resolved (and

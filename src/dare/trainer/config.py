@@ -371,6 +371,7 @@ def load_train_config(path: str | os.PathLike | None, overrides: list[str] | str
         raw = _fit_recipe_algorithm(raw, given, path)
     raw = merge(raw, given)
     config = from_dict(TrainConfig, raw)
+    check_algorithm_section_keys(config.algorithm)
     config.algorithm = resolve_algorithm_config(config.algorithm)
     config.validate()
     note_defaults(raw, path)
@@ -411,6 +412,25 @@ def _algorithm_keys(name: str) -> set[str] | None:
 
     cls = ALGORITHMS.get(name) if isinstance(name, str) else None
     return None if cls is None else {f.name for f in dataclasses.fields(cls.config_class) if f.init}
+
+
+def check_algorithm_section_keys(section) -> None:
+    """One-line :class:`ConfigError` for a key of the ``algorithm`` mapping that its algorithm lacks but another
+    section has (``algorithm.group_size`` -> did you mean ``rollout.group_size``?), as a misplaced key of any other
+    section is told; any other unknown key is left to the algorithm's own unknown-key error (its closest setting)."""
+    from dare.config import closest_key, config_keys
+
+    if not isinstance(section, dict):
+        return
+    keys = _algorithm_keys(section.get("name", "sft"))
+    if keys is None:
+        return
+    known = [k for k in config_keys(TrainConfig) if k.partition(".")[0] != "algorithm"]
+    known += [f"algorithm.{k}" for k in sorted(keys)]
+    for key in (k for k in section if k not in keys):
+        hint = closest_key(f"algorithm.{key}", known)
+        if hint is not None and not hint.startswith("algorithm."):
+            raise ConfigError(f"unknown config key 'algorithm.{key}' (did you mean '{hint}'?)")
 
 
 def _shares_settings(algorithm, base) -> bool:
@@ -485,6 +505,7 @@ def revalidate(config: TrainConfig) -> None:
 
     again = from_dict(TrainConfig, config_dict(config))
     load_plugins(again.imports)  # a config built in Python: its plug-ins register before its names are checked
+    check_algorithm_section_keys(again.algorithm)
     again.algorithm = resolve_algorithm_config(again.algorithm)
     again.validate()
 

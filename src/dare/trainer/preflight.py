@@ -426,7 +426,8 @@ PACKED_EOS_NOTE = ("note: data.packing=true: packed rows get no EOS padding (dat
 
 def warn_unused(config, needs) -> None:
     """One warning line per section whose non-default settings this run ignores, and the note of a packed SFT run
-    under ``data.eos_padding`` (:data:`PACKED_EOS_NOTE`)."""
+    under ``data.eos_padding`` (:data:`PACKED_EOS_NOTE`), and a warm-up as long as the run
+    (:func:`warn_long_warmup`)."""
     from dare.trainer.config import DataConfig, LoraConfig, RolloutConfig
 
     name = config.algorithm.name
@@ -457,6 +458,20 @@ def warn_unused(config, needs) -> None:
             moot.setdefault(reason, []).append(key)
     for reason, keys in moot.items():
         log.warning(f"warning: ignoring {', '.join(keys)}: {reason}")
+    warn_long_warmup(config)
+
+
+def warn_long_warmup(config) -> None:
+    """One warning line when ``optim.warmup_steps`` is at least the run's ``trainer.max_steps``: the whole run then
+    trains in the linear warm-up (:func:`dare.trainer.optim.lr_factor`). A run of ``trainer.epochs`` passes is not
+    checked: its number of steps is known only once its data is loaded."""
+    warmup, steps = config.optim.warmup_steps, config.trainer.max_steps
+    if steps is None or warmup < steps or warmup == 0:
+        return
+    reach = "never reaches optim.lr" if warmup > steps else "reaches optim.lr only on the last step"
+    run = f"{steps} step{'s' * (steps != 1)}"
+    log.warning(f"warning: optim.warmup_steps={warmup} >= the run's {run} (trainer.max_steps): the whole run trains "
+                f"in warmup (the learning rate {reach})")
 
 
 OVERRIDDEN = {
@@ -509,4 +524,4 @@ __all__ = ["LORA_LAYERS", "METRIC_PACKAGES", "OVERRIDDEN", "PACKED_EOS_NOTE", "U
            "check_attn_backend", "check_auxiliary_sequence", "check_batch_fits", "check_lora_targets", "check_metric_packages", "check_parallel",
            "check_response_padding", "check_relative", "check_rollout_engine", "check_run", "check_tokenizer_path",
            "fill_rollout_defaults", "known_family", "model_dtype", "model_skeleton", "overridden",
-           "record_given_model", "tokenizer_load_error", "warn_unused"]
+           "record_given_model", "tokenizer_load_error", "warn_long_warmup", "warn_unused"]

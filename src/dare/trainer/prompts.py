@@ -77,9 +77,32 @@ def check_prompt_path(path: str) -> None:
         check_data_path(path)
 
 
-def prompt_records(cfg, seed: int = 0, warn: bool = True) -> list[tuple[list[dict] | str, dict]]:
+def reward_fields(reward) -> list[tuple[str, str]]:
+    """``(field, reward name)`` for every field a sample must hold for ``reward`` (its ``required_fields``; every
+    part's of a combined :class:`~dare.rewards.base.WeightedSum`); none for no reward."""
+    from dare.rewards.base import WeightedSum
+
+    if isinstance(reward, WeightedSum):
+        return [need for _, _, part in reward.parts for need in reward_fields(part)]
+    return [(key, getattr(reward, "name", "") or type(reward).__name__)
+            for key in getattr(reward, "required_fields", ())]
+
+
+def check_reward_fields(record: dict, where: str, needs: list[tuple[str, str]]) -> None:
+    """One-line :class:`InputError` ``WHERE lacks 'answer', which reward 'X' needs`` (or ``holds null in``) for the
+    first field of ``needs`` (:func:`reward_fields`) that data record ``record`` lacks or holds as null: found when
+    the prompts load, not when the record's rollouts are scored mid-run (or a null scored as the text 'None')."""
+    for key, name in needs:
+        if key not in record:
+            raise InputError(f"{where} lacks '{key}', which reward '{name}' needs (keys: {', '.join(sorted(record))})")
+        if record[key] is None:
+            raise InputError(f"{where} holds null in '{key}', which reward '{name}' needs")
+
+
+def prompt_records(cfg, seed: int = 0, warn: bool = True, reward=None) -> list[tuple[list[dict] | str, dict]]:
     """``(messages or text, sample)`` pairs of an RL prompt source (``cfg`` is a ``DataConfig``); ``warn``: log the
-    key settings no record of a data file was read through (:func:`dare.data.sft.warn_unread_keys`)."""
+    key settings no record of a data file was read through (:func:`dare.data.sft.warn_unread_keys`); ``reward``:
+    every record of a data file must hold the fields it scores against (:func:`check_reward_fields`)."""
     from dare.data.sft import (
         DEFAULT_SYNTHETIC_SIZE, SYNTHETIC_PREFIX, read_records, record_chat, record_text, warn_unread_keys,
     )
@@ -96,9 +119,10 @@ def prompt_records(cfg, seed: int = 0, warn: bool = True) -> list[tuple[list[dic
     records = read_records(path, limit, seed)
     if path.startswith(SYNTHETIC_PREFIX):
         return [(r["prompt"], {"prompt": r["prompt"], "answer": r["response"]}) for r in records]
-    out, read = [], set()
+    out, read, needs = [], set(), reward_fields(reward)
     for number, record in enumerate(records):
         where = records.where(number)
+        check_reward_fields(record, where, needs)
         if cfg.messages_key in record:
             messages = record_chat(record[cfg.messages_key], cfg.messages_key, where)
             if messages and messages[-1]["role"] == "assistant":
@@ -129,11 +153,11 @@ def encode_prompt(prompt: list[dict] | str, tokenizer, chat_template: bool) -> l
 
 
 def build_prompts(cfg, tokenizer, max_prompt_length: int, seed: int = 0,
-                  warn: bool = True) -> tuple[list[PromptItem], int]:
-    """Tokenized prompts (those longer than ``max_prompt_length`` dropped) and the number dropped; ``warn``: see
-    :func:`prompt_records`."""
+                  warn: bool = True, reward=None) -> tuple[list[PromptItem], int]:
+    """Tokenized prompts (those longer than ``max_prompt_length`` dropped) and the number dropped; ``warn`` and
+    ``reward``: see :func:`prompt_records`."""
     items, dropped = [], 0
-    for prompt, sample in prompt_records(cfg, seed, warn):
+    for prompt, sample in prompt_records(cfg, seed, warn, reward):
         ids = encode_prompt(prompt, tokenizer, cfg.chat_template)
         if not ids:
             raise InputError("a prompt encodes to no tokens")
@@ -191,5 +215,5 @@ def build_pairs(cfg, tokenizer, eos_id: int, seed: int = 0) -> tuple[list[PairIt
     return items, dropped
 
 
-__all__ = ["PairItem", "PromptItem", "build_pairs", "build_prompts", "check_prompt_path",
-           "encode_prompt", "prompt_records"]
+__all__ = ["PairItem", "PromptItem", "build_pairs", "build_prompts", "check_prompt_path", "check_reward_fields",
+           "encode_prompt", "prompt_records", "reward_fields"]

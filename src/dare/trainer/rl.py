@@ -645,7 +645,7 @@ def build_rollout_source(trainer) -> RolloutSource:
     cfg = trainer.config
     reward = rollout_reward(cfg.rollout)
     prompts, dropped = build_prompts(cfg.data, trainer.tokenizer, cfg.rollout.max_prompt_length, cfg.trainer.seed,
-                                     warn=trainer.info.is_main)
+                                     warn=trainer.info.is_main, reward=reward)
     if dropped and trainer.info.is_main:
         print(f"warning: dropped {dropped} of {dropped + len(prompts)} prompts longer than "
               f"rollout.max_prompt_length={cfg.rollout.max_prompt_length}")
