@@ -290,6 +290,16 @@ def test_rows_of_another_benchmark_say_what_the_benchmark_expects(gsm8k, tmp_pat
     assert line == "error: mmlu: row 0 is malformed: 'answer' must be an option index 0-3 or a letter A-D; got '2 of course'"
 
 
+@pytest.mark.parametrize("label", ["", "4", -1, "B"])
+def test_a_hellaswag_label_that_is_no_ending_index_says_what_it_must_be(label, tmp_path, capsys):
+    """Before: Python's "invalid literal for int() with base 10: ''" (or an IndexError for an index past the end)."""
+    rows = tmp_path / "hellaswag.jsonl"
+    rows.write_text(json.dumps({"ctx": "A man walks", "endings": ["a", "b", "c", "d"], "label": label}) + "\n")
+    line = one_line_error(capsys, "eval", "run", "--model", "tiny:llada", "--benchmark", "hellaswag", "--data", rows,
+                          "--shots", "0")
+    assert line == f"error: hellaswag: row 0 is malformed: 'label' must be an ending index 0-3; got {label!r}"
+
+
 def test_gsm8k_rows_need_a_numeric_final_answer(tmp_path, capsys):
     mmlu = tmp_path / "mmlu.jsonl"
     mmlu.write_text(json.dumps({"question": "1 + 1?", "choices": ["1", "2", "3", "4"], "answer": 1}) + "\n")
@@ -595,3 +605,13 @@ def test_a_value_read_as_an_option_says_to_write_flag_equals_value(argv, message
 def test_a_negative_value_reaches_the_commands_own_check(capsys):
     assert main(["generate", "--model", "tiny:llada", "--prompt", "x", "--temperature", "-1e-3"]) == 2
     assert capsys.readouterr().err.strip().splitlines() == ["error: temperature must be >= 0; got -0.001"]
+
+
+def test_a_checkpoint_path_missing_by_its_step_number_or_a_typo_names_the_directory_there(tmp_path, capsys):
+    """The README writes RUN/checkpoints/step_N; the directories are zero-padded (step_00000040)."""
+    (tmp_path / "run" / "checkpoints" / "step_00000040").mkdir(parents=True)
+    (tmp_path / "run" / "final").mkdir()
+    for given, meant in (("checkpoints/step_40", "checkpoints/step_00000040"), ("fnal", "final")):
+        line = one_line_error(capsys, "generate", "--model", tmp_path / "run" / given, "--prompt", "hi")
+        assert line == (f"error: model path {tmp_path / 'run' / given}: no such checkpoint directory (did you mean "
+                        f"{tmp_path / 'run' / meant}?)")

@@ -390,7 +390,11 @@ def _parse_hellaswag(row: Mapping[str, Any], index: int) -> Sample:
         ctx = row["ctx"]
     stem = _hellaswag_clean(f"{row.get('activity_label', '')}: {ctx}" if row.get("activity_label") else str(ctx))
     endings = [_hellaswag_clean(str(e)) for e in _options(row, "endings")]
-    gold = int(row["label"])
+    label = row["label"]
+    if isinstance(label, bool) or not (isinstance(label, int) or (isinstance(label, str) and label.strip().isdigit())) \
+            or not 0 <= int(label) < len(endings):
+        raise ValueError(f"'label' must be an ending index 0-{len(endings) - 1}; got {label!r}")
+    gold = int(label)
     return _choice_sample("hellaswag", _id(row, index, "hellaswag", "ind", "id"), stem, endings, gold, row,
                           solution=f"The answer is {LETTERS[gold]}.")
 

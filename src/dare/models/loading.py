@@ -97,6 +97,20 @@ def local_path(path: str, missing: str) -> Path | None:
     return None
 
 
+def sibling_hint(path: str) -> str:
+    """`` (did you mean DIR/NAME?)`` for a missing ``path`` whose folder holds a directory of a close name (a
+    training checkpoint's zero-padded one for ``checkpoints/step_40``: ``step_00000040``), else empty."""
+    local = Path(path).expanduser()
+    folder = local.parent
+    if local.exists() or not folder.is_dir():
+        return ""
+    names = [entry.name for entry in folder.iterdir() if entry.is_dir()]
+    step = re.fullmatch(r"step_?(\d+)", local.name)
+    padded = f"step_{int(step.group(1)):08d}" if step else None
+    hint = padded if padded in names else closest(local.name, names)
+    return f" (did you mean {folder / hint}?)" if hint else ""
+
+
 def check_checkpoint_path(path: str) -> Path | None:
     """One-line :class:`ConfigError` for a local checkpoint path that cannot hold a model, without reading any
     weights: the cheap check every loader (:func:`load_model`, :func:`family_of_path`) and ``dare train --dry-run``
@@ -113,7 +127,7 @@ def check_checkpoint_path(path: str) -> Path | None:
     Returns the local directory; None when ``path`` does not exist but looks like a hub name (nothing checked: the
     hub is asked when the model loads).
     """
-    local = local_path(path, f"model path {path}: no such checkpoint directory")
+    local = local_path(path, f"model path {path}: no such checkpoint directory{sibling_hint(path)}")
     if local is None:
         return None
     if not local.is_dir():
