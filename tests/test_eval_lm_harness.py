@@ -270,6 +270,19 @@ def test_an_include_path_that_is_no_directory_is_named(capsys, only_local_tasks)
     assert line == f"error: --include_path configs/lm_evl: no such directory (relative to {ROOT})"
 
 
+@pytest.mark.parametrize("device", ["--device cuda:1", "--device=cuda"])
+def test_an_explicit_cuda_device_without_cuda_is_an_error(device, capsys, only_local_tasks, monkeypatch):
+    """Before: it ran on the CPU without a word (dare eval run --device cuda refuses); lm-eval's own default still
+    falls back to the CPU (the other tests here run so)."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    line = run_cli_error(capsys, "--model_args", "pretrained=tiny:llada", "--tasks", "dare_tiny_gen", *device.split())
+    value = device.replace("=", " ").split()[1]
+    assert line == (f"error: --device {value}: CUDA is not available here (omit --device, or --device cpu, to run on "
+                    "the CPU)")
+
+
 def test_without_lm_eval_the_command_says_what_to_install(monkeypatch, capsys):
     import dare.eval.lm_harness as harness
 

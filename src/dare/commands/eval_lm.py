@@ -77,12 +77,31 @@ def check_include_paths(argv: list[str]) -> None:
 
     from dare.errors import ConfigError
 
-    for index, item in enumerate(argv):
-        path = argv[index + 1] if item == "--include_path" and index + 1 < len(argv) else (
-            item.partition("=")[2] if item.startswith("--include_path=") else None)
-        if path is not None and not os.path.isdir(path):
+    for path in flag_values(argv, "--include_path"):
+        if not os.path.isdir(path):
             where = "" if os.path.isabs(path) else f" (relative to {os.getcwd()})"
             raise ConfigError(f"--include_path {path}: no such directory{where}")
+
+
+def flag_values(argv: list[str], flag: str) -> list[str]:
+    """The values of ``flag`` in lm-eval's ``argv`` (``FLAG X`` and ``FLAG=X``)."""
+    return [argv[i + 1] if item == flag else item.partition("=")[2] for i, item in enumerate(argv)
+            if (item == flag and i + 1 < len(argv)) or item.startswith(flag + "=")]
+
+
+def check_explicit_device(argv: list[str]) -> None:
+    """One-line :class:`~dare.errors.ConfigError` for a CUDA ``--device`` given explicitly where CUDA is not
+    available (as ``dare eval run --device cuda`` says); without ``--device`` lm-eval's own default falls back to the
+    CPU (:class:`dare.eval.lm_harness.DareLM`)."""
+    from dare.errors import ConfigError
+
+    for device in flag_values(argv, "--device"):
+        if device.startswith("cuda"):
+            import torch
+
+            if not torch.cuda.is_available():
+                raise ConfigError(f"--device {device}: CUDA is not available here (omit --device, or --device cpu, "
+                                  "to run on the CPU)")
 
 
 def reject_repeated_model_args(argv: list[str]) -> None:
@@ -130,6 +149,7 @@ def run(args: argparse.Namespace) -> int:
     reject_repeated_model_args(lm_eval_args)
     reject_lm_eval_flags_in_model_args(lm_eval_args)
     check_include_paths(lm_eval_args)
+    check_explicit_device(lm_eval_args)
     if asks_for_help(lm_eval_args):
         print_preamble(HELP_PREAMBLE)
     require_lm_eval()
