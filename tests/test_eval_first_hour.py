@@ -318,3 +318,13 @@ def test_score_refuses_one_id_with_two_answers_and_pools_one_id_with_one(tmp_pat
     assert main(["eval", "score", "--benchmark", "gsm8k", "--predictions", str(pooled), "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["num_problems"] == 1 and result["metrics"]["pass@2"] == 1.0 and result["metrics"]["accuracy"] == 0.5
+
+
+def test_likelihood_mode_ends_with_its_line_as_generation_does(tmp_path, capfd):
+    """Before: the likelihood bar was transient (a line only after 30 s), so a run said nothing before its JSON."""
+    rows = write_jsonl(tmp_path / "mmlu.jsonl", [{"question": f"{i} + 1?", "choices": ["1", "2", "3", "4"],
+                                                  "answer": i % 4} for i in range(3)])
+    assert main(["eval", "run", "--model", "tiny:llada", "--benchmark", "mmlu", "--data", str(rows), "--shots", "0",
+                 "--json"]) == 0
+    err = capfd.readouterr().err.splitlines()
+    assert any(line.startswith("mmlu (likelihood): ") and "(100%)" in line for line in err), err

@@ -140,10 +140,13 @@ def _corruptions(length: int, group: int, mask_id: int, config: LikelihoodConfig
 
 @torch.no_grad()
 def continuation_elbo(model, requests: Sequence[Request], config: LikelihoodConfig | None = None, *, seed: int = 0,
-                      batch_size: int = 16, progress: bool = False, stats: LikelihoodStats | None = None) -> torch.Tensor:
+                      batch_size: int = 16, progress: bool | str = False, stats: LikelihoodStats | None = None
+                      ) -> torch.Tensor:
     """Per-sample Monte-Carlo ELBO terms ``[N, n]`` (float64) of every request's continuation given its
     context; ``terms.mean(1)`` is the estimate of ``log p(continuation | context)`` (a lower bound in
-    expectation). ``batch_size`` counts corrupted rows per forward; rows are sorted by length."""
+    expectation). ``batch_size`` counts corrupted rows per forward; rows are sorted by length. ``progress``: a
+    transient bar (True), or one named by the text that keeps its final line (``dare eval run``'s end-of-run line,
+    as generation's)."""
     from dare.algorithms.logprobs import denoiser_outputs
     from dare.models.loading import unwrap
     from dare.models.spec import family_of
@@ -183,7 +186,8 @@ def continuation_elbo(model, requests: Sequence[Request], config: LikelihoodConf
     if progress:
         from dare.progress import progress_bar
 
-        bar = progress_bar(len(rows), "likelihood", unit="row", leave=False)
+        named = isinstance(progress, str)  # a named bar keeps its final line (dare eval run's end-of-run line)
+        bar = progress_bar(len(rows), progress if named else "likelihood", unit="row", leave=named)
     for batch in batches:
         clean_rows, noisy_rows = [], []
         for i in batch:

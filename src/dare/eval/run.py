@@ -403,7 +403,7 @@ def _likelihood(model, tokenizer, bench, samples, pool, shots, likelihood, confi
     stats = LikelihoodStats()
     start = time.perf_counter()
     terms = continuation_elbo(model, requests, likelihood, seed=config.seed, batch_size=config.batch_size,
-                              progress=progress, stats=stats)
+                              progress=f"{bench.name} (likelihood)" if progress else False, stats=stats)
     seconds = time.perf_counter() - start
     elbo = terms.mean(1)
     tokens = [len(r.continuation) for r in requests]
