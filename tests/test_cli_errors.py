@@ -398,6 +398,8 @@ def test_a_split_picks_the_files_of_a_directory_that_name_it(tmp_path):
               "itself)"),
     ("absent", "gsm8k: no file of split 'validation' under {root} (a file's path must name it, e.g. validation.jsonl "
                "or validation/...)"),
+    ("typo", "gsm8k: no file of split 'tset' under {root} (did you mean 'test'? a file's path must name it, e.g. "
+             "tset.jsonl or tset/...)"),
     ("file", "gsm8k: a split applies to a HF dataset or a directory of split files; {file} is one file (drop the "
              "split)"),
 ])
@@ -409,7 +411,7 @@ def test_a_split_is_never_ignored_or_mixed_silently(case, message, tmp_path, gsm
     monkeypatch.setattr(dare.eval.run, "load_for_eval",
                         lambda *a, **k: (_ for _ in ()).throw(AssertionError("loaded the model")))
     root = split_dir(tmp_path, {"train.jsonl": GSM8K, "test.jsonl": GSM8K})
-    data, extra = {"mixed": (root, ()), "absent": (root, ("--split", "validation")),
+    data, extra = {"mixed": (root, ()), "absent": (root, ("--split", "validation")), "typo": (root, ("--split", "tset")),
                    "file": (gsm8k, ("--split", "test"))}[case]
     args = ["eval", "run", "--model", "tiny:llada", "--benchmark", "gsm8k", "--data", str(data), *extra]
     assert one_line_error(capsys, *args) == "error: " + message.format(root=root, file=gsm8k)

@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from dare.errors import InputError, first_line
+from dare.errors import InputError, closest, first_line
 
 SUFFIXES = (".jsonl", ".jsonl.gz", ".json", ".parquet", ".csv", ".tsv")
 SPLIT_NAMES = ("train", "test", "validation", "dev", "val")
@@ -81,8 +81,11 @@ def files_of_split(files: list[Path], root: Path, split: str | None, benchmark: 
     if split is not None:
         chosen = [file for file in files if split.lower() in words[file]]
         if not chosen:
-            raise InputError(f"{benchmark}: no file of split '{split}' under {root} (a file's path must name it, "
-                             f"e.g. {split}.jsonl or {split}/...)")
+            present = sorted({name for file in files for name in words[file] & set(SPLIT_NAMES)})
+            hint = closest(split.lower(), present)
+            meant = f"did you mean '{hint}'? " if hint else ""
+            raise InputError(f"{benchmark}: no file of split '{split}' under {root} ({meant}a file's path must name "
+                             f"it, e.g. {split}.jsonl or {split}/...)")
         return chosen
     found = sorted({name for file in files for name in words[file] & set(SPLIT_NAMES)})
     if len(found) > 1:
