@@ -151,20 +151,20 @@ def unknown_recipe(given: str | os.PathLike) -> ConfigError:
     """The one-line error for a recipe that is neither a file nor a recipe name: the closest recipe, written as the
     user wrote theirs (a path keeps its folders: ``did you mean configs/llada/sft_tiny.yaml?``; a name stays a name),
     and where the list is."""
-    key = recipe_key(given)
+    key, known = recipe_key(given), recipes()
     harness = key.partition("/")[0]
     if harness in HARNESS_FOLDERS:
         return ConfigError(f"{given} is not a training recipe: configs/{harness}/ holds {HARNESS_FOLDERS[harness]}, in "
                            f"the repository only; {LISTED_BY}")
-    if key in recipes():  # a missing path of the user's own that spells a shipped recipe's family and name
+    if key in known:  # a missing path of the user's own that spells a shipped recipe's family and name
         return ConfigError(f"config file {given} does not exist (the shipped recipe with that name is {key}: dare train "
                            f"{key})")
-    hint = closest(key, recipes())
+    hint = closest(key, known)
     if typed_as_name(given):
         if key in FAMILIES:  # a family alone: its recipes are family/NAME
             return ConfigError(f"{given} is a family, not a recipe: its recipes are {key}/NAME; dare recipes {key} "
                                "lists them")
-        same_name = [name for name in recipes() if "/" not in key and name.partition("/")[2] == key]
+        same_name = [name for name in known if "/" not in key and name.partition("/")[2] == key]
         if len(same_name) > 1:  # sft_tiny: every family's, not one of them at random
             hint = ", ".join(same_name)
         suggestion = f" (did you mean {hint}?)" if hint else ""

@@ -309,7 +309,7 @@ def samples_for(bench, lines, data_samples=None, data_name: str = "--data"):
         for s in data_samples:
             if s.fields.get("stem"):
                 by_key.setdefault(s.fields["stem"], s)
-    order, grouped, first_line, by_id = [], {}, {}, {}
+    order, grouped, first = [], {}, {}  # first: id -> (its first sample, where it was given)
     for where, lineno, obj in lines:
         key = next((str(obj[k]) for k in ("id", "task_id") if k in obj), None)
         if data_samples is not None:
@@ -333,12 +333,12 @@ def samples_for(bench, lines, data_samples=None, data_name: str = "--data"):
         if sample.id not in grouped:
             order.append(sample)
             grouped[sample.id] = []
-            first_line[sample.id] = where
-        elif data_samples is None and sample.target != by_id[sample.id].target:  # two problems under one id
-            raise InputError(f"{where}: id {sample.id!r} was given before ({first_line[sample.id]}) with another "
-                             f"answer ({by_id[sample.id].answer!r}, here {sample.answer!r}); lines of one id are "
-                             "samples of one problem: give each problem its own id")
-        by_id.setdefault(sample.id, sample)
+            first[sample.id] = (sample, where)
+        elif data_samples is None and sample.target != first[sample.id][0].target:  # two problems under one id
+            earlier, line = first[sample.id]
+            raise InputError(f"{where}: id {sample.id!r} was given before ({line}) with another answer "
+                             f"({earlier.answer!r}, here {sample.answer!r}); lines of one id are samples of one "
+                             "problem: give each problem its own id")
         grouped[sample.id].extend(preds)
     return order, [grouped[s.id] for s in order]
 

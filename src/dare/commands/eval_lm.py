@@ -59,15 +59,10 @@ def loading_error(err: BaseException) -> str | None:
     return None
 
 
-def model_args_text(argv: list[str]) -> list[str]:
-    """The ``--model_args`` values in lm-eval's ``argv`` (``--model_args X`` and ``--model_args=X``)."""
-    found = []
-    for index, item in enumerate(argv):
-        if item == "--model_args" and index + 1 < len(argv):
-            found.append(argv[index + 1])
-        elif item.startswith("--model_args="):
-            found.append(item.partition("=")[2])
-    return found
+def flag_values(argv: list[str], flag: str) -> list[str]:
+    """The values of ``flag`` in lm-eval's ``argv`` (``FLAG X`` and ``FLAG=X``)."""
+    return [argv[i + 1] if item == flag else item.partition("=")[2] for i, item in enumerate(argv)
+            if (item == flag and i + 1 < len(argv)) or item.startswith(flag + "=")]
 
 
 def check_include_paths(argv: list[str]) -> None:
@@ -81,12 +76,6 @@ def check_include_paths(argv: list[str]) -> None:
         if not os.path.isdir(path):
             where = "" if os.path.isabs(path) else f" (relative to {os.getcwd()})"
             raise ConfigError(f"--include_path {path}: no such directory{where}")
-
-
-def flag_values(argv: list[str], flag: str) -> list[str]:
-    """The values of ``flag`` in lm-eval's ``argv`` (``FLAG X`` and ``FLAG=X``)."""
-    return [argv[i + 1] if item == flag else item.partition("=")[2] for i, item in enumerate(argv)
-            if (item == flag and i + 1 < len(argv)) or item.startswith(flag + "=")]
 
 
 def check_explicit_device(argv: list[str]) -> None:
@@ -109,7 +98,7 @@ def reject_repeated_model_args(argv: list[str]) -> None:
     the last one without a word (a JSON ``--model_args`` is lm-eval's to parse)."""
     from dare.errors import ConfigError
 
-    for text in model_args_text(argv):
+    for text in flag_values(argv, "--model_args"):
         if text.lstrip().startswith("{"):
             continue
         seen = {}
@@ -126,7 +115,7 @@ def reject_lm_eval_flags_in_model_args(argv: list[str]) -> None:
     get the argument twice; the message names the lm-eval flag to use instead."""
     from dare.errors import ConfigError
 
-    for text in model_args_text(argv):
+    for text in flag_values(argv, "--model_args"):
         try:
             pairs = dict(json.loads(text)) if text.lstrip().startswith("{") else dict(
                 (key.strip(), value) for key, _, value in (part.partition("=") for part in text.split(",")))

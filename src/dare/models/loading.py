@@ -507,27 +507,15 @@ def tokenizer_for_model(path: str, tokenizer: str | None = None, adapter: str | 
     own; checked first (:func:`check_model_tokenizer`). A tokenizer transformers cannot build is a one-line error
     (:func:`tokenizer_error`)."""
     source = check_model_tokenizer(path, tokenizer, adapter)
-    if tokenizer is None and adapter_tokenizer(adapter) is not None:
-        return load_adapter_tokenizer(adapter)
     try:
         return load_tokenizer(source)
     except (OSError, ValueError, KeyError) as err:
+        if tokenizer is None and adapter_tokenizer(adapter) is not None:  # the one saved with the adapter
+            problem = f"cannot load the tokenizer saved with it ({one_line(err)})"
+            hint = "the directory or hub name of its tokenizer, e.g. its base model"
+            raise ConfigError(f"adapter {adapter}: {problem}; pass tokenizer=PATH ({hint})",
+                              cli=f"--adapter {adapter}: {problem}; pass --tokenizer PATH ({hint})") from None
         raise tokenizer_error(path, tokenizer, f"cannot load its tokenizer ({one_line(err)})") from None
-
-
-def load_adapter_tokenizer(adapter: str | None):
-    """The tokenizer saved with LoRA ``adapter`` (:func:`adapter_tokenizer`); None when it holds none. One that
-    transformers cannot build is a one-line :class:`ConfigError` pointing to ``--tokenizer``."""
-    local = adapter_tokenizer(adapter)
-    if local is None:
-        return None
-    try:
-        return load_tokenizer(str(local))
-    except (OSError, ValueError, KeyError) as err:
-        problem = f"cannot load the tokenizer saved with it ({one_line(err)})"
-        hint = "the directory or hub name of its tokenizer, e.g. its base model"
-        raise ConfigError(f"adapter {adapter}: {problem}; pass tokenizer=PATH ({hint})",
-                          cli=f"--adapter {adapter}: {problem}; pass --tokenizer PATH ({hint})") from None
 
 
 def check_model_tokenizer(path: str, tokenizer: str | None = None, adapter: str | None = None) -> str:

@@ -151,24 +151,24 @@ class RewardFailed(InputError):
 
 
 def _raised_at(reward: Reward, err: BaseException) -> str:
-    """``FILE line N``: the innermost line of ``reward``'s own source file in ``err``'s traceback (the file alone
-    when the traceback does not pass it)."""
+    """``FILE line N``: the innermost line of ``reward``'s own source file in ``err``'s traceback
+    (:func:`dare.plugins.innermost_own_frame`; the file alone when the traceback does not pass it)."""
     import inspect
     import os
-    import traceback
+    from pathlib import Path
+
+    from dare.plugins import innermost_own_frame
 
     try:
-        source = os.path.abspath(inspect.getsourcefile(type(reward)) or "")
+        source = inspect.getsourcefile(type(reward))
     except TypeError:
-        source = ""
-    line = None
-    for frame in traceback.extract_tb(err.__traceback__):
-        if source and os.path.abspath(frame.filename) == source:
-            line = frame.lineno
-    shown = os.path.relpath(source) if source and not os.path.relpath(source).startswith("..") else source
-    if not shown:
+        source = None
+    if not source:
         return "its code"
-    return f"{shown} line {line}" if line is not None else shown
+    relative = os.path.relpath(source)
+    shown = source if relative.startswith("..") else relative
+    frame = innermost_own_frame(err, [Path(source)])
+    return shown if frame is None else f"{shown} line {frame[1]}"
 
 
 class WeightedSum(Reward):
