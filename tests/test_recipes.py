@@ -276,3 +276,14 @@ def test_a_bare_recipe_name_names_every_family_that_has_it_and_a_family_lists_it
     assert main(["recipes", "llada"]) == 0
     names = [line.split()[0] for line in capsys.readouterr().out.splitlines()]
     assert names == [name for name in recipes() if name.startswith("llada/")] and "llada/sft_tiny" in names
+
+
+def test_a_mistyped_bare_name_or_family_gets_a_hint_of_its_kind(capsys):
+    """Before: 'dare recipes lama' said only 'no recipe named lama', sdarr suggested sdar/tracerl_8b and d1_tny one
+    family's d1_tiny at random."""
+    assert one_line_error(capsys, "recipes", "lama") == (
+        "error: no recipe or family named lama (did you mean llada?); dare recipes lists the recipes")
+    assert one_line_error(capsys, "train", "sdarr") == (
+        "error: no recipe or family named sdarr (did you mean sdar?); dare recipes lists the recipes")
+    assert one_line_error(capsys, "train", "d1_tny") == (
+        "error: no recipe named d1_tny (did you mean llada/d1_tiny, sdar/d1_tiny?); dare recipes lists the recipes")

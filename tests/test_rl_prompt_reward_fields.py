@@ -54,3 +54,17 @@ def test_the_run_refuses_the_record_before_training(tmp_path, capsys):
                           f"data.path={path}", "data.num_examples=null", "trainer.progress=false")
     assert line == f"error: {path}:9: record 8 holds null in 'answer', which reward 'char_closeness' needs"
     assert not (tmp_path / "run" / "final").exists()
+
+
+def test_the_dry_run_reads_the_prompt_records_too(tmp_path, capsys):
+    """The dry run used to pass a file whose record the run refuses on loading; it reads the records now."""
+    path = prompts_file(tmp_path / "p.jsonl", {"prompt": "x"})
+    args = ("train", D1, f"trainer.output_dir={tmp_path / 'run'}", f"data.path={path}", "data.num_examples=null",
+            "--dry-run")
+    assert one_line_error(capsys, *args) == (
+        f"error: {path}:9: record 8 lacks 'answer', which reward 'char_closeness' needs (keys: prompt)")
+    prompts_file(path, None)
+    from dare.cli import main
+
+    assert main(list(args)) == 0
+    assert not (tmp_path / "run").exists()  # the dry run creates nothing

@@ -264,19 +264,31 @@ def test_the_end_says_where_the_weights_are_without_an_export_and_a_deleted_resu
 
 
 def test_sft_rows_longer_than_the_models_context_are_warned(tmp_path, caplog):
-    """The tiny model's context is 512 positions; data.max_length=600 trained without a word before."""
+    """The tiny model's context is 512 positions. Rows that reach past it are warned (they trained without a word
+    before); a data.max_length above it that no row reaches is not (the default 1024 was warned on every tiny run)."""
     from dare.trainer import run_training
 
     short = [o for o in SMALL if not o.startswith("data.max_length")]
-    for length, warned in ((512, False), (600, True)):
-        out = f"trainer.output_dir={tmp_path / str(length)}"
-        config = load_train_config(SFT, [*short, f"data.max_length={length}", out])
+    cases = (
+        (["data.max_length=512"], None),
+        (["data.max_length=600"], None),  # no row is near 512
+        (["data.max_length=600", "data.fixed_shapes=true"],
+         "fixed-shape rows are padded to data.max_length=600 positions"),
+        (["data.max_length=600", "data.fixed_shapes=true", "data.packing=true"], None),  # positions restart per row
+        (["data.max_length=600", "data.pad_response_to=560"], "the longest example has 5"),
+    )
+    for number, (settings, warned) in enumerate(cases):
+        config = load_train_config(SFT, [*short, *settings, f"trainer.output_dir={tmp_path / str(number)}"])
         caplog.clear()
         with caplog.at_level(logging.WARNING, logger="dare.trainer"):
             run_training(config)
         messages = [r.getMessage() for r in caplog.records if "context" in r.getMessage()]
-        assert messages == ([f"warning: data.max_length={length} is beyond the model's configured context length 512: "
-                             "positions past it are untrained"] if warned else []), messages
+        if warned is None:
+            assert messages == [], (settings, messages)
+        else:
+            assert len(messages) == 1 and messages[0].startswith(f"warning: {warned}"), (settings, messages)
+            assert messages[0].endswith("beyond the model's configured context length 512: positions past it are "
+                                        "untrained"), messages
 
 
 # ---- 6. --show-config --------------------------------------------------------------------------------------------

@@ -164,9 +164,14 @@ def unknown_recipe(given: str | os.PathLike) -> ConfigError:
         if key in FAMILIES:  # a family alone: its recipes are family/NAME
             return ConfigError(f"{given} is a family, not a recipe: its recipes are {key}/NAME; dare recipes {key} "
                                "lists them")
-        same_name = [name for name in known if "/" not in key and name.partition("/")[2] == key]
-        if len(same_name) > 1:  # sft_tiny: every family's, not one of them at random
-            hint = ", ".join(same_name)
+        if "/" not in key:  # a bare name: every family's recipe of that (or the closest) name, or a mistyped family
+            names = {name.partition("/")[2] for name in known}
+            near = key if key in names else closest(key, names)
+            family = closest(key, FAMILIES)
+            if family and key not in names:  # lama, sdarr
+                return ConfigError(f"no recipe or family named {given} (did you mean {family}?); {LISTED_BY}")
+            if near:  # sft_tiny, d1_tny: every family's, not one of them at random
+                hint = ", ".join(name for name in known if name.partition("/")[2] == near)
         suggestion = f" (did you mean {hint}?)" if hint else ""
         return ConfigError(f"no recipe named {given}{suggestion}; {LISTED_BY}")
     spelt_as_layout = names_shipped_layout(given) or (not Path(given).is_absolute() and len(Path(given).parts) == 2)

@@ -374,6 +374,21 @@ class Trainer:
             return build_pair_source(self)
         return self._dataset_source()
 
+    def _warn_rows_past_context(self, longest: int) -> None:
+        """Warn when trained rows reach positions past the model's configured context: fixed-width padded rows
+        reach ``data.max_length``, other rows (packed documents restart their positions) their longest example.
+        A ``data.max_length`` above the context that no row reaches is no warning."""
+        cfg, context = self.config, self.context_length
+        padded_to = None if cfg.data.packing else cfg.fixed_width()
+        if not context or max(longest, padded_to or 0) <= context:
+            return
+        if padded_to is not None and padded_to > longest:
+            reach = f"fixed-shape rows are padded to data.max_length={padded_to} positions"
+        else:
+            reach = f"the longest example has {longest} tokens (data.max_length={cfg.data.max_length})"
+        log.warning(f"warning: {reach}, beyond the model's configured context length {context}: positions past "
+                    "it are untrained")
+
     def _dataset_source(self):
         from dare.data.sft import build_sft_dataset
         from dare.trainer.sources import DatasetSource
@@ -384,9 +399,8 @@ class Trainer:
         if data.dropped and self.info.is_main:
             print(f"warning: dropped {data.dropped} of {data.dropped + len(data)} examples longer than "
                   f"data.max_length={cfg.data.max_length}")
-        if self.context_length and cfg.data.max_length > self.context_length and self.info.is_main:
-            log.warning(f"warning: data.max_length={cfg.data.max_length} is beyond the model's configured context "
-                        f"length {self.context_length}: positions past it are untrained")
+        if self.info.is_main:
+            self._warn_rows_past_context(max(map(len, data.examples)))
         pack_length = cfg.data.pack_length or cfg.data.max_length
         if cfg.data.packing and pack_length < cfg.data.max_length:
             raise ConfigError(f"data.pack_length={pack_length} must be at least data.max_length={cfg.data.max_length}")

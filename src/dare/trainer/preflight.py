@@ -248,6 +248,21 @@ def check_batch_fits(config, needs) -> None:
     raise ConfigError(f"trainer.batch_size={batch} is larger than the dataset ({held} {unit})")
 
 
+def check_prompt_records(config, needs) -> None:
+    """``dare train --dry-run``'s read of an RL run's prompt file: every record it would train on (the first
+    ``data.num_examples``) holds a prompt and the fields its reward scores against, with the run's ``FILE:LINE``
+    errors (:func:`dare.trainer.prompts.prompt_records`). Nothing for other algorithms or for ``synthetic:`` /
+    ``benchmark:`` sources (the run makes their records itself)."""
+    from dare.data.sft import SYNTHETIC_PREFIX
+    from dare.trainer.prompts import BENCHMARK_PREFIX, prompt_records
+    from dare.trainer.rl import rollout_reward
+
+    path = config.data.path
+    if not needs.rollout or path.startswith((SYNTHETIC_PREFIX, BENCHMARK_PREFIX)):
+        return
+    prompt_records(config.data, config.trainer.seed, warn=True, reward=rollout_reward(config.rollout))
+
+
 def known_family(path: str, note: bool = False, rollout: bool = False):
     """The :class:`~dare.models.spec.FamilySpec` of model path ``path`` without loading weights: of ``tiny:FAMILY``
     or a local checkpoint (:func:`dare.models.loading.family_of_path`), or of a hub name whose config is in the local
