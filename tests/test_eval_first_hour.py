@@ -328,3 +328,25 @@ def test_likelihood_mode_ends_with_its_line_as_generation_does(tmp_path, capfd):
                  "--json"]) == 0
     err = capfd.readouterr().err.splitlines()
     assert any(line.startswith("mmlu (likelihood): ") and "(100%)" in line for line in err), err
+
+
+def test_a_benchmark_whose_reward_is_unknown_fails_before_generating(monkeypatch):
+    """Before: a plug-in benchmark's misspelt reward was found after every completion was generated (hours on an 8B
+    model)."""
+    import dataclasses
+
+    import dare.rollout
+    from dare.eval import evaluate
+    from dare.eval.run import load_for_eval
+
+    def no_generation(*args, **kwargs):
+        raise AssertionError("generated before the reward was checked")
+
+    model, tokenizer, _ = load_for_eval("tiny:llada", None, "cpu", None)
+    bench = dataclasses.replace(get_benchmark("gsm8k"), name="gsm8k_typo", reward="exact_mach")
+    samples = get_benchmark("gsm8k").load(TINY_GEN, limit=1)
+    monkeypatch.setattr(dare.rollout, "generate", no_generation)
+    from dare.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="^unknown reward 'exact_mach' \\(did you mean 'exact_match'\\?"):
+        evaluate(model, tokenizer, bench, samples)

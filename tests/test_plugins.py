@@ -108,7 +108,7 @@ def test_a_reward_of_a_plugin_file_trains_and_its_values_are_in_the_run(tmp_path
     assert 1.0 < metrics[-1]["rollout/reward"] <= 1.0 + 8 * 4 / 1000  # 8 tokens of at most 4 bytes
     from dare.config import load_yaml
 
-    assert load_yaml(out / "config.yaml")["imports"] == ["my_reward.py"]
+    assert load_yaml(out / "config.yaml")["imports"] == [str(tmp_path / "my_reward.py")]  # readable from anywhere
     assert "reward 1.0" in capsys.readouterr().out
 
 
@@ -284,6 +284,12 @@ def test_a_name_registered_twice_is_a_one_line_error(tmp_path, capsys):
     ('from dare.rollout import Sampler, register_sampler\n\n\n'
      'register_sampler(Sampler("llada", "mine", {}))\n',
      "sampler 'llada' registered twice: give the second one another name"),
+    ('import dataclasses\n\nfrom dare.eval.benchmark import get_benchmark, register_benchmark\n'
+     'register_benchmark(dataclasses.replace(get_benchmark("gsm8k"), name="mine"), aliases=("gsm",))\n',
+     "benchmark 'mine' takes the alias 'gsm', which names the benchmark 'gsm8k' already: give it another name"),
+    ('import dataclasses\n\nfrom dare.eval.benchmark import get_benchmark, register_benchmark\n'
+     'register_benchmark(dataclasses.replace(get_benchmark("gsm8k"), name="MyBench"))\n',
+     "benchmark 'MyBench': the name 'MyBench' is looked up as 'mybench'; register it under that one"),
 ])
 def test_an_algorithm_or_sampler_name_taken_is_a_one_line_error_and_the_built_in_stays(tmp_path, capsys, body,
                                                                                          message):

@@ -431,6 +431,41 @@ def test_a_sampler_registered_with_few_defaults_takes_the_rest_from_its_loops_ba
     assert torch.equal(mine.completion, builtin.completion)
 
 
+def test_a_sampler_with_its_own_run_decodes_it_never_the_builtin_loop_on_a_static_engine(monkeypatch):
+    """Before: a missing static_state was filled with the masked-diffusion twin, so engine static (and auto on CUDA,
+    where it is graph) silently decoded the stock LLaDA loop in place of the sampler's own run."""
+    from dare.rollout import SAMPLERS, Sampler, block, mdlm, register_sampler
+    from dare.rollout.engine.block import BlockState
+    from dare.rollout.samplers import decoding_engine
+
+    calls = []
+
+    def my_run(model, input_ids, attention_mask, config, **kwargs):
+        calls.append(config.engine)
+        return mdlm.denoise_mdlm(model, input_ids, attention_mask, config, **kwargs)
+
+    for name in ("own_run", "block_loop"):
+        monkeypatch.setitem(SAMPLERS, name, None)
+    mine = register_sampler(Sampler("own_run", "llada through a run of its own", {"block_length": 4}, run=my_run))
+    assert mine.static_state is None
+    assert register_sampler(Sampler("block_loop", "sdar's loop", run=block.denoise_blocks,
+                                    attention="block_causal")).static_state is BlockState  # the loop's own twin
+    model = model_for("llada")
+    ids, mask = padded([5, 3])
+    config = SamplerConfig(sampler="own_run", gen_length=8, steps=8)
+    out = generate(model, ids, mask, config)  # auto: eager on the CPU
+    builtin = generate(model, ids, mask, config.replace(sampler="llada", block_length=4))
+    assert calls == ["auto"] and torch.equal(out.completion, builtin.completion)
+    with pytest.raises(ConfigError) as err:
+        generate(model, ids, mask, config.replace(engine="static"))
+    assert str(err.value) == ("sampler 'own_run' decodes with its own run and has no static_state (the fixed-shape "
+                              "twin the static engine steps): set engine 'eager' or 'auto'")
+    assert calls == ["auto"]
+    assert decoding_engine(config, torch.device("cuda")) == "eager"  # auto is graph on CUDA, but not for this one
+    with pytest.raises(ConfigError, match="^weights 'fp8' decodes on the static engines, and sampler 'own_run' has no "):
+        decoding_engine(config.replace(weights="fp8"), torch.device("cpu"))
+
+
 def test_a_misspelt_or_mistyped_default_is_refused_when_the_sampler_registers():
     """Before: the file imported fine and choosing the sampler failed with a TypeError in SamplerConfig."""
     from dare.rollout import SAMPLERS, Sampler, register_sampler

@@ -164,6 +164,17 @@ def main(argv: list[str] | None = None) -> int:
             traceback.print_exception(err)
         print(f"error: {err.cli_message}", file=sys.stderr)
         return 2
+    except Exception as err:  # a plug-in's own code raised (its hook, run or parse): one line naming its line
+        from dare.plugins import runtime_failure
+
+        line = runtime_failure(err)
+        if line is None:  # DARE's own: the traceback
+            raise
+        close_progress_bars()
+        if os.environ.get("DARE_TRACEBACK", "0") not in ("", "0"):
+            traceback.print_exception(err)
+        print(f"error: {line}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         close_progress_bars()  # "interrupted" gets a line of its own
         print("interrupted", file=sys.stderr)

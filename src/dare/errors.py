@@ -37,6 +37,10 @@ class InputError(DareError):
     """Tensors or data passed to DARE are malformed."""
 
 
+class PluginError(DareError):
+    """A plug-in of the user's own (an algorithm's hook, a sampler, a benchmark) broke its contract at run time."""
+
+
 class DivergedError(DareError):
     """Training produced a non-finite loss or gradient norm (too low a precision, too high a learning rate)."""
 

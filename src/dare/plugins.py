@@ -272,6 +272,24 @@ def innermost_own_frame(err: BaseException, files: Sequence[Path]) -> tuple[str,
     return found
 
 
+def runtime_failure(err: BaseException) -> str | None:
+    """The one-line message of ``err`` raised at run time inside the code of a plug-in this process imported (an
+    algorithm's hook, a sampler's ``run``, a benchmark's ``parse``: its bug, or a contract it broke), or None when
+    the traceback passes no plug-in (then it is DARE's, and keeps its traceback): the plug-in's innermost line, the
+    exception's type and first line, and how to see the whole traceback (``DARE_TRACEBACK=1``)."""
+    owners = [(plugin, [Path(plugin.path)] if plugin.path else own_files(plugin.spec)) for plugin in _LOADED.values()]
+    culprit = None
+    for frame in traceback.extract_tb(err.__traceback__):  # outermost first: the last match is the innermost
+        path = Path(os.path.abspath(frame.filename))
+        for plugin, files in owners:
+            if any(path == f or path.is_relative_to(f) for f in map(Path, map(os.path.abspath, files))):
+                culprit = (plugin, files)
+    if culprit is None:
+        return None
+    plugin, files = culprit
+    return failure("plug-in", plugin.spec, err, files, "DARE_TRACEBACK=1")
+
+
 def shown(path: Path, label: str, files: Sequence[Path]) -> str:
     """How a message names ``path``: ``label`` when it is the plug-in file itself, else ``LABEL: PATH`` with the path
     relative to the current directory when inside it."""
@@ -311,9 +329,15 @@ def _record(plugin: Plugin) -> Plugin:
 
 
 def imported() -> list[str]:
-    """The plug-ins this process imported, in order, as given (entry points: their modules); what results files
-    record."""
-    return [plugin.spec for plugin in _LOADED.values()]
+    """The plug-ins this process imported, in order (entry points: their modules; files: their absolute paths, which
+    read the same from any directory); what results files record."""
+    return [plugin.path or plugin.spec for plugin in _LOADED.values()]
+
+
+def recorded(specs: Sequence[str]) -> list[str]:
+    """``imports`` items as a run records them: a file as its absolute path (a relative one is relative to the
+    directory the run started in, which the recorded config does not say), a module name as given."""
+    return [os.path.abspath(spec) if is_file_spec(spec) else spec for spec in specs]
 
 
 def child_setup() -> dict[str, list[str]]:

@@ -186,6 +186,11 @@ def register_algorithm(cls: type[Algorithm]) -> type[Algorithm]:
         inherited = getattr(cls, "name", None)
         detail = f" (it inherits {inherited!r})" if inherited else ""
         raise ValueError(f"algorithm class {cls.__name__} needs its own name = '...'{detail}")
+    config = cls.config_class
+    if not isinstance(config, type) or "__dataclass_fields__" not in vars(config):  # its own fields: no config keys
+        shown = getattr(config, "__name__", repr(config))
+        raise ValueError(f"algorithm '{name}': config_class {shown} needs @dataclass (without it, the fields it adds "
+                         "are no algorithm.* keys)")
     if ALGORITHMS.get(name) not in (None, cls):
         raise ValueError(f"algorithm '{name}' registered twice ({cls.__name__}; the first is "
                          f"{ALGORITHMS[name].__module__}.{ALGORITHMS[name].__name__}): give it another name")
@@ -196,7 +201,8 @@ def register_algorithm(cls: type[Algorithm]) -> type[Algorithm]:
 
 def get_algorithm(name: str) -> type[Algorithm]:
     if name not in ALGORITHMS:
-        raise unknown_choice("algorithm", name, ALGORITHMS)
+        err = unknown_choice("algorithm", name, ALGORITHMS)
+        raise ConfigError(f"{err}; an algorithm of your own loads with imports=[my_algo.py]")
     return ALGORITHMS[name]
 
 

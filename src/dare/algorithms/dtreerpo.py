@@ -141,6 +141,7 @@ class DTreeRPO(TermwiseMixin, RLAlgorithm):
     """Tree rollouts, bottom-up local advantages, segment-level clipped surrogate + self-distillation."""
 
     name = "dtreerpo"
+    advantage_dims = 2  # one per rollout and tree segment
     config_class = DTreeRPOConfig
     attentions = ("full",)
     total_steps: int | None = None

@@ -55,6 +55,7 @@ class MDPO(TermwiseMixin, RLAlgorithm):
     name = "mdpo"
     config_class = MDPOConfig
     needs = Needs(rollout=True, reward=True, trajectory=True)
+    advantage_dims = 2  # one per rollout and trained step
 
     @classmethod
     def group_baseline(cls, config) -> str:

@@ -199,6 +199,11 @@ class RLAlgorithm(Algorithm):
     """Model attention topologies (``FamilySpec.attention``) the estimator is defined for."""
     replays_steps: ClassVar[bool] = False
     """Whether views are rebuilt from the rollout's step maps (each position committed once: no token editing)."""
+    advantage_dims: ClassVar[int | None] = 1
+    """Dimensions of the ``batch["advantages"]`` that :meth:`assign_advantages` sets and the loss reads: 1 = one
+    per rollout (``[R]``), 2 = e.g. one per rollout and trained step (MDPO); None: not checked. The trainer refuses
+    other shapes, a non-float or non-finite tensor, in one line (an ``[R, 1]`` tensor broadcast against per-token
+    log-probs would train on a gradient of about zero)."""
     _bound: bool = False
 
     def __init__(self, config, **kwargs):

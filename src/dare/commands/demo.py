@@ -36,8 +36,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, help=f"random seed, {SEEDS[0]} to {SEEDS[1]} ({defaults('seed')})")
     parser.add_argument("--algorithm",
                         help="RL algorithm: any registered rollout algorithm for full-attention models ("
-                             + ", ".join(HELP_ALGORITHMS) + f"), or sft to continue SFT instead "
-                             f"({defaults('algorithm')})")
+                             + ", ".join(HELP_ALGORITHMS) + ", or your own with --import), or sft to continue SFT "
+                             f"instead ({defaults('algorithm')})")
     parser.add_argument("--quick", action="store_true",
                         help=f"the shortened CI variant ({QUICK['digits']}-digit numbers, a {QUICK['layers']}-layer "
                              f"width-{QUICK['hidden']} model, fewer steps: see each flag's default; default --out "
@@ -50,6 +50,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int,
                         help=f"torch CPU threads ({defaults('threads')}, pinned: the results depend on the thread "
                              "count through float rounding; 0 = torch's choice)")
+    parser.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE_OR_FILE",
+                        help="import your own plug-in first (repeatable): a module name or a .py file that registers "
+                             "the --algorithm (or a reward it uses); the RL recipe records it")
     parser.add_argument("--device", choices=DEVICES,
                         help=f"where to train and evaluate ({defaults('device')}, the demo's reference setting; "
                              "auto = cuda where available, else cpu)")
@@ -71,6 +74,11 @@ def run(args: argparse.Namespace) -> int:
         overrides["threads"] = None  # torch's choice
     if args.out is not None:
         overrides["out_dir"] = args.out
+    if args.imports:
+        from dare.plugins import load_plugins, recorded
+
+        load_plugins(args.imports, "--import")  # errors name the items as given
+        overrides["imports"] = recorded(args.imports)
     config = DemoConfig.quick(**overrides) if args.quick else DemoConfig(**overrides)
     run_demo(config)
     return 0

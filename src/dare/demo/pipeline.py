@@ -71,6 +71,9 @@ def _fits_llada(cls) -> bool:
 def check_config(config: DemoConfig) -> None:
     """One-line errors for impossible settings (before any work), naming the flag on the command line."""
     check_values(config)
+    from dare.plugins import load_plugins
+
+    load_plugins(config.imports, "--import")  # an algorithm of your own registers before it is checked
     check_algorithm(config.algorithm)
     if config.device not in DEVICES:
         raise unknown_choice("device", config.device, DEVICES)
@@ -89,8 +92,8 @@ def check_algorithm(name: str) -> None:
 
     cls = ALGORITHMS.get(name)
     if cls is None:
-        err = unknown_choice("demo algorithm", name, choices)
-        raise ConfigError(str(err), cli=f"{FLAGS['algorithm']}: {err}")
+        err = f"{unknown_choice('demo algorithm', name, choices)}; an algorithm of your own loads with --import FILE.py"
+        raise ConfigError(err, cli=f"{FLAGS['algorithm']}: {err}")
     why = ("trains on preference pairs, not rollouts" if not cls.needs.rollout
            else "trains block-causal models, not the demo's LLaDA")
     problem = f"{why}; the demo runs one of: {', '.join(choices)}"
@@ -200,7 +203,10 @@ def rl_recipe(config: DemoConfig, model: str, data, output_dir: Path) -> dict:
         length = sampler.gen_length
         algorithm.setdefault("block_length", max(d for d in range(1, length + 1)
                                                  if length % d == 0 and length // d >= min(num_t, length)))
+    from dare.plugins import recorded
+
     return {
+        **({"imports": recorded(config.imports)} if config.imports else {}),  # dare train RL.yaml reproduces it
         "model": {"path": str(model)},
         "data": {"path": str(data.prompts), "chat_template": False},
         "algorithm": algorithm,

@@ -67,6 +67,9 @@ class DemoConfig:
     """RL steps between held-out evaluations (the accuracy curve)."""
     algorithm_options: dict = field(default_factory=dict)
     """Extra ``algorithm.*`` settings, on top of the demo's per-algorithm defaults."""
+    imports: list = field(default_factory=list)
+    """Your own plug-ins (``--import``: module names or ``.py`` files, :mod:`dare.plugins`), imported before
+    ``algorithm`` is checked, so that it may name an algorithm of your own; the RL recipe records them."""
     device: str = "cpu"
     """``cpu`` (the demo's reference setting), ``cuda`` or ``auto`` (CUDA when available)."""
     threads: int | None = 1
@@ -91,7 +94,7 @@ DEVICES = ("cpu", "cuda", "auto")
 """``--device`` choices."""
 FLAGS = {"out_dir": "--out", "seed": "--seed", "algorithm": "--algorithm", "sft_max_steps": "--sft-max-steps",
          "sft_target": "--sft-target", "rl_steps": "--rl-steps", "rl_lr": "--rl-lr", "threads": "--threads",
-         "device": "--device"}
+         "device": "--device", "imports": "--import"}
 """The ``dare demo`` flag of each setting that has one."""
 
 

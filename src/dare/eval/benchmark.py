@@ -269,9 +269,26 @@ BENCHMARKS: dict[str, Benchmark] = {}
 ALIASES: dict[str, str] = {}
 
 
+def benchmark_key(name: str) -> str:
+    """How a benchmark name is looked up: lower case, ``_`` for ``-``, no surrounding spaces."""
+    return name.strip().lower().replace("-", "_")
+
+
 def register_benchmark(benchmark: Benchmark, aliases: Sequence[str] = ()) -> Benchmark:
-    if benchmark.name in BENCHMARKS:
-        raise ValueError(f"benchmark '{benchmark.name}' registered twice")
+    """Register ``benchmark`` under its name and ``aliases``. A name or alias that is taken (a benchmark's name or
+    another alias: it would redirect the built-in), or that lookups could never reach (``MyBench``: names are looked
+    up as :func:`benchmark_key` writes them), is a ``ValueError``."""
+    for name in (benchmark.name, *aliases):
+        if name != benchmark_key(name):
+            raise ValueError(f"benchmark '{benchmark.name}': the name '{name}' is looked up as "
+                             f"'{benchmark_key(name)}'; register it under that one")
+        if name in BENCHMARKS or name in ALIASES:
+            taken = "registered twice" if name == benchmark.name else f"takes the alias '{name}'"
+            owner = ALIASES.get(name, name)
+            raise ValueError(f"benchmark '{benchmark.name}' {taken}, which names the benchmark '{owner}' already: "
+                             "give it another name")
+    if len(set(aliases)) != len(aliases) or benchmark.name in aliases:
+        raise ValueError(f"benchmark '{benchmark.name}': an alias is given twice")
     BENCHMARKS[benchmark.name] = benchmark
     count_registration()
     for alias in aliases:
@@ -282,7 +299,7 @@ def register_benchmark(benchmark: Benchmark, aliases: Sequence[str] = ()) -> Ben
 def get_benchmark(name: str) -> Benchmark:
     """A registered benchmark by name (case-insensitive; ``-`` and ``_`` interchangeable). The built-ins are
     registered when :mod:`dare.eval` is imported, which any import of this module does first."""
-    key = name.strip().lower().replace("-", "_")
+    key = benchmark_key(name)
     key = ALIASES.get(key, key)
     if key not in BENCHMARKS:
         raise unknown_choice("benchmark", name, BENCHMARKS)

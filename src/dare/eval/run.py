@@ -278,6 +278,7 @@ def _generation(model, tokenizer, bench, samples, pool, shots, sampler, config, 
         sampler = sampler.replace(gen_length=defaults.max_new_tokens)
     resolved = resolve_config(sampler.replace(seed=config.seed), model)
     kernels = kernel_settings()  # before decoding: a misspelt switch fails now, not after the run
+    bench.scorer(**(reward_options or {}))  # an unknown reward (a plug-in's typo) or option too, not after the run
     n = config.num_samples
     if n > 1 and resolved.temperature == 0 and resolved.confidence != "random":
         log.warning("warning: %d samples per problem with temperature 0 are identical; pass@k needs temperature > 0", n)

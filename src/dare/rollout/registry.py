@@ -30,7 +30,8 @@ class Sampler:
         check: ``check(config)`` loop-specific validation of a resolved config (one-line ``ConfigError``; None: the
             masked-diffusion loop's).
         static_state: the fixed-shape twin of ``run`` for the ``static``/``graph`` engines
-            (:mod:`dare.rollout.engine`; None: ``MdlmState``).
+            (:mod:`dare.rollout.engine`; None: the built-in loop's twin when ``run`` is a built-in loop, else none:
+            the sampler decodes on the eager engine only).
         attention: the model attention the loop decodes (``full`` or ``block_causal``, ``FamilySpec.attention``).
         families: model families this sampler is the default for (``default_sampler``).
     """

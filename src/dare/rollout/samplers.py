@@ -18,7 +18,7 @@ from dare.errors import ConfigError, InputError
 from dare.plugins import count_registration
 from dare.rollout import block, mdlm
 from dare.rollout.config import SamplerConfig, warn_once
-from dare.rollout.engine import decode_static, resolve_engine
+from dare.rollout.engine import check_engine, decode_static, resolve_engine
 from dare.rollout.engine.block import BlockState
 from dare.rollout.engine.mdlm import MdlmState
 from dare.rollout.inputs import check_generate_args
@@ -42,8 +42,12 @@ def register_sampler(sampler: Sampler) -> Sampler:
         SamplerConfig.from_dict(dict(sampler.defaults)).check_values()
     except ConfigError as err:
         raise ValueError(f"sampler '{sampler.name}': its defaults: {err}") from None
-    hooks = {k: v for k, v in MDLM_HOOKS.items() if getattr(sampler, k) is None}
-    base = BLOCK_BASE if sampler.run is block.denoise_blocks else MDLM_BASE
+    loop = sampler.run or mdlm.denoise_mdlm
+    twins = {mdlm.denoise_mdlm: MdlmState, block.denoise_blocks: BlockState}  # a run of its own has none
+    hooks = {k: v for k, v in MDLM_HOOKS.items() if getattr(sampler, k) is None and k != "static_state"}
+    if sampler.static_state is None and loop in twins:
+        hooks["static_state"] = twins[loop]
+    base = BLOCK_BASE if loop is block.denoise_blocks else MDLM_BASE
     sampler = dataclasses.replace(sampler, defaults={**base, **sampler.defaults}, **hooks)
     count_registration()
     SAMPLERS[sampler.name] = sampler
@@ -157,7 +161,22 @@ def model_device(model) -> torch.device:
 
 def decoding_engine(config: SamplerConfig, device: torch.device) -> str:
     """The engine resolved ``config`` decodes with on ``device`` (:func:`~dare.rollout.engine.resolve_engine`); rollout
-    weights other than the model's need a static engine (one-line :class:`ConfigError`)."""
+    weights other than the model's need a static engine (one-line :class:`ConfigError`). A sampler with a ``run`` of
+    its own and no ``static_state`` decodes eagerly: ``auto`` picks ``eager`` for it (a note on CUDA, where it would
+    be ``graph``), an explicit ``static`` / ``graph`` is the error (never the built-in loop in its place)."""
+    sampler = SAMPLERS.get(config.sampler) if config.sampler is not None else None
+    if sampler is not None and sampler.static_state is None:
+        if config.weights != "model":
+            raise ConfigError(f"weights '{config.weights}' decodes on the static engines, and sampler '{sampler.name}' "
+                              "has no static_state for them (its own run): use weights 'model'")
+        if config.engine not in ("auto", "eager"):
+            check_engine(config.engine)
+            raise ConfigError(f"sampler '{sampler.name}' decodes with its own run and has no static_state (the "
+                              f"fixed-shape twin the {config.engine} engine steps): set engine 'eager' or 'auto'")
+        if config.engine == "auto" and resolve_engine("auto", device) != "eager":
+            warn_once(("eager sampler", sampler.name), f"note: sampler '{sampler.name}' decodes on the eager engine "
+                      "(its own run, no static_state for the graph engine)")
+        config = config.replace(engine="eager")
     engine = resolve_engine(config.engine, device)
     if engine == "eager" and config.weights != "model":
         raise ConfigError(f"weights '{config.weights}' decodes on the static engines; engine 'auto' is 'eager' on "

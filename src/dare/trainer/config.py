@@ -9,7 +9,7 @@ from typing import Any
 
 from dare.config import SEEDS, from_dict, load_yaml, merge, override_tree, to_dict
 from dare.errors import ConfigError, unknown_choice, wrong_type
-from dare.plugins import load_plugins
+from dare.plugins import load_plugins, recorded
 from dare.rollout.config import SamplerConfig
 
 
@@ -371,6 +371,7 @@ def load_train_config(path: str | os.PathLike | None, overrides: list[str] | str
         raw = _fit_recipe_algorithm(raw, given, path)
     raw = merge(raw, given)
     config = from_dict(TrainConfig, raw)
+    config.imports = recorded(config.imports)  # config.yaml names the files from anywhere
     check_algorithm_section_keys(config.algorithm)
     config.algorithm = resolve_algorithm_config(config.algorithm)
     config.validate()

@@ -402,7 +402,10 @@ class RolloutSource:
         generated_s = self._generate_s
         context = self._context(items, rows, rollout, batch)
         batch, refined = self.algorithm.refine_rollouts(batch, context)  # e.g. IGPO's inpainted re-rolls
-        self.algorithm.assign_advantages(batch, self._context(items, rows, rollout, batch))
+        returned = self.algorithm.assign_advantages(batch, self._context(items, rows, rollout, batch))
+        if isinstance(returned, TensorDict):  # a hook that builds a new batch instead of editing the one it got
+            batch = returned
+        check_advantages(self.algorithm, batch)
         self._log_metrics(batch, results, outputs, nfe, generated_s, step=start)
         self.step_metrics.update(refined)
         self._write_samples(start, items, texts, results)
@@ -626,6 +629,26 @@ def check_rollout_batch(batch_size: int, group_size: int) -> None:
     if batch_size % group_size:
         raise ConfigError(f"trainer.batch_size={batch_size} (rollouts per step) must be a multiple of "
                           f"rollout.group_size={group_size}")
+
+
+def check_advantages(algorithm, batch: TensorDict) -> None:
+    """One-line :class:`~dare.errors.PluginError` naming the algorithm for advantages its loss cannot read: none
+    set, not a float tensor of one row per rollout with ``algorithm.advantage_dims`` dimensions, or not finite."""
+    from dare.errors import PluginError
+
+    rows, name = batch.batch_size[0], algorithm.name
+    where = f"algorithm '{name}': assign_advantages"
+    if "advantages" not in batch.keys():
+        raise PluginError(f"{where} set no batch['advantages'] (edit the batch it is given, or return it)")
+    adv = batch["advantages"]
+    dims = algorithm.advantage_dims
+    if not adv.is_floating_point() or adv.shape[0] != rows or (dims is not None and adv.ndim != dims):
+        shape = "[R]" if dims == 1 else f"[R, ...] of {dims} dimensions" if dims else "[R, ...]"
+        raise PluginError(f"{where} set advantages of shape {list(adv.shape)} ({adv.dtype}); its loss reads a "
+                          f"float tensor {shape}, R = {rows} rollouts (advantage_dims = {dims})")
+    if not torch.isfinite(adv).all():
+        bad = int((~torch.isfinite(adv)).sum())
+        raise PluginError(f"{where} set {bad} non-finite advantage(s) of {adv.numel()}")
 
 
 def rollout_reward(config):
