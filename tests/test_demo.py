@@ -203,7 +203,8 @@ def test_the_demo_pins_its_threads_and_its_sft_recipe_reproduces_the_checkpoint(
     assert hf_logging.is_progress_bar_enabled()  # the demo silences transformers' bars only while it runs
     steps = report["phases"][1]["steps"]
     recipe_file = out / "sft.yaml"
-    assert f"OMP_NUM_THREADS=1 dare train {recipe_file}" in recipe_file.read_text()
+    assert (f"OMP_NUM_THREADS=1 dare train {recipe_file} trainer.output_dir={out / 'sft'}-repro\n"
+            in recipe_file.read_text())  # beside the demo's run, which the recipe (resume: never) would start over
     recipe = load_train_config(recipe_file, [f"trainer.output_dir={tmp_path / 'again'}", "trainer.progress=false"])
     assert recipe.trainer.max_steps == steps < DemoConfig.quick().sft_max_steps  # SFT stopped at its target
     assert yaml.safe_load((out / "sft" / "config.yaml").read_text())["trainer"]["max_steps"] == steps

@@ -53,3 +53,23 @@ def test_every_metric_named_in_the_source_is_documented():
              for name in pattern.findall(path.read_text(encoding="utf-8"))}
     assert {"policy/kl", "rollout/reward", "igpo/replaced"} <= named  # the scan finds them
     assert undocumented(named) == []
+
+
+def test_a_rollout_step_that_log_every_skips_is_carried_into_the_next_logged_record(tmp_path):
+    """Before: log_every=4 with inner_steps=2 logged steps 4 and 6, neither holding a rollout/* key (the rollouts
+    were made on steps 1, 3 and 5), so no reward reached metrics.jsonl."""
+    config = load_train_config(str(ROOT / "configs/llada/d1_tiny.yaml"), [
+        f"trainer.output_dir={tmp_path}", "trainer.max_steps=6", "trainer.batch_size=8", "algorithm.inner_steps=2",
+        "trainer.micro_batch_size=8", "trainer.progress=false", "trainer.export=false", "trainer.log_every=4"])
+    Trainer(config).train()
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [4, 6]
+    assert [r.get("rollout/step") for r in records] == [3, 5]
+    assert all(isinstance(r["rollout/reward"], float) for r in records)
+    config.trainer.log_every = 1
+    config.trainer.output_dir = str(tmp_path / "every")
+    Trainer(config).train()
+    every = [json.loads(line) for line in (tmp_path / "every" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in every if "rollout/reward" in r] == [1, 3, 5]  # logged where made, nothing carried
+    assert not any("rollout/step" in r for r in every)
+    assert [every[2]["rollout/reward"], every[4]["rollout/reward"]] == [r["rollout/reward"] for r in records]

@@ -144,3 +144,71 @@ def test_the_demo_runs_an_algorithm_of_ones_own(capsys, tmp_path):
     assert plugin.with_suffix(".called").read_text() == "yes"
     assert json.loads((out / "report.json").read_text())["settings"]["algorithm"]["name"] == "my_d1_demo"
     assert load_yaml(out / "rl.yaml")["imports"] == [str(plugin)]  # dare train rl.yaml reproduces the phase
+
+
+def test_a_plugin_extending_the_recipe_algorithms_config_keeps_the_recipes_settings(tmp_path):
+    """Before: only a variant keeping d1's config class kept d1_tiny's settings; one adding a field (the documented
+    way) silently trained with d1's defaults (inner_steps 12 instead of the recipe's)."""
+    import dataclasses
+
+    from dare.trainer import load_train_config
+
+    plugin = tmp_path / "extended.py"
+    plugin.write_text(textwrap.dedent('''\
+        from dataclasses import dataclass
+
+        from dare.algorithms import ALGORITHMS, register_algorithm
+
+
+        @dataclass
+        class ExtendedConfig(ALGORITHMS["d1"].config_class):
+            name: str = "extended"
+            scale: float = 1.0
+            """A new setting."""
+
+
+        @register_algorithm
+        class Extended(ALGORITHMS["d1"]):
+            name = "extended"
+            config_class = ExtendedConfig
+        '''))
+    recipe = load_train_config(D1).algorithm
+    extended = load_train_config(D1, [f"imports=[{plugin}]", "algorithm.name=extended"]).algorithm
+    assert extended.scale == 1.0 and extended.name == "extended"
+    assert {k: v for k, v in dataclasses.asdict(extended).items() if k not in ("name", "scale")} == {
+        k: v for k, v in dataclasses.asdict(recipe).items() if k != "name"}
+    igpo = load_train_config(D1, ["algorithm.name=igpo"]).algorithm  # DARE's own subclass: its own defaults
+    assert igpo.inner_steps != recipe.inner_steps
+
+
+HOOKS = '''
+from dare.algorithms import ALGORITHMS, register_algorithm
+
+
+@register_algorithm
+class Hooked(ALGORITHMS["d1"]):
+    name = "{name}"
+{body}
+'''
+
+
+@pytest.mark.parametrize("name, body, said", [
+    ("corrupt_in_place", "    def corrupt(self, batch, step):\n        super().corrupt(batch, step)\n", None),
+    ("corrupt_list", "    def corrupt(self, batch, step):\n        return [batch]\n",
+     "algorithm 'corrupt_list': corrupt returned a list; return the batch (a TensorDict), or None after editing it in "
+     "place"),
+    ("refine_batch_only", "    def refine_rollouts(self, batch, context):\n        return batch\n", None),
+    ("refine_none", "    def refine_rollouts(self, batch, context):\n        pass\n",
+     "algorithm 'refine_none': refine_rollouts returned None; return (batch, metrics dict)"),
+])
+def test_corrupt_and_refine_rollouts_returns(capsys, tmp_path, name, body, said):
+    """Before: corrupt returning None (an in-place edit) and refine_rollouts returning the batch alone were
+    tracebacks at DARE's lines; a two-row batch would even have unpacked into two rows."""
+    plugin = tmp_path / f"{name}.py"
+    plugin.write_text(HOOKS.format(name=name, body=body))
+    args = ["train", D1, f"imports=[{plugin}]", f"algorithm.name={name}", *SMALL_RL,
+            f"trainer.output_dir={tmp_path / 'run'}"]
+    if said is None:
+        assert main(args) == 0
+    else:
+        assert one_line_error(capsys, *args) == f"error: {said}"

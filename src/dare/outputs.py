@@ -71,6 +71,8 @@ def can_write_in(directory: Path) -> str | None:
 
     try:
         handle, probe = tempfile.mkstemp(prefix=PROBE_PREFIX, suffix=".tmp", dir=directory)
+    except FileNotFoundError:  # the directory exists, yet a new file in it does not: /proc, /sys
+        return "no file can be created in it: a virtual file system"
     except OSError as err:
         return _reason(err)
     os.close(handle)

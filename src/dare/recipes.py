@@ -160,6 +160,10 @@ def unknown_recipe(given: str | os.PathLike) -> ConfigError:
         return ConfigError(f"config file {given} does not exist (the shipped recipe with that name is {key}: dare train "
                            f"{key})")
     hint = closest(key, known)
+    family, _, name = key.partition("/")
+    if name and family in FAMILIES:  # the family is right: compare names alone (llada/nope is not llada/spg_8b)
+        near = closest(name, [k.partition("/")[2] for k in known if k.partition("/")[0] == family])
+        hint = f"{family}/{near}" if near else None
     if typed_as_name(given):
         if key in FAMILIES:  # a family alone: its recipes are family/NAME
             return ConfigError(f"{given} is a family, not a recipe: its recipes are {key}/NAME; dare recipes {key} "

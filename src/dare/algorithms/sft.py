@@ -144,6 +144,6 @@ def _record_block_size(model, size: int) -> None:
         return
     model.config.block_size = size
     logging.getLogger("dare.trainer").warning(
-        "warning: training with algorithm.block_size=%d on a checkpoint trained with block size %s; saved checkpoints "
+        "warning: training with algorithm.block_size=%d on a checkpoint configured for block size %s; saved checkpoints "
         "record block_size=%d in config.json, so decoding them uses it (a LoRA adapter carries no config.json: decode "
         "it with block_length=%d)", size, before, size, size)

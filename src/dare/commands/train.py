@@ -251,8 +251,11 @@ def run(args: argparse.Namespace) -> int:
         # a run into an output directory another run is writing, trained with other settings, or one whose
         # trainer.resume=never would delete its own model, is refused (reads only; creates nothing)
         check_not_in_use(config.trainer.output_dir)
-        resume_point(Path(config.trainer.output_dir), config.trainer.resume, config_dict(config))
+        start = resume_point(Path(config.trainer.output_dir), config.trainer.resume, config_dict(config))
         print_quietly(yaml.safe_dump(to_dict(config), sort_keys=False))
+        where = f"would resume from {start}" if start is not None else "would start at step 0"
+        print(f"dry run: the checks passed; {where} in {config.trainer.output_dir} (nothing was loaded or written)",
+              file=sys.stderr)
         return 0
     from dare.trainer import run_training
 

@@ -235,8 +235,9 @@ def write_recipe(recipe: dict, path: Path, threads: int | None) -> None:
     from dare.outputs import atomic_write_text
 
     env = f"OMP_NUM_THREADS={threads} " if threads is not None else ""
-    header = (f"# Written by `dare demo`. Reproduce this phase (same weights) with:\n"
-              f"#   {env}dare train {path}\n")
+    again = f"{recipe['trainer']['output_dir']}-repro"  # not the demo's own directory, which the recipe starts over
+    header = (f"# Written by `dare demo`. Reproduce this phase (same weights) in {again} with:\n"
+              f"#   {env}dare train {path} trainer.output_dir={again}\n")
     if threads is not None:
         header += f"# The demo pins torch to {threads} CPU thread(s): float rounding depends on the thread count.\n"
     atomic_write_text(path, header + yaml_text(recipe))

@@ -167,5 +167,11 @@ def load_hf(name: str, config: str | None, split: str) -> list[dict[str, Any]]:
         else:
             ds = datasets.load_dataset(name, config, split=split)
     except Exception as err:  # network, missing split/config: one line, not a stack trace
-        raise InputError(f"cannot load dataset '{name}' (config {config}, split {split}): {first_line(err)}") from None
+        import os
+
+        offline = "" if os.environ.get("HF_HUB_OFFLINE") or os.environ.get("HF_DATASETS_OFFLINE") else \
+            "; without a network, HF_HUB_OFFLINE=1 skips the retries"
+        said = f"cannot load dataset '{name}' (config {config}, split {split}): {first_line(err)}"
+        raise InputError(f"{said}; a local copy loads from a file (dare eval --data FILE; data.path="
+                         f"benchmark:NAME:FILE in training){offline}") from None
     return [dict(row) for row in ds]

@@ -253,7 +253,8 @@ class SamplerConfig:
         for key in values:
             if key not in names:
                 hint = closest(key, names)
-                raise ConfigError(f"unknown sampler option '{key}'" + (f" (did you mean '{hint}'?)" if hint else ""))
+                said = f" (did you mean '{hint}'?)" if hint else f"; the options: {', '.join(sorted(names))}"
+                raise ConfigError(f"unknown sampler option '{key}'{said}")
         return cls(**values)
 
     def replace(self, **changes) -> SamplerConfig:

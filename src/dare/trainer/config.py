@@ -435,11 +435,17 @@ def check_algorithm_section_keys(section) -> None:
 
 
 def _shares_settings(algorithm, base) -> bool:
-    """True when registered algorithm class ``algorithm`` is a variant of ``base`` with the same settings: it
-    subclasses ``base`` and keeps its ``config_class`` (a plug-in's d1 that changes a hook). A subclass with a config
-    class of its own (IGPO of d1, DPO of VRPO) has defaults of its own. Either may be None."""
-    return (isinstance(algorithm, type) and isinstance(base, type) and issubclass(algorithm, base)
-            and getattr(algorithm, "config_class", None) is getattr(base, "config_class", None))
+    """True when registered algorithm class ``algorithm`` is a variant of ``base`` with its settings: it subclasses
+    ``base`` and keeps its ``config_class`` (a plug-in's d1 that changes a hook), or, for a plug-in (a class defined
+    outside DARE), extends it (a subclass of d1's config adding a field). DARE's own subclasses with a config class of
+    their own (IGPO of d1, DPO of VRPO) have defaults of their own. Either may be None."""
+    if not (isinstance(algorithm, type) and isinstance(base, type) and issubclass(algorithm, base)):
+        return False
+    mine, theirs = getattr(algorithm, "config_class", None), getattr(base, "config_class", None)
+    if mine is theirs:
+        return True
+    plugin = algorithm.__module__.partition(".")[0] != "dare"
+    return plugin and isinstance(mine, type) and isinstance(theirs, type) and issubclass(mine, theirs)
 
 
 def _fit_recipe_algorithm(raw: dict, given: dict, path) -> dict:
@@ -447,7 +453,7 @@ def _fit_recipe_algorithm(raw: dict, given: dict, path) -> dict:
     another algorithm, none of the recipe's algorithm settings carry over: the new algorithm starts from its own
     defaults plus the ``algorithm.*`` overrides, and one note names the settings dropped (a key both algorithms have
     would otherwise keep a value tuned for the recipe's algorithm), unless the new algorithm is a variant of the
-    recipe's with the same settings (:func:`_shares_settings`: a plug-in's d1): then the recipe's settings carry over. With the recipe's own algorithm, an unknown key
+    recipe's with its settings (:func:`_shares_settings`: a plug-in's d1, or one extending d1's config): then the recipe's settings carry over. With the recipe's own algorithm, an unknown key
     the recipe holds is an error that says so and names the algorithms having it. Keys given as overrides are left
     to the usual unknown-key error."""
     import logging

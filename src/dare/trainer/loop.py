@@ -665,6 +665,7 @@ class Trainer:
         cfg = self.config.trainer
         record, start, reward = None, time.perf_counter(), None
         rl = bool(self.algorithm.needs.rollout)
+        unlogged_rollout = None  # the record of a rollout step that log_every skipped
         while self.step < self.total_steps and not self.stop_requested:
             record = self.train_step(self.step)
             self.step += 1
@@ -672,8 +673,12 @@ class Trainer:
             if on_step is not None:
                 record.update(on_step(self, record) or {})
             record["time/elapsed_s"] = round(time.perf_counter() - start, 3)
-            if self.step % cfg.log_every == 0 or self.step == self.total_steps or self.stop_requested:
-                self.logger.log(record)
+            logged = self.step % cfg.log_every == 0 or self.step == self.total_steps or self.stop_requested
+            if "rollout/reward" in record:
+                unlogged_rollout = None if logged else record
+            if logged:
+                self.logger.log(with_rollout(record, unlogged_rollout))
+                unlogged_rollout = None
             if bar is not None:  # postfix first: the line update() draws shows this step's values
                 reward = record.get("rollout/reward", reward)  # the latest rollout's (inner steps reuse it)
                 bar.set_postfix(progress_postfix(record, reward, rl), refresh=False)
@@ -683,6 +688,16 @@ class Trainer:
             if kill_at and self.step == kill_at:
                 os.kill(os.getpid(), signal.SIGKILL)
         return record
+
+
+def with_rollout(record: dict, rollout: dict | None) -> dict:
+    """``record`` as logged: a step that made no rollout (an inner step, ``algorithm.inner_steps`` > 1) after a rollout
+    step that ``trainer.log_every`` skipped carries that rollout's keys, with ``rollout/step`` naming its step;
+    otherwise no rollout metric would ever reach ``metrics.jsonl`` when every rollout step falls between logged
+    steps (``log_every`` 4 with 12 inner steps)."""
+    if rollout is None or "rollout/reward" in record:
+        return record
+    return {**record, **{k: v for k, v in rollout.items() if k not in record}, "rollout/step": rollout["step"]}
 
 
 EMPTY_STEP_METRICS = ("rows", "sequences", "tokens", "trained_tokens")

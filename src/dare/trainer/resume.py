@@ -117,7 +117,13 @@ def check_same_settings(saved: dict, new: dict, where: str, ways_out: str) -> No
     flat_saved, flat_new = flatten(saved), flatten(new)
     shown = ", ".join(f"{k} ({_show(flat_saved.get(k))} -> {_show(flat_new.get(k))})" for k in keys[:SHOWN])
     more = f" and {len(keys) - SHOWN} more" if len(keys) > SHOWN else ""
-    raise ConfigError(f"{where} was trained with other settings: {shown}{more}; {ways_out}")
+    why = ""
+    if any(k in LENGTH_KEYS for k in keys[:SHOWN]):  # free otherwise: say why the run length counts here
+        optim = new.get("optim", {})
+        setting = (f"optim.scheduler={optim.get('scheduler')}" if optim.get("scheduler", "constant") != "constant"
+                   else f"optim.warmup_ratio={optim.get('warmup_ratio')}")
+        why = f" (the run length counts: the learning-rate schedule depends on it, {setting})"
+    raise ConfigError(f"{where} was trained with other settings: {shown}{more}{why}; {ways_out}")
 
 
 def saved_settings(output_dir: Path, checkpoint: Path | None) -> dict | None:

@@ -401,7 +401,7 @@ class RolloutSource:
             rows = batch["rollout_index"].tolist()
         generated_s = self._generate_s
         context = self._context(items, rows, rollout, batch)
-        batch, refined = self.algorithm.refine_rollouts(batch, context)  # e.g. IGPO's inpainted re-rolls
+        batch, refined = refined_rollouts(self.algorithm, batch, context)  # e.g. IGPO's inpainted re-rolls
         returned = self.algorithm.assign_advantages(batch, self._context(items, rows, rollout, batch))
         if isinstance(returned, TensorDict):  # a hook that builds a new batch instead of editing the one it got
             batch = returned
@@ -629,6 +629,21 @@ def check_rollout_batch(batch_size: int, group_size: int) -> None:
     if batch_size % group_size:
         raise ConfigError(f"trainer.batch_size={batch_size} (rollouts per step) must be a multiple of "
                           f"rollout.group_size={group_size}")
+
+
+def refined_rollouts(algorithm, batch: TensorDict, context) -> tuple[TensorDict, dict]:
+    """``algorithm.refine_rollouts(batch, context)`` as ``(batch, metrics)``: a hook returning the batch alone gets no
+    metrics; anything else is a one-line :class:`~dare.errors.PluginError` (a two-row TensorDict would otherwise
+    unpack into two rows)."""
+    from dare.errors import PluginError, described
+
+    out = algorithm.refine_rollouts(batch, context)
+    if isinstance(out, TensorDict):
+        return out, {}
+    if isinstance(out, tuple) and len(out) == 2 and isinstance(out[0], TensorDict) and isinstance(out[1], dict):
+        return out
+    raise PluginError(f"algorithm '{algorithm.name}': refine_rollouts returned {described(out)}; return (batch, "
+                      "metrics dict)")
 
 
 def check_advantages(algorithm, batch: TensorDict) -> None:

@@ -58,6 +58,20 @@ def attach_estimates(algorithm, batch: TensorDict, model, prefix: str) -> Tensor
     return batch
 
 
+def corrupted(algorithm, batch: TensorDict, step: int) -> TensorDict:
+    """``algorithm.corrupt(batch, step)``: the batch it returns, or ``batch`` itself when it returns None (edited in
+    place, as ``assign_advantages`` may); anything else is a one-line :class:`~dare.errors.PluginError`."""
+    out = algorithm.corrupt(batch, step)
+    if out is None:
+        return batch
+    if not isinstance(out, TensorDict):
+        from dare.errors import PluginError, described
+
+        raise PluginError(f"algorithm '{algorithm.name}': corrupt returned {described(out)}; return the batch (a "
+                          "TensorDict), or None after editing it in place")
+    return out
+
+
 def prepare_micro_batches(algorithm, batches: list[TensorDict], steps: list[int], policy=None,
                           reference: Reference | None = None, device=None,
                           precision=contextlib.nullcontext) -> list[TensorDict]:
@@ -71,7 +85,7 @@ def prepare_micro_batches(algorithm, batches: list[TensorDict], steps: list[int]
     """
     if len(batches) != len(steps):
         raise ValueError(f"{len(batches)} batches for {len(steps)} steps")
-    batches = [algorithm.corrupt(batch, step) for batch, step in zip(batches, steps)]
+    batches = [corrupted(algorithm, batch, step) for batch, step in zip(batches, steps)]
     needs = algorithm.needs
     if needs.reference and reference is None:
         raise RuntimeError(f"algorithm '{algorithm.name}' needs a reference model")
