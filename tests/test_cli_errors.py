@@ -548,6 +548,8 @@ def test_an_unknown_dare_variable_is_named_with_the_closest_setting(capsys, monk
                         "(did you mean DARE_FUSE_CACHE_WRITES?)")
     assert lines[1].startswith("warning: DARE_XYZZY is not a DARE setting and is ignored; DARE reads ")
     assert len(lines) == 2
+    assert main(["recipes", "llada"]) == 0  # the light command (no torch) says so too
+    assert capsys.readouterr().err.strip().splitlines() == lines
 
 
 def test_every_dare_variable_the_code_reads_is_a_known_setting():

@@ -202,6 +202,8 @@ def test_a_run_directory_without_a_complete_checkpoint_is_refused(run_dir, tmp_p
                                        f"checkpoints in {run_dir / 'checkpoints'}: step_00000001; use auto, ")
     assert main(["train", SFT, f"trainer.output_dir={tmp_path / 'second'}", *SMALL, *CONSTANT,
                  f"trainer.resume={run_dir}", "--dry-run"]) == 0  # the latest complete one: step_00000001
+    assert capsys.readouterr().err.endswith(f"would resume from {run_dir / 'checkpoints' / 'step_00000001'} in "
+                                            f"{tmp_path / 'second'} (nothing was loaded or written)\n")
     (run_dir / "checkpoints" / "step_00000001" / "trainer_state.pt").unlink()
     assert error(run_dir).startswith(f"error: trainer.resume={run_dir} holds no complete checkpoint; use auto, ")
     assert error(cut_short).startswith(f"error: trainer.resume={cut_short} is not a complete checkpoint (no "

@@ -151,6 +151,10 @@ def main(argv: list[str] | None = None) -> int:
             args._parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         if getattr(module, "LIGHT", False):  # reads files only (dare recipes): no torch, no transformers
+            from dare.config import unknown_environment
+
+            for line in unknown_environment():  # a misspelt DARE_* switch, as every command says
+                print(line, file=sys.stderr)
             return module.run(args) or 0
         if hasattr(module, "precheck"):  # the command's checks that need no torch: a typo answers at once
             module.precheck(args)
