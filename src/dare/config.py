@@ -18,6 +18,7 @@ import dataclasses
 import functools
 import inspect
 import math
+import numbers
 import os
 import textwrap
 import types
@@ -176,12 +177,12 @@ def _coerce(value, tp, key: str, known: typing.Sequence[str] = ()):
             return value
         raise ConfigError(f"config key '{key}': expected true/false, got {value!r}")
     if tp is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
+        if isinstance(value, numbers.Integral) and not isinstance(value, bool):  # numpy's too (a sweep's np.arange)
+            return int(value)
         raise ConfigError(f"config key '{key}': expected an integer, got {value!r}")
     if tp is float:
         number = None
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if isinstance(value, numbers.Real) and not isinstance(value, bool):
             number = float(value)
         elif isinstance(value, str):  # YAML 1.1 reads ``3e-3`` (no dot) as a string
             try:

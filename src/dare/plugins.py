@@ -272,6 +272,13 @@ def innermost_own_frame(err: BaseException, files: Sequence[Path]) -> tuple[str,
     return found
 
 
+def redefined_in_main(registered, cls) -> bool:
+    """True when class ``cls`` is ``registered`` defined again in ``__main__`` (a notebook cell or script run again
+    in one interpreter): registering it again replaces the old definition instead of being a name clash."""
+    return (cls.__module__ == "__main__" and getattr(registered, "__module__", None) == "__main__"
+            and getattr(registered, "__qualname__", None) == cls.__qualname__)
+
+
 def runtime_failure(err: BaseException) -> str | None:
     """The one-line message of ``err`` raised at run time inside the code of a plug-in this process imported (an
     algorithm's hook, a sampler's ``run``, a benchmark's ``parse``: its bug, or a contract it broke), or None when

@@ -39,7 +39,7 @@ from tensordict import TensorDict
 from dare.algorithms.logprobs import DEFAULT_LOGITS_CHUNK, BlockLayout
 from dare.config import from_dict
 from dare.errors import ConfigError, unknown_choice
-from dare.plugins import count_registration
+from dare.plugins import count_registration, redefined_in_main
 
 
 @dataclass(frozen=True)
@@ -191,7 +191,7 @@ def register_algorithm(cls: type[Algorithm]) -> type[Algorithm]:
         shown = getattr(config, "__name__", repr(config))
         raise ValueError(f"algorithm '{name}': config_class {shown} needs @dataclass (without it, the fields it adds "
                          "are no algorithm.* keys)")
-    if ALGORITHMS.get(name) not in (None, cls):
+    if ALGORITHMS.get(name) not in (None, cls) and not redefined_in_main(ALGORITHMS[name], cls):
         raise ValueError(f"algorithm '{name}' registered twice ({cls.__name__}; the first is "
                          f"{ALGORITHMS[name].__module__}.{ALGORITHMS[name].__name__}): give it another name")
     count_registration()

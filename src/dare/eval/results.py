@@ -139,8 +139,12 @@ class EvalResults:
         }
 
     def write(self, path: str | os.PathLike) -> Path:
-        """Write the JSON document (atomically: a partial file never replaces a good one)."""
+        """Write the JSON document (atomically: a partial file never replaces a good one). ``path`` may be new or an
+        earlier results file; any other file, or a directory, is a one-line error (:func:`check_results_out`), as
+        ``dare eval run --out`` says: a data file given by mistake is never replaced."""
         from dare.outputs import atomic_write_text
+
+        check_results_out(path, "EvalResults.write")
 
         return atomic_write_text(path, json.dumps(self.to_dict(), indent=1, ensure_ascii=False, default=str))
 

@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from dare.errors import ConfigError, check_config_object, unknown_choice
+from dare.errors import ConfigError, InputError, check_config_object, unknown_choice
 from dare.eval.arguments import (
     check_benchmark_arg, check_mapping_arg, check_samples_arg, check_text_arg, check_tokenizer_arg,
 )
@@ -212,6 +212,29 @@ def check_evaluate_args(model, tokenizer, benchmark, samples, *, sampler, likeli
 
 
 @torch.no_grad()
+def check_samples_fit(bench: Benchmark, samples: Sequence[Sample]) -> None:
+    """One-line :class:`InputError` for samples of another benchmark's kind: a multiple-choice benchmark's sample
+    has choices and ``target["labels"]``, a generation benchmark's has none, and each target holds the fields the
+    benchmark's reward scores against (before: a bare KeyError, or accuracy 0 scored silently)."""
+    from dare.rewards import get_reward
+
+    needs = getattr(get_reward(bench.reward), "required_fields", ()) if isinstance(bench.reward, str) else ()
+    load = f"load them with get_benchmark({bench.name!r}).load(...)"
+    for i, sample in enumerate(samples):
+        target = sample.target if isinstance(sample.target, dict) else {}
+        multiple_choice = bool(sample.choices) and "labels" in target
+        where = f"samples[{i}] (id {sample.id})"
+        if bench.kind == "choice" and not multiple_choice:
+            raise InputError(f"{where} is no multiple-choice sample (no choices and target labels), as "
+                             f"{bench.name} needs: {load}")
+        if bench.kind != "choice" and multiple_choice:
+            raise InputError(f"{where} is a multiple-choice sample; {bench.name} generates answers: {load}")
+        missing = [key for key in needs if key not in target]
+        if missing:
+            raise InputError(f"{where} lacks target['{missing[0]}'], which {bench.name}'s reward '{bench.reward}' "
+                             f"needs: {load}")
+
+
 def evaluate(model, tokenizer, benchmark: Benchmark | str, samples: Sequence[Sample], *,
              sampler=None, likelihood: LikelihoodConfig | None = None, config: EvalConfig | None = None,
              fewshot_pool: Sequence[Sample] | None = None, fewshot_source: str | None = None,
@@ -245,6 +268,7 @@ def evaluate(model, tokenizer, benchmark: Benchmark | str, samples: Sequence[Sam
     mode = config.resolve_mode(bench)
     if not samples:
         raise ConfigError(f"{bench.name}: no samples to evaluate")
+    check_samples_fit(bench, samples)
     check_mode_settings(bench, mode, sampler, likelihood, config)
     shots = bench.default_shots if config.shots is None else config.shots
     if shots < 0:

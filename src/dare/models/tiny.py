@@ -37,10 +37,12 @@ def tiny_config(family: str, **overrides):
 
 
 def tiny_model(family: str, seed: int = 0, dtype: torch.dtype = torch.float32, **overrides):
-    """A randomly initialised tiny model (weights ~ N(0, 0.02), deterministic in ``seed``)."""
+    """A randomly initialised tiny model (weights ~ N(0, 0.02), deterministic in ``seed``). The caller's global
+    random state is left as it was (the weights come from a forked generator seeded with ``seed``)."""
     config, _ = tiny_config(family, **overrides)
-    torch.manual_seed(seed)
-    model = get_family(family).model_class(config)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = get_family(family).model_class(config)
     return model.to(dtype).eval()
 
 

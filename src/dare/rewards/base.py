@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from dare.errors import ConfigError, DareError, InputError, first_line, unknown_choice, wrong_type
-from dare.plugins import count_registration
+from dare.plugins import count_registration, redefined_in_main
 
 
 @dataclass
@@ -103,7 +103,7 @@ def register_reward(name: str) -> Callable[[type[Reward]], type[Reward]]:
         raise ValueError(f"register_reward needs the reward's name: @register_reward(\"my_reward\") (got {given})")
 
     def wrap(cls: type[Reward]) -> type[Reward]:
-        if name in REWARDS:
+        if name in REWARDS and not redefined_in_main(REWARDS[name], cls):  # a notebook cell run again replaces it
             raise ValueError(f"reward '{name}' registered twice")
         count_registration()
         cls.name = name
@@ -232,7 +232,10 @@ def get_reward(spec: str | Mapping[str, Any], **options: Any) -> Reward:
             return get_reward(PRESETS[spec])
         raise unknown_choice("reward", spec, [*REWARDS, *PRESETS])
     if not isinstance(spec, Mapping):
-        raise ConfigError(f"reward must be a name or a mapping {{name: weight}}; got {spec!r}")
+        hint = ""
+        if isinstance(spec, Reward) or (isinstance(spec, type) and issubclass(spec, Reward)) or callable(spec):
+            hint = " (register your reward with @register_reward(\"my_reward\") and give its name)"
+        raise ConfigError(f"reward must be a name or a mapping {{name: weight}}; got {spec!r}{hint}")
     parts = []
     for name, value in spec.items():
         opts = dict(value) if isinstance(value, Mapping) else {"weight": value}

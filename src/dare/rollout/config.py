@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import numbers
 from dataclasses import dataclass
 
 from dare.errors import ConfigError, and_join, closest
@@ -379,6 +380,10 @@ class SamplerConfig:
                 continue
             if kinds == ["bool"] and not isinstance(value, bool):
                 raise ConfigError(f"{f.name} must be true or false; got {value!r}")
+            if set(kinds) <= set(_NUMERIC_TYPES) and isinstance(value, numbers.Real) and not isinstance(value, bool) \
+                    and type(value) not in (int, float):  # numpy's numbers (a sweep's np.arange): plain Python ones
+                value = int(value) if isinstance(value, numbers.Integral) else float(value)
+                setattr(self, f.name, value)
             if set(kinds) <= set(_NUMERIC_TYPES) and (isinstance(value, bool) or not isinstance(value, (int, float))):
                 raise ConfigError(f"{f.name} must be a number; got {value!r}")
             if kinds == ["int"] and not isinstance(value, int):  # steps=4.0 would fail in torch after the model loads

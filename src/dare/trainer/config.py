@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from dare.config import SEEDS, from_dict, load_yaml, merge, override_tree, to_dict
+from dare.config import SEEDS, closest_key, config_keys, from_dict, load_yaml, merge, override_tree, to_dict
 from dare.errors import ConfigError, unknown_choice, wrong_type
 from dare.plugins import load_plugins, recorded
 from dare.rollout.config import SamplerConfig
@@ -419,7 +420,6 @@ def check_algorithm_section_keys(section) -> None:
     """One-line :class:`ConfigError` for a key of the ``algorithm`` mapping that its algorithm lacks but another
     section has (``algorithm.group_size`` -> did you mean ``rollout.group_size``?), as a misplaced key of any other
     section is told; any other unknown key is left to the algorithm's own unknown-key error (its closest setting)."""
-    from dare.config import closest_key, config_keys
 
     if not isinstance(section, dict):
         return
@@ -507,14 +507,53 @@ def check_config_object(config: Any) -> None:
 
 def revalidate(config: TrainConfig) -> None:
     """The checks of :func:`load_train_config` (types, values, the algorithm's section) on a config object that may
-    have been edited since it was loaded (``cfg.optim.lr = -1`` in Python): one-line errors, before any work."""
-    from dare.algorithms import resolve_algorithm_config
+    have been built or edited in Python since (``cfg.optim.lr = -1``): one-line errors, before any work. An attribute
+    that is no config key (``cfg.optim.lrr = 5``) is an error, as is an ``algorithm`` section of another algorithm's
+    class (``cfg.algorithm.name = "d1"`` on an SFT config); the checked values (``"1e-3"`` read as the float it
+    spells, an ``algorithm`` mapping as its config class) are written back, so the run trains what was checked."""
+    from dare.algorithms import get_algorithm, resolve_algorithm_config
 
+    stray = _stray_attributes(config)
+    if stray:
+        hint = closest_key(stray[0], config_keys(TrainConfig))
+        raise ConfigError(f"unknown config key '{stray[0]}' (set in Python)"
+                          + (f" (did you mean '{hint}'?)" if hint else ""))
+    section = config.algorithm
+    if dataclasses.is_dataclass(section) and not isinstance(section, type):
+        wanted = get_algorithm(section.name).config_class
+        if type(section) is not wanted:
+            raise ConfigError(
+                f"config.algorithm is a {type(section).__name__} but its name is '{section.name}' "
+                f"({wanted.__name__}): build the config with load_train_config(recipe, {{'algorithm.name': "
+                f"'{section.name}'}}) or set config.algorithm = {{'name': '{section.name}', ...}}")
     again = from_dict(TrainConfig, config_dict(config))
     load_plugins(again.imports)  # a config built in Python: its plug-ins register before its names are checked
     check_algorithm_section_keys(again.algorithm)
     again.algorithm = resolve_algorithm_config(again.algorithm)
     again.validate()
+    _write_back(config, again)
+
+
+def _stray_attributes(obj, prefix: str = "") -> list[str]:
+    """Dotted names of attributes set on the config tree ``obj`` that are no fields (a typo made in Python)."""
+    names = {f.name for f in dataclasses.fields(obj)}
+    found = [f"{prefix}{k}" for k in vars(obj) if k not in names and not k.startswith("_")]
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            found += _stray_attributes(value, f"{prefix}{f.name}.")
+    return found
+
+
+def _write_back(target, source) -> None:
+    """Copy ``source``'s field values into the config tree ``target`` in place (sections of the same class stay the
+    same objects)."""
+    for f in dataclasses.fields(source):
+        new, old = getattr(source, f.name), getattr(target, f.name)
+        if dataclasses.is_dataclass(new) and type(new) is type(old):
+            _write_back(old, new)
+        else:
+            setattr(target, f.name, new)
 
 
 def config_dict(config: TrainConfig) -> dict:

@@ -479,9 +479,10 @@ class Trainer:
         step is ``train_step(0)``, the next one to run ``train_step(trainer.step)``. Sources are pure functions of
         the index, so it chooses the data / rollout of the step; RL with ``algorithm.inner_steps = mu > 1`` makes
         its rollouts at the multiples of ``mu`` and reuses them for the following ``mu - 1`` indices (an index
-        inside a cycle whose rollouts were never made is a warning and rolls them out). It does not advance
-        ``trainer.step``, does not count toward the end-of-run summary and does not checkpoint (:meth:`train`
-        does all three)."""
+        inside a cycle whose rollouts were never made is a warning and rolls them out). Run as the next step
+        (``step == trainer.step``) it advances ``trainer.step``, so that :meth:`save` and a later :meth:`train`
+        continue after it (a hand-written loop ``for s in range(3): trainer.train_step(s)`` then saves
+        ``step_00000003``); it does not log, count toward the end-of-run summary or checkpoint (:meth:`train` does)."""
         start, cpu_start = time.perf_counter(), time.process_time()
         sums = self.forward_backward(step)
         record = {"step": step + 1, "epoch": round(self.source_epoch(step + 1), 6)}
@@ -492,6 +493,8 @@ class Trainer:
         record.update(self.optimizer_step())
         record["time/step_s"] = round(time.perf_counter() - start, 4)
         record["time/step_cpu_s"] = round(time.process_time() - cpu_start, 4)  # all threads of the process
+        if step == self.step:  # the next step: what save() and train() continue from
+            self.step = step + 1
         return record
 
     def _diverged(self, what: str) -> DivergedError:
@@ -667,11 +670,10 @@ class Trainer:
         rl = bool(self.algorithm.needs.rollout)
         unlogged_rollout = None  # the record of a rollout step that log_every skipped
         while self.step < self.total_steps and not self.stop_requested:
-            record = self.train_step(self.step)
-            self.step += 1
+            record = self.train_step(self.step)  # advances self.step
             self._note_step(record)
             if on_step is not None:
-                record.update(on_step(self, record) or {})
+                record.update(callback_metrics(on_step(self, record)))
             record["time/elapsed_s"] = round(time.perf_counter() - start, 3)
             logged = self.step % cfg.log_every == 0 or self.step == self.total_steps or self.stop_requested
             if "rollout/reward" in record:
@@ -688,6 +690,21 @@ class Trainer:
             if kill_at and self.step == kill_at:
                 os.kill(os.getpid(), signal.SIGKILL)
         return record
+
+
+def callback_metrics(returned) -> dict:
+    """What an ``on_step`` callback returned, as metrics to add to the step's record: a mapping, or None for none;
+    anything else is a one-line :class:`~dare.errors.InputError` (not a TypeError inside the loop)."""
+    from collections.abc import Mapping
+
+    if returned is None:
+        return {}
+    if not isinstance(returned, Mapping):
+        from dare.errors import InputError, described
+
+        raise InputError(f"the on_step callback returned {described(returned)}: return a dict of metrics to log "
+                         "(e.g. {'eval/accuracy': 0.5}) or None")
+    return dict(returned)
 
 
 def with_rollout(record: dict, rollout: dict | None) -> dict:
