@@ -165,3 +165,23 @@ def test_a_notebook_cell_run_again_replaces_its_reward_and_algorithm(monkeypatch
     assert ALGORITHMS["cell_algo"] is second is not first
     with pytest.raises(ConfigError, match=r"register your reward with @register_reward\(\"my_reward\"\) and give"):
         get_reward(get_reward("cell_reward"))  # an instance, as a notebook holds it
+
+
+def test_python_callers_get_python_hints(tmp_path):
+    """apply_lora(target_modules='q_proj') named no module (peft's own error); load_model on an adapter directory
+    pointed a Python caller to CLI flags only."""
+    from peft import LoraConfig, get_peft_model
+
+    from dare.models import family_of, load_model, tiny_model
+    from dare.models.lora import apply_lora
+
+    with pytest.raises(ConfigError, match=r"^target_modules='q_proj' matches no module .* use "
+                                          r"target_modules='\.\*\\\.q_proj' \(it matches 2 modules\)$"):
+        apply_lora(tiny_model("llada"), target_modules="q_proj")
+    model = tiny_model("llada")
+    adapter = tmp_path / "adapter"
+    get_peft_model(model, LoraConfig(r=2, target_modules=family_of(model).lora_targets)).save_pretrained(str(adapter))
+    with pytest.raises(ConfigError) as err:
+        load_model(str(adapter))
+    assert f"load_model(BASE, adapter={str(adapter)!r})" in str(err.value)
+    assert f"dare merge-lora --adapter {adapter} --out DIR" in err.value.cli_message  # the command line's wording

@@ -11,11 +11,12 @@ from dare.models.llada_moe import LLaDAMoEConfig, LLaDAMoEModelLM
 from dare.models.loading import load_model, load_tokenizer
 from dare.models.sdar import SDARConfig, SDARForCausalLM, SDARMoeConfig, SDARMoeForCausalLM
 from dare.models.spec import FAMILIES, FamilySpec, TokenIds, family_of, get_family, register_family
+from dare.models.tiny import tiny_model
 
 __all__ = [
     "ATTENTION_BACKENDS", "AttentionLayout", "attend", "build_layout", "DiffusionConfig", "DiffusionLM",
     "DiffusionLMOutput", "KVCache", "DreamConfig", "DreamModel", "LLaDAConfig", "LLaDAModelLM",
     "LLaDAMoEConfig", "LLaDAMoEModelLM", "LLaDA2MoeConfig", "LLaDA2MoeModelLM", "SDARConfig", "SDARForCausalLM",
     "SDARMoeConfig", "SDARMoeForCausalLM", "FAMILIES", "FamilySpec", "TokenIds", "family_of", "get_family",
-    "register_family", "load_model", "load_tokenizer", "compile_blocks",
+    "register_family", "load_model", "load_tokenizer", "compile_blocks", "tiny_model",
 ]

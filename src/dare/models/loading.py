@@ -133,17 +133,20 @@ def check_checkpoint_path(path: str) -> Path | None:
     if not local.is_dir():
         raise ConfigError(f"model path {path} is a file; expected a checkpoint directory")
     if not (local / "config.json").is_file():
-        hint = ""
+        hint = cli_hint = ""
         if (local / "adapter_config.json").is_file():
-            hint = (f"; it is a LoRA adapter: load it on top of its base model (dare eval run --adapter) or merge it "
-                    f"first (dare merge-lora --adapter {path} --out DIR)")
+            hint = (f"; it is a LoRA adapter: load it on top of its base model (load_model(BASE, adapter={str(path)!r})) "
+                    f"or merge it first (dare.models.lora.merge_adapter({str(path)!r}, OUT_DIR))")
+            cli_hint = (f"; it is a LoRA adapter: load it on top of its base model (dare eval run --adapter) or merge "
+                        f"it first (dare merge-lora --adapter {path} --out DIR)")
         elif (local / "final").is_dir():
             hint = f"; it looks like a training run directory: its weights are in {local / 'final'}"
         else:
             training = training_checkpoint_message(path, local)
             if training:
                 raise ConfigError(training)
-        raise ConfigError(f"{path} is not a model checkpoint (no config.json){hint}")
+        said = f"{path} is not a model checkpoint (no config.json)"
+        raise ConfigError(f"{said}{hint}", cli=f"{said}{cli_hint or hint}")
     if not any(next(local.glob(pattern), None) for pattern in WEIGHT_FILES):
         raise ConfigError(f"{path} is not a model checkpoint (config.json but no weights: *.safetensors or *.bin)")
     check_model_type(path, read_json_file(path, local / "config.json"))

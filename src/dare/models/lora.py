@@ -48,6 +48,9 @@ def apply_lora(model, r: int = 16, alpha: int = 32, dropout: float = 0.0,
 
     from dare.models.spec import family_of
 
+    from dare.models.lora_targets import check_lora_targets
+
+    check_lora_targets(target_modules, model, "target_modules")  # the module names peft's own error leaves out
     targets = target_pattern(target_modules) or family_of(model).lora_targets
     config = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=targets, bias="none")
     try:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from dare.errors import ConfigError, first_line
 from dare.outputs import check_dir_target
-from dare.trainer.lora_targets import LORA_LAYERS, check_lora_targets
+from dare.models.lora_targets import LORA_LAYERS, check_lora_targets
 
 log = logging.getLogger("dare.trainer")
 

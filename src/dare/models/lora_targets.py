@@ -24,12 +24,13 @@ NAME_SEPARATORS = re.compile(r"[\s,|\[\]()'\"]+")
 ``q_proj|v_proj``)."""
 
 
-def check_lora_targets(targets: str | list[str] | None, model) -> None:
+def check_lora_targets(targets: str | list[str] | None, model, option: str = "lora.target_modules") -> None:
     """One-line error unless ``lora.target_modules`` (``targets``; None: the model family's default) matches at least
     one module path of ``model`` in full, as peft matches it, and every module it matches is a layer LoRA can adapt
     (:data:`LORA_LAYERS`); a list must name modules of the model, each of them. The message names a few real module
     paths and the names of the adaptable modules; for a pattern written as peft-style names, the regex that adapts
-    them. ``model`` None: nothing to check."""
+    them. ``model`` None: nothing to check. ``option`` names the setting in messages (``target_modules`` for
+    :func:`dare.models.lora.apply_lora`)."""
     from dare.models.loading import unwrap
     from dare.models.lora import target_pattern
     from dare.models.spec import family_of
@@ -40,12 +41,12 @@ def check_lora_targets(targets: str | list[str] | None, model) -> None:
     modules = [(name, type(module).__name__) for name, module in model.named_modules() if name]
     summary = adaptable_summary(modules)
     if isinstance(targets, (list, tuple)):
-        check_listed_names(list(targets), modules, summary)
+        check_listed_names(list(targets), modules, summary, option)
     pattern = target_pattern(targets) or family_of(model).lora_targets
-    key = f"lora.target_modules={targets!r}" if targets else f"the family's default LoRA targets {pattern!r}"
+    key = f"{option}={targets!r}" if targets else f"the family's default LoRA targets {pattern!r}"
     matched = [(name, kind) for name, kind in modules if re.fullmatch(pattern, name)]
     if not matched:
-        hint = suggested_targets(targets, modules) if isinstance(targets, str) else ""
+        hint = suggested_targets(targets, modules, option) if isinstance(targets, str) else ""
         raise ConfigError(f"{key} matches no module of the model (the pattern must match a whole module path); "
                           f"its LoRA-adaptable modules include {summary}{hint}")
     wrong = [f"{name} ({kind})" for name, kind in matched if kind not in LORA_LAYERS]
@@ -79,20 +80,21 @@ def adapts(name: str, modules: list[tuple[str, str]]) -> bool:
     return bool(kinds) and all(kind in LORA_LAYERS for kind in kinds)
 
 
-def check_listed_names(names: list, modules: list[tuple[str, str]], summary: str) -> None:
+def check_listed_names(names: list, modules: list[tuple[str, str]], summary: str,
+                       option: str = "lora.target_modules") -> None:
     """One-line error for a ``lora.target_modules`` list that is empty or holds a name standing for no module LoRA
     can adapt (peft would adapt the others and say nothing)."""
     if not names:
-        raise ConfigError("lora.target_modules=[] lists no module name; leave it unset (null) for the family's "
+        raise ConfigError(f"{option}=[] lists no module name; leave it unset (null) for the family's "
                           f"default targets, or list some of the model's LoRA-adaptable modules: {summary}")
     missing = [str(name) for name in names if not adapts(str(name), modules)]
     if missing:
         verb = "names" if len(missing) == 1 else "name"
-        raise ConfigError(f"lora.target_modules={names!r} lists {', '.join(missing)}, which {verb} no module LoRA can "
+        raise ConfigError(f"{option}={names!r} lists {', '.join(missing)}, which {verb} no module LoRA can "
                           f"adapt; its LoRA-adaptable modules include {summary}")
 
 
-def suggested_targets(written: str, modules: list[tuple[str, str]]) -> str:
+def suggested_targets(written: str, modules: list[tuple[str, str]], option: str = "lora.target_modules") -> str:
     """For a ``lora.target_modules`` pattern written as peft-style module names (``q_proj``, ``q_proj,v_proj``,
     ``q_proj|v_proj``) that matches no whole module path: the clause naming the regex that adapts those of them
     standing for modules of the model (and which do not); empty when it is no list of plain names or none of them
@@ -112,7 +114,7 @@ def suggested_targets(written: str, modules: list[tuple[str, str]]) -> str:
     skipped = ""
     if unusable:
         skipped = f"; {', '.join(unusable)} {'names' if len(unusable) == 1 else 'name'} no module LoRA can adapt"
-    return (f"; to adapt every {' and '.join(usable)} module use lora.target_modules='{regex}' (it matches {count} "
+    return (f"; to adapt every {' and '.join(usable)} module use {option}='{regex}' (it matches {count} "
             f"modules){skipped}")
 
 
