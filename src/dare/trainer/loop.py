@@ -397,8 +397,8 @@ class Trainer:
         data = build_sft_dataset(cfg.data, self.tokenizer, self.token_ids.eos, seed=cfg.trainer.seed,
                                  progress=cfg.trainer.progress and self.info.is_main, warn=self.info.is_main)
         if data.dropped and self.info.is_main:
-            print(f"warning: dropped {data.dropped} of {data.dropped + len(data)} examples longer than "
-                  f"data.max_length={cfg.data.max_length}")
+            log.warning(f"warning: dropped {data.dropped} of {data.dropped + len(data)} examples longer than "
+                        f"data.max_length={cfg.data.max_length}")
         if self.info.is_main:
             self._warn_rows_past_context(max(map(len, data.examples)))
         pack_length = cfg.data.pack_length or cfg.data.max_length

@@ -76,7 +76,10 @@ def build_pair_source(trainer) -> PairSource:
     cfg = trainer.config
     pairs, dropped = build_pairs(cfg.data, trainer.tokenizer, trainer.token_ids.eos, cfg.trainer.seed)
     if dropped and trainer.info.is_main:
-        print(f"warning: dropped {dropped} of {dropped + len(pairs)} pairs longer than data.max_length={cfg.data.max_length}")
+        import logging
+
+        logging.getLogger("dare.trainer").warning(
+            f"warning: dropped {dropped} of {dropped + len(pairs)} pairs longer than data.max_length={cfg.data.max_length}")
     return PairSource(pairs, algorithm=trainer.algorithm, policy=trainer.model, reference=trainer.reference,
                       batch_size=cfg.trainer.batch_size, micro_batch_size=cfg.trainer.micro_batch_size,
                       eos_id=trainer.token_ids.eos, pad_id=trainer.token_ids.pad, info=trainer.data_info,

@@ -685,8 +685,8 @@ def build_rollout_source(trainer) -> RolloutSource:
     prompts, dropped = build_prompts(cfg.data, trainer.tokenizer, cfg.rollout.max_prompt_length, cfg.trainer.seed,
                                      warn=trainer.info.is_main, reward=reward)
     if dropped and trainer.info.is_main:
-        print(f"warning: dropped {dropped} of {dropped + len(prompts)} prompts longer than "
-              f"rollout.max_prompt_length={cfg.rollout.max_prompt_length}")
+        log.warning(f"warning: dropped {dropped} of {dropped + len(prompts)} prompts longer than "
+                    f"rollout.max_prompt_length={cfg.rollout.max_prompt_length}")
     return RolloutSource(
         prompts, policy=trainer.model, algorithm=trainer.algorithm, tokenizer=trainer.tokenizer, reward=reward,
         config=cfg.rollout, batch_size=cfg.trainer.batch_size, micro_batch_size=cfg.trainer.micro_batch_size,
