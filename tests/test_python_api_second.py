@@ -185,3 +185,18 @@ def test_python_callers_get_python_hints(tmp_path):
         load_model(str(adapter))
     assert f"load_model(BASE, adapter={str(adapter)!r})" in str(err.value)
     assert f"dare merge-lora --adapter {adapter} --out DIR" in err.value.cli_message  # the command line's wording
+
+
+def test_a_tokenizers_output_may_be_passed_as_keywords():
+    """Before: generate(model, **encoding) was a TypeError (missing 'prompts')."""
+    from dare.models import load_model, load_tokenizer
+    from dare.rollout import generate
+
+    model, tokenizer = load_model("tiny:llada"), load_tokenizer("tiny:llada")
+    tokenizer.padding_side = "left"
+    encoding = tokenizer(["hello", "a longer prompt"], return_tensors="pt", padding=True)
+    out = generate(model, **encoding, gen_length=8)
+    same = generate(model, encoding["input_ids"], encoding["attention_mask"], gen_length=8)
+    assert torch.equal(out.completion, same.completion)
+    with pytest.raises(InputError, match=r"^generate needs prompts: "):
+        generate(model)

@@ -186,7 +186,7 @@ def decoding_engine(config: SamplerConfig, device: torch.device) -> str:
 
 def generate(
     model,
-    prompts: torch.Tensor | Sequence[Sequence[int]],
+    prompts: torch.Tensor | Sequence[Sequence[int]] | None = None,
     attention_mask: torch.Tensor | None = None,
     config: SamplerConfig | None = None,
     *,
@@ -201,7 +201,9 @@ def generate(
     Args:
         model: a DARE model (``dare.models``), possibly peft-wrapped.
         prompts: ``[B, P]`` left-padded ids with ``attention_mask`` (1 = real token), or a list of token-id
-            lists (left-padded here with the family's pad id).
+            lists (left-padded here with the family's pad id). A tokenizer's output may come as keywords instead:
+            ``generate(model, **tokenizer(texts, return_tensors="pt", padding=True))`` with the tokenizer padding on
+            the left (``input_ids``, ``attention_mask``; ``token_type_ids`` is ignored).
         config: a :class:`SamplerConfig` (None: the defaults: the model family's sampler, ``gen_length`` 128);
             ``**overrides`` replace fields (``generate(m, p, sampler="dream",
             temperature=0.7)``).
@@ -227,6 +229,12 @@ def generate(
     from dare.models.loading import evaluating
     from dare.models.spec import family_of
 
+    if prompts is None:  # generate(model, **tokenizer(...)): its input_ids are the prompts
+        if "input_ids" not in overrides:
+            raise InputError("generate needs prompts: generate(model, prompts) with token ids, or a tokenizer's "
+                             "output as generate(model, **encoding)")
+        prompts = overrides.pop("input_ids")
+        overrides.pop("token_type_ids", None)
     check_generate_args(model, prompts, attention_mask, config, example_ids=example_ids, canvas=canvas,
                         step_range=step_range)
     config = config or SamplerConfig()
