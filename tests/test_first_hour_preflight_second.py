@@ -14,7 +14,7 @@ from dare.algorithms import ALGORITHMS
 from dare.cli import main
 from dare.data.sft import count_records
 from dare.errors import ConfigError
-from dare.models.lora import apply_lora, target_pattern
+from dare.models.lora import apply_lora, target_pattern  # re-exported from dare.models.lora_targets
 from dare.models.tiny import tiny_model
 from dare.trainer.config import load_train_config
 from dare.trainer.preflight import check_batch_fits, check_lora_targets, model_skeleton

@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 
 from dare.errors import ConfigError, first_line
+from dare.models.lora_targets import check_lora_targets, target_pattern
 from dare.outputs import (
     absolute_path, check_apart, check_replaceable, ensure_dir, mark_output, publish_dir, staging_dir,
 )
@@ -27,16 +28,6 @@ MERGE_WEIGHTS = re.compile(r"model(-\d+-of-\d+)?\.safetensors")
 """A merge's weight files (always safetensors): ``model.safetensors`` or its shards."""
 
 
-def target_pattern(targets: str | list[str] | tuple[str, ...] | None) -> str | None:
-    """``lora.target_modules`` as the regex peft matches against whole module paths (None: unset). A string is that
-    regex; a list of module names (peft's list form, ``[q_proj, v_proj]``) adapts every module whose path is one of
-    them or ends in ``.NAME``, as peft reads a list."""
-    if targets is None or isinstance(targets, str):
-        return targets
-    names = "|".join(re.escape(str(name)) for name in targets)
-    return rf"(.*\.)?({names})"
-
-
 def apply_lora(model, r: int = 16, alpha: int = 32, dropout: float = 0.0,
                target_modules: str | list[str] | None = None):
     """Wrap ``model`` in a trainable peft LoRA model (base weights frozen).
@@ -47,8 +38,6 @@ def apply_lora(model, r: int = 16, alpha: int = 32, dropout: float = 0.0,
     from peft import LoraConfig, get_peft_model
 
     from dare.models.spec import family_of
-
-    from dare.models.lora_targets import check_lora_targets
 
     check_lora_targets(target_modules, model, "target_modules")  # the module names peft's own error leaves out
     targets = target_pattern(target_modules) or family_of(model).lora_targets

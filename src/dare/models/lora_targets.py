@@ -2,7 +2,7 @@
 matches nothing names no module of the model).
 
 The option is a regex matched against whole module paths, as peft matches a string, or a list of module names as
-peft takes a list (:func:`dare.models.lora.target_pattern`). A peft-style name written as the regex (``q_proj``,
+peft takes a list (:func:`target_pattern`). A peft-style name written as the regex (``q_proj``,
 ``q_proj,v_proj``) matches no whole path: its error shows the regex that adapts those modules, and every error lists
 the names of the modules LoRA can adapt.
 """
@@ -24,6 +24,16 @@ NAME_SEPARATORS = re.compile(r"[\s,|\[\]()'\"]+")
 ``q_proj|v_proj``)."""
 
 
+def target_pattern(targets: str | list[str] | tuple[str, ...] | None) -> str | None:
+    """``lora.target_modules`` as the regex peft matches against whole module paths (None: unset). A string is that
+    regex; a list of module names (peft's list form, ``[q_proj, v_proj]``) adapts every module whose path is one of
+    them or ends in ``.NAME``, as peft reads a list."""
+    if targets is None or isinstance(targets, str):
+        return targets
+    names = "|".join(re.escape(str(name)) for name in targets)
+    return rf"(.*\.)?({names})"
+
+
 def check_lora_targets(targets: str | list[str] | None, model, option: str = "lora.target_modules") -> None:
     """One-line error unless ``lora.target_modules`` (``targets``; None: the model family's default) matches at least
     one module path of ``model`` in full, as peft matches it, and every module it matches is a layer LoRA can adapt
@@ -32,7 +42,6 @@ def check_lora_targets(targets: str | list[str] | None, model, option: str = "lo
     them. ``model`` None: nothing to check. ``option`` names the setting in messages (``target_modules`` for
     :func:`dare.models.lora.apply_lora`)."""
     from dare.models.loading import unwrap
-    from dare.models.lora import target_pattern
     from dare.models.spec import family_of
 
     if model is None:
@@ -118,4 +127,5 @@ def suggested_targets(written: str, modules: list[tuple[str, str]], option: str 
             f"modules){skipped}")
 
 
-__all__ = ["LORA_LAYERS", "adaptable_summary", "check_listed_names", "check_lora_targets", "suggested_targets"]
+__all__ = ["LORA_LAYERS", "adaptable_summary", "check_listed_names", "check_lora_targets", "suggested_targets",
+           "target_pattern"]

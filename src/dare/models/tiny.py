@@ -37,12 +37,12 @@ def tiny_config(family: str, **overrides):
 
 
 def tiny_model(family: str, seed: int = 0, dtype: torch.dtype = torch.float32, **overrides):
-    """A randomly initialised tiny model (weights ~ N(0, 0.02), deterministic in ``seed``). The caller's global
-    random state is left as it was (the weights come from a forked generator seeded with ``seed``)."""
+    """A randomly initialised tiny model (weights ~ N(0, 0.02), deterministic in ``seed``). It seeds torch's global
+    random state with ``seed`` (as the trainer does with ``trainer.seed``), so that what a script draws after it
+    (a LoRA adapter's initial weights, a value head) is reproducible too; seed again afterwards for other draws."""
     config, _ = tiny_config(family, **overrides)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = get_family(family).model_class(config)
+    torch.manual_seed(seed)
+    model = get_family(family).model_class(config)
     return model.to(dtype).eval()
 
 

@@ -703,7 +703,7 @@ def callback_metrics(returned) -> dict:
         from dare.errors import InputError, described
 
         raise InputError(f"the on_step callback returned {described(returned)}: return a dict of metrics to log "
-                         "(e.g. {'eval/accuracy': 0.5}) or None")
+                         "(name: number) or None")
     return dict(returned)
 
 
