@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 from pathlib import Path
@@ -219,6 +220,28 @@ def precheck(args: argparse.Namespace) -> None:
         check_recipe(config_path)
 
 
+@contextlib.contextmanager
+def terminate_as_interrupt():
+    """SIGTERM (``kill``, a scheduler's ``scancel``) raises KeyboardInterrupt while training, as Ctrl-C does, so the
+    run ends with its resume hint instead of silently; the earlier handler comes back after. Only the main thread
+    can set handlers: elsewhere (a run started from a thread) nothing changes."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    before = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
 def run(args: argparse.Namespace) -> int:
     from dare.config import to_dict
     from dare.trainer.config import load_train_config
@@ -246,12 +269,13 @@ def run(args: argparse.Namespace) -> int:
 
         from dare.trainer.config import config_dict
         from dare.trainer.output_dir import check_not_in_use
-        from dare.trainer.resume import resume_point
+        from dare.trainer.resume import check_steps_ahead, resume_point
 
         # a run into an output directory another run is writing, trained with other settings, or one whose
         # trainer.resume=never would delete its own model, is refused (reads only; creates nothing)
         check_not_in_use(config.trainer.output_dir)
         start = resume_point(Path(config.trainer.output_dir), config.trainer.resume, config_dict(config))
+        check_steps_ahead(start, config.trainer.max_steps)
         print_quietly(yaml.safe_dump(to_dict(config), sort_keys=False))
         where = f"would resume from {start}" if start is not None else "would start at step 0"
         print(f"dry run: the checks passed; {where} in {config.trainer.output_dir} (nothing was loaded or written)",
@@ -267,7 +291,8 @@ def run(args: argparse.Namespace) -> int:
             rewarded.update(step=record["step"], reward=record["rollout/reward"])
 
     try:
-        record = run_training(config, on_step=remember_reward)
+        with terminate_as_interrupt():  # kill / scancel: the same resume hint as Ctrl-C
+            record = run_training(config, on_step=remember_reward)
     except KeyboardInterrupt:  # say where to resume from; the CLI then prints "interrupted"
         if int(os.environ.get("RANK", "0")) == 0:
             from dare.progress import close_progress_bars

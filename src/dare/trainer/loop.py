@@ -55,7 +55,7 @@ from dare.trainer.preflight import (
 )
 from dare.trainer.output_dir import COMMAND as RUN_COMMAND
 from dare.trainer.output_dir import OutputLock
-from dare.trainer.resume import resume_point
+from dare.trainer.resume import check_steps_ahead, resume_point
 from dare.trainer.sources import batch_keys_read_by
 from dare.trainer.optim import build_optimizer, build_scheduler
 
@@ -226,6 +226,7 @@ class Trainer:
         try:
             resume = cfg.trainer.resume
             checkpoint = resume_point(out, resume, settings)  # resume=never: refused if it would delete an input
+            check_steps_ahead(checkpoint, cfg.trainer.max_steps)  # nothing to train: refused
         except BaseException:
             self.release_output_dir()
             raise

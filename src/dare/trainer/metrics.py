@@ -42,9 +42,18 @@ class MetricsLogger:
             self._wandb = wandb_lib.init(project=wandb_project, config=config, dir=str(output_dir))
 
     def truncate_after(self, step: int) -> None:
-        """Keep only records with ``step <= step`` (the run restarts from that checkpoint)."""
-        if self.enabled:
-            truncate_jsonl(self.path, step)
+        """Keep only records with ``step <= step`` (the run restarts from that checkpoint): in ``metrics.jsonl``, and
+        in TensorBoard, whose writer reopens purging the events of later steps (an interrupted run's, which the
+        resumed run logs again). W&B is not cut back: a resumed run is a new W&B run."""
+        if not self.enabled:
+            return
+        truncate_jsonl(self.path, step)
+        if self._tb is not None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            log_dir = self._tb.log_dir
+            self._tb.close()
+            self._tb = SummaryWriter(log_dir, purge_step=step + 1)
 
     def log(self, record: dict) -> None:
         if not self.enabled:

@@ -19,6 +19,7 @@ inside them (:func:`check_start_over`), and the error above then only suggests a
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from dare.errors import ConfigError, closest
@@ -271,6 +272,18 @@ def _ways_out(output_dir: Path, settings: dict) -> str:
     if blocker is None:
         return "use another trainer.output_dir, or trainer.resume=never to start over"
     return f"use another trainer.output_dir (trainer.resume=never would delete {blocker})"
+
+
+def check_steps_ahead(checkpoint: Path | None, max_steps: int | None) -> None:
+    """One-line :class:`ConfigError` for a resume from a checkpoint past ``trainer.max_steps``: nothing would train,
+    and config.yaml would then record a run length that did not produce the weights there."""
+    if checkpoint is None or not max_steps:
+        return
+    match = re.fullmatch(r"step_(\d+)", Path(checkpoint).name)
+    if match and int(match.group(1)) > max_steps:
+        raise ConfigError(f"trainer.max_steps={max_steps} is below the step of the checkpoint the run resumes from "
+                          f"({checkpoint}, step {int(match.group(1))}): nothing would train; give a larger "
+                          "trainer.max_steps, another trainer.output_dir, or trainer.resume=never to start over")
 
 
 def resume_point(output_dir: Path, resume: str, settings: dict) -> Path | None:

@@ -1,0 +1,74 @@
+"""Watching and stopping an RL run: SIGTERM (kill, scancel) ends it like Ctrl-C, a resume past trainer.max_steps is
+refused instead of rewriting config.yaml, and TensorBoard drops an interrupted run's later events on resume."""
+
+import os
+import signal
+import sys
+import time
+import types
+from pathlib import Path
+
+from cli_helpers import one_line_error
+
+from dare.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+D1 = str(ROOT / "configs/llada/d1_tiny.yaml")
+SMALL_RL = ["trainer.progress=false", "trainer.batch_size=8", "trainer.micro_batch_size=8", "algorithm.inner_steps=1"]
+
+
+def test_sigterm_ends_a_run_with_the_resume_hint_as_ctrl_c_does(tmp_path, capsys, monkeypatch):
+    """Before: kill / scancel ended the run without a word (an empty log)."""
+
+    def killed(config, on_step=None):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)  # the handler interrupts this
+        raise AssertionError("SIGTERM did not interrupt the run")
+
+    monkeypatch.setattr("dare.trainer.run_training", killed)
+    before = signal.getsignal(signal.SIGTERM)
+    assert main(["train", D1, f"trainer.output_dir={tmp_path / 'run'}", *SMALL_RL]) == 130
+    err = capsys.readouterr().err
+    assert f"no checkpoint in {tmp_path / 'run'} yet" in err and err.endswith("\ninterrupted\n")
+    assert signal.getsignal(signal.SIGTERM) is before  # the handler is the caller's again
+
+
+def test_a_resume_past_max_steps_is_refused_and_config_yaml_kept(tmp_path, capsys):
+    """Before: max_steps=1 on a finished 2-step run resumed at step 2, trained nothing and rewrote config.yaml to
+    say max_steps 1 beside step-2 weights."""
+    out = tmp_path / "run"
+    assert main(["train", D1, f"trainer.output_dir={out}", *SMALL_RL, "trainer.max_steps=2"]) == 0
+    config = (out / "config.yaml").read_text()
+    said = (f"error: trainer.max_steps=1 is below the step of the checkpoint the run resumes from "
+            f"({out / 'checkpoints' / 'step_00000002'}, step 2): nothing would train; give a larger trainer.max_steps, "
+            "another trainer.output_dir, or trainer.resume=never to start over")
+    for extra in ([], ["--dry-run"]):
+        assert one_line_error(capsys, "train", D1, f"trainer.output_dir={out}", *SMALL_RL, "trainer.max_steps=1",
+                              *extra) == said
+    assert (out / "config.yaml").read_text() == config
+
+
+def test_tensorboard_drops_the_interrupted_runs_later_events_on_resume(tmp_path, monkeypatch):
+    """Before: the resumed run's writer kept the events of steps it logs again (two values per step)."""
+    opened = []
+
+    class Writer:
+        def __init__(self, log_dir, purge_step=None):
+            self.log_dir = log_dir
+            opened.append(purge_step)
+
+        def add_scalar(self, *args):
+            pass
+
+        def close(self):
+            pass
+
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", types.SimpleNamespace(SummaryWriter=Writer))
+    from dare.trainer.metrics import MetricsLogger
+
+    logger = MetricsLogger(tmp_path, tensorboard=True)
+    logger.log({"step": 1, "loss": 1.0})
+    logger.log({"step": 2, "loss": 0.5})
+    logger.truncate_after(1)  # resumed from the checkpoint of step 1
+    assert opened == [None, 2]
+    assert [line.count('"step": 1') for line in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [1]
