@@ -72,3 +72,29 @@ def test_tensorboard_drops_the_interrupted_runs_later_events_on_resume(tmp_path,
     logger.truncate_after(1)  # resumed from the checkpoint of step 1
     assert opened == [None, 2]
     assert [line.count('"step": 1') for line in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [1]
+
+
+def test_a_resumed_run_continues_its_wandb_run(tmp_path, monkeypatch):
+    """Before: every resume started a new W&B run, so a run's curves were split across runs."""
+    inits = []
+
+    class Run:
+        def log(self, values, step=None):
+            pass
+
+        def finish(self):
+            pass
+
+    def init(**kwargs):
+        inits.append(kwargs)
+        return Run()
+
+    monkeypatch.setitem(sys.modules, "wandb", types.SimpleNamespace(init=init))
+    out = tmp_path / "run"
+    common = ["train", D1, f"trainer.output_dir={out}", *SMALL_RL, "trainer.wandb=true", "trainer.save_every=1"]
+    assert main([*common, "trainer.max_steps=1"]) == 0
+    assert main([*common, "trainer.max_steps=2"]) == 0  # resumes from step 1
+    assert main([*common, "trainer.max_steps=2", "trainer.resume=never"]) == 0  # starts over: a new W&B run
+    first, resumed, again = inits
+    assert "resume" not in first and resumed["id"] == first["id"] and resumed["resume"] == "allow"
+    assert again["id"] != first["id"] and "resume" not in again

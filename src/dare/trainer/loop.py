@@ -205,7 +205,7 @@ class Trainer:
         self.rollouts_without_signal = 0  # rollouts with no informative group (every advantage 0)
         self.logger = MetricsLogger(self.output_dir, enabled=self.info.is_main, tensorboard=cfg.trainer.tensorboard,
                                     wandb=cfg.trainer.wandb, wandb_project=cfg.trainer.wandb_project,
-                                    config=config_dict(config))
+                                    config=config_dict(config), resuming=self.resume_from is not None)
 
     def precision(self):
         """The autocast context of this run's forwards (:func:`compute_precision`)."""
