@@ -13,13 +13,13 @@ import importlib
 import importlib.util
 
 from dare import auto_classes
-from dare.errors import ConfigError, DareError, InputError
+from dare.errors import ConfigError, DareError, InputError, PluginError
 
 __version__ = "0.1.0"
 
 _FROM_MODELS = ("FAMILIES", "family_of", "get_family")
 
-__all__ = ["ConfigError", "DareError", "InputError", "FAMILIES", "family_of", "get_family", "__version__"]
+__all__ = ["ConfigError", "DareError", "InputError", "PluginError", "FAMILIES", "family_of", "get_family", "__version__"]
 
 
 def __getattr__(name: str):
