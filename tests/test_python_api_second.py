@@ -188,3 +188,24 @@ def test_a_tokenizers_output_may_be_passed_as_keywords():
     assert torch.equal(out.completion, same.completion)
     with pytest.raises(InputError, match=r"^generate needs prompts: "):
         generate(model)
+
+
+def test_evaluate_decodes_without_autograd(monkeypatch):
+    """evaluate() runs under torch.no_grad (a decorator once moved onto a helper by mistake): nothing it computes
+    keeps a graph."""
+    import dare.rollout
+    from dare.eval import EvalConfig, evaluate, get_benchmark
+    from dare.eval.run import load_for_eval
+
+    seen = []
+
+    def record_grad_mode(*args, **kwargs):
+        seen.append(torch.is_grad_enabled())
+        raise KeyboardInterrupt  # stop here: only the mode matters
+
+    model, tokenizer, _ = load_for_eval("tiny:llada", None, "cpu", None)
+    samples = get_benchmark("gsm8k").load(TINY_GEN, limit=1)
+    monkeypatch.setattr(dare.rollout, "generate", record_grad_mode)
+    with pytest.raises(KeyboardInterrupt):
+        evaluate(model, tokenizer, "gsm8k", samples, config=EvalConfig(shots=0))
+    assert seen == [False] and torch.is_grad_enabled()

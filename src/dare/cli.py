@@ -137,6 +137,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def print_traceback_if_asked(err: BaseException) -> None:
+    """With ``DARE_TRACEBACK`` set (not 0), print the Python traceback behind a one-line ``error:`` (the way to a
+    plug-in's bug behind the line)."""
+    if os.environ.get("DARE_TRACEBACK", "0") not in ("", "0"):
+        traceback.print_exception(err)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
@@ -164,8 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         with quiet_transformers():  # transformers' bars and info logs stay out of the command's log
             return module.run(args) or 0
     except DareError as err:
-        if os.environ.get("DARE_TRACEBACK", "0") not in ("", "0"):  # the way to a plug-in's bug behind the line
-            traceback.print_exception(err)
+        print_traceback_if_asked(err)
         print(f"error: {err.cli_message}", file=sys.stderr)
         return 2
     except Exception as err:  # a plug-in's own code raised (its hook, run or parse): one line naming its line
@@ -175,8 +181,7 @@ def main(argv: list[str] | None = None) -> int:
         if line is None:  # DARE's own: the traceback
             raise
         close_progress_bars()
-        if os.environ.get("DARE_TRACEBACK", "0") not in ("", "0"):
-            traceback.print_exception(err)
+        print_traceback_if_asked(err)
         print(f"error: {line}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -263,13 +263,17 @@ def failure(where: str, label: str, err: BaseException, files: Sequence[Path], h
 
 def innermost_own_frame(err: BaseException, files: Sequence[Path]) -> tuple[str, int] | None:
     """``(file, line)`` of the innermost frame of ``err``'s traceback inside ``files``, or None."""
-    own = [Path(os.path.abspath(f)) for f in files]
     found = None
     for frame in traceback.extract_tb(err.__traceback__):
-        path = Path(os.path.abspath(frame.filename))
-        if any(path == f or path.is_relative_to(f) for f in own):
+        if is_inside(frame.filename, files):
             found = (frame.filename, frame.lineno)
     return found
+
+
+def is_inside(filename: str, files: Sequence[Path]) -> bool:
+    """True when ``filename`` is one of ``files`` or lies in one of them (a package folder)."""
+    path = Path(os.path.abspath(filename))
+    return any(path == own or path.is_relative_to(own) for own in (Path(os.path.abspath(f)) for f in files))
 
 
 def redefined_in_main(registered, cls) -> bool:
@@ -285,15 +289,10 @@ def runtime_failure(err: BaseException) -> str | None:
     the traceback passes no plug-in (then it is DARE's, and keeps its traceback): the plug-in's innermost line, the
     exception's type and first line, and how to see the whole traceback (``DARE_TRACEBACK=1``)."""
     owners = [(plugin, [Path(plugin.path)] if plugin.path else own_files(plugin.spec)) for plugin in _LOADED.values()]
-    culprit = None
-    for frame in traceback.extract_tb(err.__traceback__):  # outermost first: the last match is the innermost
-        path = Path(os.path.abspath(frame.filename))
-        for plugin, files in owners:
-            if any(path == f or path.is_relative_to(f) for f in map(Path, map(os.path.abspath, files))):
-                culprit = (plugin, files)
-    if culprit is None:
+    frame = innermost_own_frame(err, [f for _, files in owners for f in files])
+    if frame is None:
         return None
-    plugin, files = culprit
+    plugin, files = next((plugin, files) for plugin, files in owners if is_inside(frame[0], files))
     return failure("plug-in", plugin.spec, err, files, "DARE_TRACEBACK=1")
 
 

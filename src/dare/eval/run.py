@@ -211,14 +211,14 @@ def check_evaluate_args(model, tokenizer, benchmark, samples, *, sampler, likeli
     check_mapping_arg("data_info", data_info)
 
 
-@torch.no_grad()
-def check_samples_fit(bench: Benchmark, samples: Sequence[Sample]) -> None:
+def check_samples_fit(bench: Benchmark, samples: Sequence[Sample], reward) -> None:
     """One-line :class:`InputError` for samples of another benchmark's kind: a multiple-choice benchmark's sample
     has choices and ``target["labels"]``, a generation benchmark's has none, and each target holds the fields the
-    benchmark's reward scores against (before: a bare KeyError, or accuracy 0 scored silently)."""
-    from dare.rewards import get_reward
+    benchmark's ``reward`` (built: :meth:`Benchmark.scorer`) scores against (:func:`dare.rewards.reward_fields`;
+    before: a bare KeyError, or accuracy 0 scored silently)."""
+    from dare.rewards import reward_fields
 
-    needs = getattr(get_reward(bench.reward), "required_fields", ()) if isinstance(bench.reward, str) else ()
+    needs = reward_fields(reward)
     load = f"load them with get_benchmark({bench.name!r}).load(...)"
     for i, sample in enumerate(samples):
         target = sample.target if isinstance(sample.target, dict) else {}
@@ -229,12 +229,13 @@ def check_samples_fit(bench: Benchmark, samples: Sequence[Sample]) -> None:
                              f"{bench.name} needs: {load}")
         if bench.kind != "choice" and multiple_choice:
             raise InputError(f"{where} is a multiple-choice sample; {bench.name} generates answers: {load}")
-        missing = [key for key in needs if key not in target]
+        missing = [(key, name) for key, name in needs if key not in target]
         if missing:
-            raise InputError(f"{where} lacks target['{missing[0]}'], which {bench.name}'s reward '{bench.reward}' "
-                             f"needs: {load}")
+            key, name = missing[0]
+            raise InputError(f"{where} lacks target['{key}'], which {bench.name}'s reward '{name}' needs: {load}")
 
 
+@torch.no_grad()
 def evaluate(model, tokenizer, benchmark: Benchmark | str, samples: Sequence[Sample], *,
              sampler=None, likelihood: LikelihoodConfig | None = None, config: EvalConfig | None = None,
              fewshot_pool: Sequence[Sample] | None = None, fewshot_source: str | None = None,
@@ -268,7 +269,8 @@ def evaluate(model, tokenizer, benchmark: Benchmark | str, samples: Sequence[Sam
     mode = config.resolve_mode(bench)
     if not samples:
         raise ConfigError(f"{bench.name}: no samples to evaluate")
-    check_samples_fit(bench, samples)
+    # the reward built before any work: an unknown one (a plug-in's typo) or option fails now, not after the run
+    check_samples_fit(bench, samples, bench.scorer(**(reward_options or {})))
     check_mode_settings(bench, mode, sampler, likelihood, config)
     shots = bench.default_shots if config.shots is None else config.shots
     if shots < 0:
@@ -302,7 +304,6 @@ def _generation(model, tokenizer, bench, samples, pool, shots, sampler, config, 
         sampler = sampler.replace(gen_length=defaults.max_new_tokens)
     resolved = resolve_config(sampler.replace(seed=config.seed), model)
     kernels = kernel_settings()  # before decoding: a misspelt switch fails now, not after the run
-    bench.scorer(**(reward_options or {}))  # an unknown reward (a plug-in's typo) or option too, not after the run
     n = config.num_samples
     if n > 1 and resolved.temperature == 0 and resolved.confidence != "random":
         log.warning("warning: %d samples per problem with temperature 0 are identical; pass@k needs temperature > 0", n)

@@ -7,7 +7,8 @@ rewards ``code_format``, ``xml_count``, ``soft_format``, ``strict_format``, ``in
 """
 
 from dare.rewards.base import (
-    PRESETS, REWARDS, Reward, RewardFailed, RewardResult, WeightedSum, get_reward, register_reward, score_checked,
+    PRESETS, REWARDS, Reward, RewardFailed, RewardResult, WeightedSum, get_reward, register_reward, reward_fields,
+    score_checked,
 )
 from dare.rewards import coding, countdown, formats, matching, sudoku, verifiers  # noqa: F401,E402  (register)
 from dare.rewards.sandbox import ExecResult, Program, Sandbox, SandboxConfig, default_sandbox
@@ -26,5 +27,6 @@ __all__ = [
     "default_sandbox",
     "get_reward",
     "register_reward",
+    "reward_fields",
     "score_checked",
 ]

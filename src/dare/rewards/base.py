@@ -214,6 +214,16 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
+def reward_fields(reward) -> list[tuple[str, str]]:
+    """``(field, reward name)`` for every field a sample must hold for ``reward`` (its ``required_fields``; every
+    part's of a combined :class:`WeightedSum`); none for no reward. RL prompts (:mod:`dare.trainer.prompts`) and
+    ``dare.eval.evaluate``'s samples are checked against them before any rollout."""
+    if isinstance(reward, WeightedSum):
+        return [need for _, _, part in reward.parts for need in reward_fields(part)]
+    return [(key, getattr(reward, "name", "") or type(reward).__name__)
+            for key in getattr(reward, "required_fields", ())]
+
+
 def get_reward(spec: str | Mapping[str, Any], **options: Any) -> Reward:
     """Build a reward from a registered name, a preset name, or ``{name: weight | {weight, **options}}``.
 

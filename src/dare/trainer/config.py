@@ -420,7 +420,6 @@ def check_algorithm_section_keys(section) -> None:
     """One-line :class:`ConfigError` for a key of the ``algorithm`` mapping that its algorithm lacks but another
     section has (``algorithm.group_size`` -> did you mean ``rollout.group_size``?), as a misplaced key of any other
     section is told; any other unknown key is left to the algorithm's own unknown-key error (its closest setting)."""
-
     if not isinstance(section, dict):
         return
     keys = _algorithm_keys(section.get("name", "sft"))

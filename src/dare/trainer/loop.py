@@ -677,8 +677,8 @@ class Trainer:
                 record.update(callback_metrics(on_step(self, record)))
             record["time/elapsed_s"] = round(time.perf_counter() - start, 3)
             logged = self.step % cfg.log_every == 0 or self.step == self.total_steps or self.stop_requested
-            if "rollout/reward" in record:
-                unlogged_rollout = None if logged else record
+            if "rollout/reward" in record and not logged:
+                unlogged_rollout = record
             if logged:
                 self.logger.log(with_rollout(record, unlogged_rollout))
                 unlogged_rollout = None

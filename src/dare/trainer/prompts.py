@@ -77,20 +77,9 @@ def check_prompt_path(path: str) -> None:
         check_data_path(path)
 
 
-def reward_fields(reward) -> list[tuple[str, str]]:
-    """``(field, reward name)`` for every field a sample must hold for ``reward`` (its ``required_fields``; every
-    part's of a combined :class:`~dare.rewards.base.WeightedSum`); none for no reward."""
-    from dare.rewards.base import WeightedSum
-
-    if isinstance(reward, WeightedSum):
-        return [need for _, _, part in reward.parts for need in reward_fields(part)]
-    return [(key, getattr(reward, "name", "") or type(reward).__name__)
-            for key in getattr(reward, "required_fields", ())]
-
-
 def check_reward_fields(record: dict, where: str, needs: list[tuple[str, str]]) -> None:
     """One-line :class:`InputError` ``WHERE lacks 'answer', which reward 'X' needs`` (or ``holds null in``) for the
-    first field of ``needs`` (:func:`reward_fields`) that data record ``record`` lacks or holds as null: found when
+    first field of ``needs`` (:func:`dare.rewards.reward_fields`) that data record ``record`` lacks or holds as null: found when
     the prompts load, not when the record's rollouts are scored mid-run (or a null scored as the text 'None')."""
     for key, name in needs:
         if key not in record:
@@ -107,6 +96,7 @@ def prompt_records(cfg, seed: int = 0, warn: bool = True, reward=None) -> list[t
         DEFAULT_SYNTHETIC_SIZE, SYNTHETIC_PREFIX, read_records, record_chat, record_text, warn_unread_keys,
     )
     from dare.data.synthetic import TASKS
+    from dare.rewards import reward_fields
 
     path = cfg.path
     limit = cfg.num_examples
@@ -216,4 +206,4 @@ def build_pairs(cfg, tokenizer, eos_id: int, seed: int = 0) -> tuple[list[PairIt
 
 
 __all__ = ["PairItem", "PromptItem", "build_pairs", "build_prompts", "check_prompt_path", "check_reward_fields",
-           "encode_prompt", "prompt_records", "reward_fields"]
+           "encode_prompt", "prompt_records"]
