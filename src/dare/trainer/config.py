@@ -196,6 +196,9 @@ class TrainerConfig:
     """Save a resumable checkpoint every N steps (and at the end); null = only at the end."""
     keep_last: int = 2
     """Keep this many most recent checkpoints (0 = keep all)."""
+    save_on_interrupt: bool = True
+    """Ctrl-C or SIGTERM (``kill``, ``scancel``, pre-emption) during training: finish the current step, save a
+    checkpoint, then stop (resume with trainer.resume=auto); a second one stops at once. false: stop at once."""
     resume: str = "auto"
     """auto (latest checkpoint in output_dir, if any; none: start at step 0, replacing final/ and metrics.jsonl),
     never (start over: deletes output_dir's checkpoints/ and final/ first; refused when model.path, model.tokenizer

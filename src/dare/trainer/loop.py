@@ -23,6 +23,7 @@ step N has been logged (and checkpointed when due), to test kill-and-resume.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import functools
@@ -48,6 +49,7 @@ from dare.outputs import atomic_write_text, ensure_dir, mark_output, publish_dir
 from dare.progress import hf_progress_bars
 from dare.trainer.checkpoint import load_checkpoint, remove_partial_checkpoints, save_checkpoint
 from dare.trainer.config import TrainConfig, config_dict, revalidate
+from dare.trainer.interrupts import StopAfterStep, write_line
 from dare.trainer.metrics import MetricsLogger, truncate_jsonl
 from dare.trainer.preflight import (
     check_auxiliary_sequence, check_lora_targets, check_run, fill_rollout_defaults, record_given_model,
@@ -199,6 +201,8 @@ class Trainer:
             self.aux_schedulers[name] = build_scheduler(self.aux_optimizers[name], aux_optim, self.total_steps)
         self.step = 0
         self.stop_requested = False
+        self.interrupted = False     # a stop signal ended the loop (trainer.save_on_interrupt)
+        self.saved_step: int | None = None  # the step of the latest checkpoint save_every wrote
         self.steps_run = 0           # steps this call of train() ran, and those of them that trained nothing
         self.empty_steps = 0
         self.rewards: list[float] = []  # each rollout's mean reward, for the summary's first -> last
@@ -615,13 +619,20 @@ class Trainer:
             from dare.progress import progress_bar
 
             bar = progress_bar(self.total_steps, "train", initial=self.step, dynamic_ncols=True)
-        try:
-            record = self._run_steps(on_step, bar, kill_at) or {"step": self.step}
-        finally:
-            if bar is not None:  # also when interrupted: the bar's line ends before any message
-                if self.stop_requested and self.step < self.total_steps:  # not an interrupted run: say so
-                    bar.set_description(f"train (stopped early at step {self.step})", refresh=True)
-                bar.close()
+        signals = StopAfterStep(self._announce_stop) if cfg.save_on_interrupt else None
+        with signals or contextlib.nullcontext():
+            try:
+                record = self._run_steps(on_step, bar, kill_at, signals) or {"step": self.step}
+            finally:
+                if bar is not None:  # also when interrupted: the bar's line ends before any message
+                    if self.stop_requested and self.step < self.total_steps:  # not an interrupted run: say so
+                        bar.set_description(f"train (stopped early at step {self.step})", refresh=True)
+                    bar.close()
+            if self.interrupted and self.step < self.total_steps:  # a second signal during the save stops it
+                if self.saved_step != self.step:
+                    self.save()
+                self.logger.close()
+                raise KeyboardInterrupt  # dare train prints where to resume from
         if self.empty_steps:  # for the end-of-run summary (not a logged metric)
             record = {**record, "steps_run": self.steps_run, "steps_trained_nothing": self.empty_steps}
         record = {**record, **reward_digest(self.rewards, self.rollouts_without_signal)}
@@ -664,19 +675,39 @@ class Trainer:
         if self.info.is_main:
             atomic_write_text(self.output_dir / "config.yaml", yaml_text(config_dict(self.config)))
 
-    def _run_steps(self, on_step, bar, kill_at: int) -> dict | None:
-        """The remaining steps; returns the last step's record (None when no step was left)."""
+    def _announce_stop(self, label: str) -> None:
+        """What the first stop signal prints (main rank): the loop stops after the running step and saves there."""
+        if self.info.is_main:
+            again = "Ctrl-C again" if label.startswith("SIGINT") else "a second signal"
+            write_line(f"{label}: stopping after step {self.step + 1} and saving a checkpoint there ({again} stops "
+                       "at once, without it)")
+
+    def _stop_signalled(self, signals: StopAfterStep | None) -> bool:
+        """Whether a stop signal reached any process (one collective per step under torchrun, so that every rank
+        stops after the same step: the checkpoint is saved by all of them)."""
+        if signals is None:
+            return False
+        received = signals.received is not None
+        if not self.info.initialized:
+            return received
+        return bool(all_reduce_max_int(int(received), dataclasses.replace(self.info, group=None)))
+
+    def _run_steps(self, on_step, bar, kill_at: int, signals: StopAfterStep | None = None) -> dict | None:
+        """The remaining steps; returns the last step's record (None when no step was left). A stop signal
+        (``signals``) ends the loop after the running step, with :attr:`interrupted` set."""
         cfg = self.config.trainer
         record, start, reward = None, time.perf_counter(), None
         rl = bool(self.algorithm.needs.rollout)
         unlogged_rollout = None  # the record of a rollout step that log_every skipped
-        while self.step < self.total_steps and not self.stop_requested:
+        while self.step < self.total_steps and not self.stop_requested and not self.interrupted:
             record = self.train_step(self.step)  # advances self.step
             self._note_step(record)
             if on_step is not None:
                 record.update(callback_metrics(on_step(self, record)))
             record["time/elapsed_s"] = round(time.perf_counter() - start, 3)
-            logged = self.step % cfg.log_every == 0 or self.step == self.total_steps or self.stop_requested
+            self.interrupted = self._stop_signalled(signals)
+            logged = (self.step % cfg.log_every == 0 or self.step == self.total_steps or self.stop_requested
+                      or self.interrupted)
             if "rollout/reward" in record and not logged:
                 unlogged_rollout = record
             if logged:
@@ -688,6 +719,7 @@ class Trainer:
                 bar.update(1)
             if cfg.save_every and self.step % cfg.save_every == 0 and self.step < self.total_steps:
                 self.save()
+                self.saved_step = self.step
             if kill_at and self.step == kill_at:
                 os.kill(os.getpid(), signal.SIGKILL)
         return record

@@ -25,8 +25,8 @@ from pathlib import Path
 from dare.errors import ConfigError, closest
 
 FREE_KEYS = frozenset({
-    "trainer.output_dir", "trainer.log_every", "trainer.save_every", "trainer.keep_last", "trainer.resume",
-    "trainer.export", "trainer.progress", "trainer.tensorboard", "trainer.wandb", "trainer.wandb_project",
+    "trainer.output_dir", "trainer.log_every", "trainer.save_every", "trainer.keep_last", "trainer.save_on_interrupt",
+    "trainer.resume", "trainer.export", "trainer.progress", "trainer.tensorboard", "trainer.wandb", "trainer.wandb_project",
     "trainer.micro_batch_size",  # gradients are sums over micro-batches: the split does not change them
     "distributed.backend", "distributed.device", "distributed.fsdp", "distributed.reshard_after_forward",
     "distributed.sequence_parallel", "distributed.expert_parallel",  # layouts: the same loss (checkpoints reshard)
