@@ -38,6 +38,12 @@ MATH = [
     ("<reasoning>..</reasoning>\n<answer>\n7\n</answer>", "7", True, "d1 parse_math_answers: <answer> fallback"),
     ("I computed 42 somewhere", "42", False, "OC v2: no box/no 'answer is' -> first sentence, not a number hunt"),
     ("\\boxed{5}", "Solution text ... so $\\boxed{5}$.", True, "OC MATHDataset: gold = last box of the solution"),
+    ("\\boxed{2}", "2i", False, "MV: 2i is not 2 (a letter after a number is no unit word in math)"),
+    ("\\boxed{2i}", "2", False, "MV: 2i is not 2, either way round"),
+    ("\\boxed{3}", "3x", False, "MV: 3x is not 3"),
+    ("\\boxed{3y}", "3x", False, "MV: 3y is not 3x"),
+    ("\\boxed{-5}", "-5i", False, "MV: -5i is not -5"),
+    ("\\boxed{10000009}", "10000000", False, "OC is_equal: absolute 1e-6 (a relative one accepted this)"),
 ]
 
 
@@ -53,6 +59,8 @@ GSM8K = [
     ("The answer is $1,000.", "1000", True, "LM: drop ',' and '$' (OC would read '000': we follow LM)"),
     ("#### 1,234", "1,234", True, "'#### x' answer line; commas dropped on both sides"),
     ("so it costs $18.00", "18", True, "OC Gsm8kEvaluator: float equality within 1e-6"),
+    ("#### 10000009", "10000000", False, "OC Gsm8kEvaluator: absolute 1e-6, not relative to the gold"),
+    ("#### 123456900", "123456789", False, "OC Gsm8kEvaluator: absolute 1e-6, not relative to the gold"),
     ("\\boxed{12} dollars, then 15 more later", "12", True, "d1 parse_gsm_answers: box first"),
     ("Answer: 8 apples\nQuestion: Tom has 9 pens", "8", True, "OC gsm8k_postprocess: cut at 'Question:'"),
     ("The answer is 0.5", "1/2", True, "numbers compared as values"),

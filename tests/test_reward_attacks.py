@@ -230,6 +230,58 @@ def test_tests_never_reach_the_candidate(box):
     assert result.passed, result.stderr
 
 
+SHADOW_PROMPT = ("def encode(s: str) -> str:\n    return s[::-1] + 'x'\n\n\n"
+                 "def decode(s: str) -> str:\n    \"\"\"The inverse of encode.\"\"\"\n")
+SHADOW_SAMPLES = {  # (sample, a wrong solution, a right one)
+    "prompt_helper": ({"prompt": SHADOW_PROMPT, "entry_point": "decode",
+                       "tests": ["def check(candidate):\n    for w in ('ab', 'xyz'):\n"
+                                 "        assert candidate(encode(w)) == w\n\ncheck(decode)\n"]},
+                      "def decode(s):\n    return s\n", "def decode(s):\n    return s[:-1][::-1]\n"),
+    "builtins_mbpp": ({"tests": ["assert set(common([1, 4, 5], [4, 5, 6])) == set((4, 5))",
+                                 "for i in range(3):\n    assert abs(twice(i) - 2 * i) < 1e-9",
+                                 "assert all(map(even, [2, 4])) and not any(map(even, [1, 3]))"]},
+                      "def common(a, b):\n    return ()\ndef twice(i):\n    return 0\n"
+                      "def even(n):\n    raise ValueError\n",
+                      "def common(a, b):\n    return [x for x in a if x in b]\ndef twice(i):\n    return 2 * i\n"
+                      "def even(n):\n    return n % 2 == 0\n"),
+    "stop_iteration": ({"tests": ["assert all(map(even, [2, 4])) and not any(map(even, [1, 3]))"]},
+                       "def even(n):\n    return n % 2 == 1\n", "def even(n):\n    return n % 2 == 0\n"),
+    "entry_named_as_a_builtin": ({"entry_point": "max", "tests": ["assert max([1, 3, 2]) == 3"]},
+                                 "def max(xs):\n    return xs[0]\n",
+                                 "def max(xs):\n    best = xs[0]\n    for x in xs:\n        best = x if x > best else best\n"
+                                 "    return best\n"),
+}
+SHADOWS = {  # appended to the wrong solution: each used to turn it into a pass
+    "prompt_helper": ["def encode(s):\n    return s\n", "encode = lambda s: s\n"],
+    "builtins_mbpp": ["def set(*a):\n    return 0\n", "def range(*a):\n    return []\ndef abs(x):\n    return 0\n"
+                      "def set(*a):\n    return 0\ndef all(x):\n    return True\ndef any(x):\n    return False\n",
+                      "import numpy as set\n", "def even(n):\n    raise StopIteration\n"
+                      "def set(*a):\n    return 0\ndef range(*a):\n    return []\n"],
+    "stop_iteration": ["def even(n):\n    raise StopIteration\n"],
+    "entry_named_as_a_builtin": ["def all(x):\n    return True\n"],
+}
+
+
+def test_candidate_redefinitions_of_builtins_and_task_helpers_do_not_reach_the_tests(code_reward):
+    """Before: script tests saw every name the candidate defined, so `def abs(x): return 0`, `def set(*a)`,
+    `def range(*a): return []` or a redefined prompt helper (HumanEval's poly / encode_cyclic) made wrong answers
+    pass, and a candidate's StopIteration ended map() as if every call had passed."""
+    completions, samples, expected = [], [], []
+    for name, (sample, wrong, right) in SHADOW_SAMPLES.items():
+        for attack in SHADOWS[name]:
+            completions.append(f"```python\n{wrong}{attack}```")
+            samples.append(sample)
+            expected.append((name, attack, False))
+        completions.append(f"```python\n{right}```")  # a right answer still passes, with its own helpers too
+        samples.append(sample)
+        expected.append((name, "right", True))
+    completions.append("```python\ndef encode(s):\n    return s\ndef decode(s):\n    return s[:-1][::-1]\n```")
+    samples.append(SHADOW_SAMPLES["prompt_helper"][0])
+    expected.append(("prompt_helper", "right, own encode", True))
+    results = code_reward.score(completions, samples)
+    assert [(n, a, r.correct) for (n, a, _), r in zip(expected, results)] == expected
+
+
 def test_unrelated_process_of_a_sandbox_uid_is_skipped_and_survives():
     if not _running_as_root():
         pytest.skip("only root switches uids")

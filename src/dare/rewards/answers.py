@@ -12,7 +12,7 @@ them):
 * **numbers (GSM8K)** - ``#### x`` > last ``\\boxed{}`` > ``<answer>`` tags > ``the answer is x`` >
   last number (OpenCompass ``gsm8k_postprocess``, truncated at a following ``Question:``); commas
   and ``$`` are dropped before comparing (lm-eval's gsm8k filters; OpenCompass keeps the comma and
-  would read ``1,000`` as ``000``: we follow lm-eval), equality within 1e-6 (OpenCompass
+  would read ``1,000`` as ``000``: we follow lm-eval), equality within an absolute 1e-6 (OpenCompass
   ``Gsm8kEvaluator.is_equal``).
 * **multiple choice** - the ordered English subset of OpenCompass ``first_option_postprocess``:
   explicit statements (``the answer is (B)``, ``Answer: B``, ``\\boxed{B}``, ``**B**``) first, then a
@@ -123,9 +123,10 @@ _NUMBER = re.compile(r"-?\$?\s?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|-?\.\d+")
 _ANSWER_IS = re.compile(r"(?:final answer|answer)\s*(?:is|:)\s*:?\s*(.+)", re.IGNORECASE)
 
 
-def parse_number(text: str | None) -> Fraction | None:
+def parse_number(text: str | None, units: bool = True) -> Fraction | None:
     """Read one number written as ``1,000``, ``$5.50``, ``50%``, ``-3``, ``1/2``, ``\\frac{1}{2}``,
-    ``12 cm`` or ``\\text{12}``; None when it is not a single number."""
+    ``12 cm`` or ``\\text{12}``; None when it is not a single number. ``units=False``: a trailing word is not
+    dropped (``2i``, ``3x`` are not numbers; math answers leave units to math-verify)."""
     if text is None:
         return None
     s = str(text).strip()
@@ -140,7 +141,8 @@ def parse_number(text: str | None) -> Fraction | None:
         sign, num, den = frac.groups()
         return None if int(den) == 0 else Fraction(int(num), int(den)) * (-1 if sign else 1)
     s = re.sub(r"(?<=\d),(?=\d{3}\b)", "", s).strip().rstrip(".")
-    s = _strip_unit_word(s)  # trailing unit word: "12 cm", "5 dollars"
+    if units:
+        s = _strip_unit_word(s)  # trailing unit word: "12 cm", "5 dollars"
     if len(s) > MAX_NUMBER_CHARS:  # bounded arithmetic: longer "numbers" are refused, not parsed
         return None
     ratio = re.fullmatch(r"(-?\d+(?:\.\d+)?)\s*/\s*(-?\d+(?:\.\d+)?)", s)
@@ -171,13 +173,15 @@ def last_number(text: str) -> str | None:
     return found[-1].replace("$", "").replace(" ", "") if found else None
 
 
-def numbers_equal(pred: str | None, gold: str | None, tol: float = 1e-6) -> bool:
-    """Numeric equality of two number strings (``1,000`` == ``1000.0``; ``1/2`` == ``0.5``)."""
-    a, b = parse_number(pred), parse_number(gold)
+def numbers_equal(pred: str | None, gold: str | None, tol: float = 1e-6, units: bool = True) -> bool:
+    """Numeric equality of two number strings (``1,000`` == ``1000.0``; ``1/2`` == ``0.5``) within an absolute
+    ``tol`` (OpenCompass ``Gsm8kEvaluator.is_equal``; a relative one would accept 10000009 for 10000000).
+    ``units``: as in :func:`parse_number`."""
+    a, b = parse_number(pred, units), parse_number(gold, units)
     if a is None or b is None:
         return False
     # exact rational arithmetic: huge values compare correctly and never overflow a float
-    return abs(a - b) <= Fraction(tol) * max(Fraction(1), abs(b))
+    return abs(a - b) <= Fraction(tol)
 
 
 def gsm8k_gold(answer: str) -> str:
@@ -250,7 +254,8 @@ def math_equal(pred: str | None, gold: str | None) -> bool:
     """Whether two extracted answers are mathematically equal (math-verify, then numbers/strings)."""
     if pred is None or gold is None:
         return False
-    if numbers_equal(pred, gold) or _normalise_text(pred) == _normalise_text(gold):
+    # numbers without a trailing word only: "2i" or "3x" is not 2 or 3 (math-verify reads units such as \text{cm})
+    if numbers_equal(pred, gold, units=False) or _normalise_text(pred) == _normalise_text(gold):
         return True
     if max(len(pred), len(gold)) > MATH_VERIFY_MAX_CHARS:
         return False

@@ -50,7 +50,21 @@ def build_program(completion: str, sample: Mapping[str, Any]) -> Program:
     if setup:
         source = source + "\n\n" + setup
     tests = sample["tests"]
-    return Program(source, [tests] if isinstance(tests, str) else list(tests), setup=setup)
+    return Program(source, [tests] if isinstance(tests, str) else list(tests), setup=setup, trusted=trusted_code(prompt),
+                   entry_point=entry or None)
+
+
+def trusted_code(prompt: str) -> str:
+    """The sample's ``prompt`` when it is Python on its own (HumanEval's: imports, helper functions, the entry
+    point's header with its docstring), run by the test runner so that tests call the task's helpers, not
+    the candidate's redefinitions; "" for a prompt that is not (a continuation must complete it)."""
+    if not prompt:
+        return ""
+    try:
+        compile(prompt, "task.py", "exec")
+    except (SyntaxError, ValueError):
+        return ""
+    return prompt
 
 
 @register_reward("code")

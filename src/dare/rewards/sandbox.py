@@ -99,11 +99,21 @@ class SandboxConfig:
 @dataclass(frozen=True)
 class Program:
     """``code`` (solution + setup) is loaded as a module; each snippet of ``tests`` is one test; ``setup``
-    (e.g. MBPP's ``test_setup_code``) also runs in the test runner before script tests."""
+    (e.g. MBPP's ``test_setup_code``) also runs in the test runner before script tests.
+
+    Script tests see the candidate's module-level names as calls into its process, except names that would hide
+    trusted code: Python's builtins and the names ``trusted`` defines (the task's own code, e.g. HumanEval's
+    prompt with its helpers ``poly`` / ``encode_cyclic``, run in the test runner), so a candidate that defines
+    ``abs`` or ``encode_cyclic`` changes what its own code calls, not what the tests call. ``entry_point`` (the
+    function the task asks for) is the candidate's whatever its name."""
 
     code: str
     tests: Sequence[str] = ()
     setup: str = ""
+    trusted: str = ""
+    """Trusted source the test runner runs before the tests (not the candidate's: e.g. the task's prompt)."""
+    entry_point: str | None = None
+    """The name the task asks the candidate to define."""
 
 
 @dataclass
@@ -624,7 +634,8 @@ class _Run:
             return verdicts
         runner = self.sandbox._spawn(RUNNER, self.slot, self.setup, self.slot.runner_uid)
         self.processes.append(runner)
-        runner.send({"tests": scripts, "setup": self.program.setup, **self.loaded})
+        runner.send({"tests": scripts, "setup": self.program.setup, "trusted": self.program.trusted,
+                     "entry": self.program.entry_point, **self.loaded})
         while True:
             message = runner.recv(self.deadline)
             if message in (TIMEOUT, DEAD):

@@ -155,7 +155,10 @@ def _dare_runner():
             if "value" in reply:
                 return decode(reply["value"])
             kind = getattr(builtins, str(reply.get("error")), None)
-            if isinstance(kind, type) and issubclass(kind, Exception):
+            # re-raised by type (tests may expect ValueError), except the ones that end iterations: a
+            # StopIteration out of a candidate call would end map() / a generator silently, as if it succeeded
+            if isinstance(kind, type) and issubclass(kind, Exception) and not issubclass(
+                    kind, (StopIteration, StopAsyncIteration)):
                 raise kind(reply.get("message", ""))
             raise CandidateError("%s: %s" % (reply.get("error"), reply.get("message", "")))
         call.__name__ = call.__qualname__ = name
@@ -163,14 +166,25 @@ def _dare_runner():
 
     import importlib
     namespace = {"__name__": "__tests__", "__builtins__": builtins}
-    for name, module in job["modules"].items():  # modules the candidate imported (installed code only)
+    if job.get("trusted"):  # the task's own code (e.g. HumanEval's prompt and its helpers)
         try:
-            namespace[name] = importlib.import_module(module)
+            exec(compile(job["trusted"], "task.py", "exec"), namespace)
+        except BaseException:
+            traceback.print_exc()
+    entry = job.get("entry")
+    hidden = set(dir(builtins)) | set(namespace)
+
+    def candidates(names):  # the candidate's names that may reach the tests: none that hides trusted code
+        return [n for n in names if n == entry or not (n.startswith("__") or n in hidden)]
+
+    for name in candidates(job["modules"]):  # modules the candidate imported (installed code only)
+        try:
+            namespace[name] = importlib.import_module(job["modules"][name])
         except BaseException:
             pass
-    for name, value in job["values"].items():
-        namespace[name] = decode(value)
-    for name in job["names"]:
+    for name in candidates(job["values"]):
+        namespace[name] = decode(job["values"][name])
+    for name in candidates(job["names"]):
         namespace[name] = proxy(name)
     try:
         exec(compile(job["setup"], "setup.py", "exec"), namespace)
