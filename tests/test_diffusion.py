@@ -90,9 +90,9 @@ def test_block_levels():
 
 
 def test_stratified_counts_cover_strata_and_are_marginally_uniform():
-    total, n = 7, 3
-    for m in range(n):  # over k ~ U{1..T}, every l_m is uniform on 1..T
-        assert sorted(stratified_counts(total, n, k)[m] for k in range(1, total + 1)) == list(range(1, total + 1))
+    for total, n in itertools.product([5, 7, 8, 9], [2, 3, 4]):  # 5 / 2, 9 / 2, ...: half-integer strides too
+        for m in range(n):  # over k ~ U{1..T}, every l_m is uniform on 1..T
+            assert sorted(stratified_counts(total, n, k)[m] for k in range(1, total + 1)) == list(range(1, total + 1))
     for k in range(1, 6):  # n = T: one count per value
         assert sorted(stratified_counts(5, 5, k)) == [1, 2, 3, 4, 5]
     levels = stratified_levels(4, 0.3, 0.0, 1.0)

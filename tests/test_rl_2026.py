@@ -186,6 +186,43 @@ def test_justgrpo_old_logprobs_are_the_samplers_and_cost_no_forward():
     assert float(metrics["policy/clip_frac"]) == 0.0
 
 
+def test_justgrpo_kl_term_is_normalised_over_every_rollout():
+    """With kl_coef > 0 every completion token carries a KL term, so the KL part is normalised by L_pad x #rollouts
+    (normalize = generation): it does not depend on how many rollouts have a non-zero advantage (the policy-gradient
+    part keeps L_pad x #informative)."""
+    from rl_helpers import algorithm
+
+    from dare.algorithms.functional import kl_estimate
+
+    model = policy(seed=1)
+    src = source("justgrpo", model, sampler_block=1, steps=8, kl_coef=0.01)
+    algo, mb = src.algorithm, src.batch(0)[0]
+    plain = algorithm("justgrpo", model, kl_coef=0.0)
+    assert "ref_logp" in mb.keys()
+    with torch.no_grad():
+        logp = algo.estimate(perturbed(model), mb)["logp"]  # a moved policy: KL to the reference > 0
+    adv = mb["advantages"]
+    assert bool((adv != 0).all())
+    partial = adv.clone()
+    partial[:4] = 0.0  # one group with equal rewards
+    kl_parts = []
+    for advantages in (adv, partial, torch.zeros_like(adv)):
+        batch = mb.clone()
+        batch["advantages"] = advantages
+        totals = totals_of(algo, [batch])
+        with torch.no_grad():
+            loss, metrics = algo.loss(batch, {"logp": logp}, totals)
+            pg, _ = plain.loss(batch, {"logp": logp}, totals)
+        kl_parts.append(float(loss - pg))
+        assert math.isclose(float(metrics["policy/kl"]) * 0.01, kl_parts[-1], rel_tol=1e-4)
+    completion = mb["completion_mask"]
+    kl = kl_estimate(logp, mb["ref_logp"], algo.config.kl_estimator)[completion].sum()
+    expected = 0.01 * float(kl) / (8 * mb.shape[0])  # L_pad x #rollouts
+    assert expected > 0
+    for part in kl_parts:
+        assert math.isclose(part, expected, rel_tol=1e-4), (kl_parts, expected)
+
+
 def test_justgrpo_rejects_parallel_decoding_and_block_causal_families():
     from dare.models.tiny import tiny_model
 
@@ -221,21 +258,49 @@ def test_espo_views_are_complementary_stratified_and_weighted():
     assert bool(((gap == 4) | (gap == 5)).all())  # the two counts are (T + 1) / 2 apart (stratified)
 
 
-def test_espo_weights_are_unbiased_per_token():
-    """E[weight of token j] = 1 over the corruption: the ELBO is unbiased for sum_j log p on a context-free model."""
+@pytest.mark.parametrize("total", [5, 8, 9, 256])
+@pytest.mark.parametrize("n", [2, 3])
+def test_espo_stratified_counts_are_each_uniform(total, n):
+    """Exact enumeration over the offset k ~ U{0..T}: every sample's mask count is uniform on {0..T} (the ELBO weights
+    (T + 1) / x assume it), and the samples sit a fixed stride apart (stratified). Python's round-half-to-even on
+    k + m (T + 1) / n gave sample m >= 1 counts of one parity only when (T + 1) / n is a half-integer (n = 2,
+    T even)."""
+    from dare.algorithms.espo import espo_counts
+
+    counts = [espo_counts(total, n, k) for k in range(total + 1)]
+    for m in range(n):
+        assert sorted(c[m] for c in counts) == list(range(total + 1)), m
+        gaps = {(c[m] - c[0]) % (total + 1) for c in counts}
+        assert len(gaps) == 1 and abs(gaps.pop() - m * (total + 1) / n) <= 0.5
+
+
+@pytest.mark.parametrize("n,total,reduce_var", [(1, 5, True), (2, 8, True), (2, 8, False), (2, 5, False)])
+def test_espo_weights_are_unbiased_per_token(n, total, reduce_var):
+    """E[weight of token j] = 1 over the corruption: the ELBO is unbiased for sum_j log p on a context-free model, for
+    the whole estimate and for each of the ``n`` samples. On a toy context-dependent model (``log p(y_j | z) = -(masks
+    in z) / T``) each half of each sample has the ELBO's expectation, i.e. its mask count is uniform on {0..T}."""
     from tensordict import TensorDict
 
     from dare.algorithms.espo import espo_views
 
-    rows, total = 4000, 5
-    ids = torch.ones(rows, 7, dtype=torch.long)
-    scope = torch.zeros(rows, 7, dtype=torch.bool)
+    rows, width, mask_id = 4000, total + 2, 9
+    ids = torch.ones(rows, width, dtype=torch.long)
+    scope = torch.zeros(rows, width, dtype=torch.bool)
     scope[:, 2:] = True
     batch = TensorDict({"input_ids": ids, "rollout_index": torch.arange(rows)}, batch_size=[rows])
-    _, weight = espo_views(batch, scope, 9, n=1, reduce_var=True, seed=0, step=0)
+    noisy, weight = espo_views(batch, scope, mask_id, n=n, reduce_var=reduce_var, seed=0, step=0)
+    halves = 2 if reduce_var else 1
     per_token = weight.sum(1).mean(0)
     torch.testing.assert_close(per_token[2:], torch.ones(total), atol=0.05, rtol=0)
     assert float(per_token[:2].abs().max()) == 0.0
+    views = weight * (n * halves)  # each view's own weights (the estimate averages the n x halves views)
+    per_sample = views.reshape(rows, n, halves, width).mean(2)[..., 2:].mean((0, 2))  # [n], token-averaged
+    torch.testing.assert_close(per_sample, torch.ones(n), atol=0.03, rtol=0)
+    # toy context-dependent model: view v scores -(masks in v) / T per masked token; exact: x ~ U{0..T} masks
+    masks = (noisy == mask_id).sum(-1).float()  # [rows, V]
+    value = (views * (-masks / total)[..., None]).sum(-1).mean(0)  # [V]
+    exact = sum((total + 1) / x * x * (-x / total) for x in range(1, total + 1)) / (total + 1)
+    torch.testing.assert_close(value, torch.full_like(value, exact), atol=0.04 * abs(exact), rtol=0)
 
 
 def test_espo_ratio_is_exp_of_the_elbo_difference_under_shared_corruptions():

@@ -211,20 +211,32 @@ def test_dipo_rounds_replay_the_sampler_and_the_objective_is_step_normalised():
 def test_loss_and_gradient_do_not_depend_on_micro_batching(name):
     if name == "dipo":
         model = sdar(seed=4)
-        one, two = (bd_source(name, model, micro=m, inner_steps=1) for m in (8, 4))
+        sources = [bd_source(name, model, micro=m, inner_steps=1) for m in (8, 4)]
     elif name == "igpo":
         model = policy()
-        one, two = (igpo_source(model, "aaaaaaaaaaaa so zz", micro=m) for m in (8, 4))
+        sources = [igpo_source(model, "aaaaaaaaaaaa so zz", micro=m) for m in (8, 4)]
     else:
+        # micro 4 keeps whole prompt groups; micro 2 splits the level-0 sibling group (2 root branches, owner rows 0
+        # and 2 of a prompt) over two micro-batches; micro 1 (the default) puts every sibling in its own micro-batch:
+        # the self-distillation targets and their (group, position) pair count must not change
         model = policy()
-        one, two = (source(name, model, micro=m, n_prompts=2, group=4, steps=4, **TREE, distill_horizon=1)
-                    for m in (8, 4))
-    loss_one, grads_one = backward_all(one.algorithm, model, one.batch(1))
-    loss_two, grads_two = backward_all(two.algorithm, model, two.batch(1))
-    assert math.isfinite(loss_one) and abs(loss_one - loss_two) < 1e-6
-    assert any(float(g.abs().max()) > 0 for g in grads_one.values())
-    for key in grads_one:
-        torch.testing.assert_close(grads_one[key], grads_two[key], atol=1e-6, rtol=1e-4)
+        sources = [source(name, model, micro=m, n_prompts=2, group=4, steps=4, **TREE, distill_horizon=1)
+                   for m in (8, 4, 2, 1)]
+    micro = [src.batch(1) for src in sources]
+    loss_one, grads_one = backward_all(sources[0].algorithm, model, micro[0])
+    assert math.isfinite(loss_one) and any(float(g.abs().max()) > 0 for g in grads_one.values())
+    for src, batches in zip(sources[1:], micro[1:]):
+        loss_two, grads_two = backward_all(src.algorithm, model, batches)
+        assert abs(loss_one - loss_two) < 1e-6, (f"{len(batches)} micro-batches", loss_one, loss_two)
+        for key in grads_one:
+            torch.testing.assert_close(grads_one[key], grads_two[key], atol=1e-6, rtol=1e-4)
+    if name == "dtreerpo":
+        weights = [torch.cat([mb["distill_weight"] for mb in batches]) for batches in micro]
+        pairs = [sum(float(mb["distill_pairs"].sum()) for mb in batches) for batches in micro]
+        assert all(float(weights[0][:, level].sum()) > 0 for level in range(2))  # both levels distil
+        for got, count in zip(weights[1:], pairs[1:]):
+            torch.testing.assert_close(got, weights[0], atol=1e-7, rtol=1e-6)
+            assert count == pairs[0] > 0
 
 
 def target_probability(model, mb, mask_id) -> float:

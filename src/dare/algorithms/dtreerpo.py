@@ -32,7 +32,10 @@ batch, scaled by ``lambda(t) = lambda_max (e^(gamma t / H) - 1) / (e^gamma - 1)`
 ``tau(t) = tau_max (1 - t / H)^beta`` (``t`` = optimizer step, ``H = distill_horizon``). Its gradient is the
 weighted log-likelihood of the siblings' tokens under the parent state, i.e. per-token weights on the segment
 log-probs: the loss carries the cross-entropy ``-sum_u q_u log p_u`` (the entropy of ``q`` is a constant and is
-left out of the loss value).
+left out of the loss value). The sibling groups (their positive siblings' advantages and decoded positions) are
+gathered in ``assign_advantages``, which sees whole groups, and stored on every row of the group; each step's weights
+(``tau(t)``, ``lambda(t)``) and pair counts (on the group's first row, summed over the global batch) come from them,
+so neither depends on how the rows are split into micro-batches.
 
 Deviations from the reference (``dtreerpo/dtreerpo_trainer.py``; DARE ``dtreerpo_algos.py``):
 
@@ -231,6 +234,8 @@ class DTreeRPO(TermwiseMixin, RLAlgorithm):
                                              cfg.branch_factor, cfg.levels)
         batch["tree_advantages"], batch["tree_owner"], batch["tree_values"] = adv, owner, values
         batch["advantages"] = adv * owner  # (metrics) the advantage of every trained segment
+        if cfg.self_distillation:
+            batch.update(self.distill_groups(batch, context.group_size))
         return batch
 
     def distill_schedule(self, step: int) -> tuple[float, float]:
@@ -263,29 +268,64 @@ class DTreeRPO(TermwiseMixin, RLAlgorithm):
             select.append(in_node & ~in_parent & before_stop & batch["tree_owner"][:, level:level + 1])
         return torch.stack(noisy, 1), torch.stack(select, 1)
 
-    def distill_weights(self, batch: TensorDict, select: torch.Tensor, step: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(weights [R, s, S], pairs [R])``: ``lambda(t) q``-weights of the self-distillation cross-entropy on each
-        segment token, and the (sibling group, position) pairs counted on each group's first row."""
-        lam, tau = self.distill_schedule(step)
-        weights = torch.zeros(select.shape, dtype=torch.float32)
-        pairs = torch.zeros(select.shape[0], dtype=torch.float64)
-        index = batch["rollout_index"]
-        adv = batch["tree_advantages"]
-        for level in range(self.config.levels):
-            parent_size = self.leaves_per_node(level) * self.config.branch_factor if level else None
-            groups = index // parent_size if parent_size else index // (batch["group_size"])
+    def siblings(self, level: int, group_size: int) -> int:
+        """Nodes sharing a parent at level ``level``: the root branches of a prompt, then ``T``."""
+        return group_size // self.leaves_per_node(0) if level == 0 else self.config.branch_factor
+
+    def distill_groups(self, batch: TensorDict, group_size: int) -> dict[str, torch.Tensor]:
+        """The sibling groups of the self-distillation term, stored on every segment-owner row of each group (so a
+        micro-batch holding any part of a group computes that group's targets exactly as the whole batch would).
+        Needs whole groups, i.e. the rollout batch of ``assign_advantages``; ``K`` = the most siblings of a parent:
+
+        * ``distill_advantages [R, s, K]``: the local advantages of the group's positive siblings (``-inf`` padding;
+          all ``-inf`` on rows of a group without a distillation target: no positive sibling, or one member);
+        * ``distill_active [R, s, S, K]``: the positions each positive sibling's segment decoded (its ``select``);
+        * ``distill_slot [R, s]``: the row's own slot among its group's positive siblings (-1: not one);
+        * ``distill_first [R, s]``: the group's first row, which counts the group's (group, position) pairs.
+
+        They do not depend on the optimizer step; :meth:`distill_weights` applies ``tau(t)`` and ``lambda(t)``."""
+        _, select = self.segment_views(batch)
+        rows, levels, width = select.shape
+        slots = max(self.siblings(level, group_size) for level in range(levels))
+        advantages = torch.full((rows, levels, slots), -math.inf, dtype=torch.float32)
+        active = torch.zeros(rows, levels, width, slots, dtype=torch.bool)
+        slot = torch.full((rows, levels), -1, dtype=torch.long)
+        first = torch.zeros(rows, levels, dtype=torch.bool)
+        index, adv = batch["rollout_index"], batch["tree_advantages"]
+        for level in range(levels):
+            parent_size = self.leaves_per_node(level) * self.config.branch_factor if level else group_size
+            groups = index // parent_size
             owners = batch["tree_owner"][:, level]
             for group in torch.unique(groups[owners]).tolist():
                 members = (owners & (groups == group)).nonzero().squeeze(-1)
                 positive = members[adv[members, level] > 0]
                 if members.numel() <= 1 or positive.numel() == 0:
                     continue
-                w = torch.softmax(adv[positive, level].float() / tau, 0)  # [K]
-                active = select[positive, level].float()  # [K, S]
-                total = (w[:, None] * active).sum(0)  # per position
-                weights[positive, level] = torch.where(active > 0, w[:, None] / total.clamp(min=1e-12), 0.0) * lam
-                pairs[members[0]] += float((total > 0).sum())
-        return weights, pairs
+                count = positive.numel()
+                advantages[members, level, :count] = adv[positive, level].float()
+                active[members, level, :, :count] = select[positive, level].T
+                slot[positive, level] = torch.arange(count)
+                first[members[0], level] = True
+        return {"distill_advantages": advantages, "distill_active": active, "distill_slot": slot,
+                "distill_first": first}
+
+    def distill_weights(self, batch: TensorDict, select: torch.Tensor, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(weights [R, s, S], pairs [R])``: ``lambda(t) q``-weights of the self-distillation cross-entropy on each
+        segment token, and the (sibling group, position) pairs counted on each group's first row. Computed from the
+        whole sibling groups stored per row by :meth:`distill_groups`, so they do not depend on micro-batching."""
+        lam, tau = self.distill_schedule(step)
+        adv = batch["distill_advantages"].float()  # [R, s, K]
+        valid = torch.isfinite(adv)
+        targeted = valid.any(-1, keepdim=True)  # rows of a group with a distillation target
+        w = torch.softmax(torch.where(targeted, adv / tau, 0.0), -1) * valid  # softmax over the positive siblings
+        active = batch["distill_active"]  # [R, s, S, K]
+        total = (w[:, :, None, :] * active).sum(-1)  # [R, s, S] per position
+        slot = batch["distill_slot"]
+        own = w.gather(-1, slot.clamp(min=0)[..., None])  # [R, s, 1]
+        mine = select & (slot >= 0)[..., None]
+        weights = torch.where(mine, own / total.clamp(min=1e-12), 0.0) * lam
+        pairs = ((total > 0) & batch["distill_first"][..., None]).sum((1, 2)).to(torch.float64)
+        return weights.float(), pairs
 
     def corrupt(self, batch: TensorDict, step: int) -> TensorDict:
         batch["noisy_ids"], batch["select"] = self.segment_views(batch)

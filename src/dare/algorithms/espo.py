@@ -7,7 +7,8 @@ see :mod:`dare.algorithms.sequence_elbo` for the loss and the memory-exact two-p
 
 Views (``mc_num`` Monte-Carlo samples per rollout, fresh for every inner step, shared by old / reference / current):
 the ``T`` tokens of the scope; sample ``m`` masks ``x_m`` of them uniformly at random with ``p_m = x_m / (T + 1)``;
-``x_0 = k ~ U{0..T}`` and ``x_m = round(k + m (T + 1) / n) mod (T + 1)`` (stratified over ``{0..T}``). Its term is
+``x_0 = k ~ U{0..T}`` and ``x_m = (k + round(m (T + 1) / n)) mod (T + 1)`` (stratified over ``{0..T}``; only the
+stride is rounded, so every ``x_m`` is a shift of ``k`` and uniform on ``{0..T}``). Its term is
 ``sum_{j masked} log p(y_j | z_m) / p_m``. With ``reduce_var`` (the paper's variance reduction) a second view
 masks exactly the complement and scores it with ``1 / (T / (T + 1) - p_m)``; the two estimates are averaged.
 ``E`` is the mean over the ``mc_num`` samples. Both halves are unbiased for ``sum_j log p(y_j | ...)`` on a
@@ -68,8 +69,12 @@ class ESPOConfig(SequenceELBOConfig):
 
 
 def espo_counts(total: int, n: int, k: int) -> list[int]:
-    """Mask counts of the ``n`` samples: ``x_m = round(k + m (T + 1) / n) mod (T + 1)`` with ``k`` in ``{0..T}``."""
-    return [round(k + m * (total + 1) / n) % (total + 1) for m in range(n)]
+    """Mask counts of the ``n`` samples: ``x_m = (k + round(m (T + 1) / n)) mod (T + 1)`` with ``k`` in ``{0..T}``.
+
+    Only the stride is rounded: each ``x_m`` is ``k`` shifted by a constant, so with ``k ~ U{0..T}`` every sample's
+    count is uniform on ``{0..T}`` (rounding ``k + m (T + 1) / n`` as a whole, half to even, would give ``m >= 1``
+    counts of one parity only when ``(T + 1) / n`` is a half-integer)."""
+    return [(k + round(m * (total + 1) / n)) % (total + 1) for m in range(n)]
 
 
 def espo_views(batch: TensorDict, scope: torch.Tensor, mask_id: int, *, n: int, reduce_var: bool, seed: int,

@@ -10,10 +10,15 @@ samplers never propose it). Training scores exactly these conditionals: position
 sampler's returned per-step log-probs (``rollout_logprobs``). Parallel decoding stays an evaluation option.
 
 Loss: token-level clipped GRPO (algorithms.md §0.3) with the rollout's advantages,
-``sum_{i,j} m_ij [-min(rho A_i, clip(rho) A_i) + beta KL_ij] / N`` with ``N = G * #{i: A_i != 0}`` (``normalize =
-generation``, grpo.py: ``gain / gen_length / valid_samples``) or ``N = sum m`` (``normalize = tokens``, yjyddq/DARE's
-token-mean). Every scored position needs its own view ``[x ; y_<j ; M ... M]`` (bidirectional attention: the
-prompt's states depend on which completion tokens are visible, so views share no computation). The views are
+``sum_{i,j} m_ij [-min(rho A_i, clip(rho) A_i) / N + beta KL_ij / N_KL]`` with ``N = G * #{i: A_i != 0}`` and
+``N_KL = G * #rollouts`` (``normalize = generation``, grpo.py: ``gain / gen_length / valid_samples``; ``G`` = the
+generated positions) or ``N = N_KL = sum m`` (``normalize = tokens``, yjyddq/DARE's token-mean). The KL term is on
+every completion token, advantage 0 or not, so it is averaged over all rollouts: its weight does not grow as fewer
+rollouts are informative. ``N`` and ``N_KL`` are global: counted over the whole step's batch (all micro-batches
+and ranks), so the gradient does not depend on micro-batching.
+
+Every scored position needs its own view ``[x ; y_<j ; M ... M]`` (bidirectional attention: the prompt's states
+depend on which completion tokens are visible, so views share no computation). The views are
 built per (rollout, position) pair and only where a term exists: positions up to the row's first EOS (later
 columns were never sampled), and in the training pass only rollouts that carry a gradient (``skip_zero_advantage``:
 with ``kl_coef = 0`` a rollout with advantage 0, i.e. a group with equal rewards, contributes exactly 0). The
@@ -24,13 +29,18 @@ empty view).
 
 Deviations from the reference (``LeapLabTHU/JustGRPO`` ``grpo.py``; DARE ``llada_dp_actor_justgrpo.py``):
 
+* The reference recomputes its normaliser per gradient-accumulation round (``gen_length`` x that round's valid
+  samples, averaged over ranks) and sums the rounds; here one global ``N`` covers the whole step, so the gradient is
+  about ``1 / grad_accumulation`` of the reference's (matters with gradient clipping) and independent of
+  micro-batching.
 * The reference scores all ``gen_length`` positions (it decodes past EOS); here the completion up to and including
   the first EOS is scored (the rollout engine stops a row there, so later positions were never sampled).
 * The mask token is removed from the training softmax, as from the sampler's; the reference keeps it (its Gumbel
   sampler can in principle propose it). With a trained model the difference is negligible.
-* ``mu > 1`` and ``kl_coef > 0`` are supported (the reference is on-policy without KL). The old policy's
-  log-probs are the sampler's returned ``rollout_logprobs`` (the same conditionals, computed while decoding), so
-  ``mu > 1`` costs no extra forwards; reference log-probs are one left-to-right pass of the reference model.
+* ``mu > 1`` and ``kl_coef > 0`` are supported (the reference is on-policy without KL; the KL term's normaliser
+  ``N_KL`` is DARE's choice). The old policy's log-probs are the sampler's returned ``rollout_logprobs`` (the same
+  conditionals, computed while decoding), so ``mu > 1`` costs no extra forwards; reference log-probs are one
+  left-to-right pass of the reference model.
 * Full-attention families only: a block-causal model decodes its own block grid, not single positions.
 """
 
@@ -175,10 +185,19 @@ class JustGRPO(RLAlgorithm):
         return out
 
     def normalizer(self, batch: TensorDict, totals) -> torch.Tensor:
+        """``N`` of the policy-gradient term: ``G * #{i: A_i != 0}`` (``generation``) or the completion tokens."""
         if self.config.normalize == "tokens":
             return totals["tokens"].clamp(min=1).float()
         length = int(batch["generated"][0].sum())
         return (totals["informative"].float() * length).clamp(min=1)
+
+    def kl_normalizer(self, batch: TensorDict, totals) -> torch.Tensor:
+        """``N_KL`` of the KL term, which every completion token carries: ``G * #rollouts`` (``generation``) or the
+        completion tokens."""
+        if self.config.normalize == "tokens":
+            return totals["tokens"].clamp(min=1).float()
+        length = int(batch["generated"][0].sum())
+        return (totals["sequences"].float() * length).clamp(min=1)
 
     def old_logp(self, batch: TensorDict, logp: torch.Tensor) -> torch.Tensor:
         """``[R, S]`` log-probs of the rollout policy: the sampler's returned per-step log-probs (exactly the
@@ -188,11 +207,14 @@ class JustGRPO(RLAlgorithm):
         return response_field(batch, batch["rollout_logprobs"].to(logp.device), 0).to(logp.dtype)
 
     def token_loss(self, batch: TensorDict, logp: torch.Tensor, totals, scored: torch.Tensor):
-        """The clipped token loss over the ``scored [R, S]`` positions (all completion tokens, or one chunk's)."""
-        weights = (batch["completion_mask"] & scored).float() / self.normalizer(batch, totals)
+        """The clipped token loss over the ``scored [R, S]`` positions (all completion tokens, or one chunk's): the
+        policy-gradient term over ``N``, the KL term over ``N_KL`` (see the module docstring)."""
+        tokens = (batch["completion_mask"] & scored).float()
         old = self.old_logp(batch, logp)
         ref = batch.get("ref_logp") if self.config.kl_coef > 0 else None
-        return self.ppo_token_loss(logp, old, batch["advantages"][:, None].float(), weights, ref)
+        weights = tokens / self.normalizer(batch, totals)
+        return self.ppo_token_loss(logp, old, batch["advantages"][:, None].float(), weights, ref,
+                                   kl_weights=tokens / self.kl_normalizer(batch, totals))
 
     def loss(self, batch: TensorDict, estimates: TensorDict, totals):
         loss, metrics = self.token_loss(batch, estimates["logp"], totals, batch["completion_mask"])

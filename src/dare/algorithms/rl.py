@@ -334,17 +334,18 @@ class RLAlgorithm(Algorithm):
         return batch[f"old_{key}"] if f"old_{key}" in batch.keys() else current.detach()
 
     def ppo_token_loss(self, logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
-                       weights: torch.Tensor, ref_logp: torch.Tensor | None = None):
-        """``sum_j w_j [-min(rho A, clip(rho) A) + beta KL_j]`` and its metrics (``w`` holds the normaliser)."""
+                       weights: torch.Tensor, ref_logp: torch.Tensor | None = None,
+                       kl_weights: torch.Tensor | None = None):
+        """``sum_j w_j [-min(rho A, clip(rho) A)] + beta sum_j v_j KL_j`` and its metrics (``w`` holds the
+        normaliser; ``v`` = ``kl_weights``, default ``w``: a KL term normalised by its own count)."""
         cfg = self.config
         per_token, clipped = clipped_surrogate(logp, old_logp, advantages, cfg.clip_low, cfg.clip_high, cfg.dual_clip)
-        loss_tokens = per_token
+        loss = (per_token * weights).sum()
         metrics = {"policy/clip_frac": (clipped.float() * weights).sum().detach()}
         if cfg.kl_coef > 0:
-            kl = kl_estimate(logp, ref_logp, cfg.kl_estimator)
-            loss_tokens = loss_tokens + cfg.kl_coef * kl
-            metrics["policy/kl"] = (kl * weights).sum().detach()
-        loss = (loss_tokens * weights).sum()
+            kl = (kl_estimate(logp, ref_logp, cfg.kl_estimator) * (weights if kl_weights is None else kl_weights)).sum()
+            loss = loss + cfg.kl_coef * kl
+            metrics["policy/kl"] = kl.detach()
         metrics["policy/logp"] = (logp.detach() * weights).sum()
         return loss, metrics
 

@@ -141,12 +141,14 @@ def uniform_count(total: int, gen: torch.Generator) -> int:
 
 
 def stratified_counts(total: int, n: int, k: int) -> list[int]:
-    """VRPO's stratified mask counts ``l_m = ((round(k + m total / n) - 1) mod total) + 1``, ``m < n``.
+    """VRPO's stratified mask counts ``l_m = ((k + round(m total / n) - 1) mod total) + 1``, ``m < n``.
 
     With ``k ~ U{1..total}`` every ``l_m`` is marginally uniform on ``{1..total}`` and the ``n`` counts are
-    spread evenly over the range (one per stratum), which lowers the variance of the ELBO estimate.
+    spread evenly over the range (one per stratum), which lowers the variance of the ELBO estimate. Only the
+    stride is rounded: each ``l_m`` is ``k`` shifted by a constant (rounding ``k + m total / n`` as a whole, half
+    to even, gave ``m >= 1`` counts of one parity only when ``total / n`` is a half-integer, e.g. 5 / 2).
     """
-    return [((round(k + m * total / n) - 1) % total) + 1 for m in range(n)]
+    return [((k + round(m * total / n) - 1) % total) + 1 for m in range(n)]
 
 
 def stratified_levels(n: int, offset: float, low: float = 1e-3, high: float = 1.0) -> list[float]:
