@@ -75,5 +75,5 @@ def test_config_errors(tmp_path):
         load_train_config(ROOT / "configs/llada2/sft_tiny.yaml", ["distributed.expert_parallel=0"])
     config = load_train_config(ROOT / "configs/llada2/sft_tiny.yaml", [
         f"trainer.output_dir={tmp_path}", "distributed.expert_parallel=2"])
-    with pytest.raises(ConfigError, match="expert_parallel=2 needs a torchrun launch with distributed.fsdp=true"):
+    with pytest.raises(ConfigError, match="expert_parallel=2 needs a torchrun launch"):
         Trainer(config)

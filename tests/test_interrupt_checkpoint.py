@@ -116,7 +116,8 @@ def test_under_torchrun_every_rank_stops_after_the_step_one_rank_was_signalled_i
 
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           str(ROOT / "tests" / "interrupt_worker.py"), "2", SFT, f"trainer.output_dir={out}", *SMALL]
+           str(ROOT / "tests" / "cli_worker.py"), "--sigterm-rank1-at", "2", "--", SFT, f"trainer.output_dir={out}",
+           *SMALL]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=worker_env(), cwd=ROOT)
     assert proc.returncode != 0
     assert proc.stderr.count(f"latest checkpoint: {out / 'checkpoints' / 'step_00000002'} (step 2)") == 1, \

@@ -53,17 +53,13 @@ CASES = {
         ["configs/llada/sft_tiny.yaml", "model.attn_backend=varlen", "distributed.device=cpu"],
         "error: model.attn_backend=varlen cannot train on CPU (flex has no CPU backward, varlen needs CUDA); use sdpa "
         "or eager"),
-    "sequence parallelism in one process": (
-        ["configs/llada/sft_tiny.yaml", "distributed.sequence_parallel=2"],
-        "error: distributed.sequence_parallel=2 must divide the number of processes (1); launch with torchrun "
-        "--nproc_per_node a multiple of it"),
     "sequence parallelism without FSDP": (
         ["configs/llada/sft_tiny.yaml", "distributed.sequence_parallel=2", "distributed.fsdp=false"],
         "error: distributed.sequence_parallel > 1 needs distributed.fsdp=true (FSDP2 sums the gradients of the "
         "sequence shards)"),
-    "expert parallelism in one process": (
-        ["configs/llada2/sft_tiny.yaml", "distributed.expert_parallel=2"],
-        "error: distributed.expert_parallel=2 needs a torchrun launch with distributed.fsdp=true"),
+    "expert parallelism on a dense model": (  # before: "needs a torchrun launch", which would not have helped
+        ["configs/llada/sft_tiny.yaml", "distributed.expert_parallel=2"],
+        "error: distributed.expert_parallel > 1 needs a mixture-of-experts model (no MoE layer found)"),
 }
 
 
@@ -76,6 +72,25 @@ def test_the_dry_run_fails_with_the_runs_error(case, tmp_path, capsys):
     assert not (tmp_path / "run").exists()  # refused before the output directory is made
 
 
+@pytest.mark.parametrize("overrides, expected", [
+    (["configs/llada/sft_tiny.yaml", "distributed.sequence_parallel=2"],
+     "error: distributed.sequence_parallel=2 must divide the number of processes (1); launch with torchrun "
+     "--nproc_per_node a multiple of it"),
+    (["configs/llada2/sft_tiny.yaml", "distributed.expert_parallel=2"],
+     "error: distributed.expert_parallel=2 needs a torchrun launch (e.g. torchrun --nproc_per_node 2 -m dare.cli "
+     "train ...)"),
+])
+def test_a_dry_run_without_torchrun_leaves_the_launch_checks_to_the_launch(overrides, expected, tmp_path, capsys,
+                                                                           caplog):
+    """Before: the README's own sequence-parallel recipe failed its dry run (one process is not the launch)."""
+    (recipe, *rest) = overrides
+    args = ["train", str(ROOT / recipe), *rest, f"trainer.output_dir={tmp_path / 'run'}"]
+    assert main([*args, "--dry-run"]) == 0
+    assert "note: a dry run without torchrun checks what does not depend on the number of processes" in caplog.text
+    capsys.readouterr()
+    assert one_line_error(capsys, *args) == expected  # the run itself, in one process
+
+
 @pytest.mark.parametrize("recipe, world, overrides, expected", [
     ("llada/sft_tiny", 4, ["distributed.sequence_parallel=3"],
      "error: distributed.sequence_parallel=3 must divide the number of processes (4); launch with torchrun "
@@ -83,8 +98,24 @@ def test_the_dry_run_fails_with_the_runs_error(case, tmp_path, capsys):
     ("llada/sft_tiny", 6, ["distributed.sequence_parallel=3"],
      "error: distributed.sequence_parallel=3 must divide the model's 4 attention heads"),
     ("llada/sft_tiny", 4, ["distributed.sequence_parallel=4", "model.path=tiny:dream"], None),  # 2 KV heads repeated
-    ("llada2/sft_tiny", 4, ["distributed.expert_parallel=3"],
-     "error: distributed.expert_parallel=3 must divide the world size 4"),
+    ("llada2/sft_tiny", 4, ["distributed.expert_parallel=8"],
+     "error: distributed.expert_parallel=8 must divide the world size 4"),
+    ("llada2/sft_tiny", 4, ["distributed.expert_parallel=3"],  # the model's experts first: no launch fixes that
+     "error: distributed.expert_parallel=3 must divide the number of experts 8"),
+    ("llada/sft_tiny", 2, ["distributed.fsdp=false"],  # before: each rank trained its own copy, no word
+     "error: distributed.fsdp=false under torchrun with 2 processes: each would train its own copy of the model on "
+     "its share of the batch (nothing sums their gradients); use distributed.fsdp=true (the default) or one process"),
+    ("llada/sft_tiny", 2, ["trainer.batch_size=15"],  # before: found once the model had loaded
+     "error: trainer.batch_size=15 must be divisible by the number of processes (2)"),
+    ("llada/sft_tiny", 4, ["trainer.batch_size=15", "distributed.sequence_parallel=2"],
+     "error: trainer.batch_size=15 must be divisible by the number of data-parallel groups (2 = 4 processes / "
+     "distributed.sequence_parallel=2)"),
+    ("llada/d1_tiny", 2, ["trainer.batch_size=12", "rollout.group_size=4"],
+     "error: prompts per step (3 = trainer.batch_size / rollout.group_size) must be divisible by the number of "
+     "processes (2)"),
+    ("llada/sft_tiny", 2, ["distributed.backend=nccl", "distributed.device=cpu"],
+     "error: distributed.backend=nccl on cpu: it runs on CUDA devices only; use distributed.backend=auto (gloo on "
+     "the CPU, NCCL on CUDA)"),
     ("llada2/sft_tiny", 6, ["distributed.expert_parallel=3"],
      "error: distributed.expert_parallel=3 must divide the number of experts 8"),
     ("llada/sft_tiny", 4, ["distributed.expert_parallel=2"],
@@ -343,3 +374,52 @@ def test_no_shipped_tiny_recipe_warms_up_for_its_whole_run(caplog):
         for recipe in recipes:
             warn_long_warmup(load_train_config(recipe, []))
     assert [r.getMessage() for r in caplog.records if "optim.warmup_steps=" in r.getMessage()] == []
+
+
+def test_ranks_given_different_settings_stop_with_one_line_instead_of_training_apart(tmp_path):
+    """Before: a per-rank optim.lr trained a silent mixture, a per-rank trainer.max_steps or sequence_parallel hung
+    until the process-group timeout (30 minutes)."""
+    import subprocess
+    import sys
+
+    from torchrun_helpers import worker_env
+
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           str(ROOT / "tests" / "cli_worker.py"), "--rank1", "optim.lr=0.01", "--rank1", "trainer.max_steps=3", "--",
+           str(ROOT / "configs/llada/sft_tiny.yaml"), f"trainer.output_dir={tmp_path / 'run'}", "trainer.progress=false"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=worker_env(), cwd=ROOT)
+    said = ("error: the processes of this torchrun launch have different settings: rank 1 has optim.lr=0.01 where "
+            "rank 0 has 0.003 (and 1 more: trainer.max_steps); give every process the same recipe and overrides")
+    assert proc.returncode != 0 and proc.stderr.count(said) == 2, proc.stderr[-3000:]  # every rank, at once
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_under_torchrun_warnings_come_once_from_rank_0(tmp_path):
+    """Before: every rank printed DARE's warnings (and Python's), one copy per process."""
+    import subprocess
+    import sys
+
+    from torchrun_helpers import worker_env
+
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           str(ROOT / "tests" / "cli_worker.py"), "--", str(ROOT / "configs/llada/sft_tiny.yaml"),
+           f"trainer.output_dir={tmp_path / 'run'}", "trainer.progress=false", "trainer.max_steps=2"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=worker_env(), cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stderr.count("warning: optim.warmup_steps=5 >= the run's 2 steps") == 1
+    assert proc.stdout.count("done: ") == 1
+
+
+def test_a_failed_collective_under_torchrun_is_one_line_naming_the_peer(monkeypatch):
+    """Before: a rank whose peer had stopped printed a gloo traceback after the peer's own one-line error."""
+    from dare.distributed import lost_peer
+
+    gone = RuntimeError("[pair.cc:553] Connection closed by peer [127.0.0.1]:3499. This is typically caused by ...")
+    assert lost_peer(gone) is None  # not under torchrun: DARE's own traceback stays
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert lost_peer(gone) == (
+        "rank 0: a collective failed, most likely because another process of this torchrun launch stopped first "
+        "(its error is above) (RuntimeError: [pair.cc:553] Connection closed by peer [127.0.0.1]:3499. This is "
+        "typically caused by ...)")
+    assert lost_peer(RuntimeError("shape mismatch")) is None and lost_peer(ValueError("x")) is None

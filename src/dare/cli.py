@@ -178,6 +178,10 @@ def main(argv: list[str] | None = None) -> int:
         from dare.plugins import runtime_failure
 
         line = runtime_failure(err)
+        if line is None and "torch" in sys.modules:  # under torchrun: a peer that stopped first
+            from dare.distributed import lost_peer
+
+            line = lost_peer(err)
         if line is None:  # DARE's own: the traceback
             raise
         close_progress_bars()
@@ -186,7 +190,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         close_progress_bars()  # "interrupted" gets a line of its own
-        print("interrupted", file=sys.stderr)
+        if os.environ.get("RANK", "0") == "0":  # under torchrun: once, from rank 0
+            print("interrupted", file=sys.stderr)
         return 130
 
 

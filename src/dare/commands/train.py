@@ -242,10 +242,28 @@ def terminate_as_interrupt():
         signal.signal(signal.SIGTERM, before)
 
 
+def main_rank() -> bool:
+    """Whether this process speaks for the run: the only one, or rank 0 of a torchrun launch."""
+    return int(os.environ.get("RANK", "0")) == 0
+
+
+def quiet_other_ranks() -> None:
+    """Under torchrun, ranks other than 0 keep their warnings to themselves (DARE's and Python's): rank 0 says the
+    same ones once. Errors still come from every rank."""
+    if main_rank():
+        return
+    import logging
+    import warnings
+
+    logging.getLogger("dare").setLevel(logging.ERROR)
+    warnings.simplefilter("ignore")
+
+
 def run(args: argparse.Namespace) -> int:
     from dare.config import to_dict
     from dare.trainer.config import load_train_config
 
+    quiet_other_ranks()
     if args.show_config:
         return show_config(args)
     if args.config is None and not args.overrides:  # no recipe: say how to give one instead of training a default
@@ -276,6 +294,8 @@ def run(args: argparse.Namespace) -> int:
         check_not_in_use(config.trainer.output_dir)
         start = resume_point(Path(config.trainer.output_dir), config.trainer.resume, config_dict(config))
         check_steps_ahead(start, config.trainer.max_steps)
+        if not main_rank():  # one copy of the checks' result, from rank 0
+            return 0
         print_quietly(yaml.safe_dump(to_dict(config), sort_keys=False))
         where = f"would resume from {start}" if start is not None else "would start at step 0"
         print(f"dry run: the checks passed; {where} in {config.trainer.output_dir} (nothing was loaded or written)",
@@ -294,7 +314,7 @@ def run(args: argparse.Namespace) -> int:
         with terminate_as_interrupt():  # kill / scancel: the same resume hint as Ctrl-C
             record = run_training(config, on_step=remember_reward)
     except KeyboardInterrupt:  # say where to resume from; the CLI then prints "interrupted"
-        if int(os.environ.get("RANK", "0")) == 0:
+        if main_rank():
             from dare.progress import close_progress_bars
             from dare.trainer.resume import interrupt_message
 
@@ -302,7 +322,7 @@ def run(args: argparse.Namespace) -> int:
             print(interrupt_message(config.trainer.output_dir, resume_command(config_path, overrides)),
                   file=sys.stderr)
         raise
-    if int(os.environ.get("RANK", "0")) == 0:
+    if main_rank():
         print(run_summary(config, record, rewarded or None))
     return 0
 

@@ -53,6 +53,24 @@ def launched_by_torchrun() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
 
 
+PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
+"""Marks of gloo's error when a collective's peer process is gone (it raises a plain RuntimeError)."""
+
+
+def lost_peer(err: BaseException) -> str | None:
+    """The one-line message for ``err`` when it is a collective that failed under torchrun, which is how a rank
+    learns that another one stopped (its own error, printed by that rank, says why); None for anything else."""
+    if not launched_by_torchrun():
+        return None
+    failed = isinstance(err, dist.DistError) or (
+        isinstance(err, RuntimeError) and any(mark in str(err) for mark in PEER_LOST))
+    if not failed:
+        return None
+    first = (str(err).strip().splitlines() or [""])[0][:200]
+    return (f"rank {os.environ.get('RANK', '?')}: a collective failed, most likely because another process of this "
+            f"torchrun launch stopped first (its error is above) ({type(err).__name__}: {first})")
+
+
 def training_device(device: str = "auto") -> str:
     """``cuda`` or ``cpu``: what ``distributed.device`` trains on (``auto``: CUDA when available); ``cuda`` without
     CUDA is a one-line error. :func:`init_distributed` and ``dare train --dry-run`` both ask it."""
@@ -61,6 +79,15 @@ def training_device(device: str = "auto") -> str:
     if device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("distributed.device=cuda but no CUDA device is available")
     return device
+
+
+def check_backend(backend: str, device: str) -> None:
+    """One-line error for ``distributed.backend`` that cannot run on ``device`` (``cpu`` / ``cuda``): NCCL needs
+    CUDA tensors (and a torch built with it)."""
+    if backend == "nccl" and (device != "cuda" or not dist.is_nccl_available()):
+        why = "this torch has no NCCL" if device == "cuda" else "it runs on CUDA devices only"
+        raise ConfigError(f"distributed.backend=nccl on {device}: {why}; use distributed.backend=auto (gloo on the "
+                          "CPU, NCCL on CUDA)")
 
 
 def init_distributed(backend: str = "auto", device: str = "auto", timeout_s: int = 1800) -> DistInfo:
@@ -75,6 +102,7 @@ def init_distributed(backend: str = "auto", device: str = "auto", timeout_s: int
         torch.cuda.set_device(torch_device)
     if backend == "auto":
         backend = "nccl" if device == "cuda" else "gloo"
+    check_backend(backend, device)
     if not dist.is_initialized():
         kwargs = {"device_id": torch_device} if device == "cuda" else {}
         dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s), **kwargs)

@@ -130,8 +130,9 @@ class ExpertBank(nn.Module):
             out_sorted = self._experts(rows, counts, dtype)
         else:
             out_sorted = dispatch_and_combine(self, rows, counts, dtype)
-        out = torch.empty_like(out_sorted).index_copy(0, order, out_sorted)
-        return out.view(tokens, k, -1)
+        out = out_sorted.new_empty(tokens, k, out_sorted.shape[-1])  # returned as is, not as a view: FSDP2
+        out.view(-1, out.shape[-1]).index_copy_(0, order, out_sorted)  # warns about modules that return views
+        return out
 
     def _experts(self, rows: torch.Tensor, counts: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """SwiGLU of the local experts on ``rows`` grouped by local expert (``counts[e]`` rows each)."""
@@ -244,11 +245,18 @@ def set_expert_backend(model: nn.Module, backend: str) -> int:
 
 
 def _all_to_all(rows: torch.Tensor, send: list[int], receive: list[int], group) -> torch.Tensor:
-    """Differentiable ``all_to_all_single`` of ``rows`` (``send[i]`` rows go to rank ``i``)."""
-    from torch.distributed.nn.functional import all_to_all_single
+    """Differentiable ``all_to_all_single`` of ``rows`` (``send[i]`` rows go to rank ``i``): torch's functional
+    collective where it has one (``torch.distributed.nn.functional``'s is deprecated and warns on every call)."""
+    try:
+        from torch.distributed._functional_collectives import all_to_all_single_autograd
+    except ImportError:  # older torch
+        from torch.distributed.nn.functional import all_to_all_single
 
-    out = rows.new_empty(sum(receive), *rows.shape[1:])
-    return all_to_all_single(out, rows.contiguous(), receive, send, group=group)
+        out = rows.new_empty(sum(receive), *rows.shape[1:])
+        return all_to_all_single(out, rows.contiguous(), receive, send, group=group)
+    from torch.distributed._functional_collectives import wait_tensor
+
+    return wait_tensor(all_to_all_single_autograd(rows.contiguous(), list(receive), list(send), group))
 
 
 def dispatch_and_combine(bank, rows: torch.Tensor, counts: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -561,3 +561,26 @@ def _write_back(target, source) -> None:
 def config_dict(config: TrainConfig) -> dict:
     """The resolved config as plain data (what is saved as output_dir/config.yaml)."""
     return to_dict(config)
+
+
+def check_same_on_every_rank(config: TrainConfig, info) -> None:
+    """Under torchrun: a one-line error on every rank when the processes were given different settings (a
+    per-rank override): otherwise they train a mixture silently (``optim.lr``), or one waits forever for the
+    others (``trainer.max_steps``, ``distributed.sequence_parallel``). ``imports`` may differ (where the plug-in
+    files lie)."""
+    if not info.initialized:
+        return
+    from dare.distributed import all_gather_objects
+    from dare.trainer.resume import flatten
+
+    mine = {k: v for k, v in flatten(config_dict(config)).items() if k != "imports"}
+    everyone = all_gather_objects(mine, dataclasses.replace(info, group=None))
+    for rank, theirs in enumerate(everyone[1:], start=1):
+        differ = sorted(k for k in mine.keys() | theirs.keys() if everyone[0].get(k) != theirs.get(k))
+        if differ:
+            key = differ[0]
+            more = f" (and {len(differ) - 1} more: {', '.join(differ[1:4])}{', ...' if len(differ) > 4 else ''})" \
+                if len(differ) > 1 else ""
+            raise ConfigError(f"the processes of this torchrun launch have different settings: rank {rank} has "
+                              f"{key}={theirs.get(key)} where rank 0 has {everyone[0].get(key)}{more}; give every "
+                              "process the same recipe and overrides")

@@ -48,7 +48,7 @@ from dare.errors import ConfigError, DivergedError, and_join
 from dare.outputs import atomic_write_text, ensure_dir, mark_output, publish_dir, remove_strays, staging_dir
 from dare.progress import hf_progress_bars
 from dare.trainer.checkpoint import load_checkpoint, remove_partial_checkpoints, save_checkpoint
-from dare.trainer.config import TrainConfig, config_dict, revalidate
+from dare.trainer.config import TrainConfig, check_same_on_every_rank, config_dict, revalidate
 from dare.trainer.interrupts import StopAfterStep, write_line
 from dare.trainer.metrics import MetricsLogger, truncate_jsonl
 from dare.trainer.preflight import (
@@ -111,6 +111,7 @@ class Trainer:
         cfg = config
         revalidate(cfg)  # a config edited in Python after load_train_config: its types and values
         self.info = info or init_distributed(cfg.distributed.backend, cfg.distributed.device)
+        check_same_on_every_rank(cfg, self.info)  # a per-rank override: one line, not a mixture or a hang
         if model is not None:
             record_given_model(cfg, model)  # where the given model comes from and its dtype, for config.yaml
         fill_rollout_defaults(cfg, model)  # the family's sampler, before config.yaml records it

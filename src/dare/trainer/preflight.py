@@ -91,7 +91,16 @@ def check_run(config, *, model: bool = True, data: bool = True, warn: bool = Tru
         import os
 
         world_size = int(os.environ.get("WORLD_SIZE", 1)) if launched else 1
-    check_parallel(config, needs, world_size, launched, skeleton)
+    from dare.distributed import check_backend
+
+    check_backend(config.distributed.backend, device)
+    world_known = launched or not dry_run  # a dry run without torchrun does not know the launch's processes
+    check_parallel(config, needs, world_size, launched, skeleton, world_known=world_known)
+    if world_known:
+        check_batch_split(config, needs, world_size)
+    elif config.distributed.sequence_parallel > 1 or config.distributed.expert_parallel > 1:
+        log.warning("note: a dry run without torchrun checks what does not depend on the number of processes; "
+                    "run it under torchrun with the launch's --nproc_per_node to check those too")
     if data and needs.rollout:
         from dare.trainer.prompts import check_prompt_path
         from dare.trainer.rl import check_rollout_batch, rollout_reward, rollout_sampler
@@ -125,23 +134,30 @@ def check_auxiliary_sequence(algorithm: str, names) -> None:
                           "distributed.sequence_parallel > 1")
 
 
-def check_parallel(config, needs, world_size: int, launched: bool, skeleton=None) -> None:
-    """The run's one-line errors for ``distributed.sequence_parallel`` / ``distributed.expert_parallel`` above 1 in
-    a launch of ``world_size`` processes (``launched``: by torchrun, with a process group; ``needs``: the
-    algorithm's): FSDP2 (and for experts a torchrun launch) is needed, the degree must divide the number of
-    processes, expert parallelism makes no rollouts, and on the model's meta-device ``skeleton`` (None: not checked
-    here; the run checks the loaded model) the degree must divide the attention heads / each MoE layer's experts."""
+def check_parallel(config, needs, world_size: int, launched: bool, skeleton=None, world_known: bool = True) -> None:
+    """The run's one-line errors for the process layout of a launch of ``world_size`` processes (``launched``: by
+    torchrun, with a process group; ``needs``: the algorithm's): several processes need FSDP2 (without it each would
+    train its own copy); ``distributed.sequence_parallel`` / ``distributed.expert_parallel`` above 1 need FSDP2 (and
+    for experts a torchrun launch), the degree must divide the number of processes, expert parallelism makes no
+    rollouts, and on the model's meta-device ``skeleton`` (None: not checked here; the run checks the loaded model)
+    the degree must divide the attention heads / each MoE layer's experts. ``world_known=False`` (a dry run without
+    torchrun): the checks against the launch are skipped."""
     from dare.algorithms import get_algorithm
     from dare.distributed.expert_parallel import check_expert_banks, check_expert_degree
     from dare.distributed.sequence import SequenceParallel, attention_heads, check_sequence_degree
 
     distributed = config.distributed
+    if launched and world_size > 1 and not distributed.fsdp:
+        raise ConfigError(f"distributed.fsdp=false under torchrun with {world_size} processes: each would train its "
+                          "own copy of the model on its share of the batch (nothing sums their gradients); use "
+                          "distributed.fsdp=true (the default) or one process")
     degree = distributed.sequence_parallel
     if degree > 1:
         if not distributed.fsdp:
             raise ConfigError("distributed.sequence_parallel > 1 needs distributed.fsdp=true (FSDP2 sums the "
                               "gradients of the sequence shards)")
-        check_sequence_degree(degree, world_size)
+        if world_known:
+            check_sequence_degree(degree, world_size)
         check_auxiliary_sequence(config.algorithm.name, get_algorithm(config.algorithm.name).auxiliary_names(
             config.algorithm))
         heads = attention_heads(skeleton.config) if skeleton is not None else None
@@ -149,15 +165,46 @@ def check_parallel(config, needs, world_size: int, launched: bool, skeleton=None
             SequenceParallel(group=None, degree=degree, rank=0).check_heads(heads)
     degree = distributed.expert_parallel
     if degree > 1:
-        if not (launched and distributed.fsdp):
-            raise ConfigError(f"distributed.expert_parallel={degree} needs a torchrun launch with "
-                              "distributed.fsdp=true")
+        if skeleton is not None:  # a dense model first: no launch fixes that
+            check_expert_banks(skeleton, degree)
         if needs.rollout:
             raise ConfigError("distributed.expert_parallel > 1 does not support RL rollouts yet (ranks decode "
                               "different numbers of forwards; the expert all-to-all needs every rank in step)")
-        check_expert_degree(degree, world_size)
-        if skeleton is not None:
-            check_expert_banks(skeleton, degree)
+        if not distributed.fsdp:
+            raise ConfigError(f"distributed.expert_parallel={degree} needs distributed.fsdp=true")
+        if world_known:
+            if not launched:
+                raise ConfigError(f"distributed.expert_parallel={degree} needs a torchrun launch (e.g. torchrun "
+                                  f"--nproc_per_node {degree} -m dare.cli train ...)")
+            check_expert_degree(degree, world_size)
+
+
+def data_parallel_groups(world_size: int, sequence_parallel: int) -> tuple[int, str]:
+    """``(groups, phrase)``: how many data-parallel groups share a step's batch in a launch of ``world_size``
+    processes, and how an error names them (``the number of processes (2)``, or with sequence parallelism
+    ``the number of data-parallel groups (2 = 4 processes / distributed.sequence_parallel=2)``)."""
+    degree = max(1, sequence_parallel)
+    groups = max(1, world_size // degree)
+    if degree == 1:
+        return groups, f"the number of processes ({groups})"
+    return groups, (f"the number of data-parallel groups ({groups} = {world_size} processes / "
+                    f"distributed.sequence_parallel={degree})")
+
+
+def check_batch_split(config, needs, world_size: int) -> None:
+    """The run's one-line error, before anything loads, when the step's batch does not split evenly over the
+    data-parallel groups of the launch: ``trainer.batch_size`` examples or pairs, or ``batch_size /
+    rollout.group_size`` prompts for RL (what the batch sources check once the model and data are loaded)."""
+    groups, phrase = data_parallel_groups(world_size, config.distributed.sequence_parallel)
+    batch = config.trainer.batch_size
+    if needs.rollout:
+        group = max(1, config.rollout.group_size)
+        if batch % group == 0 and (batch // group) % groups:
+            raise ConfigError(f"prompts per step ({batch // group} = trainer.batch_size / rollout.group_size) must be "
+                              f"divisible by {phrase}")
+    elif batch % groups:
+        unit = " (pairs)" if needs.pairs else ""
+        raise ConfigError(f"trainer.batch_size={batch}{unit} must be divisible by {phrase}")
 
 
 def check_rollout_engine(sampler, device: str) -> None:
