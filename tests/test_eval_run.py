@@ -349,3 +349,76 @@ def test_eval_run_checkpoint_directory_with_adapter(tiny_dirs, data, tmp_path, c
     assert results.model["path"] == base and results.model["adapter"] == str(tmp_path / "adapter")
     assert results.model["family"] == "dream" and results.sampler["name"] == "dream"  # the family's sampler
     assert results.sampler["settings"]["schedule"] == "timestep"
+
+
+def test_acc_norm_divides_by_the_options_own_characters_as_lm_eval(tmp_path):
+    """Before: the character count included the space joining the option to the prompt (and the prompt's trailing
+    whitespace), so acc_norm on text options (HellaSwag, ARC) disagreed with lm-eval's len(choice)."""
+    import json
+
+    from dare.cli import main
+
+    endings = [["them cat", "dog it red", "big over dog it", "big"], ["the red slowly fast", "house", "the", "she"]]
+    rows = [{"ind": i, "ctx": "A man walks to the", "activity_label": "Walking", "endings": e, "label": 0}
+            for i, e in enumerate(endings)]
+    data = tmp_path / "hs.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "r.json"
+    assert main(["eval", "run", "--model", "tiny:llada", "--benchmark", "hellaswag", "--data", str(data),
+                 "--mc-samples", "2", "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    samples = result["samples"]
+    assert [s["choice_chars"] for s in samples] == [[len(e) for e in row] for row in endings]
+    norm_hits = [max(range(4), key=lambda j: s["choice_elbo"][j] / len(endings[i][j])) == 0
+                 for i, s in enumerate(samples)]
+    assert result["metrics"]["acc_norm"] == sum(norm_hits) / len(norm_hits)
+
+
+def test_results_record_the_data_file_versions_and_command_and_a_replacement_is_said(tmp_path, capsys):
+    """Before: a results file named its data by the path as typed (not reproducible from another directory, no
+    content check), recorded no command line or library versions, and --out replaced an earlier run silently."""
+    import hashlib
+    import json
+
+    from dare.cli import main
+
+    data = tmp_path / "hs.jsonl"
+    data.write_text(json.dumps({"ind": 0, "ctx": "A man walks to the", "activity_label": "Walking",
+                                "endings": ["cat", "dog", "tree", "house"], "label": 1}) + "\n")
+    out = tmp_path / "r.json"
+    args = ["eval", "run", "--model", "tiny:llada", "--benchmark", "hellaswag", "--data", str(data),
+            "--mc-samples", "2", "--out", str(out)]
+    assert main(args) == 0
+    assert capsys.readouterr().err.strip().splitlines()[-1] == f"wrote {out}"
+    first = json.loads(out.read_text())
+    assert first["data"]["path"] == str(data.resolve())
+    assert first["data"]["digest"] == "sha256:" + hashlib.sha256(data.read_bytes()).hexdigest()
+    assert set(first["versions"]) >= {"python", "torch", "transformers"}
+    assert first["command"][:3] == ["dare", "eval", "run"] and str(data) in first["command"]
+    assert main([*args, "--seed", "3"]) == 0  # the same --out again
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"wrote {out} (replaced the results of tiny:llada on hellaswag from {first['created']})")
+
+
+def test_score_refuses_a_k_above_n_before_any_program_runs_and_warns_on_mixed_n(caplog, monkeypatch, tmp_path):
+    """Before: pass@6 over 5 predictions was refused only after every program had run in the sandbox; problems with
+    different numbers of predictions were averaged without a word."""
+    import pytest
+
+    from dare.errors import InputError
+    from dare.eval import get_benchmark
+    from dare.eval.scoring import score_predictions
+
+    bench = get_benchmark("gsm8k")
+    data = tmp_path / "g.jsonl"
+    data.write_text('{"question": "1+1?", "answer": "#### 2"}\n{"question": "2+2?", "answer": "#### 4"}\n')
+    samples = bench.load(str(data))
+    scored, real = [], type(bench).score
+    monkeypatch.setattr(type(bench), "score", lambda self, predictions, rows, **kw: scored.append(len(predictions))
+                        or real(self, predictions, rows, **kw))
+    with pytest.raises(InputError, match=r"pass@6 needs at least 6 predictions per problem \(fewest: 2\)"):
+        score_predictions(bench, samples, [["#### 2"] * 2, ["#### 4"] * 3], ks=[6])
+    assert scored == []  # nothing was scored
+    results = score_predictions(bench, samples, [["#### 2", "#### 3"], ["#### 4"]])
+    assert "problems have 1 to 2 predictions each" in caplog.text
+    assert results.metrics["accuracy"] == 2 / 3

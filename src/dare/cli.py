@@ -147,6 +147,7 @@ def print_traceback_if_asked(err: BaseException) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
+    args.command_line = ["dare", *(sys.argv[1:] if argv is None else argv)]  # as given, for the files it writes
     if args.command is None:
         if extra:
             parser.error(f"unrecognized arguments: {' '.join(extra)}")

@@ -236,7 +236,7 @@ def run_run(args: argparse.Namespace) -> int:
         raise saved from err
     print_summary(results, args.json)
     if args.out:  # after the metrics are on screen; atomic
-        write_results(results, args.out)
+        write_results(results, args.out, args.command_line)
     return 0
 
 
@@ -263,12 +263,25 @@ def save_generations(err, args: argparse.Namespace, benchmark: str):
                         f"{command})")
 
 
-def write_results(results, out: str) -> None:
-    """Write the results file ``--out`` and say where, on stderr (stdout holds the metrics JSON alone)."""
+def write_results(results, out: str, command: list[str] | None = None) -> None:
+    """Write the results file ``--out`` with the command line that made it and say where, on stderr (stdout holds
+    the metrics JSON alone); replacing an earlier results file is said with what it held."""
     import sys
 
+    from dare.eval.results import EvalResults, is_results_file
+
+    replaced = ""
+    if is_results_file(out):
+        try:
+            old = EvalResults.read(out)
+            replaced = f" (replaced the results of {old.model.get('path', 'a model')} on {old.benchmark} from " \
+                       f"{old.created})"
+        except Exception:  # noqa: BLE001  (an unreadable earlier file: still said)
+            replaced = " (replaced an earlier results file)"
+    if results.command is None:
+        results.command = command
     results.write(out)
-    print(f"wrote {out}", file=sys.stderr)
+    print(f"wrote {out}{replaced}", file=sys.stderr)
 
 
 def code_reward_options(args: argparse.Namespace, bench) -> dict:
@@ -389,5 +402,5 @@ def run_score(args: argparse.Namespace) -> int:
     )  # fmt: skip
     print_summary(results, args.json)
     if args.out:
-        write_results(results, args.out)
+        write_results(results, args.out, args.command_line)
     return 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 
 log = logging.getLogger("dare.eval")
 
@@ -56,6 +57,10 @@ def load_samples(bench, args: argparse.Namespace):
     source = args.data or (bench.packaged() if bench.packaged else None) or (bench.hf.path if bench.hf else None)
     data = {"source": source, "split": args.split or (bench.hf.split if bench.hf and args.data is None else None),
             "limit": args.limit}
+    if args.data and os.path.isfile(args.data):  # a local file: where it was and what it held
+        from dare.eval.results import file_digest
+
+        data.update(path=os.path.abspath(args.data), digest=file_digest(args.data))
     if shots == 0:
         if args.fewshot_data:
             default = f" ({bench.name}'s default)" if args.shots is None else ""

@@ -71,6 +71,31 @@ def check_results_out(path: str | os.PathLike, what: str = "--out",
     return check_file_replaceable(path, what, EARLIER, is_results_file, inputs, example=example)
 
 
+def library_versions() -> dict[str, str]:
+    """``{"python", "torch", "transformers"}`` as installed (read from the package metadata: nothing imported)."""
+    import platform
+    from importlib import metadata
+
+    versions = {"python": platform.python_version()}
+    for name in ("torch", "transformers"):
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            pass
+    return versions
+
+
+def file_digest(path: str | os.PathLike) -> str:
+    """``sha256:<hex>`` of a file's bytes: which data a results file scored, whatever its name or place."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return f"sha256:{digest.hexdigest()}"
+
+
 @dataclass
 class EvalResults:
     """An evaluation run: settings, metrics and per-sample records."""
@@ -100,6 +125,10 @@ class EvalResults:
     """Wall-clock seconds, tokens/s, nfe / forwards of the run."""
     created: str = field(default_factory=lambda: datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"))
     dare_version: str = ""
+    versions: dict[str, str] = field(default_factory=lambda: library_versions())
+    """Python and the libraries whose kernels decide the numbers (torch, transformers), as installed."""
+    command: list[str] | None = None
+    """The command line that produced the file (``dare eval ...``; set when the CLI writes it)."""
 
     def __post_init__(self):
         if not self.dare_version:
@@ -123,6 +152,8 @@ class EvalResults:
             "schema": SCHEMA,
             "created": self.created,
             "dare_version": self.dare_version,
+            "versions": self.versions,
+            "command": self.command,
             "benchmark": self.benchmark,
             "data": self.data,
             "model": self.model,
@@ -160,4 +191,6 @@ class EvalResults:
             raise InputError(f"{path}: not a DARE results file (schema {data.get('schema') if isinstance(data, dict) else None!r})")
         data.pop("schema")
         data.setdefault("imports", [])  # a file written before results recorded plug-ins
+        data.setdefault("versions", {})  # ... or versions and the command line
+        data.setdefault("command", None)
         return cls(**data)

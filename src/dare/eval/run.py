@@ -410,7 +410,7 @@ def choice_requests(tokenizer, bench: Benchmark, samples: Sequence[Sample], pool
             else:  # the tokenizer merged across the boundary: encode the option on its own
                 continuation_ids = list(tokenizer(continuation, add_special_tokens=False)["input_ids"])
             requests.append(Request(context_ids, continuation_ids, first_group + index))
-            chars.append(len(continuation))
+            chars.append(len(option.lstrip()))  # lm-eval's acc_norm: the choice's own characters, no delimiter
         spans.append((start, len(requests)))
     return prompts, requests, spans, chars
 

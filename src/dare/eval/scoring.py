@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -52,6 +54,15 @@ def score_predictions(
         bad = [type(p).__name__ for p in group if not isinstance(p, str)]
         if bad:
             raise InputError(f"{benchmark.name}: sample {sample.id} has a non-text prediction ({bad[0]})")
+    sizes = [len(group) for group in groups]
+    for k in sorted(set(ks or ())):  # before any program runs
+        if k > min(sizes):
+            raise InputError(f"{benchmark.name}: pass@{k} needs at least {k} predictions per problem (fewest: "
+                             f"{min(sizes)})")
+    if min(sizes) != max(sizes):
+        logging.getLogger("dare.eval").warning(
+            f"warning: {benchmark.name}: problems have {min(sizes)} to {max(sizes)} predictions each: accuracy is the "
+            "mean over predictions (a problem with more counts more), pass@k uses each problem's own n")
     flat = [(i, j, p) for i, group in enumerate(groups) for j, p in enumerate(group)]
     results = benchmark.score([p for _, _, p in flat], [samples[i] for i, _, _ in flat], **(reward_options or {}))
 
@@ -95,9 +106,7 @@ def _metrics(benchmark: Benchmark, groups, results, ks) -> dict[str, float]:
     asked = ks is not None  # pass@k values given explicitly are always reported (or refused), never dropped
     ks = sorted(set(ks)) if asked else default_ks(n_min)
     if n_min > 1 or "pass@k" in benchmark.metrics or asked:
-        for k in ks:
-            if k > n_min:
-                raise InputError(f"{benchmark.name}: pass@{k} needs at least {k} predictions per problem (fewest: {n_min})")
+        for k in ks:  # an asked k above n_min was refused before scoring; the default ones are <= n_min
             metrics[f"pass@{k}"] = float(np.mean([pass_at_k(n, c, k) for n, c in per_problem]))
     partial = [r.partial for r in results if r.partial is not None]
     if partial:
