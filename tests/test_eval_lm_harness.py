@@ -70,9 +70,10 @@ def test_cli_metrics_and_predictions_equal_dare_eval_run(tmp_path, capsys):
                  "--output_path", str(out), "--log_samples"])
     assert code == 0
     results, samples = lm_eval_outputs(out)
+    # the model's seed is lm-eval's torch seed (--seed's default 0,1234,1234,1234)
     gen = dare_eval_run(tmp_path, "gsm8k", "configs/lm_eval/data/tiny_gen.jsonl", "--template", "few_shot",
-                        "--no-chat", "--gen-length", "16")
-    mc = dare_eval_run(tmp_path, "mmlu", "configs/lm_eval/data/tiny_mc.jsonl")
+                        "--no-chat", "--gen-length", "16", "--seed", "1234")
+    mc = dare_eval_run(tmp_path, "mmlu", "configs/lm_eval/data/tiny_mc.jsonl", "--seed", "1234")
 
     # generation: the same prompts, the same completions (after the stop string), the same accuracy
     assert [s["arguments"]["gen_args_0"]["arg_0"] for s in samples["dare_tiny_gen"]] == [r["prompt"] for r in gen["samples"]]
@@ -95,7 +96,7 @@ def evaluate_in_process(batch_size: int, **sampler):
 
     from dare.eval.lm_harness import DareLM
 
-    model = DareLM(pretrained="tiny:llada", device="cpu", batch_size=batch_size, mc_samples=4, **sampler)
+    model = DareLM(pretrained="tiny:llada", device="cpu", batch_size=batch_size, mc_samples=4, seed=0, **sampler)
     return simple_evaluate(model=model, tasks=["dare_tiny_gen", "dare_tiny_mc"], log_samples=True,
                            task_manager=TaskManager(include_path=str(TASKS), include_defaults=False),
                            verbosity="ERROR")
@@ -290,3 +291,131 @@ def test_without_lm_eval_the_command_says_what_to_install(monkeypatch, capsys):
     assert main(["eval", "lm-eval", "--model", "dare", "--tasks", "dare_tiny_gen"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "pip install 'dare-dllm[lm_eval]'" in err[0], err
+
+
+@pytest.fixture
+def tiny_lm():
+    """A ``DareLM`` factory over a tiny LLaDA and the byte tokenizer (model args as keyword arguments)."""
+    from dare.data.tokenizer import build_byte_tokenizer
+    from dare.eval.lm_harness import DareLM
+    from dare.models.tiny import tiny_model
+
+    model, tok = tiny_model("llada", seed=0).eval(), build_byte_tokenizer()
+    return lambda **args: DareLM(model=model, tokenizer=tok, **{"seed": 0, **args})
+
+
+def generation(gen_kwargs: dict, doc_id: int = 0):
+    from lm_eval.api.instance import Instance
+
+    return Instance("generate_until", {}, ("Question: 2+2?\nAnswer:", gen_kwargs), 0, ("t", doc_id, 1))
+
+
+def dare_warnings(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "dare.eval"]
+
+
+def test_do_sample_without_a_temperature_samples_at_temperature_one(tiny_lm):
+    """Before: do_sample=True without a temperature decoded greedily (temperature 0.0 recorded); lm-eval's vLLM
+    model samples at vLLM's default temperature 1.0 then."""
+    lm = tiny_lm()
+    (text,) = lm.generate_until([generation({"until": ["\n"], "max_gen_toks": 8, "do_sample": True})])
+    assert isinstance(text, str)
+    (record,) = lm.get_model_info()["dare"]["samplers"]
+    assert record["request"] == {"max_gen_toks": 8, "do_sample": True} and record["settings"]["temperature"] == 1.0
+    assert lm._sampler({"do_sample": True, "temperature": 0.5}).temperature == 0.5
+    assert lm._sampler({"do_sample": False, "temperature": 0.5}).temperature == 0.0  # greedy, as lm-eval does
+    assert lm._sampler({"temperature": 0.7}).temperature == 0.7
+    assert tiny_lm(temperature=0.3)._sampler({"do_sample": True}).temperature == 0.3  # the model arg wins
+
+
+@pytest.mark.parametrize("temperature", [0, 0.0])
+def test_do_sample_with_temperature_zero_is_an_error(tiny_lm, temperature):
+    lm = tiny_lm()
+    with pytest.raises(ConfigError) as err:
+        lm.generate_until([generation({"until": ["\n"], "do_sample": True, "temperature": temperature})])
+    message = str(err.value)
+    assert message == (f"gen_kwargs do_sample=True and temperature={temperature} contradict each other: give a "
+                       "temperature > 0 to sample, or do_sample=False to decode greedily")
+    assert tiny_lm(temperature=0.0)._sampler({"do_sample": True, "temperature": 0}).temperature == 0.0  # model arg
+
+
+def test_gen_kwargs_dare_does_not_apply_are_warned_about_once_per_key(tiny_lm, caplog):
+    """Before: num_beams, repetition_penalty, min_gen_toks ... were dropped without a word."""
+    lm = tiny_lm()
+    with caplog.at_level(logging.WARNING, logger="dare.eval"):
+        lm._sampler({"until": ["\n"], "max_gen_toks": 8, "num_beams": 4, "repetition_penalty": 1.5})
+        lm._sampler({"until": ["\n"], "max_gen_toks": 8, "num_beams": 4, "repetition_penalty": 1.5})
+        lm._sampler({"num_beams": 2, "min_gen_toks": 5, "do_sample": False})
+        lm._sampler({"until": ["\n"], "max_gen_toks": 8, "do_sample": False, "temperature": 0.0, "top_p": 0.9,
+                     "top_k": 5})
+    applied = "DARE applies until, max_gen_toks, do_sample, temperature, top_p, top_k"
+    assert dare_warnings(caplog) == [
+        f"warning: dare model: ignoring gen_kwargs num_beams=4, repetition_penalty=1.5: {applied} (set decoding "
+        "with SamplerConfig fields in --model_args)",
+        f"warning: dare model: ignoring gen_kwargs min_gen_toks=5: {applied} (set decoding with SamplerConfig fields "
+        "in --model_args)"]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="dare.eval"):
+        tiny_lm()._sampler({"num_beams": 4})  # once per model: a new model says it again
+    assert len(dare_warnings(caplog)) == 1
+
+
+def test_model_args_that_override_a_request_are_warned_about_once(tiny_lm, caplog):
+    """Before: gen_length / temperature model args beat the task's max_gen_toks / temperature / do_sample without a
+    word."""
+    lm = tiny_lm(gen_length=16, temperature=0.0)
+    request = {"until": ["\n"], "max_gen_toks": 4, "temperature": 0.9, "do_sample": True}
+    with caplog.at_level(logging.WARNING, logger="dare.eval"):
+        config = lm._sampler(request)
+        lm._sampler(request)
+        lm._sampler({"max_gen_toks": 16, "temperature": 0.0, "do_sample": False})  # the same values: nothing to say
+    assert config.gen_length == 16 and config.temperature == 0.0
+    assert dare_warnings(caplog) == [
+        "warning: dare model arg gen_length=16 overrides the request's max_gen_toks=4 (gen_kwargs; model args win)",
+        "warning: dare model arg temperature=0.0 overrides the request's temperature=0.9 (gen_kwargs; model args win)",
+        "warning: dare model arg temperature=0.0 overrides the request's do_sample=True (gen_kwargs; model args win)"]
+
+
+def test_the_seed_defaults_to_lm_evals_torch_seed():
+    """Before: lm-eval's --seed had no effect (the model's seed was 0 unless the model args gave one). lm-eval
+    seeds torch before it makes the model (lm_eval/evaluator.py simple_evaluate)."""
+    from lm_eval import simple_evaluate
+    from lm_eval.tasks import TaskManager
+
+    import dare.eval.lm_harness  # noqa: F401  (registers the dare model)
+
+    def recorded(torch_seed: int, model_args: str) -> dict:
+        results = simple_evaluate(model="dare", model_args=model_args, tasks=["dare_tiny_gen"], limit=1,
+                                  torch_random_seed=torch_seed, device="cpu", verbosity="ERROR",
+                                  task_manager=TaskManager(include_path=str(TASKS), include_defaults=False))
+        return results["config"]["dare"]
+
+    seven = recorded(7, "pretrained=tiny:llada,gen_length=8")
+    assert seven["seed"] == 7 and seven["samplers"][0]["settings"]["seed"] == 7
+    assert recorded(7, "pretrained=tiny:llada,gen_length=8,seed=3")["seed"] == 3  # the model arg wins
+
+
+@pytest.mark.parametrize("limit", [["--limit", "0"], ["-L", "-1"], ["--limit=0.0"]])
+def test_a_limit_that_leaves_no_documents_is_an_error_before_the_model_loads(limit, capsys, only_local_tasks,
+                                                                               monkeypatch):
+    """Before: the model loaded, then lm-eval stopped with a traceback (task.build_requests() did not find any
+    docs!)."""
+    import dare.eval.run
+
+    def load(*args, **kwargs):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(dare.eval.run, "load_for_eval", load)
+    line = run_cli_error(capsys, "--model_args", "pretrained=tiny:llada", "--tasks", "dare_tiny_gen", *limit)
+    value = "0" if limit[-1] in ("0", "--limit=0.0") else "-1"
+    assert line == (f"error: --limit {value}: the limit must be positive (a count of documents per task, or a "
+                    "fraction of them below 1); omit --limit to evaluate every document")
+
+
+def test_a_fractional_limit_keeps_lm_evals_meaning():
+    from dare.commands.eval_lm import check_limit, parsed_limit
+
+    argv = ["--model", "dare", "--tasks", "dare_tiny_gen", "--limit", "0.5"]
+    assert parsed_limit(argv) == 0.5
+    check_limit(argv)  # no error: half of each task's documents (lm-eval's fraction)
+    assert parsed_limit(["--model", "dare", "--tasks", "dare_tiny_gen"]) is None

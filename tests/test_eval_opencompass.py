@@ -314,3 +314,60 @@ def test_the_imports_argument_brings_a_plugin_sampler_in(oc, tiny, tmp_path, mon
     oc_model = module.DareDiffusionModel(**entry, imports=[str(plugin)])
     assert oc_model.sampler_config(8).block_length == 4
     assert len(oc_model.generate(["What is 2+2?"], max_out_len=8)) == 1
+
+
+def dare_warnings(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "dare.eval"]
+
+
+def test_over_long_inputs_are_cut_from_the_left_with_one_warning(oc, tiny, caplog):
+    """Before: prompts past max_seq_len lost their start without a word (``dare eval run`` warns about prompts
+    beyond the model's context length)."""
+    import logging
+
+    module, _ = oc
+    model, tok = tiny
+    oc_model = module.DareDiffusionModel(path="tiny:llada", model=model, tokenizer=tok, chat=False, max_seq_len=24,
+                                         likelihood={"mc_samples": 1})
+    long, short = "Q: " + "a long question " * 3 + "A:", "Q: 2+2? A:"
+    assert len(tok(long)["input_ids"]) > 24 - 8 >= len(tok(short)["input_ids"])
+    assert oc_model._prompt_ids(long, 8) == tok(long)["input_ids"][-16:]  # cut from the left, as before
+    with caplog.at_level(logging.WARNING, logger="dare.eval"):
+        assert len(oc_model.generate([long, short, short], max_out_len=8)) == 3
+        oc_model.generate([long], max_out_len=8)  # once per model
+        oc_model.get_loglikelihood([short + " 4"], [" 4"])  # fits: nothing to say
+        oc_model.get_loglikelihood([long + " 4", short + " 4"], [" 4", " 4"])
+        oc_model.get_ppl([long + " 4"], mask_length=[len(tok(long)["input_ids"])])
+    assert dare_warnings(caplog) == [
+        "warning: DareDiffusionModel: 1 of 3 generation inputs of this call are longer than max_seq_len 24 - "
+        "gen_length 8 = 16 tokens and were cut from the left (their start is not seen); raise max_seq_len to keep "
+        "them (later cuts are not reported)",
+        "warning: DareDiffusionModel: 1 of 2 likelihood inputs of this call are longer than max_seq_len 24 tokens "
+        "(context + scored tokens) and were cut from the left (their start is not seen); raise max_seq_len to keep "
+        "them (later cuts are not reported)"]
+
+
+def test_min_out_len_and_other_generate_arguments_are_warned_about_once(oc, tiny, caplog):
+    """Before: ``min_out_len`` (OpenCompass passes the model entry's) and any other keyword argument of
+    ``generate`` were dropped without a word; DARE's samplers have no minimum output length."""
+    import logging
+
+    module, _ = oc
+    model, tok = tiny
+    oc_model = module.DareDiffusionModel(path="tiny:llada", model=model, tokenizer=tok, chat=False)
+    with caplog.at_level(logging.WARNING, logger="dare.eval"):
+        oc_model.generate(["Q: 2+2? A:"], max_out_len=8, min_out_len=None)  # OpenCompass's default: nothing to say
+        oc_model.generate(["Q: 2+2? A:"], max_out_len=8, min_out_len=4, num_beams=2)
+        oc_model.generate(["Q: 2+2? A:"], max_out_len=8, min_out_len=4, num_beams=2)
+        oc_model.generate(["Q: 2+2? A:"], max_out_len=8, do_sample=True)
+    assert dare_warnings(caplog) == [
+        "warning: DareDiffusionModel.generate ignores min_out_len=4, num_beams=2: DARE's samplers have no minimum "
+        "output length; decoding settings go in the model entry's sampler=dict(...)",
+        "warning: DareDiffusionModel.generate ignores do_sample=True: decoding settings go in the model entry's "
+        "sampler=dict(...)"]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="dare.eval"):
+        module.DareDiffusionModel(path="tiny:llada", model=model, tokenizer=tok, chat=False).generate(
+            ["Q: 2+2? A:"], max_out_len=8, min_out_len=2)
+    assert dare_warnings(caplog) == ["warning: DareDiffusionModel.generate ignores min_out_len=2: DARE's samplers "
+                                     "have no minimum output length"]

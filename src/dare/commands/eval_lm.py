@@ -128,6 +128,37 @@ def reject_lm_eval_flags_in_model_args(argv: list[str]) -> None:
                               f"model itself: write {flag} {pairs[key]} instead")
 
 
+def parsed_limit(argv: list[str]) -> float | None:
+    """lm-eval's ``--limit`` as its own parser reads ``argv`` (None when not given, or when lm-eval would reject the
+    arguments: it says why itself when it runs)."""
+    import contextlib
+    import io
+
+    from lm_eval._cli import HarnessCLI
+
+    from dare.commands.passthrough import program_argv
+
+    with program_argv("lm-eval", argv), contextlib.redirect_stderr(io.StringIO()), \
+            contextlib.redirect_stdout(io.StringIO()):
+        try:
+            parsed = HarnessCLI().parse_args()
+        except SystemExit:
+            return None
+    return getattr(parsed, "limit", None)
+
+
+def check_limit(argv: list[str]) -> None:
+    """One-line :class:`~dare.errors.ConfigError` for ``--limit`` <= 0, before the model loads: lm-eval would load
+    the model, then stop with a traceback (``task.build_requests() did not find any docs!``). A limit below 1 is
+    lm-eval's fraction of each task's documents, a larger one a count."""
+    from dare.errors import ConfigError
+
+    limit = parsed_limit(argv)
+    if limit is not None and limit <= 0:
+        raise ConfigError(f"--limit {limit:g}: the limit must be positive (a count of documents per task, or a "
+                          "fraction of them below 1); omit --limit to evaluate every document")
+
+
 def run(args: argparse.Namespace) -> int:
     from dare.commands.passthrough import asks_for_help, exit_status, print_preamble, program_argv, take_imports
     from dare.errors import DareError, InputError
@@ -142,6 +173,8 @@ def run(args: argparse.Namespace) -> int:
     if asks_for_help(lm_eval_args):
         print_preamble(HELP_PREAMBLE)
     require_lm_eval()
+    if not asks_for_help(lm_eval_args):
+        check_limit(lm_eval_args)
     load_plugins(imports, "--import")  # a plug-in's sampler, before the model args name it
     import dare.eval.lm_harness  # noqa: F401  (registers the dare model)
     from lm_eval.__main__ import cli_evaluate

@@ -10,7 +10,8 @@ dare eval lm-eval --model dare --model_args pretrained=GSAI-ML/LLaDA-8B-Instruct
 load ``lm_eval.models`` entry points find it on their own (``lm_eval --model dare ...``), and in Python
 ``import dare.eval.lm_harness`` registers it. Model args (``--model_args k=v,...``): ``pretrained`` (checkpoint
 directory, hub name or ``tiny:FAMILY[:SEED]``), ``adapter``, ``tokenizer`` (a tokenizer directory or hub name, for
-a checkpoint saved without tokenizer files), ``dtype``, ``seed``, ``mc_batch_size``, plus any
+a checkpoint saved without tokenizer files), ``dtype``, ``seed`` (default: torch's seed when the model
+is made, which lm-eval sets from ``--seed`` before it makes the model; 1234 by default), ``mc_batch_size``, plus any
 :class:`~dare.rollout.SamplerConfig` field (decoding) and any :class:`~dare.eval.likelihood.LikelihoodConfig` field
 (MC-ELBO). An unknown one is a one-line error. ``device`` and ``batch_size`` come from lm-eval's ``--device`` and
 ``--batch_size``, which its CLI passes to the model itself (``dare eval lm-eval`` refuses them in ``--model_args``,
@@ -22,8 +23,12 @@ Requests are answered exactly as ``dare eval run`` answers them, so the two give
   ``j`` of document ``d`` samples from the stream seeded by ``(seed, d * repeats + j)``, so predictions do not
   depend on the batch size or order. ``gen_length`` is the model arg if given, else the request's
   ``max_gen_toks`` (rounded up to whole blocks, the text cut back to that many tokens); the request's ``temperature`` /
-  ``top_p`` / ``top_k`` / ``do_sample`` apply unless the model args set them; the completion ends at the
-  family's stop ids and at the request's ``until`` strings.
+  ``top_p`` / ``top_k`` / ``do_sample`` apply unless the model args set them (a model arg that overrides a
+  request's different value is warned about once). ``do_sample=True`` without a temperature samples at
+  temperature 1.0 (as lm-eval's vLLM model does), ``do_sample=True`` with ``temperature=0`` is an error,
+  ``do_sample=False`` decodes greedily; other ``gen_kwargs`` (``num_beams``, ``repetition_penalty``, ...) are not
+  applied (a warning names them once). The completion ends at the family's stop ids and at the request's
+  ``until`` strings.
 * ``loglikelihood``: the MC-ELBO of :func:`dare.eval.likelihood.continuation_elbo` (block-causal families use
   their ``[noisy ; clean]`` forward); the options of one document share their corruptions (noise group = the
   document id). ``is_greedy`` is always False (a diffusion LM has no left-to-right greedy continuation).
@@ -39,6 +44,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 from collections import defaultdict
 from typing import Any
 
@@ -62,6 +68,12 @@ OWN_ARGS = ("pretrained", "adapter", "dtype", "device", "batch_size", "max_batch
 ignored: DARE's models are native)."""
 SAMPLING_KEYS = ("temperature", "top_p", "top_k")
 """Request ``gen_kwargs`` that set the sampler when the model args do not."""
+REQUEST_KEYS = ("until", "max_gen_toks", "do_sample", *SAMPLING_KEYS)
+"""The request ``gen_kwargs`` DARE applies; any other one (an HF-only ``num_beams``, ...) is warned about once."""
+DO_SAMPLE_TEMPERATURE = 1.0
+"""The temperature of ``do_sample=True`` without one (lm-eval's vLLM model leaves vLLM's default, 1.0)."""
+
+log = logging.getLogger("dare.eval")
 
 
 def require_lm_eval() -> None:
@@ -74,11 +86,13 @@ class DareLM(_LM):
     """lm-eval ``LM`` backed by a DARE model, :func:`dare.rollout.generate` and the MC-ELBO (module docstring)."""
 
     def __init__(self, pretrained: str | None = None, adapter: str | None = None, dtype: str | None = None,
-                 device: str | None = None, batch_size: int | str = 8, seed: int = 0,
+                 device: str | None = None, batch_size: int | str = 8, seed: int | str | None = None,
                  mc_batch_size: int | str | None = None, compile_blocks: bool | str = False, model=None, tokenizer=None,
                  **options: Any):
         require_lm_eval()
         super().__init__()
+        import torch
+
         from dare.eval.harness import boolean, positive_int, split_options
         from dare.eval.likelihood import LikelihoodConfig
         from dare.rollout import SamplerConfig
@@ -92,7 +106,10 @@ class DareLM(_LM):
             raise ConfigError("--batch_size auto is not supported by the dare model; give a number")
         self.batch_size = positive_int("batch_size", batch_size)
         self.mc_batch_size = positive_int("mc_batch_size", mc_batch_size or self.batch_size)
-        self.seed = int(seed)
+        # without a seed model arg: torch's, which lm-eval's --seed set before it made the model (read now: loading
+        # a tiny model reseeds torch)
+        self.seed = torch.initial_seed() % 2**32 if seed is None else int(seed)
+        self._warned: set[tuple] = set()  # warnings given once per model
         compile_blocks = boolean("compile_blocks", compile_blocks)
         self.sampler_fields, likelihood = split_options(options, OWN_ARGS, "dare model arg")
         SamplerConfig.from_dict(self.sampler_fields).check_values()  # names, types and ranges before the model loads
@@ -101,8 +118,6 @@ class DareLM(_LM):
         self.likelihood = LikelihoodConfig.from_dict(likelihood)
         info = {"path": pretrained, "adapter": adapter}
         if model is None:
-            import torch
-
             from dare.eval.run import load_for_eval
 
             if str(device or "").startswith("cuda") and not torch.cuda.is_available():
@@ -178,17 +193,57 @@ class DareLM(_LM):
 
     # ------------------------------------------------------------------------------- generation
 
+    def _warn_once(self, key: tuple, message: str) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            log.warning(message)
+
+    def _warn_unapplied(self, gen_kwargs: dict[str, Any]) -> None:
+        """One line naming the request keys DARE does not apply (each key once per model) and the ones it does."""
+        new = [k for k in gen_kwargs if k not in REQUEST_KEYS and ("gen_kwargs", k) not in self._warned]
+        if new:
+            self._warned.update(("gen_kwargs", k) for k in new)
+            log.warning(f"warning: dare model: ignoring gen_kwargs {', '.join(f'{k}={gen_kwargs[k]!r}' for k in new)}: "
+                        f"DARE applies {', '.join(REQUEST_KEYS)} (set decoding with SamplerConfig fields in "
+                        "--model_args)")
+
+    def _warn_overridden(self, gen_kwargs: dict[str, Any], do_sample: bool | None) -> None:
+        """Once per overridden request setting: a model arg wins over the request's different value."""
+        model = self.sampler_fields
+        overrides = []
+        if "gen_length" in model and gen_kwargs.get("max_gen_toks") is not None \
+                and not _same(model["gen_length"], gen_kwargs["max_gen_toks"]):
+            overrides.append(("gen_length", "max_gen_toks"))
+        overrides += [(key, key) for key in SAMPLING_KEYS
+                      if key in model and gen_kwargs.get(key) is not None and not _same(model[key], gen_kwargs[key])]
+        temperature = _number(model.get("temperature"))
+        if temperature is not None and do_sample is not None and (temperature > 0) != do_sample:
+            overrides.append(("temperature", "do_sample"))
+        for model_key, key in overrides:
+            self._warn_once(("override", key, repr(gen_kwargs[key])),
+                            f"warning: dare model arg {model_key}={model[model_key]} overrides the request's "
+                            f"{key}={gen_kwargs[key]} (gen_kwargs; model args win)")
+
     def _sampler(self, gen_kwargs: dict[str, Any]):
         """The resolved sampler of one request's ``gen_kwargs`` (recorded once per distinct result)."""
-        from dare.eval.harness import request_sampler
+        from dare.eval.harness import boolean, request_sampler
         from dare.rollout import default_sampler
 
+        do_sample = None if gen_kwargs.get("do_sample") is None else boolean("do_sample", gen_kwargs["do_sample"])
+        self._warn_unapplied(gen_kwargs)
+        self._warn_overridden(gen_kwargs, do_sample)
         fields = dict(self.sampler_fields)
         for key in SAMPLING_KEYS:
             if key in gen_kwargs and key not in fields and gen_kwargs[key] is not None:
                 fields[key] = gen_kwargs[key]
-        if gen_kwargs.get("do_sample") is False and "temperature" not in self.sampler_fields:
-            fields["temperature"] = 0.0
+        if "temperature" not in self.sampler_fields:
+            if do_sample is False:
+                fields["temperature"] = 0.0
+            elif do_sample is True and "temperature" not in fields:
+                fields["temperature"] = DO_SAMPLE_TEMPERATURE
+            elif do_sample is True and _number(fields["temperature"]) == 0:
+                raise ConfigError(f"gen_kwargs do_sample=True and temperature={gen_kwargs['temperature']} contradict "
+                                  "each other: give a temperature > 0 to sample, or do_sample=False to decode greedily")
         config = request_sampler(fields, default_sampler(self.model), gen_kwargs.get("max_gen_toks"), self.seed,
                                  model=self.model)
         record = {"request": {k: v for k, v in gen_kwargs.items() if k != "until"},
@@ -280,6 +335,20 @@ class DareLM(_LM):
         for req, result in zip(requests, results):
             self.cache_hook.add_partial("loglikelihood_rolling", req.args, result)
         return results
+
+
+def _number(value: Any) -> float | None:
+    """``value`` as a float, None when it is None or no number (the sampler config reports that one)."""
+    try:
+        return None if value is None or isinstance(value, bool) else float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Whether a model arg and a request value are the same setting (``16`` and ``16.0`` are)."""
+    x, y = _number(a), _number(b)
+    return x == y if x is not None and y is not None else a == b
 
 
 __all__ = ["OWN_ARGS", "DareLM", "require_lm_eval"]

@@ -19,10 +19,14 @@ one-line loading errors: :mod:`dare.commands.eval_oc`). OpenCompass calls:
 
 * ``generate(inputs, max_out_len)`` (``gen`` datasets): decoding with :func:`dare.rollout.generate`;
   ``gen_length`` is the sampler's if set, else ``max_out_len`` (rounded up to whole blocks, then cut);
-  completions end at the family's stop ids and at OpenCompass's stop strings.
+  completions end at the family's stop ids and at OpenCompass's stop strings. A ``min_out_len`` (DARE's
+  samplers have no minimum length) or another keyword argument is not applied: a warning names it once.
 * ``get_ppl(inputs, mask_length)`` (``ppl`` datasets): ``-ELBO / tokens`` of each input after its first
   ``mask_length`` tokens (the whole text when None): an upper bound on the per-token NLL, lowest wins.
 * ``get_loglikelihood(inputs, conts)`` (``ll`` datasets): the MC-ELBO of ``cont`` given the text before it.
+
+Prompts longer than ``max_seq_len`` (less ``gen_length`` when generating, less the scored tokens when scoring) are
+cut from the left, with one warning per model and kind (how many of the call's inputs were cut).
 
 The same question scored under different labels sits at the same position of every batch, which is the
 noise group of :func:`dare.eval.likelihood.continuation_elbo`: its options share corruptions.
@@ -33,6 +37,7 @@ The module imports without OpenCompass; creating the model without it raises a o
 from __future__ import annotations
 
 import inspect
+import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -51,6 +56,8 @@ ROLES = {"HUMAN": "user", "BOT": "assistant", "SYSTEM": "system"}
 OPENCOMPASS_MODEL_KEYS = ("type", "abbr", "run_cfg", "max_out_len", "batch_size", "summarizer_abbr",
                           "pred_postprocessor", "min_out_len")
 """Keys of a model entry that OpenCompass's tasks use and remove before they build the model."""
+
+log = logging.getLogger("dare.eval")
 
 
 def opencompass_missing() -> str | None:
@@ -75,7 +82,7 @@ class DareDiffusionModel(_BaseModel):
         sampler: :class:`dare.rollout.SamplerConfig` fields (default: the family's sampler).
         likelihood: :class:`dare.eval.likelihood.LikelihoodConfig` fields for ``get_ppl`` / ``get_loglikelihood``.
         dtype / device: weights dtype and device (default: bf16 on CUDA, fp32 on CPU).
-        max_seq_len: longest prompt + output; longer contexts are cut from the left.
+        max_seq_len: longest prompt + output; longer contexts are cut from the left (one warning per model).
         chat: wrap ``gen`` prompts in the tokenizer's chat template (default: when it has one). Likelihood
             tasks always score the plain text.
         meta_template: OpenCompass meta template (prompt rounds); with ``chat`` the default maps roles to
@@ -117,6 +124,7 @@ class DareDiffusionModel(_BaseModel):
         self.seed = seed
         self.mc_batch_size = mc_batch_size
         self._calls = 0
+        self._warned: set[tuple] = set()  # warnings given once per model
         if model is None and not tokenizer_only:  # a missing or unreadable checkpoint is a one-line error
             from dare.eval.run import load_for_eval
 
@@ -184,8 +192,13 @@ class DareDiffusionModel(_BaseModel):
 
         if self.model is None:
             raise ConfigError("this DareDiffusionModel was built with tokenizer_only=True")
+        self._warn_ignored({**({"min_out_len": min_out_len} if min_out_len else {}), **kwargs})
         config = self.sampler_config(max_out_len)
-        prompts = [self._prompt_ids(item, config.gen_length) for item in inputs]
+        room = self._room(config.gen_length)
+        whole = [self._full_prompt_ids(item) for item in inputs]
+        self._warn_cut("generation", sum(len(ids) > room for ids in whole), len(whole),
+                       f"max_seq_len {self.max_seq_len} - gen_length {config.gen_length} = {room} tokens")
+        prompts = [ids[-room:] for ids in whole]
         ids = list(range(self._calls, self._calls + len(prompts)))
         self._calls += len(prompts)
         with torch.no_grad():
@@ -193,14 +206,36 @@ class DareDiffusionModel(_BaseModel):
         stops = [s for s in (*stopping_criteria, *self.stop_words) if s]
         return [completion_text(self.tokenizer, out, row, stops, max_out_len) for row in range(len(prompts))]
 
-    def _prompt_ids(self, item, gen_length: int) -> list[int]:
+    def _warn_ignored(self, arguments: Mapping[str, Any]) -> None:
+        """One line naming the ``generate`` arguments not applied (each name once per model)."""
+        new = [k for k in arguments if ("ignored", k) not in self._warned]
+        if new:
+            self._warned.update(("ignored", k) for k in new)
+            why = (["DARE's samplers have no minimum output length"] if "min_out_len" in new else []) + (
+                ["decoding settings go in the model entry's sampler=dict(...)"] if set(new) - {"min_out_len"} else [])
+            log.warning(f"warning: DareDiffusionModel.generate ignores {', '.join(f'{k}={arguments[k]!r}' for k in new)}"
+                        f": {'; '.join(why)}")
+
+    def _warn_cut(self, kind: str, cut: int, total: int, limit: str) -> None:
+        """Once per model and ``kind``: ``cut`` of this call's ``total`` inputs lost their start (``limit``)."""
+        if cut and ("cut", kind) not in self._warned:
+            self._warned.add(("cut", kind))
+            log.warning(f"warning: DareDiffusionModel: {cut} of {total} {kind} inputs of this call are longer than "
+                        f"{limit} and were cut from the left (their start is not seen); raise max_seq_len to keep "
+                        "them (later cuts are not reported)")
+
+    def _room(self, gen_length: int) -> int:
+        return max(self.max_seq_len - gen_length, 1)
+
+    def _full_prompt_ids(self, item) -> list[int]:
         if self.chat:
             text = self.tokenizer.apply_chat_template(_messages(item), add_generation_prompt=True, tokenize=False)
-            ids = self._ids(text, special=False)
-        else:
-            ids = self._ids(_plain(item))
-        room = max(self.max_seq_len - gen_length, 1)
-        return ids[-room:]
+            return self._ids(text, special=False)
+        return self._ids(_plain(item))
+
+    def _prompt_ids(self, item, gen_length: int) -> list[int]:
+        """The prompt's ids, cut from the left to ``max_seq_len - gen_length``."""
+        return self._full_prompt_ids(item)[-self._room(gen_length):]
 
     # ---------------------------------------------------------------------------- likelihood
 
@@ -216,7 +251,7 @@ class DareDiffusionModel(_BaseModel):
             if not 0 <= cut < len(ids):
                 raise InputError(f"get_ppl: mask_length {cut} leaves nothing to score in a {len(ids)}-token input")
             requests.append(self._request(ids[:cut], ids[cut:], i))
-        elbo = self._elbo(requests)
+        elbo = self._elbo(self._cut_contexts(requests))
         return np.array([-e / len(r.continuation) for e, r in zip(elbo, requests)])
 
     def get_loglikelihood(self, inputs: list, conts: Sequence[str]):
@@ -236,13 +271,28 @@ class DareDiffusionModel(_BaseModel):
             else:
                 continuation = self._ids(text[at:], special=False)
             requests.append(self._request(context, continuation, i))
-        return np.array(self._elbo(requests))
+        return np.array(self._elbo(self._cut_contexts(requests)))
 
     def _request(self, context: list[int], continuation: list[int], group: int):
         from dare.eval.likelihood import Request
 
-        room = max(self.max_seq_len - len(continuation), 0)
-        return Request(context[-room:] if room else [], continuation, group)
+        return Request(context, continuation, group)
+
+    def _cut_contexts(self, requests: list) -> list:
+        """``requests`` with each context cut from the left to ``max_seq_len`` less its continuation (one warning
+        per model when any is)."""
+        import dataclasses
+
+        out, cut = [], 0
+        for request in requests:
+            room = max(self.max_seq_len - len(request.continuation), 0)
+            if len(request.context) > room:
+                cut += 1
+                request = dataclasses.replace(request, context=request.context[-room:] if room else [])
+            out.append(request)
+        self._warn_cut("likelihood", cut, len(requests), f"max_seq_len {self.max_seq_len} tokens (context + scored "
+                       "tokens)")
+        return out
 
     def _elbo(self, requests) -> list[float]:
         from dare.eval.likelihood import continuation_elbo
