@@ -422,3 +422,14 @@ def test_score_refuses_a_k_above_n_before_any_program_runs_and_warns_on_mixed_n(
     results = score_predictions(bench, samples, [["#### 2", "#### 3"], ["#### 4"]])
     assert "problems have 1 to 2 predictions each" in caplog.text
     assert results.metrics["accuracy"] == 2 / 3
+
+
+def test_the_mc_samples_help_names_the_default_the_estimator_uses(capsys):
+    import pytest
+
+    from dare.cli import main
+    from dare.eval.likelihood import LikelihoodConfig
+
+    with pytest.raises(SystemExit):
+        main(["eval", "run", "--help"])
+    assert f"(default {LikelihoodConfig.mc_samples}:" in " ".join(capsys.readouterr().out.split())

@@ -96,7 +96,8 @@ def configure_run(run: argparse.ArgumentParser) -> None:
         gen_length_help=GEN_LENGTH_HELP)
     run.add_argument("--num-samples", "-n", type=int, default=1, help="completions per problem (pass@k)")
     run.add_argument("--k", type=pass_k, nargs="+", default=None, help="pass@k values (default: 1,5,10,... up to n)")
-    run.add_argument("--mc-samples", type=int, default=None, help="likelihood: Monte-Carlo ELBO samples per option")
+    run.add_argument("--mc-samples", type=int, default=None, help="likelihood: Monte-Carlo ELBO samples per option (default 32: "
+                     "LikelihoodConfig.mc_samples)")
     run.add_argument("--length-norm", default=None, choices=["none", "tokens", "chars"],
                      help="likelihood: option score normalisation (default none)")
     run.add_argument("--batch-size", type=int, default=8,
