@@ -225,6 +225,57 @@ def test_tracerl_scores_truncation_and_accuracy_filter():
     assert keep.tolist() == [True] * 4 + [False] * 4 and float(score[4:].abs().max()) > 0
 
 
+def test_tracerl_truncation_margin_marks_long_stopped_rollouts_truncated():
+    """Gen-Verse dLLM-RL reward/rl_reward.py: a response of >= max_gen_length - 5 tokens is incorrect even with EOS
+    (algorithm.truncation_margin; 0 = only rollouts without a stop token)."""
+    from tensordict import TensorDict
+
+    model = sdar()
+    gen = 8
+    eos = algorithm("tracerl", model).token_ids.eos
+    lengths = [gen - 3, 2, gen, 4, 3, 2, 5, 1]  # row 0: EOS at gen - 3; row 2: no stop token
+    ids = torch.full((8, 2 + gen), 7)
+    comp = torch.zeros(8, 2 + gen, dtype=torch.bool)
+    for row, n in enumerate(lengths):
+        comp[row, 2:2 + n] = True
+        if row != 2:
+            ids[row, 1 + n] = eos
+    generated = torch.zeros_like(comp)
+    generated[:, 2:] = True
+    batch = TensorDict({"input_ids": ids, "completion_mask": comp, "generated": generated,
+                        "rewards": torch.tensor([1.0, 1, 1, 0, 1, 0, 0, 0]),
+                        "correct": torch.tensor([1, 1, 1, 0, 1, 0, 0, 0]).bool()}, batch_size=[8])
+    truncated = {}
+    for margin in (0, 5):
+        algo = algorithm("tracerl", model, accuracy_filter=[0.0, 1.0], truncation_margin=margin)
+        algo.bind_model(model)
+        truncated[margin] = (~algo.stopped(batch)).tolist()
+        rewards = algo.trained_rewards(batch)
+        assert float(rewards[2]) == 0.0  # no stop token: truncated either way
+        assert float(rewards[0]) == (1.0 if margin == 0 else 0.0)  # length gen - 3 >= gen - 5: truncated at 5
+    assert truncated[0] == [False, False, True] + [False] * 5
+    # margin 5: lengths >= 3 count as truncated (row 4 has length 3, row 6 length 5)
+    assert truncated[5] == [n >= gen - 5 or row == 2 for row, n in enumerate(lengths)]
+    score, _ = algo.scores(batch, group_size=4)
+    r = torch.tensor([0.0, 1, 0, 0])  # group 0 after the margin-5 rule
+    torch.testing.assert_close(score[:4], (r - r.mean()) / (r.std(unbiased=False) + 1e-4))
+    with pytest.raises(ConfigError, match="truncation_margin must be >= 0"):
+        algorithm("tracerl", model, truncation_margin=-1)
+
+
+def test_tracerl_8b_recipe_uses_the_reference_truncation_margin():
+    from pathlib import Path
+
+    import yaml
+
+    recipes = sorted((Path(__file__).resolve().parents[1] / "configs").glob("*/tracerl_8b.yaml"))
+    assert recipes
+    for recipe in recipes:
+        assert yaml.safe_load(recipe.read_text())["algorithm"]["truncation_margin"] == 5, recipe
+    tiny = Path(__file__).resolve().parents[1] / "configs/sdar/tracerl_tiny.yaml"
+    assert "truncation_margin" not in (yaml.safe_load(tiny.read_text())["algorithm"] or {})
+
+
 # --------------------------------------------------------------------------------------------- EBPO
 def test_ebpo_views_touch_every_block_with_stratified_levels():
     src = bd_source("ebpo", mc_num=4)
@@ -339,18 +390,32 @@ def test_d1_block_logprob_depends_only_on_earlier_blocks():
 
 
 # --------------------------------------------------------------------------------------------- all
+MICRO = (8, 4, 2, 1)  # group size 4: micro-batches 2 and 1 split groups
+
+
+@pytest.mark.parametrize("inner_steps", [1, 2])
 @pytest.mark.parametrize("name", BLOCK_RL)
-def test_block_rl_does_not_depend_on_micro_batching(name):
+def test_block_rl_does_not_depend_on_micro_batching(name, inner_steps):
+    """Micro-batch sizes 8, 4, 2, 1 on the same rollouts; with inner_steps=2 the second update (stored old
+    log-probs) after a fixed perturbation of the policy (off-policy ratios, KL to the old policy active)."""
     model = sdar(seed=4)
-    options = {"inner_steps": 1, **SMALL.get(name, {})}
-    one = bd_source(name, model, micro=8, **options)
-    two = bd_source(name, model, micro=4, **options)
-    loss_one, grads_one = backward_all(one.algorithm, model, one.batch(0))
-    loss_two, grads_two = backward_all(two.algorithm, model, two.batch(0))
-    assert math.isfinite(loss_one) and abs(loss_one - loss_two) < 1e-5
+    options = {"inner_steps": inner_steps, **SMALL.get(name, {})}
+    sources = [bd_source(name, model, micro=m, **options) for m in MICRO]
+    batches = [src.batch(0) for src in sources]
+    if inner_steps > 1:
+        batches = [src.batch(1) for src in sources]
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(0.02 * torch.randn(p.shape, generator=torch.Generator().manual_seed(7)))
+    runs = [backward_all(src.algorithm, model, b) for src, b in zip(sources, batches)]
+    loss_one, grads_one = runs[0]
+    assert math.isfinite(loss_one)
     assert any(float(g.abs().max()) > 0 for g in grads_one.values())
-    for key in grads_one:
-        torch.testing.assert_close(grads_one[key], grads_two[key], atol=1e-6, rtol=1e-4)
+    for micro, (loss, grads) in zip(MICRO[1:], runs[1:]):
+        assert abs(loss_one - loss) < 1e-5, (micro, loss_one, loss)
+        for key in grads_one:
+            torch.testing.assert_close(grads_one[key], grads[key], atol=1e-6, rtol=1e-4,
+                                       msg=lambda m, micro=micro, key=key: f"micro {micro}, {key}: {m}")
 
 
 def target_probability(model, src) -> float:

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from rl_helpers import Constant, algorithm, backward_all, policy, source, totals_of
+from dare.algorithms.functional import bgpo_ratio, clipped_surrogate, kl_estimate, ratio_policy_loss
 from rollout_helpers import single_thread  # noqa: F401  (autouse fixture)
 
 RL_NAMES = ["d1", "wd1", "coupled_grpo", "spg", "bgpo", "cj_grpo", "mdpo", "tracerl"]
@@ -178,16 +179,47 @@ def test_bgpo_on_policy_gradient_is_the_elbo_policy_gradient_and_termwise_equals
     joint_loss, _ = algo.loss(mb, algo.estimate(model, mb), totals)
     joint_loss.backward()
     joint = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
-    # the ELBO policy gradient: -(1/N) sum_i A_i grad mean_k l_ik
+    # the ELBO policy gradient, token-mean over rollouts: -sum_i |y_i| A_i grad mean_k l_ik / sum_i |y_i|
     model.zero_grad(set_to_none=True)
     elbo = algo.estimate(model, mb)["elbo"].mean(1)
-    (-(mb["advantages"] * elbo).sum() / mb.batch_size[0]).backward()
+    n = mb["completion_mask"].sum(-1).float()
+    (-(n * mb["advantages"] * elbo).sum() / n.sum()).backward()
     reference = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
     assert float(mb["advantages"].abs().max()) > 0
     for name in reference:
         torch.testing.assert_close(termwise[name], joint[name], atol=1e-6, rtol=1e-4)
         torch.testing.assert_close(termwise[name], reference[name], atol=1e-6, rtol=1e-4)
-    assert abs(float(joint_loss.detach()) + float((mb["advantages"]).sum()) / mb.batch_size[0]) < 1e-5  # ratios are 1
+    assert abs(float(joint_loss.detach()) + float((n * mb["advantages"]).sum() / n.sum())) < 1e-5  # ratios are 1
+
+
+def test_bgpo_loss_is_the_token_mean_over_rollouts():
+    """yjyddq/DARE's compute_policy_loss_bgpo (verl agg_loss token-mean; algorithms.md §8 step 3) weighs each
+    rollout's loss by its completion length: sum_i |y_i| l_i / sum_i |y_i|, not a plain mean over rollouts."""
+    model = policy()
+    src = source("bgpo", model, inner_steps=2, mc_num=3, gen_length=16, steps=8, micro=4)
+    algo = src.algorithm
+    src.batch(0)
+    with torch.no_grad():  # off-policy second update: the rollouts' per-term losses differ
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(1)))
+    micro = src.batch(1)
+    assert len(micro) == 2
+    totals = totals_of(algo, micro)
+    got, num, den, plain, lengths = 0.0, 0.0, 0.0, 0.0, []
+    for mb in micro:
+        with torch.no_grad():
+            est = algo.estimate(model, mb)
+            got += float(algo.loss(mb, est, totals)[0])
+        adv, k = mb["advantages"].float(), est["elbo"].shape[1]
+        per_row = sum(ratio_policy_loss(bgpo_ratio(est["elbo"][:, j], mb["old_elbo"][:, j], adv), adv, 0.2, 3.0)
+                      for j in range(k)) / k
+        n = mb["completion_mask"].sum(-1).float()
+        num, den, plain = num + float((n * per_row).sum()), den + float(n.sum()), plain + float(per_row.sum())
+        lengths += n.tolist()
+    assert len(set(lengths)) > 1  # unequal completion lengths: the two aggregations differ
+    want, plain = num / den, plain / len(lengths)
+    assert abs(want - plain) > 1e-3
+    assert abs(got - want) < 1e-6, (got, want, plain)
 
 
 def test_bgpo_views_are_stratified_over_the_completion():
@@ -229,6 +261,40 @@ def test_mdpo_views_replay_selected_steps():
         torch.testing.assert_close(got, torch.where(sel, want, 0.0), atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("confidence_weight", [True, False])
+def test_mdpo_kl_is_weighted_like_the_surrogate(confidence_weight):
+    """autonomousvision/mdpo compute_loss: (-min(rho A, clip(rho) A) * lambda + beta * kl) * confidence * mask /
+    |mask|: the confidence weights the KL too (lambda does not)."""
+    model = policy()
+    src = source("mdpo", model, inner_steps=1, train_steps=2, kl_coef=0.02, gen_length=8, steps=4,
+                 confidence_weight=confidence_weight)
+    with torch.no_grad():  # reference != policy: the KL is non-zero
+        for p in src.reference.frozen.parameters():
+            p.add_(0.2 * torch.randn(p.shape, generator=torch.Generator().manual_seed(1)))
+    micro = src.batch(0)
+    algo = src.algorithm
+    totals = totals_of(algo, micro)
+    got, want, kl_part = 0.0, 0.0, 0.0
+    for mb in micro:
+        with torch.no_grad():
+            est = algo.estimate(model, mb)
+            got += float(algo.loss(mb, est, totals)[0])
+        terms = est["logp"].shape[1]
+        scale = float(totals["sequences"]) * terms
+        for k in range(terms):
+            logp, sel = est["logp"][:, k], mb["select"][:, k].float()
+            count = sel.sum(-1, keepdim=True)
+            lam = mb["generated"].sum(-1, keepdim=True).float() / (count + 1e-4)
+            surrogate, _ = clipped_surrogate(logp, logp, mb["advantages"][:, k:k + 1].float(), 0.2)
+            kl = kl_estimate(logp, mb["ref_logp"][:, k], "k2")
+            c = mb["confidence"][:, k] if confidence_weight else torch.ones_like(logp)
+            per_token = (surrogate * lam + 0.02 * kl) * c * sel / count.clamp(min=1)
+            want += float(per_token.sum()) / scale
+            kl_part += float((0.02 * kl * c * sel / count.clamp(min=1)).sum()) / scale
+    assert kl_part > 1e-6
+    assert abs(got - want) < 1e-6 + 1e-4 * abs(want), (got, want)
+
+
 # --------------------------------------------------------------------------------------------- CJ-GRPO
 def test_cj_grpo_steps_partition_the_completion():
     src = source("cj_grpo", inner_steps=1, kl_coef=0.0, steps=4)
@@ -255,18 +321,71 @@ def test_cj_grpo_with_one_step_equals_d1_without_prompt_masking():
 
 
 # --------------------------------------------------------------------------------------------- all
-@pytest.mark.parametrize("name", RL_NAMES)
-def test_loss_and_gradient_do_not_depend_on_micro_batching(name):
-    model = policy()
-    options = {"inner_steps": 1, **SMALL.get(name, {})}
-    one = source(name, model, micro=8, **options)
-    two = source(name, model, micro=4, **options)
-    loss_one, grads_one = backward_all(one.algorithm, model, one.batch(0))
-    loss_two, grads_two = backward_all(two.algorithm, model, two.batch(0))
-    assert math.isfinite(loss_one) and abs(loss_one - loss_two) < 1e-5
+MICRO = (8, 4, 2, 1)  # group size 4: micro-batches 2 and 1 split groups
+
+
+def micro_batching_runs(make_source, model, inner_steps: int):
+    """``(micro, loss, grads)`` of every micro-batch size in MICRO on the same rollouts: the first update, or with
+    ``inner_steps=2`` the second one (stored old log-probs) after a fixed perturbation of the policy (off-policy:
+    ratios != 1, the KL to the old policy active)."""
+    sources = [make_source(m) for m in MICRO]
+    batches = [src.batch(0) for src in sources]
+    if inner_steps > 1:
+        batches = [src.batch(1) for src in sources]
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(0.02 * torch.randn(p.shape, generator=torch.Generator().manual_seed(7)))
+    return [(m, *backward_all(src.algorithm, model, b)) for m, src, b in zip(MICRO, sources, batches)]
+
+
+def assert_micro_batching_invariant(runs):
+    _, loss_one, grads_one = runs[0]
+    assert math.isfinite(loss_one)
     assert any(float(g.abs().max()) > 0 for g in grads_one.values())
-    for key in grads_one:
-        torch.testing.assert_close(grads_one[key], grads_two[key], atol=1e-6, rtol=1e-4)
+    for micro, loss, grads in runs[1:]:
+        assert abs(loss_one - loss) < 1e-5, (micro, loss_one, loss)
+        for key in grads_one:
+            torch.testing.assert_close(grads_one[key], grads[key], atol=1e-6, rtol=1e-4,
+                                       msg=lambda m, micro=micro, key=key: f"micro {micro}, {key}: {m}")
+
+
+@pytest.mark.parametrize("inner_steps", [1, 2])
+@pytest.mark.parametrize("name", RL_NAMES)
+def test_loss_and_gradient_do_not_depend_on_micro_batching(name, inner_steps):
+    model = policy()
+    options = {"inner_steps": inner_steps, **SMALL.get(name, {})}
+    assert_micro_batching_invariant(micro_batching_runs(lambda m: source(name, model, micro=m, **options), model,
+                                                        inner_steps))
+
+
+@pytest.mark.parametrize("name", ["vrpo", "dpo"])
+def test_preference_loss_and_gradient_do_not_depend_on_micro_batching(name):
+    """1, 2 and 4 pairs per micro-batch (of 4), reference != policy."""
+    import copy
+
+    from dare.data.tokenizer import EOS_ID, PAD_ID, build_byte_tokenizer
+    from dare.trainer.config import DataConfig
+    from dare.trainer.preference import PairSource
+    from dare.trainer.prompts import build_pairs
+    from dare.trainer.workflow import Reference
+
+    model = policy()
+    ref = copy.deepcopy(model).eval().requires_grad_(False)
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(1)))
+    pairs, _ = build_pairs(DataConfig(path="synthetic:reverse", num_examples=8, chat_template=False, max_length=64),
+                           build_byte_tokenizer(), EOS_ID)
+    runs = []
+    for per_micro in (4, 2, 1):
+        algo = algorithm(name, model, mc_num=2)
+        src = PairSource(pairs, algorithm=algo, policy=model, reference=Reference(model, ref), batch_size=4,
+                         micro_batch_size=per_micro, eos_id=EOS_ID, pad_id=PAD_ID)
+        micro = src.batch(0)
+        assert len(micro) == 4 // per_micro and all(mb.batch_size[0] == 2 * per_micro for mb in micro)
+        runs.append((per_micro, *backward_all(algo, model, micro)))
+    assert abs(runs[0][1] - math.log(2)) > 1e-3  # reference != policy
+    assert_micro_batching_invariant(runs)
 
 
 def test_vrpo_policy_equal_to_reference_gives_log_two(tmp_path):

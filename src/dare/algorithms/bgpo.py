@@ -4,8 +4,11 @@ Views: ``mc_num`` stratified discrete corruptions of the EOS-truncated completio
 old and current. With per-term ELBOs ``l_k = sum_{masked} log p / p_k / L`` (``L`` = generation length, or the
 valid length with ``normalize=valid``, the default on block-causal families) and ``D_k = l_k - l_k_old``, each
 term's ratio is ``1 + D_k`` for ``A > 0`` (tangent of exp) and ``exp(D_k)`` otherwise (Jensen); PPO clip with
-dual clip per term, mean over terms and rollouts. The loss is a sum of per-term losses, so every term is its own
-forward + backward (constant memory in ``mc_num``); on-policy value and gradient equal those of ``A exp(mean D)``.
+dual clip per term, mean over terms; rollouts are combined by the token-mean of the reference (verl ``agg_loss``
+token-mean over the response mask): ``sum_i |y_i| l_i / sum_i |y_i|`` (``l_i`` = the rollout's mean over its terms,
+``|y_i|`` = its EOS-truncated completion length, the sum over the global batch), so longer rollouts weigh more. The
+loss is a sum of per-term losses, so every term is its own forward + backward (constant memory in ``mc_num``);
+on-policy value and gradient equal those of ``A exp(mean D)`` under the same weights.
 
 Block-causal families (SDAR, LLaDA2; algorithms.md §8): the same corruption (global over the response, not
 per block); each term's log-probs come from one ``[noisy ; clean]`` forward, so block ``b`` is scored from its
@@ -87,7 +90,10 @@ class BGPO(TermwiseMixin, RLAlgorithm):
         adv = batch["advantages"].float()
         ratio = bgpo_ratio(elbo, old, adv)
         per_row = ratio_policy_loss(ratio, adv, self.config.clip, self.config.dual_clip)
-        scale = totals["sequences"].clamp(min=1).float() * self.num_terms(batch)
-        loss = per_row.sum() / scale
+        terms = self.num_terms(batch)
+        scale = totals["sequences"].clamp(min=1).float() * terms
+        # token-mean: each rollout weighs its completion length, over the global completion-token total
+        lengths = batch["completion_mask"].sum(-1).float()
+        loss = (lengths * per_row).sum() / (totals["tokens"].clamp(min=1).float() * terms)
         clipped = ((ratio - 1).abs() > self.config.clip).float().sum() / scale
         return loss, {"policy/clip_frac": clipped.detach(), "policy/elbo": elbo.detach().sum() / scale}

@@ -6,10 +6,15 @@ decoded and scored, ``r_s [N, T]`` (steps after a row stopped keep its final rew
 :func:`~dare.algorithms.functional.mdpo_step_advantages`; the ``K = train_steps`` steps with the largest
 ``sum_batch |A_s|`` (over all ranks) are kept. Step ``s`` is one term: input ``[x ; x_s]``, targets ``x0_s`` at
 the positions ``M_s`` it proposed for, logits divided by the rollout temperature, confidence weights ``c``:
-``L_s = sum_{j in M_s} c_j lambda_s (-min(rho A_s, clip(rho) A_s)) / |M_s|``, ``lambda_s = L / (|M_s| + 1e-4)``
-(``L`` = generation length), plus ``beta`` times the token-mean KL (k2 by default); averaged over rollouts
-and selected steps. Note: ``c`` is the sampler's selection score (the token probability for ``prob``
-confidence, LLaDA's default).
+``L_s = sum_{j in M_s} c_j [lambda_s (-min(rho A_s, clip(rho) A_s)) + beta KL_j] / |M_s|``,
+``lambda_s = L / (|M_s| + 1e-4)`` (``L`` = generation length, KL k2 by default; as in the reference the confidence
+weights the KL too, lambda does not; ``c = 1`` with ``confidence_weight: false``); averaged over rollouts and
+selected steps. Note: ``c`` is the sampler's selection score (the token probability for ``prob`` confidence,
+LLaDA's default).
+
+Deviation: ``M_s`` holds the candidates the sampler scored at step ``s``, i.e. the masked positions of the
+**current block** only, where the reference trains every masked position of ``x_s``; the two agree when
+``block_length == gen_length`` (one block, the MDPO paper's setting).
 """
 
 from __future__ import annotations
@@ -42,7 +47,7 @@ class MDPOConfig(PPOConfig):
     divide_by_temperature: bool = True
     """Divide the training logits by the rollout temperature (as MDPO does)."""
     confidence_weight: bool = True
-    """Weight each token by the confidence it was proposed with."""
+    """Weight each token's term (surrogate and KL) by the confidence it was proposed with."""
 
     def __post_init__(self):
         super().__post_init__()
@@ -110,14 +115,16 @@ class MDPO(TermwiseMixin, RLAlgorithm):
         scale = totals["sequences"].clamp(min=1).float() * self.num_terms(batch)
         token_mean = select.float() / count.clamp(min=1) / scale
         weight = token_mean * length / (count + 1e-4)
-        if cfg.confidence_weight:
+        kl_weight = token_mean
+        if cfg.confidence_weight:  # the reference weights the whole per-token term, KL included
             weight = weight * batch["confidence"][:, k]
+            kl_weight = kl_weight * batch["confidence"][:, k]
         per_token, clipped = clipped_surrogate(logp, old, batch["advantages"][:, k:k + 1].float(), cfg.clip_low,
                                                cfg.clip_high, cfg.dual_clip)
         loss = (per_token * weight).sum()
         metrics = {"policy/clip_frac": (clipped.float() * token_mean).sum().detach()}
         if cfg.kl_coef > 0:
             kl = kl_estimate(logp, self.term(batch, "ref_logp", k), cfg.kl_estimator)
-            loss = loss + cfg.kl_coef * (kl * token_mean).sum()
-            metrics["policy/kl"] = (kl * token_mean).sum().detach()
+            loss = loss + cfg.kl_coef * (kl * kl_weight).sum()
+            metrics["policy/kl"] = (kl * token_mean).sum().detach()  # the unweighted token-mean KL
         return loss, metrics

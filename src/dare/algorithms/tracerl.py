@@ -21,13 +21,14 @@ Policy loss per row, ``rho_j = exp(clamp(log p - log p_old, +-10))``, KL to the 
 averaged over the rows of the global batch. Old log-probs exist when ``inner_steps > 1`` (else ``rho = 1`` and
 the KL is 0: TraceRL's KL only acts after the first update on a rollout batch).
 
-Advantages: rollouts that never emitted a stop token get ``truncated_reward`` (TraceRL: incorrect); rewards
-are z-scored in the group with the population std (0 for a flat group); groups whose accuracy is outside
-``accuracy_filter`` are dropped (no rows). The rollout source logs the rewards after the truncation rule
-(``rollout/trained_reward``; ``rollout/flat_groups`` counts groups flat after it) and warns, naming the rule, when it
-flattens groups or no group is left with a learning signal (e.g. no rollout reached a stop token within the
-generation length: with the default ``truncated_reward: 0`` every reward is then 0). Without a value model every
-token of a rollout gets its score.
+Advantages: truncated rollouts get ``truncated_reward`` (TraceRL: incorrect): those that never emitted a stop token
+and, with ``truncation_margin = m > 0``, those of ``>= gen_length - m`` completion tokens even when they stopped
+(the reference's rule, ``m = 5``); rewards are z-scored in the group with the population std (0 for a flat
+group); groups whose accuracy is outside ``accuracy_filter`` are dropped (no rows). The rollout source logs the
+rewards after the truncation rule (``rollout/trained_reward``; ``rollout/flat_groups`` counts groups flat after it)
+and warns, naming the rule, when it flattens groups or no group is left with a learning signal (e.g. no rollout
+reached a stop token within the generation length: with the default ``truncated_reward: 0`` every reward is then
+0). Without a value model every token of a rollout gets its score.
 With ``value_model: true`` a scalar value head on a **separate copy of the backbone** (initialised from the
 policy's starting weights, head at 0; the reference trains a separate value model too, so policy and value
 gradients never mix and the value lr can differ) predicts ``V_j`` on the same rows; at rollout time the
@@ -81,7 +82,12 @@ class TraceRLConfig(PPOConfig):
     """Row loss: length (sum / generation length, SDAR/TraDo), row (token mean of the row, LLaDA) or auto (length
     on block-causal families, row otherwise)."""
     truncated_reward: float | None = 0.0
-    """Reward of rollouts that never emitted a stop token (TraceRL marks them incorrect); null = keep theirs."""
+    """Reward of truncated rollouts (TraceRL marks them incorrect): those that never emitted a stop token (and see
+    truncation_margin); null = keep theirs."""
+    truncation_margin: int = 0
+    """A rollout whose completion length (up to and including its stop token) is >= gen_length - margin counts as
+    truncated, even if it stopped (the reference uses 5: ``response_length >= max_gen_length - 5``); 0 = only
+    rollouts without a stop token."""
     accuracy_filter: list[float] | None = field(default_factory=lambda: [0.2, 0.8])
     """[low, high]: drop groups whose accuracy (fraction correct) is outside; null = keep every group."""
     value_model: bool = False
@@ -99,6 +105,8 @@ class TraceRLConfig(PPOConfig):
         super().__post_init__()
         if self.normalize not in NORMALIZE:
             raise unknown_choice("value for algorithm.normalize", self.normalize, NORMALIZE)
+        if self.truncation_margin < 0:
+            raise ConfigError(f"algorithm.truncation_margin must be >= 0; got {self.truncation_margin}")
         if self.shrink < 1 or self.post_num < 0:
             raise ConfigError(f"algorithm.shrink must be >= 1 and post_num >= 0; got {self.shrink}, {self.post_num}")
         if self.accuracy_filter is not None and (len(self.accuracy_filter) != 2 or
@@ -177,15 +185,21 @@ class TraceRL(TermwiseMixin, RLAlgorithm):
         return "length" if self.blocks is not None else "row"
 
     def stopped(self, batch: TensorDict) -> torch.Tensor:
-        """``[R]``: whether each rollout's completion ends with a stop token (EOS/EOT)."""
-        last = (batch["completion_mask"].long().cumsum(-1) * batch["completion_mask"]).argmax(-1)
+        """``[R]``: whether each rollout counts as finished (not truncated): its completion ends with a stop token
+        (EOS/EOT) and, with ``truncation_margin = m > 0``, is shorter than ``gen_length - m`` tokens."""
+        completion = batch["completion_mask"]
+        last = (completion.long().cumsum(-1) * completion).argmax(-1)
         final = batch["input_ids"].gather(1, last[:, None]).squeeze(1)
-        return torch.isin(final, torch.tensor(self.token_ids.stop_ids, device=final.device))
+        stopped = torch.isin(final, torch.tensor(self.token_ids.stop_ids, device=final.device))
+        margin = self.config.truncation_margin
+        if margin > 0:  # the reference's rule: response_length >= max_gen_length - margin is truncated
+            stopped &= completion.sum(-1) < batch["generated"].sum(-1) - margin
+        return stopped
 
     def trained_rewards(self, batch: TensorDict) -> torch.Tensor:
-        """``[R]``: the rewards the advantages are computed from: ``truncated_reward`` for rollouts that emitted no
-        stop token (unless null). The rollout source logs them (``rollout/trained_reward``, ``rollout/flat_groups``)
-        and dynamic sampling judges flat groups on them."""
+        """``[R]``: the rewards the advantages are computed from: ``truncated_reward`` for truncated rollouts
+        (:meth:`stopped` false; unless null). The rollout source logs them (``rollout/trained_reward``,
+        ``rollout/flat_groups``) and dynamic sampling judges flat groups on them."""
         rewards = batch["rewards"].float().clone()
         if self.config.truncated_reward is None:
             return rewards
@@ -198,10 +212,15 @@ class TraceRL(TermwiseMixin, RLAlgorithm):
         cfg, notes = self.config, []
         rows, stopped = round(counts["rows"]), round(counts["stopped"])
         if cfg.truncated_reward is not None and stopped < rows:
+            which = "emitted no stop token" if not cfg.truncation_margin else (
+                f"emitted no stop token or reached gen_length - {cfg.truncation_margin} tokens "
+                f"(algorithm.truncation_margin)")
             note = (f"algorithm.truncated_reward={cfg.truncated_reward:g} replaced the reward of the {rows - stopped} "
-                    f"of {rows} rollouts that emitted no stop token")
+                    f"of {rows} rollouts that {which}")
             if stopped == 0:
-                note += (" (none stopped within rollout.sampler.gen_length: raise it, or set "
+                within = "rollout.sampler.gen_length" + (" - algorithm.truncation_margin" if cfg.truncation_margin
+                                                         else "")
+                note += (f" (none stopped within {within}: raise it, or set "
                          "algorithm.truncated_reward=null to keep their rewards)")
             notes.append(note)
         if cfg.accuracy_filter is not None and counts.get("dropped", 0) and not flattening:
