@@ -9,7 +9,10 @@ import math
 import pytest
 import torch
 
-from rl_helpers import TARGET, TargetFraction, Varied, algorithm, backward_all, totals_of
+from rl_helpers import (
+    TARGET, TargetFraction, Varied, algorithm, assert_micro_batching_invariant, backward_all, micro_batching_runs,
+    totals_of,
+)
 from rollout_helpers import bias_token, single_thread  # noqa: F401  (autouse fixture)
 
 from dare.algorithms.logprobs import denoising_logits, model_inputs
@@ -390,9 +393,6 @@ def test_d1_block_logprob_depends_only_on_earlier_blocks():
 
 
 # --------------------------------------------------------------------------------------------- all
-MICRO = (8, 4, 2, 1)  # group size 4: micro-batches 2 and 1 split groups
-
-
 @pytest.mark.parametrize("inner_steps", [1, 2])
 @pytest.mark.parametrize("name", BLOCK_RL)
 def test_block_rl_does_not_depend_on_micro_batching(name, inner_steps):
@@ -400,22 +400,8 @@ def test_block_rl_does_not_depend_on_micro_batching(name, inner_steps):
     log-probs) after a fixed perturbation of the policy (off-policy ratios, KL to the old policy active)."""
     model = sdar(seed=4)
     options = {"inner_steps": inner_steps, **SMALL.get(name, {})}
-    sources = [bd_source(name, model, micro=m, **options) for m in MICRO]
-    batches = [src.batch(0) for src in sources]
-    if inner_steps > 1:
-        batches = [src.batch(1) for src in sources]
-        with torch.no_grad():
-            for p in model.parameters():
-                p.add_(0.02 * torch.randn(p.shape, generator=torch.Generator().manual_seed(7)))
-    runs = [backward_all(src.algorithm, model, b) for src, b in zip(sources, batches)]
-    loss_one, grads_one = runs[0]
-    assert math.isfinite(loss_one)
-    assert any(float(g.abs().max()) > 0 for g in grads_one.values())
-    for micro, (loss, grads) in zip(MICRO[1:], runs[1:]):
-        assert abs(loss_one - loss) < 1e-5, (micro, loss_one, loss)
-        for key in grads_one:
-            torch.testing.assert_close(grads_one[key], grads[key], atol=1e-6, rtol=1e-4,
-                                       msg=lambda m, micro=micro, key=key: f"micro {micro}, {key}: {m}")
+    assert_micro_batching_invariant(micro_batching_runs(lambda m: bd_source(name, model, micro=m, **options), model,
+                                                        inner_steps))
 
 
 def target_probability(model, src) -> float:

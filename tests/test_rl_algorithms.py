@@ -6,7 +6,9 @@ import math
 import pytest
 import torch
 
-from rl_helpers import Constant, algorithm, backward_all, policy, source, totals_of
+from rl_helpers import (
+    Constant, algorithm, assert_micro_batching_invariant, backward_all, micro_batching_runs, policy, source, totals_of,
+)
 from dare.algorithms.functional import bgpo_ratio, clipped_surrogate, kl_estimate, ratio_policy_loss
 from rollout_helpers import single_thread  # noqa: F401  (autouse fixture)
 
@@ -321,34 +323,6 @@ def test_cj_grpo_with_one_step_equals_d1_without_prompt_masking():
 
 
 # --------------------------------------------------------------------------------------------- all
-MICRO = (8, 4, 2, 1)  # group size 4: micro-batches 2 and 1 split groups
-
-
-def micro_batching_runs(make_source, model, inner_steps: int):
-    """``(micro, loss, grads)`` of every micro-batch size in MICRO on the same rollouts: the first update, or with
-    ``inner_steps=2`` the second one (stored old log-probs) after a fixed perturbation of the policy (off-policy:
-    ratios != 1, the KL to the old policy active)."""
-    sources = [make_source(m) for m in MICRO]
-    batches = [src.batch(0) for src in sources]
-    if inner_steps > 1:
-        batches = [src.batch(1) for src in sources]
-        with torch.no_grad():
-            for p in model.parameters():
-                p.add_(0.02 * torch.randn(p.shape, generator=torch.Generator().manual_seed(7)))
-    return [(m, *backward_all(src.algorithm, model, b)) for m, src, b in zip(MICRO, sources, batches)]
-
-
-def assert_micro_batching_invariant(runs):
-    _, loss_one, grads_one = runs[0]
-    assert math.isfinite(loss_one)
-    assert any(float(g.abs().max()) > 0 for g in grads_one.values())
-    for micro, loss, grads in runs[1:]:
-        assert abs(loss_one - loss) < 1e-5, (micro, loss_one, loss)
-        for key in grads_one:
-            torch.testing.assert_close(grads_one[key], grads[key], atol=1e-6, rtol=1e-4,
-                                       msg=lambda m, micro=micro, key=key: f"micro {micro}, {key}: {m}")
-
-
 @pytest.mark.parametrize("inner_steps", [1, 2])
 @pytest.mark.parametrize("name", RL_NAMES)
 def test_loss_and_gradient_do_not_depend_on_micro_batching(name, inner_steps):
