@@ -433,3 +433,21 @@ def test_the_mc_samples_help_names_the_default_the_estimator_uses(capsys):
     with pytest.raises(SystemExit):
         main(["eval", "run", "--help"])
     assert f"(default {LikelihoodConfig.mc_samples}:" in " ".join(capsys.readouterr().out.split())
+
+
+def test_completions_that_ran_out_of_positions_are_counted_and_warned_about(tmp_path, caplog):
+    """Before: the results file's per-sample finish field was the only trace of answers cut off by --gen-length."""
+    import json
+
+    from dare.cli import main
+
+    data = tmp_path / "g.jsonl"
+    data.write_text('{"question": "1+1?", "answer": "#### 2"}\n{"question": "2+2?", "answer": "#### 4"}\n')
+    out = tmp_path / "r.json"
+    assert main(["eval", "run", "--model", "tiny:llada", "--benchmark", "gsm8k", "--data", str(data),
+                 "--gen-length", "8", "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    cut = sum(s["finish"] == "length" for s in result["samples"])
+    assert result["timings"]["finished_by_length"] == cut
+    said = f"gsm8k: {cut} of 2 completions used all 8 positions without a stop (finish=length)"
+    assert (said in caplog.text) is (cut > 0) and cut > 0  # a random tiny model never stops within 8 tokens

@@ -369,7 +369,13 @@ def _generation(model, tokenizer, bench, samples, pool, shots, sampler, config, 
         "nfe": nfe,
         "batches": -(-len(rows) // config.batch_size),
         "mean_steps": round(sum(c["steps"] for c in completions) / len(completions), 2),
+        "finished_by_length": sum(c["finish"] == "length" for c in completions),
     }
+    cut = results.timings["finished_by_length"]
+    if cut:  # their answers may be cut off: the accuracy then measures the budget as much as the model
+        log.warning(f"warning: {bench.name}: {cut} of {len(completions)} completions used all {resolved.gen_length} "
+                    "positions without a stop (finish=length): their answers may be cut off; a larger --gen-length "
+                    "lets them finish")
     return results
 
 
