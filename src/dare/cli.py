@@ -29,6 +29,7 @@ COMMANDS = {
     "tiny": "dare.commands.tiny",
     "train": "dare.commands.train",
     "recipes": "dare.commands.recipes",
+    "runs": "dare.commands.runs",
     "merge-lora": "dare.commands.merge_lora",
 }
 

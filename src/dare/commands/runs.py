@@ -1,0 +1,38 @@
+"""``dare runs RUN [RUN ...]``: compare training runs side by side: each run's metrics (first -> last) and the
+settings in which the runs differ. Reads files only: no torch, no transformers (:data:`LIGHT`)."""
+
+from __future__ import annotations
+
+import argparse
+
+HELP = ("compare dare train runs: their metrics first -> last and the settings in which they differ (dare runs "
+        "runs/a runs/b, or dare runs runs/ for every run in it)")
+
+LIGHT = True
+"""The ``dare`` command runs this one without its torch-side environment checks (see :func:`dare.cli.main`)."""
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("runs", nargs="+", metavar="RUN",
+                        help="a dare train output directory (trainer.output_dir), or a directory holding several "
+                             "(each sub-directory with a config.yaml); a run still training is read as far as it got")
+    parser.add_argument("--metrics", nargs="+", metavar="KEY", default=None,
+                        help="metrics.jsonl keys to show (default: loss, rollout/reward, rollout/accuracy where "
+                             "logged, and every eval/* key); first -> last are means of the first / last up to 5 "
+                             "logged values")
+    parser.add_argument("--json", action="store_true", help="print the comparison as JSON instead of tables")
+
+
+def run(args: argparse.Namespace) -> int:
+    import json
+
+    from dare.commands.train import print_quietly
+    from dare.runs import comparison, comparison_text, find_runs, read_run, shown_metrics
+
+    runs = [read_run(path) for path in find_runs(args.runs)]
+    metrics = shown_metrics(runs, args.metrics)
+    if args.json:
+        print_quietly(json.dumps(comparison(runs, metrics), indent=1, default=str) + "\n")
+    else:
+        print_quietly(comparison_text(runs, metrics) + "\n")
+    return 0

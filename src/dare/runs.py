@@ -1,0 +1,175 @@
+"""Finished or running ``dare train`` runs read from their output directories (``config.yaml``, ``metrics.jsonl``),
+to compare them side by side (``dare runs``). Reads files only: no torch."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dare.errors import InputError
+
+WINDOW = 5
+"""``first -> last`` values are means of the first / last ``min(WINDOW, half the records)`` records, as the
+end-of-run summary of ``dare train`` computes its reward (single records are noisy)."""
+DEFAULT_METRICS = ("loss", "rollout/reward", "rollout/accuracy")
+"""Metrics shown when none are asked for (those some run logged), with every ``eval/*`` metric."""
+NOT_SETTINGS = ("trainer.output_dir",)
+"""Config keys that differ between any two runs by construction."""
+
+
+@dataclass
+class Run:
+    """One training output directory: its resolved settings and its logged metrics records."""
+
+    path: Path
+    settings: dict
+    records: list[dict] = field(default_factory=list)
+
+    @property
+    def algorithm(self) -> str:
+        return str(self.settings.get("algorithm.name", "?"))
+
+    @property
+    def last_step(self) -> int:
+        return max((int(r.get("step", 0)) for r in self.records), default=0)
+
+    def series(self, key: str) -> list[float]:
+        """The logged values of ``key`` in step order (records without it skipped)."""
+        return [float(r[key]) for r in self.records if isinstance(r.get(key), (int, float))]
+
+
+def flatten(tree: dict, prefix: str = "") -> dict:
+    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}`` (lists and scalars are leaves)."""
+    flat = {}
+    for key, value in tree.items():
+        if isinstance(value, dict) and value:
+            flat.update(flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def is_run(path: Path) -> bool:
+    return (path / "config.yaml").is_file()
+
+
+def find_runs(paths: list[str]) -> list[Path]:
+    """The run directories named by ``paths``: a run (it holds ``config.yaml``), or a directory of runs (its
+    sub-directories that are runs, sorted; e.g. ``runs/``). Anything else is a one-line :class:`InputError`."""
+    found = []
+    for given in paths:
+        path = Path(given)
+        if not path.is_dir():
+            raise InputError(f"{given}: no such directory (give dare train output directories, e.g. runs/my_run)")
+        if is_run(path):
+            found.append(path)
+            continue
+        children = sorted(child for child in path.iterdir() if child.is_dir() and is_run(child))
+        if not children:
+            raise InputError(f"{given}: not a training run (no config.yaml) and holds none: give dare train output "
+                             "directories (trainer.output_dir)")
+        found.extend(children)
+    return found
+
+
+def read_run(path: Path) -> Run:
+    """A run's settings (``config.yaml``, flattened) and metrics records (``metrics.jsonl``; none yet is fine; a
+    line that is not JSON, e.g. the last one of a run being written, is skipped)."""
+    import yaml
+
+    try:
+        settings = yaml.safe_load((path / "config.yaml").read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as err:
+        raise InputError(f"{path / 'config.yaml'}: not YAML ({str(err).splitlines()[0]})") from None
+    if not isinstance(settings, dict):
+        raise InputError(f"{path / 'config.yaml'}: not a dare train config (a mapping of sections)")
+    records = []
+    metrics = path / "metrics.jsonl"
+    if metrics.is_file():
+        for line in metrics.read_text(encoding="utf-8").splitlines():
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(record, dict):
+                records.append(record)
+    return Run(path, flatten(settings), records)
+
+
+def differing_settings(runs: list[Run]) -> list[str]:
+    """The config keys whose values are not the same in every run (sorted; a key one run lacks counts as unset)."""
+    keys = set().union(*(run.settings for run in runs)) - set(NOT_SETTINGS)
+    return sorted(k for k in keys if len({json.dumps(run.settings.get(k), sort_keys=True, default=str)
+                                             for run in runs}) > 1)
+
+
+def first_last(values: list[float]) -> tuple[float, float] | None:
+    """``(first, last)`` window means of ``values`` (:data:`WINDOW`), or None without values."""
+    if not values:
+        return None
+    window = max(1, min(WINDOW, len(values) // 2))
+    return sum(values[:window]) / window, sum(values[-window:]) / window
+
+
+def shown_metrics(runs: list[Run], asked: list[str] | None) -> list[str]:
+    """``asked``, else :data:`DEFAULT_METRICS` that some run logged and every ``eval/*`` metric (sorted)."""
+    if asked:
+        return list(asked)
+    logged = set().union(*(set(r) for run in runs for r in run.records)) if any(run.records for run in runs) else set()
+    return [k for k in DEFAULT_METRICS if k in logged] + sorted(k for k in logged if k.startswith("eval/"))
+
+
+def _number(value: float) -> str:
+    if math.isnan(value):
+        return "nan"
+    return f"{value:.4g}"
+
+
+def _cell(value) -> str:
+    if value is None:
+        return "unset"
+    if isinstance(value, float):
+        return _number(value)
+    return str(value).replace("|", "\\|")
+
+
+def comparison(runs: list[Run], metrics: list[str]) -> dict:
+    """The comparison as plain data: per run its path, algorithm, last step and each metric's ``first`` / ``last``
+    (window means) with its number of records; the settings that differ with each run's value."""
+    rows = []
+    for run in runs:
+        values = {}
+        for key in metrics:
+            pair = first_last(run.series(key))
+            values[key] = None if pair is None else {"first": pair[0], "last": pair[1], "records": len(run.series(key))}
+        rows.append({"run": str(run.path), "algorithm": run.algorithm, "last_step": run.last_step, "metrics": values})
+    differ = differing_settings(runs)
+    return {"runs": rows, "settings": {key: [run.settings.get(key) for run in runs] for key in differ}}
+
+
+def comparison_text(runs: list[Run], metrics: list[str]) -> str:
+    """Two Markdown tables: the runs' metrics (``first -> last``) and the settings in which they differ."""
+    data = comparison(runs, metrics)
+    head = ["run", "algorithm", "steps", *(f"{key} first -> last" for key in metrics)]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for row in data["runs"]:
+        cells = [row["run"], row["algorithm"], str(row["last_step"])]
+        for key in metrics:
+            value = row["metrics"][key]
+            cells.append("-" if value is None else f"{_number(value['first'])} -> {_number(value['last'])}")
+        lines.append("| " + " | ".join(cells) + " |")
+    lines.append("")
+    if not data["settings"]:
+        lines.append("settings: the same in every run (apart from trainer.output_dir)")
+    else:
+        lines.append("| setting | " + " | ".join(str(run.path) for run in runs) + " |")
+        lines.append("|" + "---|" * (len(runs) + 1))
+        for key, values in data["settings"].items():
+            lines.append(f"| {key} | " + " | ".join(_cell(v) for v in values) + " |")
+    return "\n".join(lines)
+
+
+__all__ = ["DEFAULT_METRICS", "Run", "WINDOW", "comparison", "comparison_text", "differing_settings", "find_runs",
+           "first_last", "read_run", "shown_metrics"]

@@ -1,0 +1,69 @@
+"""dare runs: training runs side by side (metrics first -> last, the settings that differ), read from their output
+directories without torch."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from cli_helpers import one_line_error
+
+from dare.cli import main
+from dare.runs import first_last
+
+ROOT = Path(__file__).resolve().parents[1]
+SFT = str(ROOT / "configs/llada/sft_tiny.yaml")
+SMALL = ["trainer.progress=false", "trainer.max_steps=4", "trainer.batch_size=8", "trainer.micro_batch_size=8",
+         "data.num_examples=32", "trainer.export=false"]
+
+
+@pytest.fixture(scope="module")
+def two_runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("runs")
+    for lr in ("1e-3", "3e-3"):
+        assert main(["train", SFT, f"trainer.output_dir={root / ('lr' + lr)}", f"optim.lr={lr}", *SMALL]) == 0
+    (root / "notes").mkdir()  # not a run: skipped when the parent directory is given
+    return root
+
+
+def test_runs_compare_metrics_and_the_settings_that_differ(two_runs, capsys):
+    a, b = two_runs / "lr1e-3", two_runs / "lr3e-3"
+    capsys.readouterr()
+    assert main(["runs", str(a), str(b)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    losses = [[json.loads(line)["loss"] for line in (run / "metrics.jsonl").read_text().splitlines()] for run in (a, b)]
+    assert out[0] == "| run | algorithm | steps | loss first -> last |"
+    for line, run, loss in zip(out[2:4], (a, b), losses):
+        first, last = first_last(loss)
+        assert line == f"| {run} | sft | 4 | {first:.4g} -> {last:.4g} |"
+    assert f"| setting | {a} | {b} |" in out and "| optim.lr | 0.001 | 0.003 |" in out
+    assert not any(line.startswith("| trainer.output_dir") for line in out)  # differs by construction
+    assert main(["runs", str(two_runs), "--json"]) == 0  # the parent directory: every run in it
+    data = json.loads(capsys.readouterr().out)
+    assert [r["run"] for r in data["runs"]] == [str(a), str(b)]
+    assert data["settings"] == {"optim.lr": [0.001, 0.003]}
+    assert data["runs"][0]["metrics"]["loss"]["records"] == 4
+
+
+def test_first_last_are_window_means():
+    assert first_last([]) is None
+    assert first_last([3.0]) == (3.0, 3.0)
+    assert first_last([1.0, 2.0, 3.0, 4.0]) == (1.5, 3.5)  # half the records each
+    assert first_last(list(range(20))) == (2.0, 17.0)  # at most 5 each
+
+
+def test_bad_run_directories_are_one_line_errors(tmp_path, capsys):
+    assert one_line_error(capsys, "runs", str(tmp_path / "nope")) == (
+        f"error: {tmp_path / 'nope'}: no such directory (give dare train output directories, e.g. runs/my_run)")
+    assert one_line_error(capsys, "runs", str(tmp_path)) == (
+        f"error: {tmp_path}: not a training run (no config.yaml) and holds none: give dare train output directories "
+        "(trainer.output_dir)")
+
+
+def test_dare_runs_imports_no_torch(two_runs):
+    """It reads files only: an answer in a fraction of a second, also where torch is slow to import."""
+    code = ("import sys; from dare.cli import main; main(['runs', sys.argv[1]]); "
+            "assert 'torch' not in sys.modules, 'torch imported'")
+    proc = subprocess.run([sys.executable, "-c", code, str(two_runs)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
