@@ -202,12 +202,15 @@ def bench_rollout(args, model, device) -> list[dict]:
         tokens = {}
         for backend in ("loop", "auto"):
             set_expert_backend(model, backend)
+            # the loop selects each expert's rows by value (host reads): it decodes eagerly, as the families' code
+            # before the expert bank did; the grouped bank's steps replay recorded graphs (engine auto on CUDA)
+            run_config = config.replace(engine="eager") if backend == "loop" else config
             for attempt in ("warm", "timed"):
                 injection = ConfidenceInjection(model, args.confident_fraction, device)
                 sync(device)
                 start = time.perf_counter()
                 with torch.no_grad():
-                    result = generate(model, prompts, None, config)
+                    result = generate(model, prompts, None, run_config)
                 sync(device)
                 seconds = time.perf_counter() - start
                 if injection.handle is not None:
