@@ -451,3 +451,14 @@ def test_completions_that_ran_out_of_positions_are_counted_and_warned_about(tmp_
     assert result["timings"]["finished_by_length"] == cut
     said = f"gsm8k: {cut} of 2 completions used all 8 positions without a stop (finish=length)"
     assert (said in caplog.text) is (cut > 0) and cut > 0  # a random tiny model never stops within 8 tokens
+
+
+def test_the_cut_off_warning_with_suppressed_eos_does_not_advise_a_longer_generation(tmp_path, caplog):
+    from dare.cli import main
+
+    data = tmp_path / "g.jsonl"
+    data.write_text('{"question": "1+1?", "answer": "#### 2"}\n')
+    assert main(["eval", "run", "--model", "tiny:llada", "--benchmark", "gsm8k", "--data", str(data),
+                 "--gen-length", "8", "-o", "suppress_eos=true"]) == 0
+    assert ("their answers may be cut off; with suppress_eos a completion ends only at a stop string or the length"
+            in caplog.text)

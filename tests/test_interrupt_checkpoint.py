@@ -125,3 +125,45 @@ def test_under_torchrun_every_rank_stops_after_the_step_one_rank_was_signalled_i
     assert [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()] == [1, 2]
     assert main(["train", SFT, f"trainer.output_dir={out}", *SMALL]) == 0  # one process resumes the two ranks' save
     assert [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3, 4, 5]
+
+
+def test_a_signal_between_steps_names_the_step_it_stops_after(tmp_path, capsys):
+    """Before: a signal from an on_step callback (e.g. during a held-out evaluation) said 'after step 3' and
+    stopped after step 2."""
+    from dare.trainer import load_train_config, run_training
+
+    def on_step(trainer, record):
+        if record["step"] == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    config = load_train_config(SFT, [f"trainer.output_dir={tmp_path / 'run'}", *SMALL])
+    with pytest.raises(KeyboardInterrupt):
+        run_training(config, on_step=on_step)
+    assert "SIGTERM: stopping after step 2 and saving a checkpoint there" in capsys.readouterr().err
+    assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == ["step_00000002"]
+
+
+def test_a_signal_during_a_scheduled_save_stops_right_after_it(tmp_path, monkeypatch):
+    """Before: the loop trained one more step and saved again (under pre-emption, time it may not have)."""
+    out = tmp_path / "run"
+    saves, real = [], Trainer.save
+
+    def save(self):
+        saves.append(self.step)
+        if self.step == 2:
+            os.kill(os.getpid(), signal.SIGINT)
+        return real(self)
+
+    monkeypatch.setattr(Trainer, "save", save)
+    assert main(["train", SFT, f"trainer.output_dir={out}", *SMALL, "trainer.save_every=2"]) == 130
+    assert saves == [2]
+
+
+def test_the_interrupt_message_names_the_checkpoint_a_rerun_starts_from(tmp_path):
+    from dare.trainer.resume import interrupt_message
+
+    start = tmp_path / "other" / "checkpoints" / "step_00000002"
+    assert interrupt_message(tmp_path, "dare train x", str(start)) == (
+        f"no checkpoint in {tmp_path} yet (trainer.save_every sets how often one is saved): a rerun resumes from "
+        f"{start} again")
+    assert interrupt_message(tmp_path, "dare train x").endswith("a rerun starts from step 0")

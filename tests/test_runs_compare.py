@@ -67,3 +67,32 @@ def test_dare_runs_imports_no_torch(two_runs):
             "assert 'torch' not in sys.modules, 'torch imported'")
     proc = subprocess.run([sys.executable, "-c", code, str(two_runs)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_unknown_metrics_bad_runs_in_a_directory_and_nan_values(two_runs, tmp_path, capsys, caplog):
+    """Before: --metrics with a key no run logged printed a column of '-', one unreadable run stopped a whole
+    directory's comparison, an empty config.yaml passed as a run, and a NaN loss made --json print invalid JSON."""
+    import shutil
+
+    a = two_runs / "lr1e-3"
+    assert main(["runs", str(a), "--metrics", "loss", "los"]) == 0
+    assert "warning: --metrics los: logged by no run (did you mean loss?)" in caplog.text
+    capsys.readouterr()
+    assert one_line_error(capsys, "runs", str(a), "--metrics", "nope").startswith(
+        "error: --metrics nope: logged by no run (logged keys: ")
+    root = tmp_path / "runs"
+    shutil.copytree(a, root / "good")
+    (root / "empty").mkdir()
+    (root / "empty" / "config.yaml").write_text("")
+    nan = root / "nan"
+    shutil.copytree(a, nan)
+    lines = (nan / "metrics.jsonl").read_text().splitlines()
+    (nan / "metrics.jsonl").write_text("\n".join(['{"step": 1, "loss": NaN}', *lines[1:]]) + "\n")
+    assert one_line_error(capsys, "runs", str(root / "empty")) == (
+        f"error: {root / 'empty' / 'config.yaml'}: not a dare train config (a mapping of sections)")
+    caplog.clear()
+    assert main(["runs", str(root), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out, parse_constant=lambda c: pytest.fail(f"not strict JSON: {c}"))
+    assert [r["run"] for r in data["runs"]] == [str(root / "good"), str(nan)]
+    assert f"warning: leaving out {root / 'empty'}" in caplog.text
+    assert data["runs"][1]["metrics"]["loss"]["first"] is None  # the first window holds the NaN

@@ -94,7 +94,7 @@ class Parser(argparse.ArgumentParser):
             vars(namespace).pop(GIVEN, None)  # this parser's record; a sub-parser keeps its own
 
     def error(self, message: str):
-        print(f"error: {self.prog}: {message}{self.hint(message)}; see '{self.prog} --help'", file=sys.stderr)
+        sys.stderr.write(f"error: {self.prog}: {message}{self.hint(message)}; see '{self.prog} --help'\n")
         sys.exit(2)
 
     def hint(self, message: str) -> str:
@@ -174,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
             return module.run(args) or 0
     except DareError as err:
         print_traceback_if_asked(err)
-        print(f"error: {err.cli_message}", file=sys.stderr)
+        sys.stderr.write(f"error: {err.cli_message}\n")  # one write: torchrun ranks' lines never interleave
         return 2
     except Exception as err:  # a plug-in's own code raised (its hook, run or parse): one line naming its line
         from dare.plugins import runtime_failure
@@ -188,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
             raise
         close_progress_bars()
         print_traceback_if_asked(err)
-        print(f"error: {line}", file=sys.stderr)
+        sys.stderr.write(f"error: {line}\n")
         return 2
     except KeyboardInterrupt:
         close_progress_bars()  # "interrupted" gets a line of its own

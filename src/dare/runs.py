@@ -55,23 +55,42 @@ def is_run(path: Path) -> bool:
     return (path / "config.yaml").is_file()
 
 
-def find_runs(paths: list[str]) -> list[Path]:
-    """The run directories named by ``paths``: a run (it holds ``config.yaml``), or a directory of runs (its
-    sub-directories that are runs, sorted; e.g. ``runs/``). Anything else is a one-line :class:`InputError`."""
+def find_runs(paths: list[str]) -> list[tuple[Path, bool]]:
+    """The run directories named by ``paths``, each with whether it was named itself: a run (it holds
+    ``config.yaml``), or a directory of runs (its sub-directories that are runs, sorted; e.g. ``runs/``). Anything
+    else is a one-line :class:`InputError`."""
     found = []
     for given in paths:
         path = Path(given)
         if not path.is_dir():
             raise InputError(f"{given}: no such directory (give dare train output directories, e.g. runs/my_run)")
         if is_run(path):
-            found.append(path)
+            found.append((path, True))
             continue
         children = sorted(child for child in path.iterdir() if child.is_dir() and is_run(child))
         if not children:
             raise InputError(f"{given}: not a training run (no config.yaml) and holds none: give dare train output "
                              "directories (trainer.output_dir)")
-        found.extend(children)
+        found.extend((child, False) for child in children)
     return found
+
+
+def read_runs(paths: list[str]) -> list[Run]:
+    """:func:`read_run` of every run :func:`find_runs` names. A run found inside a directory of runs that cannot be
+    read is left out with a warning (the others are still compared); a run named itself is a one-line error."""
+    import logging
+
+    runs = []
+    for path, named in find_runs(paths):
+        try:
+            runs.append(read_run(path))
+        except InputError as err:
+            if named:
+                raise
+            logging.getLogger("dare").warning(f"warning: leaving out {path}: {err}")
+    if not runs:
+        raise InputError("no readable training run among " + ", ".join(paths))
+    return runs
 
 
 def read_run(path: Path) -> Run:
@@ -80,10 +99,10 @@ def read_run(path: Path) -> Run:
     import yaml
 
     try:
-        settings = yaml.safe_load((path / "config.yaml").read_text(encoding="utf-8")) or {}
+        settings = yaml.safe_load((path / "config.yaml").read_text(encoding="utf-8"))
     except yaml.YAMLError as err:
         raise InputError(f"{path / 'config.yaml'}: not YAML ({str(err).splitlines()[0]})") from None
-    if not isinstance(settings, dict):
+    if not isinstance(settings, dict) or not settings:
         raise InputError(f"{path / 'config.yaml'}: not a dare train config (a mapping of sections)")
     records = []
     metrics = path / "metrics.jsonl"
@@ -114,11 +133,23 @@ def first_last(values: list[float]) -> tuple[float, float] | None:
 
 
 def shown_metrics(runs: list[Run], asked: list[str] | None) -> list[str]:
-    """``asked``, else :data:`DEFAULT_METRICS` that some run logged and every ``eval/*`` metric (sorted)."""
-    if asked:
-        return list(asked)
+    """``asked``, else :data:`DEFAULT_METRICS` that some run logged and every ``eval/*`` metric (sorted). An asked key
+    no run logged is a warning naming close ones; when none of the asked keys was logged, a one-line error."""
     logged = set().union(*(set(r) for run in runs for r in run.records)) if any(run.records for run in runs) else set()
-    return [k for k in DEFAULT_METRICS if k in logged] + sorted(k for k in logged if k.startswith("eval/"))
+    if not asked:
+        return [k for k in DEFAULT_METRICS if k in logged] + sorted(k for k in logged if k.startswith("eval/"))
+    import difflib
+    import logging
+
+    missing = [k for k in asked if k not in logged]
+    for key in missing:
+        close = difflib.get_close_matches(key, sorted(logged), n=3)
+        hint = f" (did you mean {', '.join(close)}?)" if close else f" (logged keys: {', '.join(sorted(logged)[:8])})"
+        if len(missing) < len(asked):
+            logging.getLogger("dare").warning(f"warning: --metrics {key}: logged by no run{hint}")
+        else:
+            raise InputError(f"--metrics {key}: logged by no run{hint}")
+    return list(asked)
 
 
 def _number(value: float) -> str:
@@ -135,6 +166,10 @@ def _cell(value) -> str:
     return str(value).replace("|", "\\|")
 
 
+def _finite(value: float) -> float | None:
+    return value if math.isfinite(value) else None
+
+
 def comparison(runs: list[Run], metrics: list[str]) -> dict:
     """The comparison as plain data: per run its path, algorithm, last step and each metric's ``first`` / ``last``
     (window means) with its number of records; the settings that differ with each run's value."""
@@ -143,7 +178,8 @@ def comparison(runs: list[Run], metrics: list[str]) -> dict:
         values = {}
         for key in metrics:
             pair = first_last(run.series(key))
-            values[key] = None if pair is None else {"first": pair[0], "last": pair[1], "records": len(run.series(key))}
+            values[key] = None if pair is None else {"first": _finite(pair[0]), "last": _finite(pair[1]),
+                                                      "records": len(run.series(key))}  # NaN: null (strict JSON)
         rows.append({"run": str(run.path), "algorithm": run.algorithm, "last_step": run.last_step, "metrics": values})
     differ = differing_settings(runs)
     return {"runs": rows, "settings": {key: [run.settings.get(key) for run in runs] for key in differ}}
@@ -158,7 +194,8 @@ def comparison_text(runs: list[Run], metrics: list[str]) -> str:
         cells = [row["run"], row["algorithm"], str(row["last_step"])]
         for key in metrics:
             value = row["metrics"][key]
-            cells.append("-" if value is None else f"{_number(value['first'])} -> {_number(value['last'])}")
+            cells.append("-" if value is None else " -> ".join(_number(float("nan") if v is None else v)
+                                                                 for v in (value["first"], value["last"])))
         lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
     if not data["settings"]:
@@ -172,4 +209,4 @@ def comparison_text(runs: list[Run], metrics: list[str]) -> str:
 
 
 __all__ = ["DEFAULT_METRICS", "Run", "WINDOW", "comparison", "comparison_text", "differing_settings", "find_runs",
-           "first_last", "read_run", "shown_metrics"]
+           "first_last", "read_run", "read_runs", "shown_metrics"]

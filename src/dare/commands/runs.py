@@ -18,8 +18,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "(each sub-directory with a config.yaml); a run still training is read as far as it got")
     parser.add_argument("--metrics", nargs="+", metavar="KEY", default=None,
                         help="metrics.jsonl keys to show (default: loss, rollout/reward, rollout/accuracy where "
-                             "logged, and every eval/* key); first -> last are means of the first / last up to 5 "
-                             "logged values")
+                             "logged, and every eval/* key); first -> last are means of the first / last min(5, half of "
+                             "the) logged values")
     parser.add_argument("--json", action="store_true", help="print the comparison as JSON instead of tables")
 
 
@@ -27,12 +27,12 @@ def run(args: argparse.Namespace) -> int:
     import json
 
     from dare.commands.train import print_quietly
-    from dare.runs import comparison, comparison_text, find_runs, read_run, shown_metrics
+    from dare.runs import comparison, comparison_text, read_runs, shown_metrics
 
-    runs = [read_run(path) for path in find_runs(args.runs)]
+    runs = read_runs(args.runs)
     metrics = shown_metrics(runs, args.metrics)
     if args.json:
-        print_quietly(json.dumps(comparison(runs, metrics), indent=1, default=str) + "\n")
+        print_quietly(json.dumps(comparison(runs, metrics), indent=1, default=str, allow_nan=False) + "\n")
     else:
         print_quietly(comparison_text(runs, metrics) + "\n")
     return 0

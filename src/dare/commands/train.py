@@ -319,8 +319,8 @@ def run(args: argparse.Namespace) -> int:
             from dare.trainer.resume import interrupt_message
 
             close_progress_bars()
-            print(interrupt_message(config.trainer.output_dir, resume_command(config_path, overrides)),
-                  file=sys.stderr)
+            print(interrupt_message(config.trainer.output_dir, resume_command(config_path, overrides),
+                                    config.trainer.resume), file=sys.stderr)
         raise
     if main_rank():
         print(run_summary(config, record, rewarded or None))

@@ -373,9 +373,10 @@ def _generation(model, tokenizer, bench, samples, pool, shots, sampler, config, 
     }
     cut = results.timings["finished_by_length"]
     if cut:  # their answers may be cut off: the accuracy then measures the budget as much as the model
+        why = ("with suppress_eos a completion ends only at a stop string or the length" if resolved.suppress_eos
+               else "a larger --gen-length lets them finish")
         log.warning(f"warning: {bench.name}: {cut} of {len(completions)} completions used all {resolved.gen_length} "
-                    "positions without a stop (finish=length): their answers may be cut off; a larger --gen-length "
-                    "lets them finish")
+                    f"positions without a stop (finish=length): their answers may be cut off; {why}")
     return results
 
 

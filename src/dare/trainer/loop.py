@@ -203,6 +203,7 @@ class Trainer:
         self.step = 0
         self.stop_requested = False
         self.interrupted = False     # a stop signal ended the loop (trainer.save_on_interrupt)
+        self.in_step = False         # train_step is running (what a stop signal's message counts)
         self.saved_step: int | None = None  # the step of the latest checkpoint save_every wrote
         self.steps_run = 0           # steps this call of train() ran, and those of them that trained nothing
         self.empty_steps = 0
@@ -680,8 +681,9 @@ class Trainer:
         """What the first stop signal prints (main rank): the loop stops after the running step and saves there."""
         if self.info.is_main:
             again = "Ctrl-C again" if label.startswith("SIGINT") else "a second signal"
-            write_line(f"{label}: stopping after step {self.step + 1} and saving a checkpoint there ({again} stops "
-                       "at once, without it)")
+            step = self.step + 1 if self.in_step else self.step  # between steps (on_step, a save): the last one
+            write_line(f"{label}: stopping after step {step} and saving a checkpoint there ({again} stops at once, "
+                       "without it)")
 
     def _stop_signalled(self, signals: StopAfterStep | None) -> bool:
         """Whether a stop signal reached any process (one collective per step under torchrun, so that every rank
@@ -701,7 +703,11 @@ class Trainer:
         rl = bool(self.algorithm.needs.rollout)
         unlogged_rollout = None  # the record of a rollout step that log_every skipped
         while self.step < self.total_steps and not self.stop_requested and not self.interrupted:
-            record = self.train_step(self.step)  # advances self.step
+            self.in_step = True
+            try:
+                record = self.train_step(self.step)  # advances self.step
+            finally:
+                self.in_step = False
             self._note_step(record)
             if on_step is not None:
                 record.update(callback_metrics(on_step(self, record)))
@@ -721,6 +727,7 @@ class Trainer:
             if cfg.save_every and self.step % cfg.save_every == 0 and self.step < self.total_steps:
                 self.save()
                 self.saved_step = self.step
+                self.interrupted = self.interrupted or self._stop_signalled(signals)  # a signal during the save
             if kill_at and self.step == kill_at:
                 os.kill(os.getpid(), signal.SIGKILL)
         return record

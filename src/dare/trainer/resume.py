@@ -314,13 +314,17 @@ def resume_point(output_dir: Path, resume: str, settings: dict) -> Path | None:
     return checkpoint
 
 
-def interrupt_message(output_dir, resume_command: str | None = None) -> str:
+def interrupt_message(output_dir, resume_command: str | None = None, resume: str = "auto") -> str:
     """The line ``dare train`` prints after Ctrl-C (before the CLI's ``interrupted``): the latest complete checkpoint
     in ``output_dir`` (if any) and how to continue from it (``resume_command``: the command line with
-    ``trainer.resume=auto``)."""
+    ``trainer.resume=auto``). ``resume``: the run's ``trainer.resume`` (a checkpoint or run directory it started
+    from is where a rerun starts again while ``output_dir`` holds none)."""
     from dare.trainer.checkpoint import list_checkpoints
 
     found = list_checkpoints(Path(output_dir))
+    if not found and resume not in RESUME_VALUES:
+        return (f"no checkpoint in {output_dir} yet (trainer.save_every sets how often one is saved): a rerun resumes "
+                f"from {resume} again")
     if not found:
         return (f"no checkpoint in {output_dir} yet (trainer.save_every sets how often one is saved): a rerun starts "
                 "from step 0")
