@@ -257,6 +257,18 @@ def from_dict(cls, data: dict | None, prefix: str = "", known: typing.Sequence[s
         raise ConfigError(f"{prefix or cls.__name__}: {err}") from None
 
 
+def flatten(tree: dict, prefix: str = "") -> dict:
+    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}`` (lists and scalars are leaves): a config as plain data, by dotted key."""
+    flat = {}
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            flat.update(flatten(value, name + "."))
+        else:
+            flat[name] = value
+    return flat
+
+
 def to_dict(obj) -> Any:
     """Plain (YAML-ready) data of a config tree."""
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):

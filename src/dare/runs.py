@@ -8,6 +8,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dare.config import flatten
 from dare.errors import InputError
 
 WINDOW = 5
@@ -38,17 +39,6 @@ class Run:
     def series(self, key: str) -> list[float]:
         """The logged values of ``key`` in step order (records without it skipped)."""
         return [float(r[key]) for r in self.records if isinstance(r.get(key), (int, float))]
-
-
-def flatten(tree: dict, prefix: str = "") -> dict:
-    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}`` (lists and scalars are leaves)."""
-    flat = {}
-    for key, value in tree.items():
-        if isinstance(value, dict) and value:
-            flat.update(flatten(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
 
 
 def is_run(path: Path) -> bool:

@@ -8,7 +8,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from dare.config import SEEDS, closest_key, config_keys, from_dict, load_yaml, merge, override_tree, to_dict
+from dare.config import (
+    SEEDS, closest_key, config_keys, flatten, from_dict, load_yaml, merge, override_tree, to_dict,
+)
 from dare.errors import ConfigError, unknown_choice, wrong_type
 from dare.plugins import load_plugins, recorded
 from dare.rollout.config import SamplerConfig
@@ -571,10 +573,9 @@ def check_same_on_every_rank(config: TrainConfig, info) -> None:
     if not info.initialized:
         return
     from dare.distributed import all_gather_objects
-    from dare.trainer.resume import flatten
 
     mine = {k: v for k, v in flatten(config_dict(config)).items() if k != "imports"}
-    everyone = all_gather_objects(mine, dataclasses.replace(info, group=None))
+    everyone = all_gather_objects(mine, info)  # the whole world (all_gather_objects takes no group)
     for rank, theirs in enumerate(everyone[1:], start=1):
         differ = sorted(k for k in mine.keys() | theirs.keys() if everyone[0].get(k) != theirs.get(k))
         if differ:

@@ -19,9 +19,9 @@ inside them (:func:`check_start_over`), and the error above then only suggests a
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
+from dare.config import flatten
 from dare.errors import ConfigError, closest
 
 FREE_KEYS = frozenset({
@@ -52,18 +52,6 @@ directory: its latest checkpoint)."""
 
 NOT_PATHS = ("tiny:", "synthetic:")
 """Prefixes of model / data settings that name no file."""
-
-
-def flatten(tree: dict, prefix: str = "") -> dict:
-    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}`` (lists and scalars are leaves)."""
-    flat = {}
-    for key, value in tree.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, dict) and value:
-            flat.update(flatten(value, name + "."))
-        else:
-            flat[name] = value
-    return flat
 
 
 def schedule_depends_on_length(settings: dict) -> bool:
@@ -279,10 +267,12 @@ def check_steps_ahead(checkpoint: Path | None, max_steps: int | None) -> None:
     and config.yaml would then record a run length that did not produce the weights there."""
     if checkpoint is None or not max_steps:
         return
-    match = re.fullmatch(r"step_(\d+)", Path(checkpoint).name)
-    if match and int(match.group(1)) > max_steps:
+    from dare.trainer.checkpoint import checkpoint_step
+
+    step = checkpoint_step(checkpoint)
+    if step is not None and step > max_steps:
         raise ConfigError(f"trainer.max_steps={max_steps} is below the step of the checkpoint the run resumes from "
-                          f"({checkpoint}, step {int(match.group(1))}): nothing would train; give a larger "
+                          f"({checkpoint}, step {step}): nothing would train; give a larger "
                           "trainer.max_steps, another trainer.output_dir, or trainer.resume=never to start over")
 
 
@@ -319,17 +309,14 @@ def interrupt_message(output_dir, resume_command: str | None = None, resume: str
     in ``output_dir`` (if any) and how to continue from it (``resume_command``: the command line with
     ``trainer.resume=auto``). ``resume``: the run's ``trainer.resume`` (a checkpoint or run directory it started
     from is where a rerun starts again while ``output_dir`` holds none)."""
-    from dare.trainer.checkpoint import list_checkpoints
+    from dare.trainer.checkpoint import checkpoint_step, list_checkpoints
 
     found = list_checkpoints(Path(output_dir))
-    if not found and resume not in RESUME_VALUES:
-        return (f"no checkpoint in {output_dir} yet (trainer.save_every sets how often one is saved): a rerun resumes "
-                f"from {resume} again")
     if not found:
-        return (f"no checkpoint in {output_dir} yet (trainer.save_every sets how often one is saved): a rerun starts "
-                "from step 0")
+        rerun = "starts from step 0" if resume in RESUME_VALUES else f"resumes from {resume} again"
+        return f"no checkpoint in {output_dir} yet (trainer.save_every sets how often one is saved): a rerun {rerun}"
     how = resume_command or "rerun with trainer.resume=auto"
-    return f"latest checkpoint: {found[-1]} (step {int(found[-1].name.split('_')[-1])}); to resume from it: {how}"
+    return f"latest checkpoint: {found[-1]} (step {checkpoint_step(found[-1])}); to resume from it: {how}"
 
 
 __all__ = ["FREE_KEYS", "LENGTH_KEYS", "RESUME_VALUES", "START_OVER_DIRS", "check_resume", "check_same_settings",
