@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import sys
 from pathlib import Path
@@ -220,28 +219,6 @@ def precheck(args: argparse.Namespace) -> None:
         check_recipe(config_path)
 
 
-@contextlib.contextmanager
-def terminate_as_interrupt():
-    """SIGTERM (``kill``, a scheduler's ``scancel``) raises KeyboardInterrupt while training, as Ctrl-C does, so the
-    run ends with its resume hint instead of silently; the earlier handler comes back after. Only the main thread
-    can set handlers: elsewhere (a run started from a thread) nothing changes."""
-    import signal
-    import threading
-
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def interrupt(signum, frame):
-        raise KeyboardInterrupt
-
-    before = signal.signal(signal.SIGTERM, interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, before)
-
-
 def main_rank() -> bool:
     """Whether this process speaks for the run: the only one, or rank 0 of a torchrun launch."""
     return int(os.environ.get("RANK", "0")) == 0
@@ -309,6 +286,8 @@ def run(args: argparse.Namespace) -> int:
         """Keep the latest step that rolled out: inner steps (algorithm.inner_steps > 1) log no reward."""
         if "rollout/reward" in record:
             rewarded.update(step=record["step"], reward=record["rollout/reward"])
+
+    from dare.trainer.interrupts import terminate_as_interrupt
 
     try:
         with terminate_as_interrupt():  # kill / scancel: the same resume hint as Ctrl-C

@@ -5,6 +5,7 @@ saves a checkpoint and raises ``KeyboardInterrupt``, so an interrupted run resum
 ``trainer.save_every``. A second signal raises ``KeyboardInterrupt`` at once, as Python does by default."""
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -21,15 +22,41 @@ def signal_label(signum: int) -> str:
     return f"{name} (Ctrl-C)" if signum == signal.SIGINT else name
 
 
+@contextlib.contextmanager
+def signals_handled(handler, signums):
+    """While open, ``handler`` answers ``signums``; the handlers in place before come back on exit. Only the main
+    thread can set handlers: elsewhere (a run started from a thread) nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = {signum: signal.signal(signum, handler) for signum in signums}
+    try:
+        yield
+    finally:
+        for signum, previous in before.items():
+            signal.signal(signum, previous)
+
+
+def _raise_interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+def terminate_as_interrupt():
+    """SIGTERM (``kill``, a scheduler's ``scancel``) raises KeyboardInterrupt while open, as Ctrl-C does, so a run
+    ends with its resume hint instead of silently (``dare train`` around the whole run; inside the step loop
+    :class:`StopAfterStep` answers it)."""
+    return signals_handled(_raise_interrupt, (signal.SIGTERM,))
+
+
 class StopAfterStep:
-    """A context manager: while it is open (in the main thread; elsewhere it changes nothing), the first of
-    :data:`STOP_SIGNALS` sets :attr:`received` and calls ``announce(label)`` once (``label``: :func:`signal_label`),
-    a second one raises ``KeyboardInterrupt``. The handlers in place before come back on exit."""
+    """A context manager: while it is open (:func:`signals_handled`), the first of :data:`STOP_SIGNALS` sets
+    :attr:`received` and calls ``announce(label)`` once (``label``: :func:`signal_label`), a second one raises
+    ``KeyboardInterrupt``."""
 
     def __init__(self, announce: Callable[[str], None] | None = None):
         self.announce = announce
         self.received: int | None = None
-        self._before: dict[int, object] = {}
+        self._handled = signals_handled(self._handle, STOP_SIGNALS)
 
     def _handle(self, signum, frame) -> None:
         if self.received is not None:  # the second one: stop now
@@ -39,15 +66,11 @@ class StopAfterStep:
             self.announce(signal_label(signum))
 
     def __enter__(self) -> StopAfterStep:
-        if threading.current_thread() is threading.main_thread():
-            for signum in STOP_SIGNALS:
-                self._before[signum] = signal.signal(signum, self._handle)
+        self._handled.__enter__()
         return self
 
     def __exit__(self, *exc) -> None:
-        for signum, handler in self._before.items():
-            signal.signal(signum, handler)
-        self._before.clear()
+        self._handled.__exit__(*exc)
 
 
 def write_line(text: str) -> None:
@@ -60,4 +83,4 @@ def write_line(text: str) -> None:
         os.write(2, f"\n{text}\n".encode())
 
 
-__all__ = ["STOP_SIGNALS", "StopAfterStep", "signal_label", "write_line"]
+__all__ = ["STOP_SIGNALS", "StopAfterStep", "signal_label", "signals_handled", "terminate_as_interrupt", "write_line"]

@@ -204,7 +204,6 @@ class Trainer:
         self.stop_requested = False
         self.interrupted = False     # a stop signal ended the loop (trainer.save_on_interrupt)
         self.in_step = False         # train_step is running (what a stop signal's message counts)
-        self.saved_step: int | None = None  # the step of the latest checkpoint save_every wrote
         self.steps_run = 0           # steps this call of train() ran, and those of them that trained nothing
         self.empty_steps = 0
         self.rewards: list[float] = []  # each rollout's mean reward, for the summary's first -> last
@@ -631,7 +630,7 @@ class Trainer:
                         bar.set_description(f"train (stopped early at step {self.step})", refresh=True)
                     bar.close()
             if self.interrupted and self.step < self.total_steps:  # a second signal during the save stops it
-                if self.saved_step != self.step:
+                if not self._save_due():  # else the loop saved this step already
                     self.save()
                 self.logger.close()
                 raise KeyboardInterrupt  # dare train prints where to resume from
@@ -676,6 +675,11 @@ class Trainer:
         self.config.trainer.max_steps = self.step
         if self.info.is_main:
             atomic_write_text(self.output_dir / "config.yaml", yaml_text(config_dict(self.config)))
+
+    def _save_due(self) -> bool:
+        """Whether ``trainer.save_every`` checkpoints the step just run (the final one is saved by :meth:`train`)."""
+        every = self.config.trainer.save_every
+        return bool(every) and self.step % every == 0 and self.step < self.total_steps
 
     def _announce_stop(self, label: str) -> None:
         """What the first stop signal prints (main rank): the loop stops after the running step and saves there."""
@@ -724,9 +728,8 @@ class Trainer:
                 reward = record.get("rollout/reward", reward)  # the latest rollout's (inner steps reuse it)
                 bar.set_postfix(progress_postfix(record, reward, rl), refresh=False)
                 bar.update(1)
-            if cfg.save_every and self.step % cfg.save_every == 0 and self.step < self.total_steps:
+            if self._save_due():
                 self.save()
-                self.saved_step = self.step
                 self.interrupted = self.interrupted or self._stop_signalled(signals)  # a signal during the save
             if kill_at and self.step == kill_at:
                 os.kill(os.getpid(), signal.SIGKILL)
