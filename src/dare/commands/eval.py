@@ -269,15 +269,18 @@ def write_results(results, out: str, command: list[str] | None = None) -> None:
     the metrics JSON alone); replacing an earlier results file is said with what it held."""
     import sys
 
-    from dare.eval.results import EvalResults, is_results_file
+    from pathlib import Path
+
+    from dare.errors import InputError
+    from dare.eval.results import EvalResults
 
     replaced = ""
-    if is_results_file(out):
+    if Path(out).is_file():  # an earlier results file (anything else was refused before the run): read once
         try:
             old = EvalResults.read(out)
             replaced = f" (replaced the results of {old.model.get('path', 'a model')} on {old.benchmark} from " \
                        f"{old.created})"
-        except Exception:  # noqa: BLE001  (an unreadable earlier file: still said)
+        except (InputError, TypeError):  # not readable as results (write() refuses what is no results file)
             replaced = " (replaced an earlier results file)"
     if results.command is None:
         results.command = command

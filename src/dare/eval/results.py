@@ -125,7 +125,7 @@ class EvalResults:
     """Wall-clock seconds, tokens/s, nfe / forwards of the run."""
     created: str = field(default_factory=lambda: datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"))
     dare_version: str = ""
-    versions: dict[str, str] = field(default_factory=lambda: library_versions())
+    versions: dict[str, str] = field(default_factory=library_versions)
     """Python and the libraries whose kernels decide the numbers (torch, transformers), as installed."""
     command: list[str] | None = None
     """The command line that produced the file (``dare eval ...``; set when the CLI writes it)."""
