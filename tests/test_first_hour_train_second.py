@@ -59,7 +59,7 @@ def test_a_recipe_without_model_or_data_path_says_which_default_it_trains(tmp_pa
         f"note: the recipe {recipe} sets no model.path: using the default model.path=tiny:llada (a tiny randomly "
         "initialised LLaDA, no weights); set model.path to choose",
         f"note: the recipe {recipe} sets no data.path: using the default data.path=synthetic:reverse (a generated "
-        "digit-reversal task); set data.path to choose"]
+        "word-reversal task, 'reverse WORD'); set data.path to choose"]
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="dare.trainer"):
         load_train_config(recipe, ["model.path=tiny:llada"])  # given as an override: only data.path is noted

@@ -386,7 +386,7 @@ def load_train_config(path: str | os.PathLike | None, overrides: list[str] | str
 
 
 DEFAULTS_NOTED = {"model.path": "a tiny randomly initialised LLaDA, no weights",
-                  "data.path": "a generated digit-reversal task"}
+                  "data.path": "a generated word-reversal task, 'reverse WORD'"}
 """Keys whose default a run trains only after a ``note:`` line (a recipe that forgot them would otherwise train the
 tiny default model on the generated task without a word), with what their defaults are."""
 
