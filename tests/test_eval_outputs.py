@@ -221,3 +221,16 @@ def test_the_python_api_refuses_a_directory_of_other_files(tmp_path):
     with pytest.raises(ConfigError, match=r"^out_dir .*: the directory is not empty and is not an earlier"):
         run_sweep(lambda fields: pytest.fail("evaluated a point"), [{"steps": 1}], tmp_path)
     assert (tmp_path / "summary.md").read_text() == "mine" and not (tmp_path / OUTPUT_MARKER).exists()
+
+
+def test_score_records_where_its_predictions_were_and_what_they_held(predictions, tmp_path, capsys, monkeypatch):
+    import hashlib
+
+    monkeypatch.chdir(predictions.parent)
+    out = tmp_path / "r.json"
+    assert cli(score(predictions.name, "--out", out)) == 0  # a relative path, as users type it
+    recorded = json.loads(out.read_text())["data"]
+    assert recorded["predictions"] == predictions.name
+    assert recorded["predictions_path"] == str(predictions)
+    assert recorded["predictions_digest"] == "sha256:" + hashlib.sha256(predictions.read_bytes()).hexdigest()
+    assert "digest" not in recorded  # no --data file was joined

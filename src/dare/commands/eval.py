@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 
 HELP = ("evaluate models on benchmarks (run: generate/likelihood + score; score: score a predictions file; sweep: "
         "accuracy under several decoder settings; lm-eval: lm-evaluation-harness with the dare model; opencompass: "
@@ -373,6 +374,18 @@ def not_in_data(key: str | None, obj: dict, data_samples, data_name: str) -> str
     return f"{what} is not in {data_name}; its ids look like {shown}{hint}"
 
 
+def scored_files(args: argparse.Namespace) -> dict:
+    """What ``dare eval score`` records of its inputs: the paths as given and, for local files, their absolute
+    paths and ``sha256`` digests (which predictions and data were scored, wherever they lie later)."""
+    from dare.eval.results import file_digest
+
+    files = {"source": args.data, "split": args.split, "predictions": args.predictions,
+             "predictions_path": os.path.abspath(args.predictions), "predictions_digest": file_digest(args.predictions)}
+    if args.data and os.path.isfile(args.data):
+        files.update(path=os.path.abspath(args.data), digest=file_digest(args.data))
+    return files
+
+
 def run_score(args: argparse.Namespace) -> int:
     from dare.commands.eval_predictions import read_predictions
     from dare.errors import ConfigError
@@ -401,8 +414,7 @@ def run_score(args: argparse.Namespace) -> int:
     if bench.reward == "code":
         options["progress"] = True  # plain lines when stderr is not a terminal (dare.progress)
     results = score_predictions(
-        bench, samples, predictions, ks=args.k, reward_options=options,
-        data={"source": args.data, "split": args.split, "predictions": args.predictions},
+        bench, samples, predictions, ks=args.k, reward_options=options, data=scored_files(args),
     )  # fmt: skip
     print_summary(results, args.json)
     if args.out:
