@@ -155,16 +155,19 @@ def test_a_training_checkpoint_as_model_names_the_export_to_load(command, tmp_pa
     argv = ["generate", "--model", step, "--prompt", "Hi"] if command == "generate" else gsm8k_run(model=step)
     line = one_line_error(capsys, *argv)
     assert line == (f"error: {step} is a training checkpoint (the state `dare train` resumes from), not a model "
-                    f"checkpoint; load the run's export instead: {run / 'final'} (the weights at the end of the run)")
+                    f"checkpoint; load the run's export instead: {run / 'final'} (the weights at the end of the run); "
+                    f"`dare export {step}` writes this checkpoint's weights as a model")
     line = one_line_error(capsys, "generate", "--model", run / "checkpoints", "--prompt", "Hi")
     assert f"{run / 'checkpoints'} holds training checkpoints" in line and f"instead: {run / 'final'}" in line
+    assert line.endswith(f"`dare export {run / 'checkpoints' / 'step_N'}` writes the weights of step N as a model")
 
 
 def test_a_training_checkpoint_of_a_lora_run_names_its_adapter(tmp_path, capsys, no_weights):
     run = training_run(tmp_path / "run", "adapter")
     line = one_line_error(capsys, "generate", "--model", run / "checkpoints" / "step_00000002", "--prompt", "Hi")
     assert line.endswith(f"load the run's export instead: {run / 'final'}, a LoRA adapter (on top of the base model "
-                         f"it records: dare eval run --adapter {run / 'final'})")
+                         f"it records: dare eval run --adapter {run / 'final'}); `dare export "
+                         f"{run / 'checkpoints' / 'step_00000002'}` writes this checkpoint's weights as a model")
     line = one_line_error(capsys, "generate", "--model", "tiny:llada", "--adapter",
                           run / "checkpoints" / "step_00000002", "--prompt", "Hi")
     assert line.endswith(f"the run's adapter is in {run / 'final'}")

@@ -31,6 +31,7 @@ COMMANDS = {
     "recipes": "dare.commands.recipes",
     "runs": "dare.commands.runs",
     "merge-lora": "dare.commands.merge_lora",
+    "export": "dare.commands.export",
 }
 
 

@@ -175,7 +175,8 @@ def training_run_of(local: Path) -> Path | None:
 def training_checkpoint_message(path: str, local: Path) -> str | None:
     """The one-line error for a ``dare train`` checkpoint (model, optimizer and trainer state in
     torch.distributed.checkpoint shards, which no loader reads as a model) given as a model: it names the run's
-    export ``RUN/final``, or the command that writes it; None when ``local`` is not part of a training run."""
+    export ``RUN/final``, or the command that writes it, and ``dare export`` for the weights of one checkpoint; None
+    when ``local`` is not part of a training run."""
     run = training_run_of(local)
     if run is None:
         return None
@@ -184,18 +185,22 @@ def training_checkpoint_message(path: str, local: Path) -> str | None:
     else:
         holds = "holds training checkpoints" if local.name == "checkpoints" else "is a training checkpoint"
         what = f"{path} {holds} (the state `dare train` resumes from), not a model checkpoint"
+    if (local / TRAINER_STATE).is_file():
+        step = f"; `dare export {path}` writes this checkpoint's weights as a model"
+    else:
+        step = f"; `dare export {run / 'checkpoints' / 'step_N'}` writes the weights of step N as a model"
     final = run / "final"
     if (final / "config.json").is_file():
-        return f"{what}; load the run's export instead: {final} (the weights at the end of the run)"
+        return f"{what}; load the run's export instead: {final} (the weights at the end of the run){step}"
     if (final / ADAPTER_CONFIG).is_file():
         return (f"{what}; load the run's export instead: {final}, a LoRA adapter (on top of the base model it "
-                f"records: dare eval run --adapter {final})")
+                f"records: dare eval run --adapter {final}){step}")
     config = run / "config.yaml"
     if config.is_file():
         return (f"{what}, and the run has no export ({final}) yet: `dare train {config} trainer.resume=auto "
                 f"trainer.export=true` writes it from the latest checkpoint (finishing the run first if it stopped "
-                "early)")
-    return f"{what}; load the export of its run ({final}), which this run has not written"
+                f"early){step}")
+    return f"{what}; load the export of its run ({final}), which this run has not written{step}"
 
 
 ADAPTER_CONFIG = "adapter_config.json"

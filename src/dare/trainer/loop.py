@@ -551,24 +551,11 @@ class Trainer:
             print(f"resumed from {path} at step {self.step}")
 
     def _save_pretrained(self, out: Path, state: dict) -> None:
-        """Write the weights (a peft adapter with LoRA, else the full model) and the tokenizer into ``out``; the
-        tokenizer without its chat template when the run encoded its data without it (``data.chat_template:
-        false``), so that ``dare generate`` / ``dare eval`` read prompts as the model was trained to."""
-        from dare.models.loading import unwrap
+        """Write the weights and the tokenizer into ``out`` (:func:`dare.trainer.export.save_model_dir`)."""
+        from dare.trainer.export import save_model_dir
 
-        if self.trainable_only:  # peft adapter (embeddings are never resized: do not save them)
-            self.model.save_pretrained(str(out), state_dict=state, safe_serialization=True,
-                                       save_embedding_layers=False)
-        else:
-            unwrap(self.model).save_pretrained(str(out), state_dict=state, safe_serialization=True)
-        template = getattr(self.tokenizer, "chat_template", None)
-        if not self.config.data.chat_template and template is not None:
-            self.tokenizer.chat_template = None
-        try:
-            self.tokenizer.save_pretrained(str(out))
-        finally:
-            if template is not None:
-                self.tokenizer.chat_template = template
+        save_model_dir(self.model, self.tokenizer, out, state, adapter=self.trainable_only,
+                       chat_template=self.config.data.chat_template)
 
     def export(self, out_dir: Path | None = None) -> Path:
         """Write a HF checkpoint (full training) or a peft adapter (LoRA) plus the tokenizer (collective).

@@ -1,0 +1,82 @@
+"""``dare export``: the weights of one training checkpoint as a model directory (dare.trainer.export)."""
+
+from pathlib import Path
+
+import pytest
+import torch
+from cli_helpers import one_line_error
+from safetensors.torch import load_file
+
+from dare.cli import main
+from dare.trainer import Trainer, load_train_config
+
+
+def train(out: Path, *overrides) -> dict[int, dict[str, torch.Tensor]]:
+    """A 4-step tiny SFT run checkpointed every 2 steps; returns the weights after each step (taken in ``on_step``,
+    the ground truth an export of that step's checkpoint must equal)."""
+    config = load_train_config(None, [f"trainer.output_dir={out}", "trainer.progress=false", "data.num_examples=32",
+                                      "data.max_length=48", "trainer.batch_size=8", "trainer.micro_batch_size=8",
+                                      "trainer.max_steps=4", "trainer.save_every=2", "optim.lr=1e-2", *overrides])
+    weights = {}
+
+    def keep(trainer, record):
+        weights[trainer.step] = {name: value.detach().clone() for name, value in trainer.model.state_dict().items()}
+
+    Trainer(config).train(on_step=keep)
+    return weights
+
+
+def test_an_intermediate_checkpoint_exports_the_weights_of_its_step(tmp_path, capsys):
+    run = tmp_path / "run"
+    weights = train(run)
+    assert main(["export", str(run / "checkpoints" / "step_00000002")]) == 0
+    out = run / "exports" / "step_00000002"
+    assert f"wrote {out}: the weights of step 2 (a full checkpoint)" in capsys.readouterr().out
+    exported = load_file(out / "model.safetensors")
+    assert exported.keys() == weights[2].keys()
+    assert all(torch.equal(exported[name], weights[2][name]) for name in exported)
+    assert any(not torch.equal(exported[name], weights[4][name]) for name in exported)  # not the final weights
+    assert main(["generate", "--model", str(out), "--prompt", "Hi", "--gen-length", "4"]) == 0  # it loads as a model
+
+    # a run directory: its latest checkpoint, which is what the run's own export wrote
+    assert main(["export", str(run), "--out", str(tmp_path / "latest")]) == 0
+    final, latest = load_file(run / "final" / "model.safetensors"), load_file(tmp_path / "latest" / "model.safetensors")
+    assert final.keys() == latest.keys() and all(torch.equal(final[name], latest[name]) for name in final)
+    assert main(["export", str(run), "--out", str(tmp_path / "latest")]) == 0  # an earlier export is replaced
+
+
+def test_a_lora_checkpoint_exports_the_adapter_the_run_exports(tmp_path, capsys):
+    run = tmp_path / "run"
+    train(run, "lora.enabled=true", "lora.r=4")
+    assert main(["export", str(run / "checkpoints" / "step_00000004")]) == 0
+    out = run / "exports" / "step_00000004"
+    assert f"(a LoRA adapter); evaluate it with `dare eval run --adapter {out}" in capsys.readouterr().out
+    final, exported = (load_file(d / "adapter_model.safetensors") for d in (run / "final", out))
+    assert final and final.keys() == exported.keys()
+    assert all(torch.equal(final[name], exported[name]) for name in final)
+    assert (run / "final" / "adapter_config.json").read_text() == (out / "adapter_config.json").read_text()
+
+
+def test_export_refuses_what_is_no_checkpoint_and_a_users_directory(tmp_path, capsys):
+    run = tmp_path / "run"
+    train(run)
+    assert one_line_error(capsys, "export", tmp_path / "nope") == f"error: {tmp_path / 'nope'}: no such checkpoint or run directory"
+    line = one_line_error(capsys, "export", run / "final")
+    assert line == (f"error: {run / 'final'} is neither a `dare train` checkpoint (RUN/checkpoints/step_N) nor a run "
+                    "directory with one")
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me\n")
+    line = one_line_error(capsys, "export", run, "--out", mine)
+    assert line.startswith(f"error: --out {mine}: the directory is not empty and is not an earlier `dare export` output")
+    assert sorted(p.name for p in mine.iterdir()) == ["notes.txt"]
+
+
+@pytest.mark.parametrize("target", ["checkpoint", "checkpoints"])
+def test_loading_a_checkpoint_as_a_model_names_dare_export(target, tmp_path, capsys):
+    run = tmp_path / "run"
+    train(run)
+    path = run / "checkpoints" / "step_00000002" if target == "checkpoint" else run / "checkpoints"
+    line = one_line_error(capsys, "generate", "--model", path, "--prompt", "Hi")
+    command = f"dare export {path}" if target == "checkpoint" else f"dare export {run / 'checkpoints' / 'step_N'}"
+    assert f"`{command}` writes" in line
