@@ -60,10 +60,13 @@ def test_a_lora_checkpoint_exports_the_adapter_the_run_exports(tmp_path, capsys)
 def test_export_refuses_what_is_no_checkpoint_and_a_users_directory(tmp_path, capsys):
     run = tmp_path / "run"
     train(run)
-    assert one_line_error(capsys, "export", tmp_path / "nope") == f"error: {tmp_path / 'nope'}: no such checkpoint or run directory"
-    line = one_line_error(capsys, "export", run / "final")
-    assert line == (f"error: {run / 'final'} is neither a `dare train` checkpoint (RUN/checkpoints/step_N) nor a run "
-                    "directory with one")
+    advice = "; give a checkpoint directory (RUN/checkpoints/step_N) or a run directory (its latest checkpoint)"
+    assert one_line_error(capsys, "export", tmp_path / "nope") == f"error: {tmp_path / 'nope'} does not exist{advice}"
+    assert one_line_error(capsys, "export", "latest") == f"error: latest does not exist{advice}"  # not resume's modes
+    assert one_line_error(capsys, "export", run / "final") == f"error: {run / 'final'} holds no checkpoint, only exported weights{advice}"
+    line = one_line_error(capsys, "export", run / "checkpoints" / "step_2")  # the step numbers are zero-padded
+    assert line.startswith(f"error: {run / 'checkpoints' / 'step_2'} does not exist (did you mean "
+                           f"{run / 'checkpoints' / 'step_00000002'}?)")
     mine = tmp_path / "mine"
     mine.mkdir()
     (mine / "notes.txt").write_text("keep me\n")
@@ -80,3 +83,18 @@ def test_loading_a_checkpoint_as_a_model_names_dare_export(target, tmp_path, cap
     line = one_line_error(capsys, "generate", "--model", path, "--prompt", "Hi")
     command = f"dare export {path}" if target == "checkpoint" else f"dare export {run / 'checkpoints' / 'step_N'}"
     assert f"`{command}` writes" in line
+
+
+def test_starting_over_deletes_the_earlier_runs_exports_unless_the_run_reads_one(tmp_path, capsys):
+    run = tmp_path / "run"
+    train(run)
+    assert main(["export", str(run / "checkpoints" / "step_00000002")]) == 0
+    export = run / "exports" / "step_00000002"
+    common = ["train", f"trainer.output_dir={run}", "trainer.progress=false", "trainer.max_steps=1",
+              "data.num_examples=8", "data.max_length=48", "trainer.batch_size=8", "trainer.resume=never"]
+    line = one_line_error(capsys, *common, f"model.path={export}")  # training from the export it would delete
+    assert line.startswith(f"error: trainer.resume=never would delete model.path={export}")
+    assert export.is_dir()
+    assert main(common) == 0
+    assert "removing checkpoints/, final/, exports/, metrics.jsonl" in capsys.readouterr().out
+    assert not (run / "exports").exists()

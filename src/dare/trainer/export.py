@@ -43,20 +43,14 @@ def save_model_dir(model, tokenizer, out: Path, state: dict, *, adapter: bool, c
 def resolve_checkpoint(path: str | Path) -> Path:
     """The checkpoint ``path`` names: a checkpoint directory (``RUN/checkpoints/step_N``), or a run directory /
     its ``checkpoints/`` (their latest complete checkpoint); a one-line error for anything else."""
-    from dare.models.loading import training_run_of
-    from dare.trainer.checkpoint import STATE_FILE, list_checkpoints
+    from dare.trainer.resume import checkpoint_at, not_a_checkpoint
 
     local = Path(path).expanduser()
-    if not local.exists():
-        raise ConfigError(f"{path}: no such checkpoint or run directory")
-    if (local / STATE_FILE).is_file():
-        return local
-    run = training_run_of(local)
-    latest = list_checkpoints(run)[-1:] if run is not None else []
-    if not latest:
-        raise ConfigError(f"{path} is neither a `dare train` checkpoint (RUN/checkpoints/step_N) nor a run directory "
-                          "with one")
-    return latest[0]
+    found = checkpoint_at(local)
+    if found is None:
+        raise ConfigError(f"{path} {not_a_checkpoint(local, to_train=False)}; give a checkpoint directory "
+                          "(RUN/checkpoints/step_N) or a run directory (its latest checkpoint)")
+    return found
 
 
 def default_export_dir(checkpoint: Path) -> Path:

@@ -57,7 +57,7 @@ from dare.trainer.preflight import (
 )
 from dare.trainer.output_dir import COMMAND as RUN_COMMAND
 from dare.trainer.output_dir import OutputLock
-from dare.trainer.resume import check_steps_ahead, resume_point
+from dare.trainer.resume import START_OVER_DIRS, check_steps_ahead, resume_point
 from dare.trainer.sources import batch_keys_read_by
 from dare.trainer.optim import build_optimizer, build_scheduler
 
@@ -240,8 +240,8 @@ class Trainer:
             remove_partial_checkpoints(out)
             self._announce_start(checkpoint)
             if resume == "never":  # start over: weights of the previous run are not this run's
-                shutil.rmtree(out / "checkpoints", ignore_errors=True)
-                shutil.rmtree(out / "final", ignore_errors=True)
+                for name in START_OVER_DIRS:
+                    shutil.rmtree(out / name, ignore_errors=True)
             atomic_write_text(out / "config.yaml", yaml_text(settings))
         barrier(self.info)
         return checkpoint
@@ -285,7 +285,7 @@ class Trainer:
         one)."""
         out, cfg = self.output_dir, self.config.trainer
         if cfg.resume == "never":
-            gone = present_outputs(out, ["checkpoints/", "final/", *self._logs()])
+            gone = present_outputs(out, [*(f"{name}/" for name in START_OVER_DIRS), *self._logs()])
             if gone:
                 print(f"starting over in {out} (trainer.resume=never): removing {', '.join(gone)}")
         elif checkpoint is None:

@@ -12,7 +12,7 @@ Otherwise resuming is a one-line :class:`~dare.errors.ConfigError` naming the ke
 out: another ``trainer.output_dir``, or ``trainer.resume=never`` to start over. So a run's ``config.yaml`` always
 describes what produced its weights.
 
-``trainer.resume=never`` deletes the output directory's ``checkpoints/`` and ``final/`` (:data:`START_OVER_DIRS`)
+``trainer.resume=never`` deletes the output directory's ``checkpoints/``, ``final/`` and ``exports/`` (:data:`START_OVER_DIRS`)
 before training: it is refused when a path the run reads (``model.path``, ``model.tokenizer``, ``data.path``) lies
 inside them (:func:`check_start_over`), and the error above then only suggests another output directory.
 """
@@ -43,7 +43,7 @@ LENGTH_KEYS = ("trainer.max_steps", "trainer.epochs")
 """Free unless the learning-rate schedule depends on the total number of steps."""
 SHOWN = 4
 """Differing keys named in the error (then "and N more")."""
-START_OVER_DIRS = ("checkpoints", "final")
+START_OVER_DIRS = ("checkpoints", "final", "exports")
 """What ``trainer.resume=never`` deletes from the output directory before training."""
 RESUME_VALUES = ("auto", "never")
 """The ``trainer.resume`` modes (or a checkpoint directory, ``OUTPUT_DIR/checkpoints/step_00000012``, or a run
@@ -160,7 +160,7 @@ def _inside(path: Path, folder: Path) -> bool:
 
 def start_over_blocker(output_dir: Path, settings: dict) -> str | None:
     """``"KEY=PATH (in DIR)"`` for the first path the run reads that ``trainer.resume=never`` would delete (it lies in
-    the output directory's ``checkpoints/`` or ``final/``), else None."""
+    the output directory's :data:`START_OVER_DIRS`), else None."""
     for name in START_OVER_DIRS:
         folder = Path(output_dir) / name
         if not folder.exists():
@@ -192,25 +192,32 @@ def resume_checkpoint(resume: str) -> Path:
     of a run directory (``trainer.output_dir`` of a run) or of its ``checkpoints/`` folder. Anything else is a one-line
     error; where checkpoints are near (a deleted or misspelt ``step_...``, a run directory) it names them, since their
     step numbers are zero-padded (``step_00000012``)."""
+    path = Path(resume)
+    found = checkpoint_at(path)
+    if found is not None:
+        return found
+    raise ConfigError(f"trainer.resume={resume} {not_a_checkpoint(path)}; use auto, never, a run directory (its "
+                      f"latest checkpoint) or a checkpoint directory ({CHECKPOINT_EXAMPLE})")
+
+
+def checkpoint_at(path: Path) -> Path | None:
+    """The complete checkpoint ``path`` names: itself, or the latest one of a run directory or of its
+    ``checkpoints/`` folder; None when there is none."""
     from dare.trainer.checkpoint import STATE_FILE, list_checkpoints
 
-    path = Path(resume)
     if (path / STATE_FILE).is_file():
         return path
     run_dir = path.parent if path.name == "checkpoints" else path
     found = list_checkpoints(run_dir) if path.is_dir() else []
-    if found:
-        return found[-1]
-    raise ConfigError(f"trainer.resume={resume} {_not_a_checkpoint(path)}; use auto, never, a run directory (its "
-                      f"latest checkpoint) or a checkpoint directory ({CHECKPOINT_EXAMPLE})")
+    return found[-1] if found else None
 
 
 CHECKPOINT_EXAMPLE = "OUTPUT_DIR/checkpoints/step_00000012"
-"""How the errors spell a checkpoint directory: step numbers have eight digits (``checkpoint.checkpoint_dir``)."""
 
 
-def _not_a_checkpoint(path: Path) -> str:
-    """Why ``path`` is no checkpoint to resume from, with the complete checkpoints beside it, if any."""
+def not_a_checkpoint(path: Path, to_train: bool = True) -> str:
+    """Why ``path`` is no checkpoint, with the complete checkpoints beside it, if any (``to_train``: a directory of
+    exported weights is named as the ``model.path`` to train from)."""
     from dare.trainer.checkpoint import list_checkpoints
 
     beside = list_checkpoints(path.parent.parent) if path.parent.name == "checkpoints" else []
@@ -229,9 +236,10 @@ def _not_a_checkpoint(path: Path) -> str:
             return "is not a complete checkpoint (no trainer_state.pt: its write was cut short)"
         if (path / "final").is_dir() or (path / "config.json").is_file():
             weights = path / "final" if (path / "final").is_dir() else path
-            return f"holds no checkpoint, only exported weights (to train from them: model.path={weights})"
+            use = f" (to train from them: model.path={weights})" if to_train else ""
+            return f"holds no checkpoint, only exported weights{use}"
         return "is neither a DARE checkpoint nor a run directory"
-    if path.exists() or len(path.parts) > 1:  # a path (e.g. a deleted step_...), not a misspelt mode
+    if path.exists() or len(path.parts) > 1 or not to_train:  # a path (e.g. a deleted step_...), not a misspelt mode
         return "does not exist"
     mode = MODE_WORDS.get(str(path).lower()) or closest(str(path), RESUME_VALUES)
     return "is not a checkpoint directory" + (f" (did you mean {mode}?)" if mode else "")
@@ -320,5 +328,6 @@ def interrupt_message(output_dir, resume_command: str | None = None, resume: str
 
 
 __all__ = ["FREE_KEYS", "LENGTH_KEYS", "RESUME_VALUES", "START_OVER_DIRS", "check_resume", "check_same_settings",
-           "check_start_over", "differing_keys", "input_paths", "interrupt_message", "relevant", "resume_checkpoint",
+           "check_start_over", "checkpoint_at", "differing_keys", "input_paths", "interrupt_message", "not_a_checkpoint",
+           "relevant", "resume_checkpoint",
            "resume_point", "saved_settings", "start_over_blocker"]
