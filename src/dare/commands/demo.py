@@ -46,7 +46,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sft-target", type=float,
                         help=f"SFT stops once validation accuracy reaches this fraction ({defaults('sft_target')})")
     parser.add_argument("--rl-steps", type=int, help=f"RL optimizer steps ({defaults('rl_steps')})")
-    parser.add_argument("--rl-lr", type=float, help=f"RL learning rate ({defaults('rl_lr')})")
+    parser.add_argument("--rl-lr", type=float,
+                        help=f"RL learning rate ({defaults('rl_lr')}); an error with --algorithm sft, whose continued "
+                             "SFT trains at the SFT learning rate")
     parser.add_argument("--threads", type=int,
                         help=f"torch CPU threads ({defaults('threads')}, pinned: the results depend on the thread "
                              "count through float rounding; 0 = torch's choice)")

@@ -8,8 +8,13 @@ accuracy is the GSM8K benchmark's scorer on the held-out split (:mod:`dare.demo.
 
 SFT stops at **partial competence**: every ``sft_check_every`` steps the validation split is decoded greedily
 and SFT ends at the first check with accuracy >= ``sft_target`` (or after ``sft_max_steps``). RL then starts
-from that checkpoint with the chosen algorithm (``--algorithm``; ``sft`` continues SFT instead, as a baseline).
-The settings, their defaults and their checks: :mod:`dare.demo.settings`.
+from that checkpoint with the chosen algorithm (``--algorithm``; ``sft`` continues SFT instead, as a baseline, at
+the SFT phase's learning rate and batch: the RL-only settings, :data:`RL_ONLY`, are then an error).
+The settings, their defaults and their checks: :mod:`dare.demo.settings`. Each phase's final held-out accuracy
+is also the last record's ``eval/heldout_accuracy`` in its ``metrics.jsonl`` (``dare runs`` shows it).
+
+The demo does not resume: a rerun starts every phase over. So Ctrl-C stops at once (no checkpoint is saved for a
+resume that never comes: ``trainer.save_on_interrupt`` is off in the demo's runs) and says that a rerun starts over.
 
 The output directory is marked as a demo run with its settings (:func:`dare.outputs.mark_output`). A rerun into it
 replaces the earlier run when the settings are the same (saying so in one line, so rerunning ``dare demo`` just
@@ -25,7 +30,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from dare.demo.settings import DEVICES, FLAGS, QUICK, QUICK_SIZE, DemoConfig, check_values, resolved, resolved_device
+from dare.demo.settings import (BASELINE, DEVICES, FLAGS, QUICK, QUICK_SIZE, DemoConfig, check_values, resolved,
+                                resolved_device, second_phase)
 from dare.errors import ConfigError, unknown_choice
 
 
@@ -44,14 +50,28 @@ ALGORITHM_DEFAULTS: dict[str, dict] = {
     "justgrpo": {"inner_steps": 2, "positions_per_forward": 8},
     "espo": {"inner_steps": 2},
     "gdpo": {"inner_steps": 2},
-    "dtreerpo": {"inner_steps": 2, "distill_horizon": 120},  # 8 leaves = 2 root branches x 4; lambda(t) over the run
+    "dtreerpo": {"inner_steps": 2},  # 8 leaves = 2 root branches x 4; lambda(t) over the run (rl_recipe)
     "igpo": {"inner_steps": 2},
 }
 ROLLOUT_SAMPLER: dict[str, dict] = {
     "justgrpo": {"block_length": 1},  # left to right, one token per step (the method's rollout)
 }
 """Rollout-sampler settings an algorithm requires (on top of the demo's sampler)."""
-BASELINE = "sft"
+RL_ONLY = {
+    "rl_lr": "continued SFT trains at the SFT learning rate ({sft_lr:g})",
+    "group_size": "continued SFT trains on {sft_batch_size} demonstrations per step, not rollouts",
+    "prompts_per_step": "continued SFT trains on {sft_batch_size} demonstrations per step, not rollouts",
+    "temperature": "continued SFT samples no rollouts",
+    "algorithm_options": "continued SFT takes no algorithm options",
+}
+"""Settings that only RL uses, each with why the ``sft`` baseline has no use for it: a value other than the (quick)
+demo's default is an error with ``--algorithm sft``, as ``--algorithm vrpo`` is one (:func:`check_baseline`)."""
+SFT_WARMUP = 20
+"""Warm-up steps of an SFT run (fewer in a shorter one: :func:`warmup_steps`)."""
+HELDOUT = "eval/heldout_accuracy"
+"""The metric of held-out accuracy in the RL phase's ``metrics.jsonl`` (and of the final one in both phases')."""
+INTERRUPTED = "note: the demo does not resume: rerunning the same command starts it over"
+"""What Ctrl-C prints (the demo saves no checkpoint to resume from: :func:`load_recipe`)."""
 
 
 def demo_algorithms() -> list[str]:
@@ -75,6 +95,7 @@ def check_config(config: DemoConfig) -> None:
 
     load_plugins(config.imports, "--import")  # an algorithm of your own registers before it is checked
     check_algorithm(config.algorithm)
+    check_baseline(config)
     if config.device not in DEVICES:
         raise unknown_choice("device", config.device, DEVICES)
     if config.device == "cuda":
@@ -98,6 +119,23 @@ def check_algorithm(name: str) -> None:
            else "trains block-causal models, not the demo's LLaDA")
     problem = f"{why}; the demo runs one of: {', '.join(choices)}"
     raise ConfigError(f"algorithm '{name}' {problem}", cli=f"{FLAGS['algorithm']} {name} {problem}")
+
+
+def check_baseline(config: DemoConfig) -> None:
+    """With ``algorithm`` ``sft`` (continued SFT), a setting of :data:`RL_ONLY` other than its default is a one-line
+    error (rather than silently unused), naming its flag on the command line."""
+    from dare.demo.settings import default
+
+    if config.algorithm != BASELINE:
+        return
+    for name, why in RL_ONLY.items():
+        if getattr(config, name) in (default(name), default(name, quick=True)):
+            continue
+        why = why.format(sft_lr=config.sft_lr, sft_batch_size=config.sft_batch_size)
+        flag = FLAGS.get(name)
+        raise ConfigError(f"{name} does not apply to algorithm '{BASELINE}': {why}",
+                          cli=f"{flag} does not apply to {FLAGS['algorithm']} {BASELINE}: {why}; leave {flag} out, "
+                              f"or choose an RL {FLAGS['algorithm']}" if flag else None)
 
 
 # ------------------------------------------------------------------------------------------------ output directory
@@ -177,12 +215,25 @@ def eval_sampler(config: DemoConfig):
     return SamplerConfig(sampler="llada", gen_length=length, block_length=length, steps=length, temperature=0.0)
 
 
-def sft_recipe(config: DemoConfig, model: str, data, output_dir: Path, max_steps: int) -> dict:
+def warmup_steps(steps: int) -> int:
+    """Warm-up steps of an SFT phase of ``steps`` planned steps: :data:`SFT_WARMUP`, and fewer than ``steps``, so
+    that a short phase (``--quick --algorithm sft``, a small ``--sft-max-steps``) still reaches its learning rate."""
+    return max(0, min(SFT_WARMUP, steps - 1))
+
+
+def sft_recipe(config: DemoConfig, model: str, data, output_dir: Path, max_steps: int,
+               planned: int | None = None) -> dict:
+    """The SFT recipe of ``max_steps`` steps; its warm-up fits the ``planned`` steps (default ``max_steps``): SFT
+    that stopped at its target is recorded with the warm-up it ran with. It records ``--import`` too: the phase ran
+    with the plug-ins loaded (and it is the ``sft`` baseline's second phase)."""
+    from dare.plugins import recorded
+
     return {
+        **({"imports": recorded(config.imports)} if config.imports else {}),  # dare train SFT.yaml loads them too
         "model": {"path": str(model)},
         "data": {"path": str(data.sft), "chat_template": False, "max_length": 64},
         "algorithm": {"name": "sft", "normalize": "llada"},
-        "optim": {"lr": config.sft_lr, "warmup_steps": 20},
+        "optim": {"lr": config.sft_lr, "warmup_steps": warmup_steps(max_steps if planned is None else planned)},
         "distributed": {"device": resolved_device(config.device)},
         "trainer": {"output_dir": str(output_dir), "seed": config.seed, "batch_size": config.sft_batch_size,
                     "micro_batch_size": config.sft_batch_size, "max_steps": max_steps, "resume": "never"},
@@ -203,6 +254,8 @@ def rl_recipe(config: DemoConfig, model: str, data, output_dir: Path) -> dict:
         length = sampler.gen_length
         algorithm.setdefault("block_length", max(d for d in range(1, length + 1)
                                                  if length % d == 0 and length // d >= min(num_t, length)))
+    if "distill_horizon" in options:  # d-TreeRPO's schedules span the run (the reference: its max_steps)
+        algorithm.setdefault("distill_horizon", config.rl_steps)
     from dare.plugins import recorded
 
     return {
@@ -244,11 +297,15 @@ def write_recipe(recipe: dict, path: Path, threads: int | None) -> None:
 
 
 def load_recipe(recipe: dict, path: Path, threads: int | None = None):
-    """Write ``recipe`` (rerun it with ``dare train PATH``) and load it exactly as ``dare train`` does."""
+    """Write ``recipe`` (rerun it with ``dare train PATH``) and load it exactly as ``dare train`` does, except that
+    Ctrl-C stops the demo's run at once: the demo starts over when rerun, so no checkpoint is saved for it (the
+    recipe keeps ``dare train``'s default)."""
     from dare.trainer import load_train_config
 
     write_recipe(recipe, path, threads)
-    return load_train_config(path)
+    config = load_train_config(path)
+    config.trainer.save_on_interrupt = False
+    return config
 
 
 # ------------------------------------------------------------------------------------------------ phases
@@ -293,8 +350,30 @@ def run_demo(config: DemoConfig, *, log: Callable[[str], None] = print) -> dict:
     try:
         with hf_progress_bars(False):  # transformers' own bars (checkpoint writes) would break the phase lines
             return _run(config, log)
+    except KeyboardInterrupt:  # the CLI then prints "interrupted"
+        log(INTERRUPTED)
+        raise
     finally:
         torch.set_num_threads(threads)
+
+
+def log_final_accuracy(run_dir: Path, step: int, accuracy: float) -> None:
+    """Add a phase's final held-out ``accuracy`` (measured on its exported checkpoint, after the run) to its
+    ``metrics.jsonl`` as ``eval/heldout_accuracy`` of the last step ``step``: into that step's record when it is the
+    file's last one, else as a record of its own."""
+    import json
+
+    from dare.outputs import atomic_write_text
+
+    path = run_dir / "metrics.jsonl"
+    lines = path.read_text().splitlines() if path.is_file() else []
+    last = json.loads(lines[-1]) if lines else {}
+    if last.get("step") == step:
+        lines.pop()
+    else:
+        last = {"step": step}
+    lines.append(json.dumps({**last, HELDOUT: accuracy}))
+    atomic_write_text(path, "".join(line + "\n" for line in lines))
 
 
 def _run(config: DemoConfig, log: Callable[[str], None]) -> dict:
@@ -334,6 +413,8 @@ def _run(config: DemoConfig, log: Callable[[str], None]) -> dict:
         results = heldout(load_model(str(model_dir), device=device), phase.name)
         phase.accuracy = results.metrics["accuracy"]
         phase.results_file = str(results.write(out / f"eval_{phase.name}.json"))
+        if phase.steps:  # a trained phase: its metrics.jsonl ends with it (as dare runs reads it)
+            log_final_accuracy(out / phase.name, phase.steps, phase.accuracy)
 
     # --- phase 0: the random model ---------------------------------------------------------------------
     initial = Phase("init")
@@ -366,7 +447,8 @@ def _run(config: DemoConfig, log: Callable[[str], None]) -> dict:
     sft.steps = len(sft.records)
     # SFT stopped at the target: the recipe says how many steps ran (the schedule is constant after warm-up, so
     # `dare train sft.yaml` reproduces the checkpoint)
-    write_recipe(sft_recipe(config, init, data, out / "sft", sft.steps), out / "sft.yaml", config.threads)
+    write_recipe(sft_recipe(config, init, data, out / "sft", sft.steps, planned=config.sft_max_steps),
+                 out / "sft.yaml", config.threads)
     sft.seconds, sft.cpu_seconds = clock.wall, clock.cpu
     final_eval(sft, out / "sft" / "final")
     stop = "target" if reached and reached[-1] else "step cap"
@@ -378,9 +460,13 @@ def _run(config: DemoConfig, log: Callable[[str], None]) -> dict:
 
     # --- phase 2: RL from the SFT checkpoint -------------------------------------------------------------
     rl = Phase("rl")
-    label = "continued SFT (baseline)" if config.algorithm == BASELINE else config.algorithm
-    log(f"[2/3] RL with {label}: {config.rl_steps} steps, {config.prompts_per_step} prompts x "
-        f"{config.group_size} rollouts, held-out accuracy every {config.eval_every} steps")
+    second = second_phase(config.algorithm)
+    if config.algorithm == BASELINE:
+        log(f"[2/3] continued SFT instead of RL (the baseline): {config.rl_steps} steps of {config.sft_batch_size} "
+            f"demonstrations at lr {config.sft_lr:g}, held-out accuracy every {config.eval_every} steps")
+    else:
+        log(f"[2/3] RL with {config.algorithm}: {config.rl_steps} steps, {config.prompts_per_step} prompts x "
+            f"{config.group_size} rollouts, held-out accuracy every {config.eval_every} steps")
 
     def rl_hook(trainer, record: dict) -> dict | None:
         rl.records.append(record)
@@ -389,8 +475,8 @@ def _run(config: DemoConfig, log: Callable[[str], None]) -> dict:
         accuracy = heldout(trainer.model, "rl").metrics["accuracy"]
         reward = record.get("rollout/reward")
         extra = f", rollout reward {reward:.3f}" if reward is not None else ""
-        _note(f"  RL step {trainer.step}: held-out accuracy {accuracy:.1%}{extra}")
-        return {"eval/heldout_accuracy": accuracy}
+        _note(f"  {second} step {trainer.step}: held-out accuracy {accuracy:.1%}{extra}")
+        return {HELDOUT: accuracy}
 
     rl_config = load_recipe(rl_recipe(config, out / "sft" / "final", data, out / "rl"), out / "rl.yaml", config.threads)
     with Clock() as clock:
@@ -398,7 +484,7 @@ def _run(config: DemoConfig, log: Callable[[str], None]) -> dict:
     rl.steps = len(rl.records)
     rl.seconds, rl.cpu_seconds = clock.wall, clock.cpu
     final_eval(rl, out / "rl" / "final")
-    log(f"      RL: held-out accuracy {sft.accuracy:.1%} -> {rl.accuracy:.1%}")
+    log(f"      {second}: held-out accuracy {sft.accuracy:.1%} -> {rl.accuracy:.1%}")
 
     # --- report -------------------------------------------------------------------------------------------
     log("[3/3] report")
@@ -411,11 +497,15 @@ def _run(config: DemoConfig, log: Callable[[str], None]) -> dict:
         "algorithm": {"name": config.algorithm, **_section(rl_config.algorithm)},
         "sampler": {"eval": asdict(sampler.resolved()),  # every decoding setting, defaults filled in
                     "rollout": None if config.algorithm == BASELINE else asdict(rl_config.rollout.sampler.resolved())},
+        # as each phase trained: the sft baseline's second phase at sft_lr (its RL-only settings are their defaults,
+        # check_baseline), a short SFT phase with a shorter warm-up (warmup_steps)
+        "optim": {name: {"lr": run.optim.lr, "warmup_steps": run.optim.warmup_steps}
+                  for name, run in (("sft", sft_config), ("rl", rl_config))},
         "sft_stop": stop,  # "target" (validation accuracy >= sft_target) or "step cap" (sft_max_steps)
         "recipes": {"sft": str(out / "sft.yaml"), "rl": str(out / "rl.yaml")},
     }
     totals = {"seconds": time.perf_counter() - started, "cpu_seconds": time.process_time() - cpu_started}
-    return write_report(out, settings, [initial, sft, rl], totals, log=log)
+    return write_report(out, settings, [initial, sft, rl], totals, log=log, quick=is_quick(run_settings(config)))
 
 
 def _note(message: str) -> None:

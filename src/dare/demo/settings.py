@@ -12,8 +12,16 @@ from __future__ import annotations
 import math
 from dataclasses import MISSING, dataclass, field, fields
 
-from dare.errors import ConfigError, described
 from dare.config import SEEDS
+from dare.errors import ConfigError, described
+
+BASELINE = "sft"
+"""The ``--algorithm`` that continues SFT instead of RL: the baseline the RL algorithms are compared with."""
+
+
+def second_phase(algorithm: str) -> str:
+    """How the output names the second phase: ``RL`` or, for the ``sft`` baseline, ``continued SFT``."""
+    return "continued SFT" if algorithm == BASELINE else "RL"
 
 
 @dataclass
@@ -52,7 +60,8 @@ class DemoConfig:
     sft_batch_size: int = 64
     """SFT examples per step."""
     sft_lr: float = 1e-3
-    """SFT learning rate (constant after 20 warm-up steps)."""
+    """SFT learning rate (constant after 20 warm-up steps; in a phase of 20 steps or fewer, one step less than the
+    phase: :func:`dare.demo.pipeline.warmup_steps`). The ``sft`` baseline's continued SFT trains at it too."""
     rl_steps: int = 120
     """Optimizer steps of the RL phase."""
     group_size: int = 8
@@ -60,7 +69,8 @@ class DemoConfig:
     prompts_per_step: int = 16
     """Prompts per rollout batch (rollouts per step = G x prompts)."""
     rl_lr: float = 3e-4
-    """RL learning rate (constant)."""
+    """RL learning rate (constant). Not with the ``sft`` baseline, which trains at ``sft_lr``: an error there, as are
+    the other RL-only settings (:data:`dare.demo.pipeline.RL_ONLY`)."""
     temperature: float = 1.0
     """Sampling temperature of the RL rollouts (evaluation is greedy)."""
     eval_every: int = 20
