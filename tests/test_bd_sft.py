@@ -224,7 +224,7 @@ def test_lora_block_diffusion_round_trip(tmp_path, family):
 
 
 def test_block_options_are_validated():
-    with pytest.raises(ConfigError, match="unknown block origin 'responce'.*did you mean 'response'"):
+    with pytest.raises(ConfigError, match="algorithm.block_origin 'responce'.*did you mean 'response'"):
         resolve_algorithm_config({"name": "sft", "block_origin": "responce"})
     with pytest.raises(ConfigError, match="block_size must be a positive integer"):
         resolve_algorithm_config({"name": "sft", "block_size": 0})

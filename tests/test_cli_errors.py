@@ -442,7 +442,7 @@ def test_sandbox_options_on_a_benchmark_without_tests_are_one_line_errors(comman
 
 @pytest.mark.parametrize("argv, message", [
     (["trian"], "error: dare: argument COMMAND: invalid choice: 'trian' (choose from 'demo', 'eval', 'generate', "
-                "'tiny', 'train', 'recipes', 'runs', 'merge-lora') (did you mean 'train'?); see 'dare --help'"),
+                "'tiny', 'train', 'recipes', 'runs', 'merge-lora', 'export') (did you mean 'train'?); see 'dare --help'"),
     (["--versoin"], "error: dare: unrecognized arguments: --versoin (did you mean '--version'?); see 'dare --help'"),
     (["eval", "rnu"], "error: dare eval: argument SUBCOMMAND: invalid choice: 'rnu' (choose from 'run', 'sweep', "
                       "'lm-eval', 'opencompass', 'score') (did you mean 'run'?); see 'dare eval --help'"),

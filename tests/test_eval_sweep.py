@@ -95,3 +95,33 @@ def test_a_bad_limit_or_batch_size_fails_before_any_work(flags, message, tmp_pat
                  "--point", "steps=2", *flags]) == 2
     assert capsys.readouterr().err.strip().splitlines() == [message]
     assert not out.exists()
+
+
+@pytest.mark.parametrize("point, data, message", [
+    ("decoder=bogus", DATA, "error: point 0 (decoder=bogus): unknown decoder 'bogus'; choose from: dynamic, "
+                            "entropy_bounded, factor, quota, sequential, threshold"),
+    ("steps=2", "{tmp}/bad.jsonl", "invalid JSON"),
+])
+def test_a_point_or_data_file_found_bad_after_the_checks_leaves_no_out_directory(point, data, message, tmp_path,
+                                                                                  capsys):
+    """A decoder name is checked once the model says its sampler, and the data once read: the sweep used to have
+    created --out by then and left it behind, empty."""
+    (tmp_path / "bad.jsonl").write_text("{not json\n")
+    out = tmp_path / "new" / "sweep"
+    assert main(["eval", "sweep", "--model", "tiny:llada", "--benchmark", "gsm8k", "--data",
+                 data.replace("{tmp}", str(tmp_path)), "--out", str(out), "--gen-length", "8", "--point", point]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0], err
+    assert not (tmp_path / "new").exists()
+
+
+def test_an_unwritable_out_directory_still_fails_before_the_model_loads(tmp_path, capsys, monkeypatch):
+    import dare.eval.run
+
+    monkeypatch.setattr(dare.eval.run, "load_for_eval", lambda *a, **k: pytest.fail("the model was loaded"))
+    (tmp_path / "file").write_text("x")
+    out = tmp_path / "file" / "sweep"
+    assert main(["eval", "sweep", "--model", "tiny:llada", "--benchmark", "gsm8k", "--data", DATA, "--out", str(out),
+                 "--point", "steps=2"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"error: --out {out}: cannot create the directory ({tmp_path / 'file'} is a file)"]

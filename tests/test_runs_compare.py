@@ -96,3 +96,28 @@ def test_unknown_metrics_bad_runs_in_a_directory_and_nan_values(two_runs, tmp_pa
     assert [r["run"] for r in data["runs"]] == [str(root / "good"), str(nan)]
     assert f"warning: leaving out {root / 'empty'}" in caplog.text
     assert data["runs"][1]["metrics"]["loss"]["first"] is None  # the first window holds the NaN
+
+
+def test_a_directory_of_runs_is_searched_at_any_depth(tmp_path, capsys):
+    """``dare demo`` writes a run per phase (``runs/demo/sft``, ``runs/demo/rl``): ``dare runs runs/`` used to say
+    the directory holds no run, looking one level down only. A run's own directories (a checkpoint's config.yaml)
+    and hidden directories are not searched; runs are named by their paths under the directory given."""
+    root = tmp_path / "runs"
+
+    def fake_run(path, algorithm: str, lr: float) -> None:
+        path.mkdir(parents=True)
+        (path / "config.yaml").write_text(f"algorithm:\n  name: {algorithm}\noptim:\n  lr: {lr}\n")
+        (path / "metrics.jsonl").write_text('{"step": 1, "loss": 2.0}\n{"step": 2, "loss": 1.0}\n')
+
+    fake_run(root / "a", "sft", 0.1)
+    fake_run(root / "demo" / "sft", "sft", 0.2)
+    fake_run(root / "demo" / "rl", "d1", 0.3)
+    fake_run(root / "demo" / "rl" / "checkpoints" / "step_00000002", "d1", 0.4)  # inside a run: not searched
+    fake_run(root / ".trash" / "old", "sft", 0.5)
+    (root / "demo" / "data").mkdir()
+    assert main(["runs", str(root), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert [r["run"] for r in data["runs"]] == [str(root / "a"), str(root / "demo" / "rl"), str(root / "demo" / "sft")]
+    assert data["settings"]["optim.lr"] == [0.1, 0.3, 0.2]
+    assert main(["runs", str(root / "demo")]) == 0
+    assert f"| {root / 'demo' / 'rl'} | d1 | 2 |" in capsys.readouterr().out

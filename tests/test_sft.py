@@ -163,7 +163,7 @@ def test_collate_layouts():
 def test_sft_config_errors_name_the_option():
     with pytest.raises(ConfigError, match="did you mean 'algorithm.normalize'"):
         resolve_algorithm_config({"name": "sft", "normalise": "llada"})
-    with pytest.raises(ConfigError, match="unknown loss normalisation 'lada'"):
+    with pytest.raises(ConfigError, match="unknown value for algorithm.normalize 'lada'"):
         resolve_algorithm_config({"name": "sft", "normalize": "lada"})
     with pytest.raises(ConfigError, match="unknown algorithm 'stf'"):
         resolve_algorithm_config({"name": "stf"})

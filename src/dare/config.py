@@ -336,6 +336,15 @@ SEEDS = (0, 2**32 - 1)
 ``seed * 1_000_003 + epoch``, which must fit torch's 64-bit seeds."""
 
 
+def check_seed(value: int, name: str, cli: str | None = None) -> None:
+    """One-line :class:`ConfigError` ``NAME must be in [0, 4294967295]; got VALUE`` for a seed outside :data:`SEEDS`:
+    the one check of every seed a user gives (``trainer.seed``, each command's ``--seed``, ``EvalConfig.seed``);
+    ``cli``: the flag the command line names instead of ``name`` (:attr:`DareError.cli`)."""
+    if not SEEDS[0] <= value <= SEEDS[1]:
+        rule = f"must be in [{SEEDS[0]}, {SEEDS[1]}]; got {value}"
+        raise ConfigError(f"{name} {rule}", cli=f"{cli} {rule}" if cli is not None else None)
+
+
 OVERRIDE_FORMS = ("a list of 'key=value' strings, one 'key=value' string or a mapping {key: value} (dotted keys "
                   "or nested sections)")
 """What :func:`override_tree` accepts, as its one-line error names it."""

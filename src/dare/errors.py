@@ -83,6 +83,41 @@ def closest(name: str, choices: Iterable[str]) -> str | None:
     return bare[matches[0]] if matches else None
 
 
+CLOSE_NAME = 0.8
+"""How alike (:class:`difflib.SequenceMatcher` ratio) an existing file's name must be to a missing one's for
+:func:`closest_name` to suggest it, unless one typo apart: ``sft_tny.yaml`` / ``sft_tiny.yaml`` 0.96,
+``my_rewardz.py`` / ``my_rewards.py`` 0.92, not names that merely share a few letters (``nope`` / ``opt`` 0.57,
+``nope.py`` / ``setup.py`` 0.53)."""
+
+
+def one_typo_apart(a: str, b: str) -> bool:
+    """Whether ``b`` is ``a`` with one letter changed, dropped or added, or two neighbours swapped."""
+    if a == b or abs(len(a) - len(b)) > 1:
+        return False
+    if len(a) == len(b):
+        diff = [i for i, (x, y) in enumerate(zip(a, b)) if x != y]
+        return len(diff) == 1 or (len(diff) == 2 and diff[1] == diff[0] + 1 and a[diff[0]] == b[diff[1]]
+                                  and a[diff[1]] == b[diff[0]])
+    short, long = sorted((a, b), key=len)
+    return any(long[:i] + long[i + 1:] == short for i in range(len(long)))
+
+
+def closest_name(name: str, names: Iterable[str]) -> str | None:
+    """The entry among ``names`` (a folder's) that the last part ``name`` of a missing path mistypes, or None: one
+    spelt alike but for case, else one a typo apart (:func:`one_typo_apart`; ``tnp`` -> ``tmp``), else the most alike
+    with a ratio of at least :data:`CLOSE_NAME`. Stricter than :func:`closest`: a 'did you mean' for a path must not
+    send the user to an unrelated file that happens to exist (``/nope`` -> ``/opt``, ``nope.py`` -> ``setup.py``)."""
+    names = list(names)
+    same_letters = [entry for entry in names if entry.lower() == name.lower()]
+    if len(same_letters) == 1:
+        return same_letters[0]
+    typos = [entry for entry in names if len(name) >= 3 and one_typo_apart(name, entry)]
+    if typos:
+        return max(typos, key=lambda entry: difflib.SequenceMatcher(None, name, entry).ratio())
+    matches = difflib.get_close_matches(name, names, n=1, cutoff=CLOSE_NAME)
+    return matches[0] if matches else None
+
+
 def unknown_choice(kind: str, name: str, choices: Iterable[str]) -> ConfigError:
     """Build the error for an unknown registry entry, suggesting the closest valid name."""
     choices = sorted(choices)

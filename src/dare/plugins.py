@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dare.errors import ConfigError, closest, described, first_line
+from dare.errors import ConfigError, closest_name, described, first_line
 
 ENTRY_POINT_GROUP = "dare.plugins"
 """The entry-point group an installed package declares its plug-in module in (``pyproject.toml``:
@@ -187,13 +187,13 @@ def plain_alias(path: Path) -> str | None:
 
 
 def missing_file(spec: str, path: Path) -> str:
-    """Why ``spec`` (absolute: ``path``) is no plug-in file: a directory, or no such file (with the closest ``.py``
-    file of its folder, if any)."""
+    """Why ``spec`` (absolute: ``path``) is no plug-in file: a directory, or no such file (with the ``.py`` file of
+    its folder whose name it mistypes, if any: :func:`~dare.errors.closest_name`)."""
     if path.is_dir():
         return f"{spec} is a directory (give a .py file, or the package's module name)"
     where = "" if Path(spec).is_absolute() else f" in {Path.cwd()}"
     others = [p.name for p in path.parent.glob("*.py")] if path.parent.is_dir() else []
-    hint = closest(path.name, others)
+    hint = closest_name(path.name, others)
     return f"no file {spec}{where}" + (f" (did you mean {Path(spec).parent / hint}?)" if hint else "")
 
 

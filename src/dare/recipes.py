@@ -13,7 +13,7 @@ import os
 import sys
 from pathlib import Path
 
-from dare.errors import ConfigError, closest, wrong_type
+from dare.errors import ConfigError, closest, closest_name, wrong_type
 
 FAMILIES = ("dream", "llada", "llada2", "sdar")
 """The folders of ``configs/`` that hold training recipes (``configs/lm_eval`` and ``configs/opencompass`` are
@@ -159,10 +159,13 @@ def unknown_recipe(given: str | os.PathLike) -> ConfigError:
     if key in known:  # a missing path of the user's own that spells a shipped recipe's family and name
         return ConfigError(f"config file {given} does not exist (the shipped recipe with that name is {key}: dare train "
                            f"{key})")
-    hint = closest(key, known)
+    spelt_as_layout = names_shipped_layout(given) or (not Path(given).is_absolute() and len(Path(given).parts) == 2)
+    as_path = spelt_as_layout and not typed_as_name(given)  # suggested as a path: only a mistyped one is corrected
+    near_name = closest_name if as_path else closest
+    hint = near_name(key, known)
     family, _, name = key.partition("/")
     if name and family in FAMILIES:  # the family is right: compare names alone (llada/nope is not llada/spg_8b)
-        near = closest(name, [k.partition("/")[2] for k in known if k.partition("/")[0] == family])
+        near = near_name(name, [k.partition("/")[2] for k in known if k.partition("/")[0] == family])
         hint = f"{family}/{near}" if near else None
     if typed_as_name(given):
         if key in FAMILIES:  # a family alone: its recipes are family/NAME
@@ -178,7 +181,6 @@ def unknown_recipe(given: str | os.PathLike) -> ConfigError:
                 hint = ", ".join(name for name in known if name.partition("/")[2] == near)
         suggestion = f" (did you mean {hint}?)" if hint else ""
         return ConfigError(f"no recipe named {given}{suggestion}; {LISTED_BY}")
-    spelt_as_layout = names_shipped_layout(given) or (not Path(given).is_absolute() and len(Path(given).parts) == 2)
     if hint and spelt_as_layout:  # configs/llada/sft_tny.yaml, lada/d1_tiny.yaml: the path as the user spells it
         suggestion = f" (did you mean {Path(Path(given).parent.parent, hint + Path(given).suffix)}?)"
     elif hint:  # a path of the user's own: the shipped recipe it may mean, by name

@@ -45,10 +45,28 @@ def is_run(path: Path) -> bool:
     return (path / "config.yaml").is_file()
 
 
+def runs_below(directory: Path) -> list[Path]:
+    """The runs inside ``directory`` at any depth, in path order (``runs/a``, ``runs/demo/rl``, ``runs/demo/sft``:
+    ``dare demo`` writes a run per phase). A run's own directories (checkpoints, exports) are not searched, nor
+    hidden directories, directories reached through a symbolic link (a run linked there is found) or unreadable
+    ones."""
+    try:
+        children = sorted(child for child in directory.iterdir() if child.is_dir())
+    except OSError:
+        return []
+    found = []
+    for child in children:
+        if is_run(child):
+            found.append(child)
+        elif not child.name.startswith(".") and not child.is_symlink():
+            found += runs_below(child)
+    return found
+
+
 def find_runs(paths: list[str]) -> list[tuple[Path, bool]]:
     """The run directories named by ``paths``, each with whether it was named itself: a run (it holds
-    ``config.yaml``), or a directory of runs (its sub-directories that are runs, sorted; e.g. ``runs/``). Anything
-    else is a one-line :class:`InputError`."""
+    ``config.yaml``), or a directory of runs (the runs below it at any depth, :func:`runs_below`; e.g. ``runs/``).
+    Anything else is a one-line :class:`InputError`."""
     found = []
     for given in paths:
         path = Path(given)
@@ -57,7 +75,7 @@ def find_runs(paths: list[str]) -> list[tuple[Path, bool]]:
         if is_run(path):
             found.append((path, True))
             continue
-        children = sorted(child for child in path.iterdir() if child.is_dir() and is_run(child))
+        children = runs_below(path)
         if not children:
             raise InputError(f"{given}: not a training run (no config.yaml) and holds none: give dare train output "
                              "directories (trainer.output_dir)")
@@ -199,4 +217,4 @@ def comparison_text(runs: list[Run], metrics: list[str]) -> str:
 
 
 __all__ = ["DEFAULT_METRICS", "Run", "WINDOW", "comparison", "comparison_text", "differing_settings", "find_runs",
-           "first_last", "read_run", "read_runs", "shown_metrics"]
+           "first_last", "read_run", "read_runs", "runs_below", "shown_metrics"]

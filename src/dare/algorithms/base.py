@@ -30,8 +30,9 @@ Totals may be vectors (e.g. per-step token counts); they are summed elementwise.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 from tensordict import TensorDict
@@ -90,6 +91,33 @@ class AlgorithmConfig:
 
     name: str = "sft"
     """Registered algorithm name."""
+
+
+def written(value: Any) -> str:
+    """A setting's value as an override spells it: ``null``, ``true`` / ``false``, ``[0.2, 0.8]``, ``0.5``."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (list, tuple)):
+        return f"[{', '.join(written(item) for item in value)}]"
+    return str(value)
+
+
+def check_settings(config: AlgorithmConfig, rules: Mapping[str, tuple[Callable[[Any], bool], str]]) -> None:
+    """One-line :class:`ConfigError` ``algorithm.KEY must be RULE; got VALUE`` for the first setting of algorithm
+    section ``config`` that breaks its rule (``rules``: key -> ``(allowed(value), rule)``)."""
+    for key, (allowed, rule) in rules.items():
+        value = getattr(config, key)
+        if not allowed(value):
+            raise ConfigError(f"algorithm.{key} must be {rule}; got {written(value)}")
+
+
+def settings_error(config: AlgorithmConfig, rule: str, *keys: str) -> ConfigError:
+    """The one-line error for settings of algorithm section ``config`` that break ``rule`` together, each named as
+    the user writes it: ``algorithm.t_low=0.9, algorithm.t_high=0.5: must satisfy 0 < t_low <= t_high < 1``."""
+    given = ", ".join(f"algorithm.{key}={written(getattr(config, key))}" for key in keys)
+    return ConfigError(f"{given}: {rule}")
 
 
 class Algorithm:

@@ -14,11 +14,10 @@ from dataclasses import dataclass
 import torch
 from tensordict import TensorDict
 
-from dare.algorithms.base import register_algorithm
+from dare.algorithms.base import register_algorithm, settings_error
 from dare.algorithms.functional import coupled_logp
 from dare.algorithms.rl import PPOConfig, RLAlgorithm
 from dare.diffusion import corrupt_complementary
-from dare.errors import ConfigError
 
 
 @dataclass
@@ -41,7 +40,7 @@ class CoupledGRPOConfig(PPOConfig):
     def __post_init__(self):
         super().__post_init__()
         if not 0 < self.t_low <= self.t_high < 1:
-            raise ConfigError(f"algorithm.t_low/t_high must satisfy 0 < t_low <= t_high < 1; got {self.t_low}, {self.t_high}")
+            raise settings_error(self, "must satisfy 0 < t_low <= t_high < 1", "t_low", "t_high")
 
 
 @register_algorithm

@@ -56,7 +56,7 @@ from dataclasses import dataclass
 import torch
 from tensordict import TensorDict
 
-from dare.algorithms.base import register_algorithm
+from dare.algorithms.base import check_settings, register_algorithm
 from dare.algorithms.functional import clipped_surrogate, kl_estimate
 from dare.algorithms.rl import PPOConfig, RLAlgorithm, RolloutContext, TermwiseMixin, response_field
 from dare.errors import ConfigError
@@ -94,11 +94,10 @@ class DTreeRPOConfig(PPOConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        if self.branch_factor < 1 or self.levels < 1:
-            raise ConfigError(f"algorithm.branch_factor and levels must be >= 1; got {self.branch_factor}, "
-                              f"{self.levels}")
-        if self.distill_horizon < 1 or self.distill_tau_max <= 0 or self.distill_lambda_max < 0:
-            raise ConfigError("algorithm.distill_horizon must be >= 1, distill_tau_max > 0, distill_lambda_max >= 0")
+        check_settings(self, {"branch_factor": (lambda v: v >= 1, ">= 1"), "levels": (lambda v: v >= 1, ">= 1"),
+                              "distill_horizon": (lambda v: v >= 1, ">= 1"),
+                              "distill_tau_max": (lambda v: v > 0, "> 0"),
+                              "distill_lambda_max": (lambda v: v >= 0, ">= 0")})
 
 
 def branch_points(steps: int, levels: int) -> list[int]:

@@ -47,11 +47,10 @@ from dataclasses import dataclass
 import torch
 from tensordict import TensorDict
 
-from dare.algorithms.base import register_algorithm
+from dare.algorithms.base import check_settings, register_algorithm, settings_error
 from dare.algorithms.d1 import D1, D1Config
 from dare.algorithms.logprobs import denoising_logits, model_inputs
 from dare.algorithms.rl import RolloutContext
-from dare.errors import ConfigError
 
 
 @dataclass
@@ -93,13 +92,11 @@ class IGPOConfig(D1Config):
     def __post_init__(self):
         super().__post_init__()
         if not 0 <= self.ratio_low <= self.ratio_high <= 1:
-            raise ConfigError(f"algorithm.ratio_low/ratio_high must satisfy 0 <= low <= high <= 1; got "
-                              f"{self.ratio_low}, {self.ratio_high}")
+            raise settings_error(self, "must satisfy 0 <= ratio_low <= ratio_high <= 1", "ratio_low", "ratio_high")
         if not 1 <= self.min_chunk <= self.max_chunk:
-            raise ConfigError(f"algorithm.min_chunk/max_chunk must satisfy 1 <= min <= max; got {self.min_chunk}, "
-                              f"{self.max_chunk}")
-        if self.max_replacements < 0 or self.free_tail < 0 or not 0 <= self.hint_entropy_keep <= 1:
-            raise ConfigError("algorithm.max_replacements and free_tail must be >= 0, hint_entropy_keep in [0, 1]")
+            raise settings_error(self, "must satisfy 1 <= min_chunk <= max_chunk", "min_chunk", "max_chunk")
+        check_settings(self, {"max_replacements": (lambda v: v >= 0, ">= 0"), "free_tail": (lambda v: v >= 0, ">= 0"),
+                              "hint_entropy_keep": (lambda v: 0 <= v <= 1, "in [0, 1]")})
 
 
 def hint_source(sample: dict, reasoning_key: str | None, answer_key: str, marker: str | None) -> str:

@@ -37,7 +37,7 @@ from typing import ClassVar
 import torch
 from tensordict import TensorDict
 
-from dare.algorithms.base import Algorithm, AlgorithmConfig, Needs
+from dare.algorithms.base import Algorithm, AlgorithmConfig, Needs, check_settings
 from dare.algorithms.functional import ADVANTAGE_MODES, KL_ESTIMATORS, clipped_surrogate, group_advantages, kl_estimate
 from dare.algorithms.logprobs import DEFAULT_LOGITS_CHUNK, BlockLayout, masked_logprobs, model_inputs
 from dare.errors import ConfigError, unknown_choice
@@ -67,10 +67,9 @@ class GroupConfig(AlgorithmConfig):
     def __post_init__(self):
         if self.advantage not in ADVANTAGE_MODES:
             raise unknown_choice("value for algorithm.advantage", self.advantage, ADVANTAGE_MODES)
-        if self.inner_steps < 1:
-            raise ConfigError(f"algorithm.inner_steps must be >= 1; got {self.inner_steps}")
-        if self.block_size is not None:
-            BlockLayout(self.block_size)  # validates
+        check_settings(self, {"inner_steps": (lambda v: v >= 1, ">= 1"),
+                              "block_size": (lambda v: v is None or (isinstance(v, int) and not isinstance(v, bool)
+                                                                     and v >= 1), "a positive integer (or null)")})
 
 
 @dataclass
@@ -92,12 +91,10 @@ class PPOConfig(GroupConfig):
         super().__post_init__()
         if self.kl_estimator not in KL_ESTIMATORS:
             raise unknown_choice("value for algorithm.kl_estimator", self.kl_estimator, KL_ESTIMATORS)
-        if not 0 <= self.clip_low < 1 or (self.clip_high is not None and self.clip_high < 0):
-            raise ConfigError(f"clip range must satisfy 0 <= clip_low < 1, clip_high >= 0; got {self.clip_low}, {self.clip_high}")
-        if self.dual_clip is not None and self.dual_clip <= 1:
-            raise ConfigError(f"algorithm.dual_clip must be > 1 (or null); got {self.dual_clip}")
-        if self.kl_coef < 0:
-            raise ConfigError(f"algorithm.kl_coef must be >= 0; got {self.kl_coef}")
+        check_settings(self, {"clip_low": (lambda v: 0 <= v < 1, "in [0, 1)"),
+                              "clip_high": (lambda v: v is None or v >= 0, ">= 0 (or null: clip_low)"),
+                              "dual_clip": (lambda v: v is None or v > 1, "> 1 (or null)"),
+                              "kl_coef": (lambda v: v >= 0, ">= 0")})
 
 
 # --------------------------------------------------------------------------------------------- context

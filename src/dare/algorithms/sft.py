@@ -21,10 +21,10 @@ from dataclasses import dataclass
 import torch
 from tensordict import TensorDict
 
-from dare.algorithms.base import Algorithm, AlgorithmConfig, register_algorithm
+from dare.algorithms.base import Algorithm, AlgorithmConfig, check_settings, register_algorithm, settings_error
 from dare.algorithms.logprobs import BlockLayout, masked_logprobs, model_inputs, prompt_lengths_of
-from dare.diffusion import ForwardProcess, corrupt, nelbo_totals, nelbo_weights, resolve_normalization
-from dare.errors import ConfigError
+from dare.diffusion import ForwardProcess, corrupt, nelbo_totals, nelbo_weights
+from dare.errors import ConfigError, unknown_choice
 
 
 @dataclass
@@ -52,9 +52,19 @@ class SFTConfig(AlgorithmConfig):
     """Block-causal families: one masking ratio per block (BD3LM) instead of one per sequence (SDAR, LLaDA2)."""
 
     def __post_init__(self):
-        resolve_normalization(self.normalize)
-        BlockLayout(1 if self.block_size is None else self.block_size, self.block_origin)  # validates both
-        _ = self.process()  # ForwardProcess validates the schedule and the range
+        from dare.diffusion.elbo import ALIASES, NORMALIZATIONS
+        from dare.diffusion.forward import SCHEDULES
+        from dare.models.block_diffusion import BLOCK_ORIGINS
+
+        choices = {"schedule": SCHEDULES, "normalize": (*NORMALIZATIONS, *ALIASES), "block_origin": BLOCK_ORIGINS}
+        for key, options in choices.items():
+            if getattr(self, key) not in options:
+                raise unknown_choice(f"value for algorithm.{key}", getattr(self, key), options)
+        check_settings(self, {"block_size": (lambda v: v is None or (isinstance(v, int) and not isinstance(v, bool)
+                                                                     and v >= 1), "a positive integer (or null)")})
+        if not 0.0 < self.t_min <= self.t_max <= 1.0:
+            raise settings_error(self, "must satisfy 0 < t_min <= t_max <= 1", "t_min", "t_max")
+        _ = self.process()  # ForwardProcess's own checks
 
     def process(self, block_size: int | None = None) -> ForwardProcess:
         """The forward process; ``block_size`` (the resolved block length) is used only with ``per_block_t``."""

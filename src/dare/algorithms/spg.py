@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 from tensordict import TensorDict
 
-from dare.algorithms.base import register_algorithm
+from dare.algorithms.base import check_settings, register_algorithm, settings_error
 from dare.algorithms.functional import spg_elbo, spg_eubo
 from dare.algorithms.rl import STREAM_PROMPT, GroupConfig, RLAlgorithm
 from dare.diffusion.forward import exact_mask, iid_mask
@@ -56,10 +56,10 @@ class SPGConfig(GroupConfig):
         super().__post_init__()
         if self.logp_estimation not in ESTIMATORS:
             raise unknown_choice("value for algorithm.logp_estimation", self.logp_estimation, ESTIMATORS)
-        if self.num_t < 1 or self.block_length < 1 or self.eubo_beta <= 0:
-            raise ConfigError("algorithm.num_t and block_length must be >= 1 and eubo_beta > 0")
+        check_settings(self, {"num_t": (lambda v: v >= 1, ">= 1"), "block_length": (lambda v: v >= 1, ">= 1"),
+                              "eubo_beta": (lambda v: v > 0, "> 0")})
         if not 0 <= self.min_t <= self.max_t <= 1:
-            raise ConfigError(f"algorithm.min_t/max_t must satisfy 0 <= min_t <= max_t <= 1; got {self.min_t}, {self.max_t}")
+            raise settings_error(self, "must satisfy 0 <= min_t <= max_t <= 1", "min_t", "max_t")
 
 
 def block_random_views(batch: TensorDict, mask_id: int, cfg: SPGConfig, *, seed: int, step: int):

@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 import torch
 from tensordict import TensorDict
 
-from dare.algorithms.base import Auxiliary, register_algorithm
+from dare.algorithms.base import Auxiliary, check_settings, register_algorithm, written
 from dare.algorithms.functional import (
     clipped_surrogate, group_advantages, kl_estimate, shrink_step_map, step_ranks, tracerl_token_advantages,
 )
@@ -105,16 +105,15 @@ class TraceRLConfig(PPOConfig):
         super().__post_init__()
         if self.normalize not in NORMALIZE:
             raise unknown_choice("value for algorithm.normalize", self.normalize, NORMALIZE)
-        if self.truncation_margin < 0:
-            raise ConfigError(f"algorithm.truncation_margin must be >= 0; got {self.truncation_margin}")
-        if self.shrink < 1 or self.post_num < 0:
-            raise ConfigError(f"algorithm.shrink must be >= 1 and post_num >= 0; got {self.shrink}, {self.post_num}")
+        check_settings(self, {"truncation_margin": (lambda v: v >= 0, ">= 0"), "shrink": (lambda v: v >= 1, ">= 1"),
+                              "post_num": (lambda v: v >= 0, ">= 0")})
         if self.accuracy_filter is not None and (len(self.accuracy_filter) != 2 or
                                                  not 0 <= self.accuracy_filter[0] <= self.accuracy_filter[1] <= 1):
             raise ConfigError(f"algorithm.accuracy_filter must be [low, high] with 0 <= low <= high <= 1 (or null); "
-                              f"got {self.accuracy_filter}")
-        if self.value_lr <= 0 or self.value_clip <= 0 or not 0 <= self.gamma <= 1 or not 0 <= self.lam <= 1:
-            raise ConfigError("algorithm.value_lr and value_clip must be > 0, gamma and lam in [0, 1]")
+                              f"got {written(self.accuracy_filter)}")
+        check_settings(self, {"value_lr": (lambda v: v > 0, "> 0"), "value_clip": (lambda v: v > 0, "> 0"),
+                              "gamma": (lambda v: 0 <= v <= 1, "in [0, 1]"),
+                              "lam": (lambda v: 0 <= v <= 1, "in [0, 1]")})
 
 
 class ValueModel(torch.nn.Module):

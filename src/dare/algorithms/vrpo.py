@@ -17,10 +17,11 @@ import torch
 import torch.nn.functional as F
 from tensordict import TensorDict
 
-from dare.algorithms.base import Algorithm, AlgorithmConfig, Needs, register_algorithm
+from dare.algorithms.base import Algorithm, AlgorithmConfig, Needs, check_settings, register_algorithm
 from dare.algorithms.rl import forward_logp
 from dare.diffusion import ForwardProcess, corrupt_mc
-from dare.errors import ConfigError
+from dare.diffusion.forward import SCHEDULES
+from dare.errors import ConfigError, unknown_choice
 
 
 @dataclass
@@ -39,9 +40,10 @@ class VRPOConfig(AlgorithmConfig):
     """Divide the ELBO by this constant before the DPO logit (1 = raw ELBO; yjyddq/DARE: the padded length)."""
 
     def __post_init__(self):
-        if self.mc_num < 1 or self.beta <= 0 or self.elbo_divisor <= 0:
-            raise ConfigError("algorithm.mc_num must be >= 1, beta and elbo_divisor > 0")
-        ForwardProcess(schedule=self.schedule)  # validates the schedule name
+        check_settings(self, {"mc_num": (lambda v: v >= 1, ">= 1"), "beta": (lambda v: v > 0, "> 0"),
+                              "elbo_divisor": (lambda v: v > 0, "> 0")})
+        if self.schedule not in SCHEDULES:
+            raise unknown_choice("value for algorithm.schedule", self.schedule, SCHEDULES)
 
 
 @dataclass

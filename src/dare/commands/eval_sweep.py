@@ -164,7 +164,7 @@ def run(args: argparse.Namespace) -> int:
     from dare.eval import EvalConfig, evaluate, get_benchmark
     from dare.eval.run import load_for_eval
     from dare.eval.sweep import check_sweep_out, run_sweep
-    from dare.outputs import ensure_dir
+    from dare.outputs import check_dir_target, ensure_dir
     from dare.plugins import load_plugins
     from dare.rollout import SamplerConfig, default_sampler
 
@@ -181,11 +181,12 @@ def run(args: argparse.Namespace) -> int:
     config.check()  # --batch-size, before any work
     common = eval_sampler_values(args, bench, config)
     check_points(points, common)  # every point's names and values, before the data and the model load
-    ensure_dir(args.out, "--out")  # a bad flag leaves no directory behind; before the data and the model load
+    check_dir_target(args.out, "--out")  # ensure_dir's errors, creating nothing yet
     samples, pool, pool_source, data = load_samples(bench, args)
     model, tokenizer, model_info = load_for_eval(args.model, args.adapter, args.device, args.dtype,
                                                  compile_blocks=args.compile_blocks, tokenizer=args.tokenizer)
     check_points(points, common, model)  # every point resolved for the model, before the first one runs
+    ensure_dir(args.out, "--out")  # once everything is checked: a bad point or data file leaves no directory behind
     progress = not args.no_progress  # plain lines when stderr is not a terminal (dare.progress)
 
     def evaluate_point(fields):

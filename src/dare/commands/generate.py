@@ -277,6 +277,10 @@ def run(args: argparse.Namespace) -> int:
         sampler_config(args)  # a typo fails before the model is loaded
     else:
         SamplerConfig.from_dict(values).check_values()  # so does a value out of range
+    if "seed" in values:  # a whole number now: the seed a user gives is checked as every command checks it
+        from dare.config import check_seed
+
+        check_seed(values["seed"], "--seed" if args.seed is not None else "-o seed")
     spec = model_argument(args)
     device = resolve_device(args.device)
     dtype = args.dtype or ("bfloat16" if device.type == "cuda" else "float32")

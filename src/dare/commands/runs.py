@@ -15,7 +15,8 @@ LIGHT = True
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("runs", nargs="+", metavar="RUN",
                         help="a dare train output directory (trainer.output_dir), or a directory holding several "
-                             "(each sub-directory with a config.yaml); a run still training is read as far as it got")
+                             "(every directory below it with a config.yaml, at any depth: runs/demo/sft, runs/demo/rl); "
+                             "a run still training is read as far as it got")
     parser.add_argument("--metrics", nargs="+", metavar="KEY", default=None,
                         help="metrics.jsonl keys to show (default: loss, rollout/reward, rollout/accuracy where "
                              "logged, and every eval/* key); first -> last are means of the first / last min(5, half of "

@@ -24,8 +24,10 @@ def run(args: argparse.Namespace) -> int:
 
     import torch
 
+    from dare.config import check_seed
     from dare.models.tiny import write_tiny_checkpoint
 
+    check_seed(args.seed, "--seed")
     # --out is checked there (new, empty or an earlier tiny checkpoint), and the family, before anything is written
     path = write_tiny_checkpoint(args.family, args.out, seed=args.seed, dtype=getattr(torch, args.dtype), what="--out")
     print(f"wrote {path}: a tiny random {args.family} checkpoint (seed {args.seed}, {args.dtype}) with DARE's "

@@ -21,7 +21,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "when given, else the defaults; the chosen algorithm's section only), then exit")
     parser.add_argument("--dry-run", action="store_true",
                         help="validate (config, model and data paths, the algorithm against the model family, "
-                             "rollout sampler and reward, an RL prompt file's records against the reward, "
+                             "rollout sampler and reward, a data file's records (RL prompts against the reward, "
+                             "SFT examples, preference pairs), "
                              "trainer.resume and trainer.output_dir; loads no model) and "
                              "print the resolved config, then exit")
     parser.set_defaults(train_parser=parser)
@@ -255,11 +256,11 @@ def run(args: argparse.Namespace) -> int:
         import yaml
 
         from dare.algorithms import get_algorithm
-        from dare.trainer.preflight import check_prompt_records, check_run, fill_rollout_defaults
+        from dare.trainer.preflight import check_data_records, check_run, fill_rollout_defaults
 
         fill_rollout_defaults(config, dry_run=True)  # downloads nothing
         check_run(config, dry_run=True)  # what a run checks before it loads the model and the data
-        check_prompt_records(config, get_algorithm(config.algorithm.name).needs)  # the prompts' FILE:LINE errors
+        check_data_records(config, get_algorithm(config.algorithm.name).needs)  # the records' FILE:LINE errors
         from pathlib import Path
 
         from dare.trainer.config import config_dict

@@ -259,14 +259,33 @@ class SFTDataset:
         return len(self.examples)
 
 
+def sft_records(cfg, seed: int = 0) -> Records:
+    """The records an SFT run reads from ``cfg.path`` (a :class:`~dare.trainer.config.DataConfig`): a data file's,
+    or ``synthetic:TASK``'s under the configured prompt and response keys."""
+    records = read_records(cfg.path, cfg.num_examples, seed)
+    if cfg.path.startswith(SYNTHETIC_PREFIX):  # generated records: the key settings apply to data files
+        records = Records([{cfg.prompt_key: r["prompt"], cfg.response_key: r["response"]} for r in records], cfg.path)
+    return records
+
+
+def check_sft_records(cfg, seed: int = 0, warn: bool = True) -> None:
+    """``dare train --dry-run``'s read of an SFT run's data: every record it would train on holds a chat or a
+    prompt and a response of text, with the run's ``FILE:LINE: record N`` errors (:func:`build_sft_dataset`'s own
+    checks, without a tokenizer); ``warn``: log the key settings no record was read through."""
+    records, read = sft_records(cfg, seed), set()
+    for number, record in enumerate(records):
+        read.add("messages" if cfg.messages_key in record else "prompt")
+        _messages(record, cfg, records.where(number))
+    if warn and not cfg.path.startswith(SYNTHETIC_PREFIX):
+        warn_unread_keys(cfg, read, cfg.path)
+
+
 def build_sft_dataset(cfg, tokenizer, eos_id: int, seed: int = 0, progress: bool = False,
                       warn: bool = True) -> SFTDataset:
     """Read and tokenize ``cfg.path`` (a :class:`~dare.trainer.config.DataConfig`); ``warn``: log the key settings
     no record was read through (:func:`warn_unread_keys`)."""
-    records = read_records(cfg.path, cfg.num_examples, seed)
+    records = sft_records(cfg, seed)
     generated = cfg.path.startswith(SYNTHETIC_PREFIX)
-    if generated:  # generated records: the key settings apply to data files
-        records = Records([{cfg.prompt_key: r["prompt"], cfg.response_key: r["response"]} for r in records], cfg.path)
     iterator = records
     if progress:
         from dare.progress import progress_bar

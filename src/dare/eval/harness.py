@@ -112,6 +112,19 @@ def positive_int(name: str, value: Any) -> int:
     return number
 
 
+def seed_number(name: str, value: Any) -> int:
+    """``value`` as a seed (harness arguments often arrive as strings): a whole number in
+    :data:`dare.config.SEEDS` (:func:`dare.config.check_seed`); a one-line error otherwise."""
+    from dare.config import check_seed
+
+    try:
+        number = int(str(value).strip())
+    except ValueError:
+        raise ConfigError(f"{name} must be a whole number; got {value!r}") from None
+    check_seed(number, name)
+    return number
+
+
 def boolean(name: str, value: Any) -> bool:
     """``value`` as a bool (``true``/``false``/``1``/``0``/``yes``/``no`` when it arrives as a string); a
     one-line error otherwise."""

@@ -93,7 +93,7 @@ class DareLM(_LM):
         super().__init__()
         import torch
 
-        from dare.eval.harness import boolean, positive_int, split_options
+        from dare.eval.harness import boolean, positive_int, seed_number, split_options
         from dare.eval.likelihood import LikelihoodConfig
         from dare.rollout import SamplerConfig
         from dare.rollout.engine import check_environment
@@ -108,7 +108,7 @@ class DareLM(_LM):
         self.mc_batch_size = positive_int("mc_batch_size", mc_batch_size or self.batch_size)
         # without a seed model arg: torch's, which lm-eval's --seed set before it made the model (read now: loading
         # a tiny model reseeds torch)
-        self.seed = torch.initial_seed() % 2**32 if seed is None else int(seed)
+        self.seed = torch.initial_seed() % 2**32 if seed is None else seed_number("seed", seed)
         self._warned: set[tuple] = set()  # warnings given once per model
         compile_blocks = boolean("compile_blocks", compile_blocks)
         self.sampler_fields, likelihood = split_options(options, OWN_ARGS, "dare model arg")

@@ -114,7 +114,7 @@ class DareDiffusionModel(_BaseModel):
         # OpenCompass passes every key of the model entry: a misspelt one is a one-line error, as are unknown
         # sampler / likelihood fields and an unknown sampler preset
         check_model_args({"sampler": sampler, "likelihood": likelihood, "generation_kwargs": generation_kwargs,
-                          "imports": imports, **unknown})
+                          "imports": imports, "seed": seed, **unknown})
         compile_blocks = boolean("compile_blocks", compile_blocks)
         super().__init__(path=path, max_seq_len=max_seq_len, tokenizer_only=tokenizer_only,
                          meta_template=meta_template, generation_kwargs=dict(generation_kwargs or {}))
@@ -369,7 +369,7 @@ def check_model_args(args: Mapping[str, Any], name: str = "DareDiffusionModel") 
     """The ``imports`` plug-ins (imported here: :func:`dare.plugins.load_plugins`), argument names, ``sampler`` /
     ``generation_kwargs`` fields (and the sampler preset) and ``likelihood`` fields of a ``DareDiffusionModel`` (:func:`check_key_places`, then the values); ``name`` starts the
     messages."""
-    from dare.eval.harness import request_sampler
+    from dare.eval.harness import request_sampler, seed_number
     from dare.eval.likelihood import LikelihoodConfig
     from dare.rollout import SamplerConfig
 
@@ -387,6 +387,8 @@ def check_model_args(args: Mapping[str, Any], name: str = "DareDiffusionModel") 
         if "sampler" in sampler:  # resolved as a request resolves it: an unknown preset, a wrong field type
             request_sampler(sampler, sampler["sampler"], None, 0)
         LikelihoodConfig.from_dict(dict(args.get("likelihood") or {}))
+        if args.get("seed") is not None:
+            seed_number("seed", args["seed"])
     except ConfigError as err:
         raise ConfigError(f"{name}: {err}") from None
 

@@ -86,7 +86,10 @@ class EvalConfig:
     def check(self) -> None:
         """One-line :class:`ConfigError` for a field of the wrong type (``shots='2'``, ``ks=5``, ``chat='yes'``) or
         a bad count (before any model is loaded or any token generated)."""
+        from dare.config import check_seed
+
         EvalConfig.from_dict(dataclasses.asdict(self))  # the types, as a mapping of these values would be checked
+        check_seed(self.seed, "EvalConfig.seed", cli="--seed")
         for name, flag in (("num_samples", "--num-samples"), ("batch_size", "--batch-size")):
             value = getattr(self, name)
             if value < 1:

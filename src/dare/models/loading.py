@@ -17,7 +17,9 @@ from typing import Any
 
 import torch
 
-from dare.errors import ConfigError, DareError, InputError, and_join, closest, described, first_line, wrong_type
+from dare.errors import (
+    ConfigError, DareError, InputError, and_join, closest, closest_name, described, first_line, wrong_type,
+)
 
 log = logging.getLogger("dare.models")
 
@@ -107,7 +109,7 @@ def sibling_hint(path: str) -> str:
     names = [entry.name for entry in folder.iterdir() if entry.is_dir()]
     step = re.fullmatch(r"step_?(\d+)", local.name)
     padded = f"step_{int(step.group(1)):08d}" if step else None
-    hint = padded if padded in names else closest(local.name, names)
+    hint = padded if padded in names else closest_name(local.name, names)
     return f" (did you mean {folder / hint}?)" if hint else ""
 
 

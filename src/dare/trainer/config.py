@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dare.config import (
-    SEEDS, closest_key, config_keys, flatten, from_dict, load_yaml, merge, override_tree, to_dict,
+    check_seed, closest_key, config_keys, flatten, from_dict, load_yaml, merge, override_tree, to_dict,
 )
 from dare.errors import ConfigError, unknown_choice, wrong_type
 from dare.plugins import load_plugins, recorded
@@ -310,8 +310,10 @@ class TrainConfig:
         """One-line errors for numbers outside their range (they would otherwise fail deep inside torch, or train
         silently wrong: a negative gradient clip reverses the update)."""
         optim, data = self.optim, self.data
-        if not SEEDS[0] <= self.trainer.seed <= SEEDS[1]:
-            raise ConfigError(f"trainer.seed must be in [{SEEDS[0]}, {SEEDS[1]}]; got {self.trainer.seed}")
+        check_seed(self.trainer.seed, "trainer.seed")
+        sampler_seed = getattr(self.rollout.sampler, "seed", 0)
+        if isinstance(sampler_seed, int):  # another type: the sampler's own check names it
+            check_seed(sampler_seed, "rollout.sampler.seed")
         if optim.grad_clip is not None and optim.grad_clip <= 0:
             raise ConfigError(f"optim.grad_clip must be positive (null disables clipping); got {optim.grad_clip}")
         if optim.weight_decay < 0:

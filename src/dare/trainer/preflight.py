@@ -295,19 +295,26 @@ def check_batch_fits(config, needs) -> None:
     raise ConfigError(f"trainer.batch_size={batch} is larger than the dataset ({held} {unit})")
 
 
-def check_prompt_records(config, needs) -> None:
-    """``dare train --dry-run``'s read of an RL run's prompt file: every record it would train on (the first
-    ``data.num_examples``) holds a prompt and the fields its reward scores against, with the run's ``FILE:LINE``
-    errors (:func:`dare.trainer.prompts.prompt_records`). Nothing for other algorithms or for ``synthetic:`` /
-    ``benchmark:`` sources (the run makes their records itself)."""
-    from dare.data.sft import SYNTHETIC_PREFIX
-    from dare.trainer.prompts import BENCHMARK_PREFIX, prompt_records
+def check_data_records(config, needs) -> None:
+    """``dare train --dry-run``'s read of a data file's records, with the run's ``FILE:LINE`` errors: an RL run's
+    prompts (the first ``data.num_examples``) each hold a prompt and the fields its reward scores against
+    (:func:`dare.trainer.prompts.prompt_records`), a preference run's pairs a prompt, a chosen and a rejected text
+    (:func:`dare.trainer.prompts.pair_records`), an SFT run's examples a chat or a prompt and a response
+    (:func:`dare.data.sft.check_sft_records`): the loaders' own checks, without a tokenizer. Nothing for
+    ``synthetic:`` / ``benchmark:`` sources (the run makes their records itself)."""
+    from dare.data.sft import SYNTHETIC_PREFIX, check_sft_records
+    from dare.trainer.prompts import BENCHMARK_PREFIX, pair_records, prompt_records
     from dare.trainer.rl import rollout_reward
 
     path = config.data.path
-    if not needs.rollout or path.startswith((SYNTHETIC_PREFIX, BENCHMARK_PREFIX)):
+    if path.startswith((SYNTHETIC_PREFIX, BENCHMARK_PREFIX)):
         return
-    prompt_records(config.data, config.trainer.seed, warn=True, reward=rollout_reward(config.rollout))
+    if needs.rollout:
+        prompt_records(config.data, config.trainer.seed, warn=True, reward=rollout_reward(config.rollout))
+    elif needs.pairs:
+        pair_records(config.data, config.trainer.seed)
+    else:
+        check_sft_records(config.data, config.trainer.seed)
 
 
 def known_family(path: str, note: bool = False, rollout: bool = False):

@@ -171,27 +171,39 @@ class PairItem:
     index: int
 
 
-def build_pairs(cfg, tokenizer, eos_id: int, seed: int = 0) -> tuple[list[PairItem], int]:
-    """Tokenized pairs (responses end with EOS per ``data.append_eos``); pairs longer than
-    ``data.max_length`` (prompt + the longer response) are dropped and counted."""
-    from dare.data.sft import SYNTHETIC_PREFIX, Records, read_records, record_text, tokenize_record
+def pair_records(cfg, seed: int = 0) -> list[tuple[str, str, str, str]]:
+    """``(where, prompt, chosen, rejected)`` of each preference pair of ``cfg.path`` (a ``DataConfig``): its texts
+    and how errors name its record (``FILE:LINE: record N``); a record that lacks a field, or holds no text in one,
+    is the one-line :class:`InputError` the run gives (``dare train --dry-run`` checks them with this too)."""
+    from dare.data.sft import SYNTHETIC_PREFIX, Records, read_records, record_text
 
     records = read_records(cfg.path, cfg.num_examples, seed)
     if cfg.path.startswith(SYNTHETIC_PREFIX):
         records = Records([{cfg.prompt_key: r["prompt"], cfg.chosen_key: r["response"],
                             cfg.rejected_key: r["response"][1:] + r["response"][:1]
                             + ("x" if len(set(r["response"])) < 2 else "")} for r in records], cfg.path)
-    items, dropped = [], 0
+    out = []
     for number, record in enumerate(records):
         where = records.where(number)
         missing = [k for k in (cfg.prompt_key, cfg.chosen_key, cfg.rejected_key) if k not in record]
         if missing:
             raise InputError(f"{where} lacks {', '.join(missing)} (keys: {', '.join(sorted(record))}; "
                              "data.prompt_key, data.chosen_key and data.rejected_key name them)")
+        out.append((where, *(record_text(record[key], key, where)
+                             for key in (cfg.prompt_key, cfg.chosen_key, cfg.rejected_key))))
+    return out
+
+
+def build_pairs(cfg, tokenizer, eos_id: int, seed: int = 0) -> tuple[list[PairItem], int]:
+    """Tokenized pairs (responses end with EOS per ``data.append_eos``); pairs longer than
+    ``data.max_length`` (prompt + the longer response) are dropped and counted."""
+    from dare.data.sft import tokenize_record
+
+    items, dropped = [], 0
+    for number, (where, prompt_text, *responses) in enumerate(pair_records(cfg, seed)):
         sides: list[Any] = []
-        for key in (cfg.chosen_key, cfg.rejected_key):
-            shim = {cfg.prompt_key: record_text(record[cfg.prompt_key], cfg.prompt_key, where),
-                    cfg.response_key: record_text(record[key], key, where)}
+        for response in responses:
+            shim = {cfg.prompt_key: prompt_text, cfg.response_key: response}
             sides.append(tokenize_record(shim, tokenizer, cfg, eos_id, number, where))
         (prompt, chosen), (_, rejected) = sides
         if len(prompt) + max(len(chosen), len(rejected)) > cfg.max_length:
@@ -206,4 +218,4 @@ def build_pairs(cfg, tokenizer, eos_id: int, seed: int = 0) -> tuple[list[PairIt
 
 
 __all__ = ["PairItem", "PromptItem", "build_pairs", "build_prompts", "check_prompt_path", "check_reward_fields",
-           "encode_prompt", "prompt_records"]
+           "encode_prompt", "pair_records", "prompt_records"]
