@@ -98,3 +98,29 @@ def test_starting_over_deletes_the_earlier_runs_exports_unless_the_run_reads_one
     assert main(common) == 0
     assert "removing checkpoints/, final/, exports/, metrics.jsonl" in capsys.readouterr().out
     assert not (run / "exports").exists()
+
+
+def test_results_files_name_the_run_algorithm_and_step_of_the_weights_they_scored(tmp_path, capsys):
+    import hashlib
+    import json
+
+    from dare.eval.weights_origin import EXPORT_WRITER
+    from dare.trainer.export import EXPORT_COMMAND
+
+    assert EXPORT_WRITER == f"dare {EXPORT_COMMAND}"
+    run = tmp_path / "run"
+    train(run)
+    assert main(["export", str(run / "checkpoints" / "step_00000002")]) == 0
+    digest = "sha256:" + hashlib.sha256((run / "config.yaml").read_bytes()).hexdigest()
+    data = Path(__file__).resolve().parents[1] / "configs" / "lm_eval" / "data" / "tiny_gen.jsonl"
+    origins = {}
+    for name, model in (("export", run / "exports" / "step_00000002"), ("final", run / "final"), ("tiny", "tiny:llada")):
+        out = tmp_path / f"{name}.json"
+        assert main(["eval", "run", "--model", str(model), "--benchmark", "gsm8k", "--data", str(data), "--limit", "1",
+                     "--gen-length", "4", "--no-chat", "--no-progress", "--out", str(out)]) == 0
+        origins[name] = json.loads(out.read_text())["model"].get("origin")
+    assert origins["export"]["path"] == str(run / "exports" / "step_00000002")
+    assert {key: origins["export"][key] for key in ("run", "step", "algorithm", "config_digest")} == {
+        "run": str(run), "step": 2, "algorithm": "sft", "config_digest": digest}
+    assert origins["final"]["step"] == 4 and origins["final"]["run"] == str(run) and "modified" in origins["final"]
+    assert origins["tiny"] is None  # a tiny: model (or a hub name) is its own identity

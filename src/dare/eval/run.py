@@ -144,6 +144,12 @@ def load_for_eval(path: str, adapter: str | None, device: str | None, dtype: str
     info = {"path": path, "adapter": adapter, "requested_dtype": dtype, "compile_blocks": compile_blocks}
     if tokenizer is not None or source != path:
         info["tokenizer"] = source
+    from dare.eval.weights_origin import weights_origin
+
+    for key, where in (("origin", path), ("adapter_origin", adapter)):  # which weights, and which run wrote them
+        origin = weights_origin(where)
+        if origin is not None:
+            info[key] = origin
     return model, text_tokenizer, info
 
 

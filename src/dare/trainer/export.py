@@ -101,5 +101,6 @@ def export_checkpoint(path: str | Path, out: str | Path | None = None, *, progre
     full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, ignore_frozen_params=adapter))
     staged = staging_dir(final)
     save_model_dir(model, tokenizer, staged, full, adapter=adapter, chat_template=cfg.data.chat_template)
-    mark_output(staged, EXPORT_COMMAND, checkpoint=str(checkpoint.resolve()), step=int(state["step"]))
+    mark_output(staged, EXPORT_COMMAND, run=str(checkpoint.parent.parent.resolve()), checkpoint=str(checkpoint.resolve()),
+                step=int(state["step"]))
     return publish_dir(staged, final), state
