@@ -95,6 +95,9 @@ def configure_run(run: argparse.ArgumentParser) -> None:
         run, default=None, seed_help="seeds sampling, few-shot selection and the ELBO corruptions (default 0)",
         option_help="any SamplerConfig field (generation) or LikelihoodConfig field (likelihood), e.g. -o cache=dual",
         gen_length_help=GEN_LENGTH_HELP)
+    run.add_argument("--sampler-of", default=None, metavar="RUN",
+                     help="decode with the rollout sampler of a dare train run (its output directory or config.yaml): "
+                          "every setting, gen_length included; the sampler flags above override single ones")
     run.add_argument("--num-samples", "-n", type=int, default=1, help="completions per problem (pass@k)")
     run.add_argument("--k", type=pass_k, nargs="+", default=None, help="pass@k values (default: 1,5,10,... up to n)")
     run.add_argument("--mc-samples", type=int, default=None, help="likelihood: Monte-Carlo ELBO samples per option (default 32: "
@@ -132,7 +135,8 @@ def _run_configs(args: argparse.Namespace, bench):
     config.check()
     mode = config.resolve_mode(bench)
     if mode == "likelihood":
-        given = [f"--{f.replace('_', '-')}" for f in (*SAMPLER_FLAGS, "template") if getattr(args, f) is not None]
+        given = [f"--{f.replace('_', '-')}" for f in (*SAMPLER_FLAGS, "template", "sampler_of")
+                 if getattr(args, f) is not None]
         if given or args.num_samples != 1:
             flag = given[0] if given else "--num-samples"
             raise ConfigError(f"{flag} applies to generation; {bench.name} is scored by likelihood here "

@@ -124,8 +124,36 @@ def eval_sampler_values(args: argparse.Namespace, bench, config) -> dict:
 
     values = sampler_values(args)
     reject_option_seed(parse_options(args.option))
+    if getattr(args, "sampler_of", None):
+        values = {**run_sampler_values(args.sampler_of), **values}
     values.pop("seed", None)  # EvalConfig.seed seeds everything
     if "gen_length" not in values:
         template = config.resolve_template(bench, bench.default_shots if args.shots is None else args.shots)
         values["gen_length"] = bench.generation_defaults(template).max_new_tokens
     return values
+
+
+def run_sampler_values(run: str) -> dict:
+    """The rollout sampler a ``dare train`` run recorded (``RUN/config.yaml``'s ``rollout.sampler``, or that of a
+    ``config.yaml`` given itself) as :class:`~dare.rollout.SamplerConfig` fields for ``dare eval run --sampler-of``;
+    one-line errors for a path that is no run and for a run without rollouts (SFT, DPO)."""
+    from pathlib import Path
+
+    import yaml
+
+    from dare.errors import ConfigError
+
+    path = Path(run).expanduser()
+    config = path / "config.yaml" if path.is_dir() else path
+    if not config.is_file():
+        raise ConfigError(f"--sampler-of {run}: no {config} (give a dare train output directory or its config.yaml)")
+    try:
+        settings = yaml.safe_load(config.read_text()) or {}
+    except (OSError, yaml.YAMLError) as err:
+        raise ConfigError(f"--sampler-of {run}: cannot read {config}: {str(err).splitlines()[0]}") from None
+    sampler = ((settings.get("rollout") or {}).get("sampler") if isinstance(settings, dict) else None) or {}
+    algorithm = (settings.get("algorithm") or {}).get("name") if isinstance(settings, dict) else None
+    if not isinstance(sampler, dict) or not sampler.get("sampler"):
+        raise ConfigError(f"--sampler-of {run}: the run (algorithm {algorithm}) records no rollout sampler: it "
+                          "trained without rollouts")
+    return {key: value for key, value in sampler.items() if value is not None}
