@@ -1,5 +1,7 @@
 """Finished or running ``dare train`` runs read from their output directories (``config.yaml``, ``metrics.jsonl``),
-to compare them side by side (``dare runs``). Reads files only: no torch."""
+to compare them side by side (``dare runs``); likewise ``dare eval run/score --out`` results files (their metrics and
+the settings in which they differ). Reads files only: no torch. Results files are read as plain JSON (this module is
+below :mod:`dare.eval`)."""
 
 from __future__ import annotations
 
@@ -18,6 +20,11 @@ DEFAULT_METRICS = ("loss", "rollout/reward", "rollout/accuracy")
 """Metrics shown when none are asked for (those some run logged), with every ``eval/*`` metric."""
 NOT_SETTINGS = ("trainer.output_dir",)
 """Config keys that differ between any two runs by construction."""
+RESULTS_SCHEMA = "dare.eval.results/1"
+"""The ``schema`` of a results file (:data:`dare.eval.results.SCHEMA`, repeated here: no :mod:`dare.eval` import)."""
+NOT_RESULTS_SETTINGS = ("schema", "created", "command", "metrics", "samples", "timings")
+"""Top-level keys of a results file that are not settings: its metrics, per-sample records, and bulky or volatile
+fields (timings, the command line, the creation time)."""
 
 
 @dataclass
@@ -125,6 +132,157 @@ def read_run(path: Path) -> Run:
     return Run(path, flatten(settings), records)
 
 
+@dataclass
+class Results:
+    """One ``dare eval`` results file: its metrics and its settings (everything else but
+    :data:`NOT_RESULTS_SETTINGS`), both flattened to dotted keys (``sampler.settings.temperature``)."""
+
+    path: Path
+    metrics: dict
+    settings: dict
+
+
+def _results_json(path: Path) -> dict | None:
+    """The JSON object in ``path`` when it is a results file (``schema`` :data:`RESULTS_SCHEMA`), else None."""
+    try:
+        with open(path, "rb") as handle:
+            if handle.read(1).strip() not in (b"{", b""):  # JSONL, binaries: not parsed whole
+                return None
+            handle.seek(0)
+            data = json.loads(handle.read().decode("utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) and data.get("schema") == RESULTS_SCHEMA else None
+
+
+def results_below(directory: Path) -> list[Path]:
+    """The results files (``*.json`` with the results ``schema``) inside ``directory`` at any depth, in path order;
+    other JSON files are passed over, as are hidden directories, directories reached through a symbolic link and
+    unreadable ones (as :func:`runs_below`)."""
+    try:
+        children = sorted(directory.iterdir())
+    except OSError:
+        return []
+    found = []
+    for child in children:
+        if child.is_dir():
+            if not child.name.startswith(".") and not child.is_symlink():
+                found += results_below(child)
+        elif child.suffix == ".json" and _results_json(child) is not None:
+            found.append(child)
+    return found
+
+
+def read_results(path: Path) -> Results:
+    """A results file's metrics and settings (flattened); a file that is not JSON or not a results file is a
+    one-line :class:`InputError` naming it."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as err:
+        raise InputError(f"{path}: cannot read ({err.strerror or err})") from None
+    except ValueError as err:
+        raise InputError(f"{path}: not a DARE results file (not JSON: {str(err).splitlines()[0]}); give dare eval "
+                         "run/score --out files or dare train output directories") from None
+    if not isinstance(data, dict) or data.get("schema") != RESULTS_SCHEMA:
+        schema = data.get("schema") if isinstance(data, dict) else None
+        raise InputError(f"{path}: not a DARE results file (schema {schema!r}, not {RESULTS_SCHEMA!r}); give dare "
+                         "eval run/score --out files or dare train output directories")
+    metrics = data.get("metrics") if isinstance(data.get("metrics"), dict) else {}
+    settings = {k: v for k, v in data.items() if k not in NOT_RESULTS_SETTINGS}
+    return Results(Path(path), flatten(metrics), flatten(settings))
+
+
+def find_compared(paths: list[str]) -> tuple[str, list[tuple[Path, bool]]]:
+    """What ``dare runs PATH ...`` compares: ``("runs", ...)`` as :func:`find_runs`, or ``("results", ...)``:
+    results files named themselves, or found in a directory that holds no training run (:func:`results_below`); each
+    with whether it was named itself. Training runs and results files together are a one-line :class:`InputError`
+    (one kind at a time), as is a directory holding neither."""
+    found: dict[str, list[tuple[Path, bool]]] = {"runs": [], "results": []}
+    for given in paths:
+        path = Path(given)
+        if path.is_file():
+            found["results"].append((path, True))
+        elif not path.is_dir():
+            if path.suffix == ".json":
+                raise InputError(f"{given}: no such file (give dare eval run/score --out results files, or dare "
+                                 "train output directories)")
+            find_runs([given])  # its one-line error
+        elif is_run(path) or runs_below(path):
+            found["runs"] += find_runs([given])
+        elif results := results_below(path):
+            found["results"] += [(child, False) for child in results]
+        else:
+            find_runs([given])  # its one-line error: neither runs nor results files below
+    if found["runs"] and found["results"]:
+        runs, results = found["runs"][0][0], found["results"][0][0]
+        raise InputError(f"training runs ({runs}) and results files ({results}) given together: compare one kind at "
+                         "a time")
+    kind = "results" if found["results"] else "runs"
+    return kind, found[kind]
+
+
+def read_compared(paths: list[str]) -> tuple[str, list]:
+    """``("runs", [Run, ...])`` (:func:`read_runs`) or ``("results", [Results, ...])`` for ``dare runs PATH ...``
+    (:func:`find_compared`)."""
+    kind, found = find_compared(paths)
+    if kind == "runs":
+        return kind, read_runs(paths)
+    return kind, [read_results(path) for path, _ in found]
+
+
+def shown_results_metrics(results: list[Results], asked: list[str] | None) -> list[str]:
+    """``asked`` (as :func:`shown_metrics`: a key in no file is a warning, or an error when none is), else every
+    metric key present in any file, in first-seen order."""
+    present = list(dict.fromkeys(k for r in results for k in r.metrics))
+    if not asked:
+        return present
+    import difflib
+    import logging
+
+    missing = [k for k in asked if k not in present]
+    for key in missing:
+        close = difflib.get_close_matches(key, present, n=3)
+        hint = f" (did you mean {', '.join(close)}?)" if close else f" (metrics: {', '.join(present[:8])})"
+        if len(missing) < len(asked):
+            logging.getLogger("dare").warning(f"warning: --metrics {key}: in no results file{hint}")
+        else:
+            raise InputError(f"--metrics {key}: in no results file{hint}")
+    return list(asked)
+
+
+def _plain(value):
+    """``value`` for strict JSON: a non-finite float is None."""
+    return None if isinstance(value, float) and not math.isfinite(value) else value
+
+
+def results_comparison(results: list[Results], metrics: list[str]) -> dict:
+    """The comparison as plain data: the files, each metric's value per file (null where a file lacks it, or NaN),
+    and the settings that differ with each file's value."""
+    return {"results": [str(r.path) for r in results],
+            "metrics": {key: [_plain(r.metrics.get(key)) for r in results] for key in metrics},
+            "settings": {key: [_plain(r.settings.get(key)) for r in results] for key in differing_settings(results)}}
+
+
+def results_comparison_text(results: list[Results], metrics: list[str]) -> str:
+    """Two Markdown tables, a column per file: the metrics (``missing`` where a file lacks one) and the settings in
+    which the files differ."""
+    columns = " | ".join(str(r.path).replace("|", "\\|") for r in results) + " |"
+    rule = "|" + "---|" * (len(results) + 1)
+    lines = ["| metric | " + columns, rule]
+    for key in metrics:
+        lines.append(f"| {key} | " + " | ".join("missing" if key not in r.metrics else _cell(r.metrics[key])
+                                               for r in results) + " |")
+    lines.append("")
+    differ = differing_settings(results)
+    if not differ:
+        lines.append("settings: the same in every results file")
+    else:
+        lines += ["| setting | " + columns, rule]
+        for key in differ:
+            lines.append(f"| {key} | " + " | ".join(_cell(r.settings.get(key)) for r in results) + " |")
+    return "\n".join(lines)
+
+
 def differing_settings(runs: list[Run]) -> list[str]:
     """The config keys whose values are not the same in every run (sorted; a key one run lacks counts as unset)."""
     keys = set().union(*(run.settings for run in runs)) - set(NOT_SETTINGS)
@@ -216,5 +374,7 @@ def comparison_text(runs: list[Run], metrics: list[str]) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["DEFAULT_METRICS", "Run", "WINDOW", "comparison", "comparison_text", "differing_settings", "find_runs",
-           "first_last", "read_run", "read_runs", "runs_below", "shown_metrics"]
+__all__ = ["DEFAULT_METRICS", "RESULTS_SCHEMA", "WINDOW", "Results", "Run", "comparison", "comparison_text",
+           "differing_settings", "find_compared", "find_runs", "first_last", "read_compared", "read_results",
+           "read_run", "read_runs", "results_below", "results_comparison", "results_comparison_text", "runs_below",
+           "shown_metrics", "shown_results_metrics"]
