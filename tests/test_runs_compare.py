@@ -121,3 +121,16 @@ def test_a_directory_of_runs_is_searched_at_any_depth(tmp_path, capsys):
     assert data["settings"]["optim.lr"] == [0.1, 0.3, 0.2]
     assert main(["runs", str(root / "demo")]) == 0
     assert f"| {root / 'demo' / 'rl'} | d1 | 2 |" in capsys.readouterr().out
+
+
+def test_a_setting_another_algorithm_lacks_is_not_shown_as_unset(tmp_path, capsys):
+    """bgpo has no ``kl_coef``: the table showed ``unset`` there, which reads as "left at its default"."""
+    for name, algorithm in (("d1", "name: d1\n  kl_coef: 0.04\n  dual_clip: null"), ("bgpo", "name: bgpo\n  dual_clip: 3")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.yaml").write_text(f"algorithm:\n  {algorithm}\n")
+        (tmp_path / name / "metrics.jsonl").write_text('{"step": 1, "loss": 1.0}\n')
+    assert main(["runs", str(tmp_path / "d1"), str(tmp_path / "bgpo")]) == 0
+    out = capsys.readouterr().out
+    assert "| algorithm.kl_coef | 0.04 | n/a |" in out
+    assert "| algorithm.dual_clip | unset | 3 |" in out  # set to None: its default
+    assert "(n/a: not a setting of that run's algorithm" in out

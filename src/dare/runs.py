@@ -18,6 +18,8 @@ WINDOW = 5
 end-of-run summary of ``dare train`` computes its reward (single records are noisy)."""
 DEFAULT_METRICS = ("loss", "rollout/reward", "rollout/accuracy")
 """Metrics shown when none are asked for (those some run logged), with every ``eval/*`` metric."""
+NO_SUCH_KEY = "n/a"
+"""How the settings table shows a key that a run's config does not have (another algorithm's setting)."""
 NOT_SETTINGS = ("trainer.output_dir",)
 """Config keys that differ between any two runs by construction."""
 RESULTS_SCHEMA = "dare.eval.results/1"
@@ -370,7 +372,11 @@ def comparison_text(runs: list[Run], metrics: list[str]) -> str:
         lines.append("| setting | " + " | ".join(str(run.path) for run in runs) + " |")
         lines.append("|" + "---|" * (len(runs) + 1))
         for key, values in data["settings"].items():
-            lines.append(f"| {key} | " + " | ".join(_cell(v) for v in values) + " |")
+            lines.append(f"| {key} | " + " | ".join(_cell(v) if key in run.settings else NO_SUCH_KEY
+                                                   for v, run in zip(values, runs)) + " |")
+        if any(key not in run.settings for key in data["settings"] for run in runs):
+            lines.append(f"({NO_SUCH_KEY}: not a setting of that run's algorithm, e.g. a KL weight of an algorithm "
+                         "without a KL term; unset: the setting's default, None)")
     return "\n".join(lines)
 
 
