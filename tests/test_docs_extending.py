@@ -3,6 +3,7 @@ own ``dare`` commands (tiny models, CPU, tiny settings appended to training comm
 plug-in itself produced the result (its advantages, rewards, sampler settings, benchmark samples). A command whose
 doc comment is ``# error: ...`` must fail with that one line."""
 
+import dataclasses
 import json
 import re
 import shlex
@@ -18,9 +19,9 @@ ROOT = Path(__file__).resolve().parents[1]
 DOC = (ROOT / "docs" / "extending.md").read_text()
 FILES = {name: body for body, name in re.findall(r"```python\n(# file: (\S+)\n.*?)```", DOC, re.S)}
 DATA = dict(re.findall(r"`(\S+\.jsonl)`:\s*```jsonl\n(.*?)```", DOC, re.S))
-TINY_TRAIN = ["trainer.max_steps=1", "trainer.batch_size=8", "trainer.micro_batch_size=8", "algorithm.inner_steps=1",
-              "trainer.progress=false", "rollout.samples_per_step=8"]
-EXAMPLES = {"my_d1_rank.py", "my_reward.py", "my_sampler.py", "my_run_sampler.py", "my_bench.py"}
+TINY_SFT = ["trainer.max_steps=1", "trainer.batch_size=8", "trainer.micro_batch_size=8", "trainer.progress=false"]
+TINY_TRAIN = [*TINY_SFT, "algorithm.inner_steps=1", "rollout.samples_per_step=8"]
+EXAMPLES = {"my_d1_rank.py", "my_reward.py", "my_sampler.py", "my_run_sampler.py", "my_bench.py", "my_family.py"}
 
 
 def doc_commands() -> list[tuple[list[str], str | None]]:
@@ -41,10 +42,11 @@ def isolated_plugins(monkeypatch, tmp_path, tmp_path_factory):
     registries, sys.path and sys.modules as it found them (the examples' registrations must not leak)."""
     from dare.algorithms import ALGORITHMS
     from dare.eval.benchmark import ALIASES, BENCHMARKS
+    from dare.models.spec import FAMILIES
     from dare.rewards import REWARDS
     from dare.rollout.registry import SAMPLERS
 
-    registries = [ALGORITHMS, ALIASES, BENCHMARKS, REWARDS, SAMPLERS]
+    registries = [ALGORITHMS, ALIASES, BENCHMARKS, FAMILIES, REWARDS, SAMPLERS]
     saved = [dict(r) for r in registries]
     modules, path = set(sys.modules), list(sys.path)
     monkeypatch.setattr(plugins, "_LOADED", {})
@@ -66,13 +68,15 @@ def isolated_plugins(monkeypatch, tmp_path, tmp_path_factory):
 
 def run_examples_of(file: str, capsys, tmp_path) -> list[tuple[list[str], str]]:
     """Run the doc's commands that use ``file``; an ``# error:`` one must fail with that line, the others succeed.
-    Returns ``(argv, stdout)`` of the successful ones (training commands get TINY_TRAIN and their own output dir)."""
+    Returns ``(argv, stdout)`` of the successful ones (training commands get TINY_TRAIN, SFT recipes TINY_SFT, and
+    their own output dir)."""
     done = []
     commands = [(argv, error) for argv, error in doc_commands() if file in " ".join(argv)]
     assert commands, f"docs/extending.md runs {file} with no dare command"
     for number, (argv, expected) in enumerate(commands):
         if argv[0] == "train":
-            argv = [*argv, *TINY_TRAIN, f"trainer.output_dir={tmp_path / f'run{number}'}"]
+            tiny = TINY_SFT if Path(argv[1]).name.startswith("sft") else TINY_TRAIN
+            argv = [*argv, *tiny, f"trainer.output_dir={tmp_path / f'run{number}'}"]
         elif argv[:2] == ["eval", "run"]:
             argv = [*argv, "--no-progress"]
         status = main(argv)
@@ -176,3 +180,46 @@ def test_the_benchmark_reads_the_local_jsonl_and_scores_with_its_reward(tmp_path
     right = bench.score([w["word"][::-1] for w in words], samples)
     assert all(r.correct and r.reward == 1.0 for r in right)
     assert not any(r.correct for r in bench.score([w["word"] for w in words], samples))
+
+
+def test_the_model_family_decodes_trains_and_loads_its_checkpoints_by_its_own_names(tmp_path, capsys):
+    done = run_examples_of("my_family.py", capsys, tmp_path)  # also: an unknown family is the doc's error
+    import math
+
+    from safetensors.torch import load_file, save_file
+
+    from dare.errors import ConfigError
+    from dare.models import FAMILIES, family_of, load_model, register_family
+    from dare.models.tiny import tiny_model
+
+    spec = FAMILIES["mydlm"]
+    assert spec.config_class.model_type == "mydlm" and spec.attention == "full" and spec.logit_shift == 0
+    model = tiny_model("mydlm")
+    assert type(model) is spec.model_class and family_of(model) is spec
+    assert spec.token_ids(spec.config_class()).mask == 50000  # the spec's id when config.json names none
+    generated = [json.loads(out) for argv, out in done if argv[0] == "generate"]
+    assert len(generated) == 2  # tiny:mydlm, then the checkpoint dare tiny wrote
+    for result in generated:  # the family's default sampler, 8 tokens
+        assert result["sampler"] == "mydlm" and result["config"]["block_length"] == 4
+        assert [len(r["tokens"]) for r in result["results"]] == [8]
+    full, lora = [output_dir(argv) for argv, _ in done if argv[0] == "train"]
+    for run in (full, lora):
+        [record] = jsonl(run / "metrics.jsonl")
+        assert record["step"] == 1 and math.isfinite(record["loss"])
+    assert json.loads((full / "final" / "config.json").read_text())["model_type"] == "mydlm"
+    adapter = json.loads((lora / "final" / "adapter_config.json").read_text())
+    assert adapter["target_modules"] == spec.lora_targets
+    assert main(["merge-lora", "--import", "my_family.py", "--adapter", str(lora / "final"), "--out", "merged"]) == 0
+    assert type(load_model("merged")) is spec.model_class
+    checkpoint = load_model("mydlm_tiny")  # through AutoModel, strictly by the model's own parameter names
+    assert type(checkpoint) is spec.model_class and checkpoint.token_ids.mask == model.token_ids.mask
+    weights = load_file("mydlm_tiny/model.safetensors")
+    weights["model.layers.0.attn.q_proj.weight"] = weights.pop("model.layers.0.self_attn.q_proj.weight")
+    save_file(weights, "mydlm_tiny/model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ConfigError, match="does not match MyDLMModel: missing keys: model.layers.0.self_attn.q_proj"):
+        load_model("mydlm_tiny")
+    with pytest.raises(ValueError, match="model family 'mydlm' registered twice"):
+        register_family(spec)
+    with pytest.raises(ValueError, match="model_type 'mydlm' of MyDLMConfig is model family 'mydlm's"):
+        register_family(dataclasses.replace(spec, name="mydlm_copy"))
+    assert "mydlm_copy" not in FAMILIES and FAMILIES["mydlm"] is spec

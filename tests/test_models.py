@@ -290,3 +290,30 @@ def test_generate_is_missing_with_a_message_that_says_how_to_decode(family):
     with pytest.raises(AttributeError, match=r"object has no attribute 'generat'$"):  # any other name: unchanged
         model.generat
     assert isinstance(model.blocks, torch.nn.ModuleList)  # submodules still resolve through nn.Module
+
+
+def test_a_family_whose_config_subclasses_another_familys_is_its_own():
+    """family_of takes the nearest registered class of the config's MRO: a plug-in family derived from LLaDA's
+    classes gets its own spec (ids, default sampler), not LLaDA's, whatever the registration order."""
+    import dataclasses
+
+    from dare.models import FAMILIES, register_family
+    from dare.models.llada import LLADA, LLaDAConfig, LLaDAModelLM, tiny_llada_config
+
+    class SubConfig(LLaDAConfig):
+        model_type = "llada_sub_test"
+
+    class SubModel(LLaDAModelLM):
+        config_class = SubConfig
+
+    def tiny(**kwargs):
+        return {**tiny_llada_config(**kwargs), "model_type": "llada_sub_test", "architectures": ["SubModel"]}
+
+    try:
+        sub = register_family(dataclasses.replace(LLADA, name="llada_sub_test", config_class=SubConfig,
+                                                  model_class=SubModel, tiny_config=tiny, mask_token_id=7))
+        model = tiny_model("llada_sub_test")
+        assert type(model) is SubModel and family_of(model) is sub and family_of(SubConfig()).mask_token_id == 7
+        assert family_of(tiny_model("llada")) is LLADA
+    finally:
+        FAMILIES.pop("llada_sub_test", None)

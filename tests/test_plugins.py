@@ -200,8 +200,8 @@ def test_a_plugin_that_registers_nothing_gets_a_note_and_one_that_registers_does
         ''')
     plugins.load_plugins([str(forgot)])
     assert capsys.readouterr().err == (
-        f"note: imports: {forgot} registered nothing (no register_reward, register_algorithm, register_sampler or "
-        "register_benchmark call ran while it was imported)\n")
+        f"note: imports: {forgot} registered nothing (no register_reward, register_algorithm, register_sampler, "
+        "register_benchmark or register_family call ran while it was imported)\n")
     plugins.load_plugins([str(forgot)])  # imported once: no second note
     registers = write(tmp_path / "registers_t.py", LENGTH_REWARD.format(name="length_bonus_note"))
     plugins.load_plugins([str(registers)])

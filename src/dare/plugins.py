@@ -1,13 +1,15 @@
-"""User plug-ins: the researcher's own modules that register rewards, algorithms, samplers or benchmarks.
+"""User plug-ins: the researcher's own modules that register rewards, algorithms, samplers, benchmarks or model
+families.
 
 A plug-in is an ordinary Python module whose import registers something (``@register_reward("my_reward")``,
-``@register_algorithm``, ``register_sampler(...)``, ``register_benchmark(...)``). Three ways bring one in, each
-imported once per process, in order, before the names of a config are checked (so ``dare train --dry-run`` and
-``--show-config`` see them too):
+``@register_algorithm``, ``register_sampler(...)``, ``register_benchmark(...)``, ``register_family(...)``). Three ways
+bring one in, each imported once per process, in order, before the names of a config are checked (so ``dare train
+--dry-run`` and ``--show-config`` see them too):
 
 * ``dare train``: the recipe key ``imports: [...]`` (or the override ``imports=[my_reward.py]``, which replaces the
   recipe's list); every torchrun rank loads its config, hence its plug-ins.
-* ``dare generate``, ``dare eval run/sweep/score``: ``--import MODULE_OR_FILE`` (repeatable).
+* ``dare generate``, ``dare eval run/sweep/score``, ``dare tiny``, ``dare merge-lora``: ``--import MODULE_OR_FILE``
+  (repeatable).
 * installed packages: every entry point of the group ``dare.plugins`` (:data:`ENTRY_POINT_GROUP`) has its module
   imported, without any setting, at the same moments (before the items above, so a setting may build on them).
 
@@ -89,8 +91,8 @@ def _note_if_nothing_registered(where: str, label: str, before: int) -> None:
     forgotten decorator would otherwise show only later, as an unknown name."""
     if _REGISTRATIONS != before or int(os.environ.get("RANK", "0")) != 0:
         return
-    print(f"note: {where}: {label} registered nothing (no register_reward, register_algorithm, register_sampler or "
-          "register_benchmark call ran while it was imported)", file=sys.stderr)
+    print(f"note: {where}: {label} registered nothing (no register_reward, register_algorithm, register_sampler, "
+          "register_benchmark or register_family call ran while it was imported)", file=sys.stderr)
 
 
 def load_plugins(specs: Sequence[str] | None = (), where: str = "imports") -> list[Plugin]:
@@ -367,8 +369,8 @@ def add_import_argument(parser: argparse.ArgumentParser) -> None:
     """``--import MODULE_OR_FILE`` (repeatable) of the commands that read rewards, samplers or benchmarks."""
     parser.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE_OR_FILE",
                         help="import your own plug-in first (repeatable): a module name (my_pkg.rewards) or a .py "
-                             "file that registers rewards, samplers or benchmarks (installed dare.plugins entry "
-                             "points load by themselves)")
+                             "file that registers rewards, samplers, benchmarks or model families (installed "
+                             "dare.plugins entry points load by themselves)")
 
 
 __all__ = ["ENTRY_POINT_GROUP", "Plugin", "add_import_argument", "check_specs", "child_setup", "count_registration",

@@ -16,6 +16,8 @@ HELP = "merge a LoRA adapter into its base model and write a full checkpoint tha
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
+    from dare.plugins import add_import_argument
+
     parser.add_argument("--adapter", required=True, help="adapter directory (e.g. RUN/final)")
     parser.add_argument("--out", required=True,
                         help="output checkpoint directory: new, empty, or an earlier merge-lora output (replaced)")
@@ -25,11 +27,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tokenizer", default=None,
                         help="tokenizer (directory or hub name) to write with the merged checkpoint (default: the one "
                              "saved with the adapter, as LoRA training does, else the base model's)")
+    add_import_argument(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     from dare.outputs import ensure_dir
+    from dare.plugins import load_plugins
 
+    load_plugins(args.imports, "--import")  # a plug-in's model family, before its models load
     ensure_dir(Path(args.out).parent, "--out", target=args.out)  # before the models are loaded
     from dare.models.lora import merge_adapter
 

@@ -3,7 +3,7 @@
 Everything outside ``dare.models`` asks the spec for special token ids, the logit alignment (Dream's
 shift), the attention topology, default block size, LoRA targets and the tiny test config. Adding a
 family means writing one module that defines its config/model classes and calls
-:func:`register_family`.
+:func:`register_family`; a plug-in file does the same (docs/extending.md, "Model families").
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from dare.errors import ConfigError, unknown_choice
-from dare.plugins import count_registration
+from dare.plugins import count_registration, redefined_in_main
 
 
 @dataclass(frozen=True)
@@ -111,10 +111,34 @@ class FamilySpec:
 FAMILIES: dict[str, FamilySpec] = {}
 
 
+ATTENTIONS = ("full", "block_causal")
+"""The attention topologies of :attr:`FamilySpec.attention`."""
+
+
 def register_family(spec: FamilySpec) -> FamilySpec:
-    """Add a family to the registry and to transformers' Auto classes."""
+    """Add a family to the registry and to transformers' Auto classes (``AutoConfig`` by its config class's
+    ``model_type``; ``AutoModel``, ``AutoModelForCausalLM``, ``AutoModelForMaskedLM`` by its config class).
+
+    A name taken already, a config ``model_type`` another family registered (it would take that family's
+    checkpoints over), or an ``attention`` / ``logit_shift`` outside the contract is a ``ValueError``: a plug-in's
+    import then fails with one line. A notebook cell run again replaces its own family."""
     from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM
 
+    taken = FAMILIES.get(spec.name)
+    if taken is not None and not redefined_in_main(taken.config_class, spec.config_class):
+        raise ValueError(f"model family '{spec.name}' registered twice (config class {spec.config_class.__name__}; "
+                         f"the first: {taken.config_class.__module__}.{taken.config_class.__name__}): give the "
+                         "second one another name")
+    model_type = getattr(spec.config_class, "model_type", "")
+    owner = next((other.name for other in FAMILIES.values()
+                  if other.name != spec.name and other.config_class.model_type == model_type), None)
+    if not model_type or owner is not None:
+        held = f"is model family '{owner}'s" if owner else "is empty"
+        raise ValueError(f"model family '{spec.name}': the model_type {model_type!r} of {spec.config_class.__name__} "
+                         f"{held}: give the config class a model_type of its own")
+    if spec.attention not in ATTENTIONS or spec.logit_shift not in (0, 1):
+        raise ValueError(f"model family '{spec.name}': attention must be one of {', '.join(ATTENTIONS)} and "
+                         f"logit_shift 0 or 1; got {spec.attention!r} and {spec.logit_shift!r}")
     count_registration()
     FAMILIES[spec.name] = spec
     AutoConfig.register(spec.config_class.model_type, spec.config_class, exist_ok=True)
@@ -131,11 +155,13 @@ def get_family(name: str) -> FamilySpec:
 
 
 def family_of(obj) -> FamilySpec:
-    """The spec of a model, a peft-wrapped model, or a config."""
+    """The spec of a model, a peft-wrapped model, or a config: the family of the nearest class in the config's MRO (a
+    family whose config class subclasses another family's is its own, not its parent's)."""
     config = getattr(obj, "config", obj)
-    for spec in FAMILIES.values():
-        if isinstance(config, spec.config_class):
-            return spec
+    by_class = {spec.config_class: spec for spec in FAMILIES.values()}
+    for cls in type(config).__mro__:
+        if cls in by_class:
+            return by_class[cls]
     raise ConfigError(f"{type(config).__name__} is not a DARE model family config")
 
 
