@@ -173,6 +173,8 @@ def main(out_dir: Path) -> None:
         trainer.optimizer_step()
         state = {n: full(p.detach()).clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
         micro = len(trainer.source.batch(0))
+        trainer.step = 2
+        trainer.save()  # sharded checkpoint of the two steps (collective): what dare export reads in one process
         trainer.export(out_dir / name / "final")  # gathers the sharded weights (collective)
         result[name] = {"loss": float(metrics["loss"]), "loss_1": float(metrics_1["loss"]), "grads": grads,
                         "params": state, "micro_batches_rank0": micro}

@@ -195,6 +195,23 @@ def test_sharded_export_loads_and_matches(results, root, variant):
     torch.testing.assert_close(logits[1], logits[0], atol=1e-5, rtol=1e-5)
 
 
+
+@pytest.mark.parametrize("variant", ["padded", "lora"])
+def test_dare_export_reads_a_checkpoint_of_two_fsdp_processes(results, root, variant, tmp_path):
+    """``dare export`` in one process reads the FSDP2 shards two processes saved: the latest checkpoint's weights are
+    exactly what the run exported as ``final/`` (a full checkpoint, or the LoRA adapter)."""
+    from safetensors.torch import load_file
+
+    from dare.trainer.export import export_checkpoint
+
+    run = root / "2" / variant
+    out, state = export_checkpoint(run, tmp_path / "export", progress=False)
+    assert state["world_size"] == 2
+    name = "adapter_model.safetensors" if variant == "lora" else "model.safetensors"
+    final, exported = load_file(run / "final" / name), load_file(out / name)
+    assert final and final.keys() == exported.keys()
+    assert all(torch.equal(final[key], exported[key]) for key in final)
+
 def test_the_static_engine_decodes_an_fsdp_model_with_its_own_refreshed_copy(tmp_path):
     """FSDP2 moves gathered parameters between addresses, so the engine decodes a sharded model with an unsharded
     copy it owns (the addresses CUDA graphs read), refreshed at every call: 2 gloo processes decode exactly what the
