@@ -238,18 +238,7 @@ def shown_results_metrics(results: list[Results], asked: list[str] | None) -> li
     present = list(dict.fromkeys(k for r in results for k in r.metrics))
     if not asked:
         return present
-    import difflib
-    import logging
-
-    missing = [k for k in asked if k not in present]
-    for key in missing:
-        close = difflib.get_close_matches(key, present, n=3)
-        hint = f" (did you mean {', '.join(close)}?)" if close else f" (metrics: {', '.join(present[:8])})"
-        if len(missing) < len(asked):
-            logging.getLogger("dare").warning(f"warning: --metrics {key}: in no results file{hint}")
-        else:
-            raise InputError(f"--metrics {key}: in no results file{hint}")
-    return list(asked)
+    return check_asked(asked, present, "in no results file", "metrics")
 
 
 def _plain(value):
@@ -285,8 +274,9 @@ def results_comparison_text(results: list[Results], metrics: list[str]) -> str:
     return "\n".join(lines)
 
 
-def differing_settings(runs: list[Run]) -> list[str]:
-    """The config keys whose values are not the same in every run (sorted; a key one run lacks counts as unset)."""
+def differing_settings(runs: list[Run] | list[Results]) -> list[str]:
+    """The settings keys whose values are not the same in every run or results file (sorted; a key one lacks counts
+    as unset)."""
     keys = set().union(*(run.settings for run in runs)) - set(NOT_SETTINGS)
     return sorted(k for k in keys if len({json.dumps(run.settings.get(k), sort_keys=True, default=str)
                                              for run in runs}) > 1)
@@ -306,17 +296,24 @@ def shown_metrics(runs: list[Run], asked: list[str] | None) -> list[str]:
     logged = set().union(*(set(r) for run in runs for r in run.records)) if any(run.records for run in runs) else set()
     if not asked:
         return [k for k in DEFAULT_METRICS if k in logged] + sorted(k for k in logged if k.startswith("eval/"))
+    return check_asked(asked, sorted(logged), "logged by no run", "logged keys")
+
+
+def check_asked(asked: list[str], present: list[str], absent: str, listing: str) -> list[str]:
+    """``asked`` (``--metrics``) against the keys ``present``: each one not among them is a warning naming close ones
+    (else the first of ``listing``); when none of them is, a one-line :class:`InputError`. ``absent`` says where a
+    missing key is not (``logged by no run``)."""
     import difflib
     import logging
 
-    missing = [k for k in asked if k not in logged]
+    missing = [k for k in asked if k not in present]
     for key in missing:
-        close = difflib.get_close_matches(key, sorted(logged), n=3)
-        hint = f" (did you mean {', '.join(close)}?)" if close else f" (logged keys: {', '.join(sorted(logged)[:8])})"
+        close = difflib.get_close_matches(key, present, n=3)
+        hint = f" (did you mean {', '.join(close)}?)" if close else f" ({listing}: {', '.join(present[:8])})"
         if len(missing) < len(asked):
-            logging.getLogger("dare").warning(f"warning: --metrics {key}: logged by no run{hint}")
+            logging.getLogger("dare").warning(f"warning: --metrics {key}: {absent}{hint}")
         else:
-            raise InputError(f"--metrics {key}: logged by no run{hint}")
+            raise InputError(f"--metrics {key}: {absent}{hint}")
     return list(asked)
 
 
@@ -334,10 +331,6 @@ def _cell(value) -> str:
     return str(value).replace("|", "\\|")
 
 
-def _finite(value: float) -> float | None:
-    return value if math.isfinite(value) else None
-
-
 def comparison(runs: list[Run], metrics: list[str]) -> dict:
     """The comparison as plain data: per run its path, algorithm, last step and each metric's ``first`` / ``last``
     (window means) with its number of records; the settings that differ with each run's value."""
@@ -346,7 +339,7 @@ def comparison(runs: list[Run], metrics: list[str]) -> dict:
         values = {}
         for key in metrics:
             pair = first_last(run.series(key))
-            values[key] = None if pair is None else {"first": _finite(pair[0]), "last": _finite(pair[1]),
+            values[key] = None if pair is None else {"first": _plain(pair[0]), "last": _plain(pair[1]),
                                                       "records": len(run.series(key))}  # NaN: null (strict JSON)
         rows.append({"run": str(run.path), "algorithm": run.algorithm, "last_step": run.last_step, "metrics": values})
     differ = differing_settings(runs)

@@ -11,6 +11,7 @@ An algorithm's auxiliary models (e.g. a value model) are not written: the export
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 from dare.errors import ConfigError
@@ -92,8 +93,6 @@ def export_checkpoint(path: str | Path, out: str | Path | None = None, *, progre
         model = apply_lora(model, cfg.lora.r, cfg.lora.alpha, cfg.lora.dropout, cfg.lora.target_modules)
     options = StateDictOptions(ignore_frozen_params=adapter, strict=not adapter)
     weights = get_model_state_dict(model, options=options)
-    import warnings
-
     with warnings.catch_warnings(), interrupts_unwrapped():
         warnings.filterwarnings("ignore", message=SINGLE_PROCESS_WARNING)
         dcp.load({"model": weights}, checkpoint_id=str(checkpoint))  # the weights only, not the optimizer
