@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from peft import LoraConfig
 
 from dare.errors import ConfigError
 from dare.models.fusion import FusedProjections
@@ -47,9 +48,91 @@ def test_the_copies_follow_in_place_updates_only_after_a_refresh():
     torch.testing.assert_close(fresh, updated, atol=1e-5, rtol=1e-5)
 
 
-def test_lora_wrapped_projections_are_not_fused():
-    model = apply_lora(tiny_model("llada", seed=0), r=4)
-    assert not FusedProjections(model.get_base_model())
+def _trained_lora(family="llada", seed=0, **overrides):
+    model = apply_lora(tiny_model(family, seed=seed, **overrides), r=4, alpha=8)
+    with torch.no_grad():  # peft starts lora_B at zero: give the adapters a non-zero delta
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.05)
+    return model
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_lora_projections_fuse_with_their_adapters_unmerged(family):
+    """``fused`` copies of a LoRA policy: every adapted projection is copied (single ones too), the adapters'
+    lora_A rows follow the base rows, and the forward equals peft's wrapped forward."""
+    model = _trained_lora(family).eval()
+    base = model.get_base_model()
+    ids = torch.randint(0, 200, (2, 12))
+    fused = FusedProjections(base)
+    assert fused.keeps_lora and not fused.merges_lora
+    adapted = [entry for *_, entry in fused.groups if entry.adapters]
+    assert adapted and any(len(entry.sizes) == 1 for entry in adapted)
+    for entry in adapted:  # base rows, then 4 lora_A rows per adapted member
+        assert entry.weight.shape[0] == sum(entry.sizes) + 4 * sum(len(a) for a in entry.adapters)
+    with torch.no_grad():
+        wrapped = model(ids).logits
+        with fused.active():
+            together = model(ids).logits
+        with model.disable_adapter():
+            plain = model(ids).logits
+    assert not torch.allclose(plain, wrapped, atol=1e-3)  # the adapters matter, and the copies apply them
+    torch.testing.assert_close(together, wrapped, atol=1e-5, rtol=1e-5)
+
+
+def test_lora_copies_under_autocast_compute_the_adapters_in_its_dtype():
+    """bf16 weights with peft's fp32 adapters: without autocast peft computes the adapters in fp32, which the
+    copies leave separate; under bf16 autocast (as the RL trainer decodes) they are fused, in bf16."""
+    model = _trained_lora(dtype=torch.bfloat16).eval()
+    base = model.get_base_model()
+    assert next(p for n, p in model.named_parameters() if "lora_A" in n).dtype == torch.float32
+    assert not FusedProjections(base).keeps_lora
+    fused = FusedProjections(base, torch.bfloat16)
+    assert fused.keeps_lora and all(a.up.dtype == torch.bfloat16 for *_, e in fused.groups for m in e.adapters
+                                    for a in m)
+    ids = torch.randint(0, 200, (2, 12))
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        wrapped = model(ids).logits
+        with fused.active():
+            together = model(ids).logits
+    torch.testing.assert_close(together.float(), wrapped.float(), atol=0.05, rtol=0.02)
+
+
+def test_lora_copies_follow_adapter_updates_and_switches():
+    model = _trained_lora().eval()
+    base = model.get_base_model()
+    ids = torch.randint(0, 200, (1, 10))
+    copies, replaced = fused_projections(base, None)
+    assert copies.keeps_lora and not replaced
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_" in name:
+                p.add_(torch.randn_like(p) * 0.05)  # an optimizer step on the adapters
+        updated = model(ids).logits
+        with copies.active():
+            stale = model(ids).logits
+        again, replaced = fused_projections(base, None)  # what every rollout call does: refresh in place
+        assert again is copies and not replaced
+        with copies.active():
+            fresh = model(ids).logits
+    assert not torch.allclose(stale, updated, atol=1e-4)
+    torch.testing.assert_close(fresh, updated, atol=1e-5, rtol=1e-5)
+    with model.disable_adapter():  # the same copies, adding exact zeros
+        off, replaced = fused_projections(base, None)
+        assert off is copies and not replaced
+        with torch.no_grad():
+            plain = model(ids).logits
+            with off.active():
+                torch.testing.assert_close(model(ids).logits, plain, atol=1e-5, rtol=1e-5)
+        assert not torch.allclose(plain, updated, atol=1e-4)
+    model.base_model.set_adapter("default")
+    model.add_adapter("other", LoraConfig(r=2, target_modules=["q_proj"]))
+    model.base_model.set_adapter("other")  # another adapter: other copies
+    assert not copies.matches(base)
+    with pytest.raises(RuntimeError, match="active adapters changed"):
+        copies.refresh()
+    other, replaced = fused_projections(base, None)
+    assert replaced and other.keeps_lora
 
 
 def test_copies_keep_their_addresses_and_are_rebuilt_when_modules_change():
@@ -94,6 +177,31 @@ def test_static_engine_with_fused_projections_equals_without(family, overrides, 
     assert torch.equal(fused.completion, separate.completion)
     assert torch.equal(fused.step_map, separate.step_map)
     torch.testing.assert_close(fused.logprobs, separate.logprobs, atol=1e-5, rtol=0)
+
+
+def test_static_engine_decodes_a_lora_policy_with_fused_copies_as_without(monkeypatch):
+    model = _trained_lora(seed=1).eval()
+    with torch.no_grad():
+        model.get_base_model().get_output_embeddings().weight.mul_(50.0)  # spread confidences (sharp_model)
+    ids, mask = padded([9, 14, 5])
+    config = SamplerConfig(gen_length=32, block_length=8, temperature=0.7, sampler="fastdllm", cache="dual",
+                           threshold=0.3)
+    fused = generate(model, ids, mask, config, engine="static", example_ids=[1, 2, 3])
+    assert engine_stats(model).fused_bytes > 0
+    with model.disable_adapter():
+        reference = generate(model, ids, mask, config, engine="static", example_ids=[1, 2, 3])
+    greedy = config.replace(temperature=0.0)
+    fused_greedy = generate(model, ids, mask, greedy, engine="static")
+    monkeypatch.setenv("DARE_FUSE_PROJECTIONS", "0")
+    separate = generate(model, ids, mask, config, engine="static", example_ids=[1, 2, 3])
+    with model.disable_adapter():
+        reference_separate = generate(model, ids, mask, config, engine="static", example_ids=[1, 2, 3])
+    eager = generate(model, ids, mask, greedy, engine="eager")  # the engine's random streams are its own
+    for a, b in ((fused, separate), (reference, reference_separate), (fused_greedy, eager)):
+        assert torch.equal(a.completion, b.completion)
+        assert torch.equal(a.step_map, b.step_map)
+        torch.testing.assert_close(a.logprobs, b.logprobs, atol=1e-5, rtol=0)
+    assert not torch.equal(fused.completion, reference.completion)  # the adapters changed the decoding
 
 
 def test_copies_that_do_not_fit_decode_unfused_with_one_warning(monkeypatch, caplog):

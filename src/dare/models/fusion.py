@@ -10,11 +10,18 @@ Checkpoints, LoRA, FSDP and the optimizer see the projections as the separate pa
 them), refreshed from the parameters by :meth:`~FusedProjections.refresh` (one device copy), and makes the
 modules use them only inside :meth:`~FusedProjections.active`. A module opts in by naming its groups in
 ``fused_groups`` and computing them with :func:`project` (:func:`project_one` for a group of one projection); a
-group whose members are not plain ``nn.Linear`` (e.g. LoRA-wrapped) is left separate.
+group with a member that is neither a plain ``nn.Linear`` nor a plain peft LoRA wrapper is left separate.
 
 Three kinds of copies (``mode``):
 
-* ``fused`` (default): the groups of several plain ``nn.Linear``, concatenated in the model's dtype;
+* ``fused`` (default): the groups of several plain ``nn.Linear``, concatenated in the model's dtype, and every
+  group with a LoRA-wrapped member. For those the adapters stay unmerged, computed with peft's own operations and
+  roundings: the ``lora_A`` rows of the active adapters follow the base rows in the concatenated weight (the
+  adapters' down-projections come out of the base matmul), and each adapter's ``lora_B`` copy is applied to its
+  slice of that output, scaled and added to its member's output (:class:`LowRank`). A LoRA step then reads its
+  input once per group and runs one matmul per adapter fewer. This needs the adapters computed in the base
+  weights' dtype (under autocast, or adapters of the base weights' dtype: peft computes fp32 adapters of a bf16
+  model in fp32, which the copies leave separate);
 * ``merged``: those, and every group with a peft LoRA-wrapped member, whose copy holds the base weight with the
   active adapters merged in (one matmul per projection instead of the base one and the adapter's two);
 * ``fp8``: every group, single projections (``o``, ``down``, ...) included, as FP8 with one scale per output
@@ -40,15 +47,35 @@ COPY_MODES = ("fused", "merged", "fp8")
 
 
 @dataclass
+class LowRank:
+    """One active LoRA adapter of a member of a ``fused`` group: its name, rank and scaling, and the copy of its
+    ``lora_B`` weight ``[out, rank]``. Its ``lora_A`` rows are in the group's weight, after the base rows."""
+
+    name: str
+    rank: int
+    scaling: float
+    up: torch.Tensor
+
+
+@dataclass
 class FusedWeight:
-    """One group's concatenated ``weight [sum(sizes), in]``, optional ``bias``, the members' output sizes and, for
-    FP8 copies, the float32 ``scale [sum(sizes)]`` of each output channel and the matmul's ``out_dtype``."""
+    """One group's concatenated ``weight [sum(sizes) + sum of the adapters' ranks, in]``, optional ``bias`` (zero
+    on the adapters' rows), the members' output sizes, the :class:`LowRank` adapters of each member (``()`` when
+    the group has none) and, for FP8 copies, the float32 ``scale [sum(sizes)]`` of each output channel and the
+    matmul's ``out_dtype``."""
 
     weight: torch.Tensor
     bias: torch.Tensor | None
     sizes: tuple[int, ...]
     scale: torch.Tensor | None = None
     out_dtype: torch.dtype | None = None
+    adapters: tuple[tuple[LowRank, ...], ...] = ()
+
+    @property
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        """Every device tensor of the copy (for its size)."""
+        own = tuple(t for t in (self.weight, self.bias, self.scale) if t is not None)
+        return own + tuple(adapter.up for member in self.adapters for adapter in member)
 
 
 def project(module: nn.Module, group: str, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -61,8 +88,24 @@ def project(module: nn.Module, group: str, x: torch.Tensor) -> tuple[torch.Tenso
             out = fp8_linear(x, entry.weight, entry.scale, entry.bias, out_dtype=entry.out_dtype)
         else:
             out = F.linear(x, entry.weight, entry.bias)
+        if entry.adapters:
+            return _add_adapters(out, entry)
         return out.split(entry.sizes, dim=-1) if len(entry.sizes) > 1 else (out,)
     return tuple(getattr(module, name)(x) for name in module.fused_groups[group])
+
+
+def _add_adapters(out: torch.Tensor, entry: FusedWeight) -> tuple[torch.Tensor, ...]:
+    """Each member's output from a ``fused`` group's matmul that also computed its adapters' ``lora_A`` products:
+    ``base + lora_B(lora_A(x)) * scaling`` per active adapter, in peft's order of operations."""
+    ranks = tuple(adapter.rank for member in entry.adapters for adapter in member)
+    parts = out.split(entry.sizes + ranks, dim=-1)
+    downs = iter(parts[len(entry.sizes):])
+    outputs = []
+    for result, adapters in zip(parts, entry.adapters):
+        for adapter in adapters:
+            result = result + F.linear(next(downs), adapter.up) * adapter.scaling
+        outputs.append(result)
+    return tuple(outputs)
 
 
 def project_one(module: nn.Module, group: str, x: torch.Tensor) -> torch.Tensor:
@@ -84,59 +127,82 @@ class FusedProjections:
         if mode not in COPY_MODES:
             raise ValueError(f"mode must be one of {COPY_MODES}, got {mode!r}")
         self.mode = mode
+        self.dtype = dtype
         fp8 = mode == "fp8"
         self.groups: list[tuple[nn.Module, str, list[nn.Linear], FusedWeight]] = []
         for module in model.modules():
             for group, names in getattr(module, "fused_groups", {}).items():
                 members = [getattr(module, name) for name in names]
-                if not _copied(members, mode):
+                if not _copied(members, mode, dtype):
                     continue
                 first = _linear(members[0]).weight
-                rows = sum(_linear(m).out_features for m in members)
+                sizes = tuple(_linear(m).out_features for m in members)
                 out_dtype = dtype or first.dtype
+                adapters = _low_rank_copies(members, out_dtype) if mode == "fused" else ()
+                rows = sum(sizes) + sum(adapter.rank for member in adapters for adapter in member)
                 weight = torch.empty((rows, first.shape[1]), dtype=FP8 if fp8 else out_dtype, device=first.device)
-                bias = None if _linear(members[0]).bias is None else torch.empty(rows, dtype=out_dtype,
+                bias = None if _linear(members[0]).bias is None else torch.zeros(rows, dtype=out_dtype,
                                                                                   device=first.device)
                 scale = torch.empty(rows, dtype=torch.float32, device=first.device) if fp8 else None
-                entry = FusedWeight(weight, bias, tuple(_linear(m).out_features for m in members), scale,
-                                    out_dtype if fp8 else None)
+                entry = FusedWeight(weight, bias, sizes, scale, out_dtype if fp8 else None, adapters)
                 self.groups.append((module, group, members, entry))
         self.refresh()
 
     @property
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for *_, e in self.groups for t in (e.weight, e.scale)
-                   if t is not None)
+        return sum(t.numel() * t.element_size() for *_, e in self.groups for t in e.tensors)
 
     def __bool__(self) -> bool:
         return bool(self.groups)
 
     @property
     def merges_lora(self) -> bool:
-        """Whether some copy merges a LoRA-wrapped projection."""
-        return any(type(m) is not nn.Linear for _, _, members, _ in self.groups for m in members)
+        """Whether some copy merges a LoRA-wrapped projection (``merged`` and ``fp8`` copies)."""
+        return self.mode != "fused" and any(type(m) is not nn.Linear for _, _, members, _ in self.groups
+                                            for m in members)
+
+    @property
+    def keeps_lora(self) -> bool:
+        """Whether some ``fused`` copy computes LoRA adapters unmerged (:class:`LowRank`)."""
+        return any(entry.adapters for *_, entry in self.groups)
 
     @torch.no_grad()
     def refresh(self) -> None:
-        """Copy the current parameters into the fused buffers (in place: their addresses never change); copies of
-        LoRA-wrapped projections get the base weight with the active adapters merged in."""
+        """Copy the current parameters into the fused buffers (in place: their addresses never change). ``merged``
+        and ``fp8`` copies of LoRA-wrapped projections get the base weight with the active adapters merged in;
+        ``fused`` copies get the base weight, the adapters' ``lora_A`` rows and ``lora_B`` copies."""
         for _, _, members, entry in self.groups:
             start = 0
             for member, size in zip(members, entry.sizes):
+                weight = _linear(member).weight if self.mode == "fused" else _effective_weight(member)
                 if entry.scale is not None:
-                    quantize_rows(_effective_weight(member), entry.weight[start:start + size],
-                                  entry.scale[start:start + size])
+                    quantize_rows(weight, entry.weight[start:start + size], entry.scale[start:start + size])
                 else:
-                    entry.weight[start:start + size].copy_(_effective_weight(member))
+                    entry.weight[start:start + size].copy_(weight)
                 if entry.bias is not None:
                     entry.bias[start:start + size].copy_(_linear(member).bias)
                 start += size
+            for member, adapters in zip(members, entry.adapters):
+                if _adapter_layout(member) != tuple((a.name, a.rank, a.scaling) for a in adapters):
+                    raise RuntimeError("a LoRA layer's active adapters changed since its copies were made; "
+                                       "make new copies (fused_projections does)")
+                for adapter in adapters:  # adapters disabled (peft's disable_adapter): exact zeros are added
+                    entry.weight[start:start + adapter.rank].copy_(member.lora_A[adapter.name].weight)
+                    if member.disable_adapters:
+                        adapter.up.zero_()
+                    else:
+                        adapter.up.copy_(member.lora_B[adapter.name].weight)
+                    start += adapter.rank
 
     def matches(self, model: nn.Module) -> bool:
-        """False once a member was re-wrapped (e.g. LoRA added) or re-shaped since these copies were made."""
-        for module, group, members, _ in self.groups:
+        """False once a member was re-wrapped (e.g. LoRA added) or re-shaped since these copies were made, or a
+        LoRA member's active adapters changed (switched, added, re-scaled) under ``fused`` copies."""
+        for module, group, members, entry in self.groups:
             names = module.fused_groups[group]
-            if [getattr(module, n) for n in names] != members or not _fusable(members, self.mode):
+            if [getattr(module, n) for n in names] != members or not _fusable(members, self.mode, self.dtype):
+                return False
+            layouts = tuple(tuple((a.name, a.rank, a.scaling) for a in adapters) for adapters in entry.adapters)
+            if self.mode == "fused" and layouts != _layouts(members):
                 return False
         return True
 
@@ -155,19 +221,21 @@ class FusedProjections:
                 module.__dict__.pop(ATTRIBUTE, None)
 
 
-def _copied(members: list[nn.Module], mode: str) -> bool:
+def _copied(members: list[nn.Module], mode: str, dtype: torch.dtype | None = None) -> bool:
     """Whether ``mode`` copies a group of these members (module docstring)."""
-    if not _fusable(members, mode):
+    if not _fusable(members, mode, dtype):
         return False
     if mode == "fp8":
         return True
     if mode == "merged" and any(type(m) is not nn.Linear for m in members):
         return True
-    return len(members) > 1
+    return len(members) > 1 or any(_layouts(members))
 
 
-def _fusable(members: list[nn.Module], mode: str = "fused") -> bool:
-    if not all(type(m) is nn.Linear or (mode != "fused" and _mergeable_lora(m)) for m in members):
+def _fusable(members: list[nn.Module], mode: str = "fused", dtype: torch.dtype | None = None) -> bool:
+    """Whether a group of these members can be copied by ``mode`` (copies in ``dtype``; the weights' when None)."""
+    if not all(type(m) is nn.Linear or (_mergeable_lora(m) and (mode != "fused" or _unmerged_exact(m, dtype)))
+               for m in members):
         return False
     linears = [_linear(m) for m in members]
     first = linears[0]
@@ -186,6 +254,40 @@ def _mergeable_lora(module: nn.Module) -> bool:
             and not getattr(module, "fan_in_fan_out", False) and not getattr(module, "merged", False)
             and not getattr(module, "lora_variant", {})
             and not any(getattr(module, "use_dora", {}).values()) and not any(getattr(module, "lora_bias", {}).values()))
+
+
+def _unmerged_exact(member: nn.Module, dtype: torch.dtype | None) -> bool:
+    """Whether ``fused`` copies in ``dtype`` compute this LoRA layer's adapters as peft does: under autocast (a
+    ``dtype`` given) every matmul runs in that dtype; without it, only adapters in the base weight's dtype (peft
+    computes fp32 adapters of a bf16 model in fp32)."""
+    base = member.base_layer.weight
+    weights = [layer[name].weight for name, _, _ in _adapter_layout(member) for layer in (member.lora_A, member.lora_B)]
+    return all(w.device == base.device and (dtype is not None or w.dtype == base.dtype) for w in weights)
+
+
+def _adapter_layout(member: nn.Module) -> tuple[tuple[str, int, float], ...]:
+    """A LoRA layer's active adapters as ``(name, rank, scaling)``, in peft's order (``()`` for a plain linear),
+    whether or not peft's ``disable_adapter`` is on: disabled adapters keep their place in ``fused`` copies, with
+    ``lora_B`` copies of zeros, so switching them off and on reuses the copies and the steps recorded with them."""
+    if type(member) is nn.Linear:
+        return ()
+    return tuple((name, member.lora_A[name].out_features, float(member.scaling[name]))
+                 for name in member.active_adapters if name in member.lora_A)
+
+
+def _layouts(members: list[nn.Module]) -> tuple[tuple[tuple[str, int, float], ...], ...]:
+    """Each member's :func:`_adapter_layout`; ``()`` when no member has an active adapter."""
+    layouts = tuple(_adapter_layout(m) for m in members)
+    return layouts if any(layouts) else ()
+
+
+def _low_rank_copies(members: list[nn.Module], dtype: torch.dtype) -> tuple[tuple[LowRank, ...], ...]:
+    """Empty :class:`LowRank` copies in ``dtype`` for the active adapters of each member (``()`` without any)."""
+    return tuple(tuple(LowRank(name, rank, scaling,
+                               torch.empty((_linear(member).out_features, rank), dtype=dtype,
+                                           device=_linear(member).weight.device))
+                       for name, rank, scaling in layout)
+                 for member, layout in zip(members, _layouts(members)))
 
 
 def _linear(member: nn.Module) -> nn.Linear:

@@ -2,9 +2,11 @@
 
 Fusing q/k/v and gate/up pays where a step's matmuls are bound by reading the weights, i.e. at few query rows:
 a step is fused when ``batch bucket x block length <= FUSE_MAX_ROWS``. The copies cost the fused weights' size
-once per model and dtype (LLaDA-8B: 9.7 GB in bf16; reported as ``EngineStats.fused_bytes``); LoRA-wrapped
-projections are never fused into these copies. ``DARE_FUSE_PROJECTIONS=0`` turns fusion off; ``DARE_FUSE_MAX_ROWS=N``
-moves the row limit (for measuring other shapes and models).
+once per model and dtype (LLaDA-8B: 9.7 GB in bf16; reported as ``EngineStats.fused_bytes``). A LoRA policy's
+projections are copied with their adapters kept unmerged (:class:`~dare.models.fusion.LowRank`: the ``lora_A``
+products come out of the base matmul), single projections (``o``, ``down``) included, so its copies hold every
+adapted projection's weight (LLaDA-8B, every projection adapted: ~14 GB in bf16). ``DARE_FUSE_PROJECTIONS=0``
+turns fusion off; ``DARE_FUSE_MAX_ROWS=N`` moves the row limit (for measuring other shapes and models).
 
 ``SamplerConfig.weights`` ``merged`` / ``fp8`` make every step, whatever its row count, decode with ``merged`` /
 ``fp8`` copies (:class:`~dare.models.fusion.FusedProjections`): LoRA adapters merged into copies in the model's
