@@ -157,7 +157,8 @@ def test_eval_run_generation_records_every_setting(data, tmp_path, capsys, monke
     assert set(settings) == {f.name for f in dataclasses.fields(SamplerConfig)}  # every decoding setting
     assert (settings["cache"], settings["gen_length"], settings["block_length"], settings["threshold"],
             settings["decoder"], settings["seed"]) == ("dual", 16, 8, 0.7, "threshold", 3)
-    assert results.sampler["kernels"] == {"decode_attention": "sdpa", "fuse_max_rows": 0, "compile_sampling": True,
+    assert results.sampler["kernels"] == {"decode_attention": "sdpa", "fuse_max_rows": 0, "lora_fuse_max_rows": 0,
+                                          "compile_sampling": True,
                                           "proposal_kernel": True, "top_p_kernel": True,
                                           "cache_writes_in_blocks": False}
     assert results.seed == 3 and results.mode == "generate"

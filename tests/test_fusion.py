@@ -10,7 +10,7 @@ from dare.models.lora import apply_lora
 from dare.models.tiny import tiny_model
 from dare.rollout import SamplerConfig, generate
 from dare.rollout.engine import engine_stats
-from dare.rollout.engine.fused import FUSE_MAX_ROWS, fused_projections, wants_fusion
+from dare.rollout.engine.fused import FUSE_MAX_ROWS, LORA_FUSE_MAX_ROWS, fused_projections, wants_fusion
 from rollout_helpers import padded, sharp_model, single_thread  # noqa: F401
 
 FAMILIES = ["llada", "dream", "sdar", "llada_moe", "llada2"]
@@ -154,8 +154,10 @@ def test_only_small_steps_are_fused(monkeypatch):
     config = SamplerConfig(sampler="fastdllm", cache="dual", gen_length=256, block_length=32)
     assert wants_fusion(1, config) and wants_fusion(FUSE_MAX_ROWS // 32, config)
     assert not wants_fusion(16, config)
+    assert wants_fusion(LORA_FUSE_MAX_ROWS // 32, config, lora=True) and not wants_fusion(32, config, lora=True)
     monkeypatch.setenv("DARE_FUSE_MAX_ROWS", "512")
     assert wants_fusion(16, config) and not wants_fusion(32, config)
+    assert not wants_fusion(32, config, lora=True)  # the switch moves both limits
     monkeypatch.setenv("DARE_FUSE_MAX_ROWS", "lots")
     with pytest.raises(ConfigError, match="DARE_FUSE_MAX_ROWS"):
         wants_fusion(1, config)
@@ -202,6 +204,19 @@ def test_static_engine_decodes_a_lora_policy_with_fused_copies_as_without(monkey
         assert torch.equal(a.step_map, b.step_map)
         torch.testing.assert_close(a.logprobs, b.logprobs, atol=1e-5, rtol=0)
     assert not torch.equal(fused.completion, reference.completion)  # the adapters changed the decoding
+
+
+def test_a_lora_policy_fuses_larger_steps(monkeypatch):
+    from dare.rollout.engine import fused as fused_module
+
+    monkeypatch.setattr(fused_module, "FUSE_MAX_ROWS", 16)  # a step of 3 rows x block 8 = 24 rows
+    monkeypatch.setattr(fused_module, "LORA_FUSE_MAX_ROWS", 32)
+    ids, mask = padded([9, 14, 5])
+    config = SamplerConfig(gen_length=16, block_length=8, sampler="fastdllm", cache="dual")
+    plain, lora = sharp_model("llada"), _trained_lora().eval()
+    for model in (plain, lora):
+        generate(model, ids, mask, config, engine="static")
+    assert engine_stats(plain).fused_bytes == 0 and engine_stats(lora).fused_bytes > 0
 
 
 def test_copies_that_do_not_fit_decode_unfused_with_one_warning(monkeypatch, caplog):

@@ -94,7 +94,7 @@ _DROPPED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 def kernel_settings() -> dict:
     """The environment switches that choose a decode's kernels, as results files record them next to the
     sampler settings: ``decode_attention`` (``DARE_DECODE_ATTENTION``), ``fuse_max_rows`` (largest step decoded
-    with fused projections; 0 = never), ``compile_sampling`` (``DARE_COMPILE_SAMPLING``), ``proposal_kernel``
+    with fused projections; 0 = never), ``lora_fuse_max_rows`` (the same for a LoRA policy), ``compile_sampling`` (``DARE_COMPILE_SAMPLING``), ``proposal_kernel``
     (``DARE_PROPOSAL_KERNEL``), ``top_p_kernel`` (``DARE_TOP_P_KERNEL``) and ``cache_writes_in_blocks``
     (``DARE_FUSE_CACHE_WRITES``)."""
     from dare.models.decode_attention import setting
@@ -105,6 +105,7 @@ def kernel_settings() -> dict:
     from dare.rollout.engine.top_p_kernel import kernel_enabled as top_p_kernel_enabled
 
     return {"decode_attention": setting(), "fuse_max_rows": fusion_max_rows(),
+            "lora_fuse_max_rows": fusion_max_rows(lora=True),
             "compile_sampling": sampling_compiled(), "proposal_kernel": kernel_enabled(),
             "top_p_kernel": top_p_kernel_enabled(),
             "cache_writes_in_blocks": cache_writes_in_blocks()}
@@ -333,7 +334,8 @@ def run_static(sampler, model, input_ids: torch.Tensor, attention_mask: torch.Te
     has_padding = sampler.static_state.needs_padding(input_ids, attention_mask, prompt_width, config)
     states = _STATES.setdefault(base, OrderedDict())
     fused = None
-    fuse = copies or (wants_fusion(padded_rows, config) and base not in _UNFUSABLE)
+    adapters = adapter_state(base)
+    fuse = copies or (wants_fusion(padded_rows, config, lora=bool(adapters)) and base not in _UNFUSABLE)
     if fuse:
         autocast = torch.is_autocast_enabled(device.type)
         dtype = torch.get_autocast_dtype(device.type) if autocast else None
@@ -361,7 +363,7 @@ def run_static(sampler, model, input_ids: torch.Tensor, attention_mask: torch.Te
         stats.fused_bytes = fused_bytes(base)
     resumable = any(value is not None for value in resume.values())
     key = _state_key(sampler.attention, config, padded_rows, prompt_width, has_padding, graphs, device, base.training,
-                     fuse, adapter_state(base), resumable)
+                     fuse, adapters, resumable)
     state = states.get(key)
     if state is None:
         dropped = _DROPPED.setdefault(base, set())
