@@ -178,6 +178,8 @@ def test_rl_metrics_count_the_rollout_engines_recordings_and_fallbacks():
     assert src.step_metrics["rollout/engine_fallbacks"] == 0
     assert src.step_metrics["rollout/graph_captures"] == 0  # no CUDA graphs on the CPU
     assert src.step_metrics["rollout/weight_refresh_s"] >= 0
+    copies = engine.engine_stats(model).fused_bytes  # the fused q/k/v and gate/up copies of small steps
+    assert copies > 0 and src.step_metrics["rollout/engine_memory_gib"] == pytest.approx(copies / 2 ** 30, rel=0.01)
     engine._UNCAPTURABLE.add(model)
     try:
         src.batch(1)
