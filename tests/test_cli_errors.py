@@ -620,3 +620,46 @@ def test_a_checkpoint_path_missing_by_its_step_number_or_a_typo_names_the_direct
         line = one_line_error(capsys, "generate", "--model", tmp_path / "run" / given, "--prompt", "hi")
         assert line == (f"error: model path {tmp_path / 'run' / given}: no such checkpoint directory (did you mean "
                         f"{tmp_path / 'run' / meant}?)")
+
+
+TORCH_OOM = ("CUDA out of memory. Tried to allocate 20.00 GiB. GPU 0 has a total capacity of 79.19 GiB of which 1.23 "
+             "GiB is free. Including non-PyTorch memory, this process has 77.95 GiB memory in use. Of the allocated "
+             "memory 75.10 GiB is allocated by PyTorch, and 1.20 GiB is reserved by PyTorch but unallocated. If "
+             "reserved but unallocated memory is large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True "
+             "to avoid fragmentation.  See documentation for Memory Management  "
+             "(https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)")
+
+
+@pytest.mark.parametrize("command,args,hint", [
+    ("train", ["configs/llada/d1_tiny.yaml"], "trainer.micro_batch_size"),
+    ("generate", ["--model", "tiny:llada", "--prompt", "hi"], "--gen-length"),
+    ("eval", ["run", "--benchmark", "gsm8k", "--model", "tiny:llada"], "--batch-size (default 8)"),
+])
+def test_running_out_of_device_memory_is_one_line_naming_what_to_lower(command, args, hint, capsys, monkeypatch):
+    """A batch that does not fit the GPU ends in one line: torch's figures and the command's settings to lower,
+    not a stack trace."""
+    import importlib
+
+    from dare.cli import COMMANDS
+
+    def out_of_memory(args):
+        raise torch.OutOfMemoryError(TORCH_OOM)
+
+    monkeypatch.setattr(importlib.import_module(COMMANDS[command]), "run", out_of_memory)
+    line = one_line_error(capsys, command, *args)
+    assert line.startswith("error: out of device memory (Tried to allocate 20.00 GiB. GPU 0 has a total capacity of "
+                           "79.19 GiB of which 1.23 GiB is free); to fit, lower ")
+    assert hint in line and "expandable_segments:True" in line and line.endswith("(DARE_TRACEBACK=1 shows where)")
+
+
+def test_other_errors_of_dare_itself_keep_their_traceback(monkeypatch):
+    import importlib
+
+    from dare.cli import COMMANDS
+
+    def bug(args):
+        raise RuntimeError("an index out of range in DARE's own code")
+
+    monkeypatch.setattr(importlib.import_module(COMMANDS["generate"]), "run", bug)
+    with pytest.raises(RuntimeError, match="DARE's own code"):
+        main(["generate", "--model", "tiny:llada", "--prompt", "hi"])

@@ -177,10 +177,11 @@ def main(argv: list[str] | None = None) -> int:
         print_traceback_if_asked(err)
         sys.stderr.write(f"error: {err.cli_message}\n")  # one write: torchrun ranks' lines never interleave
         return 2
-    except Exception as err:  # a plug-in's own code raised (its hook, run or parse): one line naming its line
+    except Exception as err:  # out of memory, or a plug-in's own code raised (its hook, run or parse): one line
+        from dare.devices import out_of_memory
         from dare.plugins import runtime_failure
 
-        line = runtime_failure(err)
+        line = out_of_memory(err, getattr(module, "MEMORY_HINT", None)) or runtime_failure(err)
         if line is None and "torch" in sys.modules:  # under torchrun: a peer that stopped first
             from dare.distributed import lost_peer
 

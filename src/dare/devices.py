@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from dare.errors import ConfigError, closest
 
 ACCELERATORS = ("cuda", "xpu", "mps", "mtia")
@@ -44,4 +46,24 @@ def resolve_device(name: str | None, what: str = "--device"):
     return device
 
 
-__all__ = ["ACCELERATORS", "available_devices", "resolve_device"]
+def out_of_memory(err: BaseException, hint: str | None = None) -> str | None:
+    """One line for a device that ran out of memory (``torch.OutOfMemoryError``): torch's own figures (what it tried
+    to allocate, what was free), then ``hint``, the command's settings that size its work; None for any other
+    error."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    if torch is None or not isinstance(err, torch.OutOfMemoryError):
+        return None
+    text = " ".join(str(err).split())
+    figures = re.search(r"Tried to allocate [\d.]+ \w+\.?( GPU \d+ has a total capacity of [\d.]+ \w+ of which "
+                        r"[\d.]+ \w+ is free)?", text)
+    line = f"out of device memory ({figures.group(0).rstrip('.') if figures else text[:200]})"
+    if hint:
+        line += f"; to fit, lower {hint}"
+    if "expandable_segments" in text:
+        line += "; against fragmentation torch suggests PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
+    return line + " (DARE_TRACEBACK=1 shows where)"
+
+
+__all__ = ["ACCELERATORS", "available_devices", "out_of_memory", "resolve_device"]

@@ -29,6 +29,7 @@ import os
 HELP = ("evaluate models on benchmarks (run: generate/likelihood + score; score: score a predictions file; sweep: "
         "accuracy under several decoder settings; lm-eval: lm-evaluation-harness with the dare model; opencompass: "
         "OpenCompass with one-line loading errors)")
+MEMORY_HINT = "--batch-size (default 8) or --gen-length (lm-eval and OpenCompass: their own batch size)"
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

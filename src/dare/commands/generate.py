@@ -14,6 +14,7 @@ import ast
 import sys
 
 HELP = "generate text with a diffusion sampler (llada, dream, fastdllm, ...)"
+MEMORY_HINT = "the number of --prompt given at once or --gen-length, or choose --dtype bfloat16"
 BUILTIN_SAMPLERS = ("llada", "dream", "fastdllm", "fastdllm_dream", "sdar", "llada2", "llada21", "llada21_speed")
 """The samplers :mod:`dare.rollout.samplers` registers, named here so that ``--help`` does not import torch
 (``tests/test_rollout_review_fixes.py`` checks the two agree)."""

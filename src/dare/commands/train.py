@@ -10,6 +10,10 @@ from pathlib import Path
 from dare.errors import ConfigError
 
 HELP = "train a model from a YAML recipe with key=value overrides (multi-GPU: torchrun -m dare.cli train ...)"
+MEMORY_HINT = ("trainer.micro_batch_size, rollout.chunk_size (RL: rows decoded at once) or data.max_length, or set "
+               "model.gradient_checkpointing=true (RL: DARE_FUSE_PROJECTIONS=0 frees the rollout engine's projection "
+               "copies)")
+"""What the one-line out-of-memory error names (:func:`dare.devices.out_of_memory`)."""
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
