@@ -643,7 +643,10 @@ def test_running_out_of_device_memory_is_one_line_naming_what_to_lower(command, 
     from dare.cli import COMMANDS
 
     def out_of_memory(args):
-        raise torch.OutOfMemoryError(TORCH_OOM)
+        try:
+            raise torch.OutOfMemoryError(TORCH_OOM)
+        except torch.OutOfMemoryError as err:  # e.g. torch.compile re-raises it as its own error
+            raise RuntimeError("backend compiler failed") from err
 
     monkeypatch.setattr(importlib.import_module(COMMANDS[command]), "run", out_of_memory)
     line = one_line_error(capsys, command, *args)
@@ -663,3 +666,14 @@ def test_other_errors_of_dare_itself_keep_their_traceback(monkeypatch):
     monkeypatch.setattr(importlib.import_module(COMMANDS["generate"]), "run", bug)
     with pytest.raises(RuntimeError, match="DARE's own code"):
         main(["generate", "--model", "tiny:llada", "--prompt", "hi"])
+
+
+def test_out_of_memory_reads_the_error_raised_or_the_one_behind_it():
+    from dare.devices import out_of_memory
+
+    assert out_of_memory(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.00 MiB")) == (
+        "out of device memory (Tried to allocate 1.00 MiB) (DARE_TRACEBACK=1 shows where)")
+    assert out_of_memory(ValueError("bad")) is None
+    first, second = ValueError("a"), ValueError("b")
+    first.__context__, second.__context__ = second, first  # a cycle of contexts ends, unanswered
+    assert out_of_memory(first) is None

@@ -87,6 +87,10 @@ def test_lora_copies_under_autocast_compute_the_adapters_in_its_dtype():
     base = model.get_base_model()
     assert next(p for n, p in model.named_parameters() if "lora_A" in n).dtype == torch.float32
     assert not FusedProjections(base).keeps_lora
+    half_adapters = _trained_lora(dtype=torch.bfloat16)
+    half_adapters.to(torch.bfloat16)  # bf16 adapters under fp16 autocast: peft rounds their input to bf16 first
+    assert FusedProjections(half_adapters.get_base_model(), torch.bfloat16).keeps_lora
+    assert not FusedProjections(half_adapters.get_base_model(), torch.float16).keeps_lora
     fused = FusedProjections(base, torch.bfloat16)
     assert fused.keeps_lora and all(a.up.dtype == torch.bfloat16 for *_, e in fused.groups for m in e.adapters
                                     for a in m)

@@ -179,7 +179,7 @@ def test_rl_metrics_count_the_rollout_engines_recordings_and_fallbacks():
     assert src.step_metrics["rollout/graph_captures"] == 0  # no CUDA graphs on the CPU
     assert src.step_metrics["rollout/weight_refresh_s"] >= 0
     copies = engine.engine_stats(model).fused_bytes  # the fused q/k/v and gate/up copies of small steps
-    assert copies > 0 and src.step_metrics["rollout/engine_memory_gib"] == pytest.approx(copies / 2 ** 30, rel=0.01)
+    assert copies > 0 and src.step_metrics["rollout/engine_copies_gib"] == pytest.approx(copies / 2 ** 30, rel=0.01)
     engine._UNCAPTURABLE.add(model)
     try:
         src.batch(1)
@@ -188,3 +188,6 @@ def test_rl_metrics_count_the_rollout_engines_recordings_and_fallbacks():
         engine.release(model)
     src.batch(2)
     assert src.step_metrics["rollout/engine_fallbacks"] == 0
+    assert src.step_metrics["rollout/engine_copies_gib"] == pytest.approx(copies / 2 ** 30, rel=0.01)  # not summed
+    engine.release(model)
+    assert engine.engine_stats(model).fused_bytes == 0  # released copies are not reported

@@ -562,6 +562,38 @@ def test_release_lets_a_model_that_fell_back_record_again():
     assert engine_stats(model).fallbacks == before + 1
 
 
+@pytest.mark.parametrize("error,freed", [(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"),
+                                          True), (RuntimeError("operation not permitted when stream is capturing"),
+                                                  False)])
+def test_a_graph_step_that_runs_out_of_memory_frees_what_the_engine_holds(error, freed, monkeypatch, caplog):
+    """Out of device memory while recording or replaying: the fallback to eager frees the engine's recorded steps
+    and projection copies, so the eager loop and the training step get that memory back (any other recording
+    failure keeps them). ``run_static`` with ``engine='graph'`` runs its steps eagerly on the CPU."""
+    from dare.rollout import engine
+    from dare.rollout.engine.fused import _FUSED
+    from dare.rollout.engine.mdlm import MdlmState
+    from dare.rollout.registry import get_sampler
+
+    model = sharp_model("llada")
+    ids, mask = padded([9, 14, 5])
+    config = SamplerConfig(gen_length=16, block_length=8, sampler="fastdllm", cache="dual").resolved()
+    sampler = get_sampler("fastdllm")
+    small = SamplerConfig(gen_length=8, block_length=8, sampler="fastdllm", cache="dual").resolved()
+    assert engine.run_static(sampler, model, ids, mask, small, example_ids=[0, 1, 2], engine="graph") is not None
+    assert engine_stats(model).fused_bytes > 0 and len(engine._STATES[model]) == 1
+
+    def fail(self, progress=False):
+        raise error
+
+    monkeypatch.setattr(MdlmState, "decode", fail)
+    with caplog.at_level(logging.WARNING, logger="dare.rollout"):
+        assert engine.run_static(sampler, model, ids, mask, config, example_ids=[0, 1, 2], engine="graph") is None
+    assert ("ran out of device memory" in caplog.text) is freed and "falls back to eager" in caplog.text
+    assert (engine_stats(model).fused_bytes == 0) is freed and (model in _FUSED) is not freed
+    assert (len(engine._STATES[model]) == 0) is freed  # the earlier call's state too
+    engine.release(model)
+
+
 def test_a_lora_model_keeps_its_steps_per_adapter_state():
     """Steps recorded with the adapter on must never replay for a call inside peft's disable_adapter (on CUDA a
     replay would silently decode with the adapter): the engine keeps one state per adapter state, and each call

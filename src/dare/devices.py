@@ -47,13 +47,17 @@ def resolve_device(name: str | None, what: str = "--device"):
 
 
 def out_of_memory(err: BaseException, hint: str | None = None) -> str | None:
-    """One line for a device that ran out of memory (``torch.OutOfMemoryError``): torch's own figures (what it tried
-    to allocate, what was free), then ``hint``, the command's settings that size its work; None for any other
-    error."""
+    """One line for a device that ran out of memory (``torch.OutOfMemoryError``, raised or behind the error raised):
+    torch's own figures (what it tried to allocate, what was free), then ``hint``, the command's settings that size
+    its work; None for any other error."""
     import sys
 
     torch = sys.modules.get("torch")
-    if torch is None or not isinstance(err, torch.OutOfMemoryError):
+    seen = set()
+    while torch is not None and err is not None and id(err) not in seen and not isinstance(err, torch.OutOfMemoryError):
+        seen.add(id(err))  # an error raised from one (torch.compile's, a plug-in's wrapper): the memory error behind
+        err = err.__cause__ or err.__context__
+    if torch is None or err is None or id(err) in seen:
         return None
     text = " ".join(str(err).split())
     figures = re.search(r"Tried to allocate [\d.]+ \w+\.?( GPU \d+ has a total capacity of [\d.]+ \w+ of which "

@@ -258,11 +258,14 @@ def _mergeable_lora(module: nn.Module) -> bool:
 
 def _unmerged_exact(member: nn.Module, dtype: torch.dtype | None) -> bool:
     """Whether ``fused`` copies in ``dtype`` compute this LoRA layer's adapters as peft does: under autocast (a
-    ``dtype`` given) every matmul runs in that dtype; without it, only adapters in the base weight's dtype (peft
+    ``dtype`` given) every matmul runs in that dtype, for adapters in fp32 or that dtype (bf16 adapters under fp16
+    autocast see their input rounded to bf16 first); without autocast, only adapters in the base weight's dtype (peft
     computes fp32 adapters of a bf16 model in fp32)."""
     base = member.base_layer.weight
     weights = [layer[name].weight for name, _, _ in _adapter_layout(member) for layer in (member.lora_A, member.lora_B)]
-    return all(w.device == base.device and (dtype is not None or w.dtype == base.dtype) for w in weights)
+    # under autocast peft first casts the input to the adapters' dtype: lossless only from fp32 or that same dtype
+    exact = (base.dtype,) if dtype is None else (torch.float32, torch.float64, dtype)
+    return all(w.device == base.device and w.dtype in exact for w in weights)
 
 
 def _adapter_layout(member: nn.Module) -> tuple[tuple[str, int, float], ...]:

@@ -234,8 +234,9 @@ class RolloutSource:
         engine's unsharded FSDP copy and its merged / FP8 projection copies), ``rollout/graph_captures`` and
         ``rollout/graph_capture_s`` (graphs recorded during this rollout; 0 once every shape has been seen),
         ``rollout/engine_fallbacks`` (generation calls that fell back to the eager loop) and
-        ``rollout/engine_memory_gib`` (device memory the engine holds for the policy between rollouts: its recorded
-        graphs' memory and its projection copies)."""
+        ``rollout/engine_copies_gib`` (device memory of the engine's projection copies, kept between rollouts: the
+        fused q/k/v and gate/up copies of small steps, with a LoRA policy's every adapted projection, or the merged /
+        FP8 copies)."""
         from dare.rollout.engine import engine_stats, refresh_weights
 
         stats = engine_stats(self.policy)
@@ -253,7 +254,7 @@ class RolloutSource:
         self._engine["rollout/graph_captures"] = float(stats.captures - self._engine.pop("captures"))
         self._engine["rollout/graph_capture_s"] = stats.capture_s - self._engine.pop("capture_s")
         self._engine["rollout/engine_fallbacks"] = float(stats.fallbacks - self._engine.pop("fallbacks"))
-        self._engine["rollout/engine_memory_gib"] = (stats.graph_bytes + stats.fused_bytes) / 2 ** 30
+        self._engine["rollout/engine_copies_gib"] = stats.fused_bytes / 2 ** 30
 
     def _decode(self, completion: torch.Tensor, mask: torch.Tensor) -> list[str]:
         lengths = mask.sum(-1).tolist()

@@ -164,6 +164,8 @@ def release(model) -> None:
     _UNFUSABLE.discard(base)  # with the memory freed, the copies may fit again
     _UNCAPTURABLE.discard(base)
     release_fused(base)
+    if base in _STATS:
+        _STATS[base].fused_bytes = 0
 
 
 def refresh_weights(model) -> bool:
@@ -394,11 +396,17 @@ def run_static(sampler, model, input_ids: torch.Tensor, attention_mask: torch.Te
     except RuntimeError as error:
         if not graphs:
             raise
-        log.warning("rollout engine 'graph' falls back to eager: the step could not be recorded (%s); this "
-                    "model decodes eagerly from now on (dare.rollout.engine.release(model) lets it record again)%s",
-                    first_line(error)[:200], _weights_not_applied(config))
+        out_of_memory = isinstance(error, torch.OutOfMemoryError)
+        log.warning("rollout engine 'graph' falls back to eager: the step %s (%s); this model decodes eagerly from "
+                    "now on (dare.rollout.engine.release(model) lets it record again)%s",
+                    "ran out of device memory, so the engine freed its recorded steps and copies" if out_of_memory
+                    else "could not be recorded", first_line(error)[:200], _weights_not_applied(config))
         _UNCAPTURABLE.add(base)
         states.pop(key, None)
+        if out_of_memory:  # the eager loop and the training step get that memory back
+            states.clear()
+            release_fused(base)
+            stats.fused_bytes = 0
         if owner is not base:
             _give_up_on(owner)
         stats.fallbacks += 1
