@@ -159,6 +159,11 @@ def test_only_small_steps_are_fused(monkeypatch):
     assert wants_fusion(1, config) and wants_fusion(FUSE_MAX_ROWS // 32, config)
     assert not wants_fusion(16, config)
     assert wants_fusion(LORA_FUSE_MAX_ROWS // 32, config, lora=True) and not wants_fusion(32, config, lora=True)
+    no_cache = config.replace(sampler="llada", cache="none")  # every forward computes prompt and generation
+    assert wants_fusion(1, no_cache, prompt_width=192) and wants_fusion(8, no_cache, prompt_width=192)
+    assert wants_fusion(1, no_cache, lora=True, prompt_width=192)  # 448 rows
+    assert not wants_fusion(2, no_cache, lora=True, prompt_width=192)
+    assert not wants_fusion(4, config.replace(cache="prefix"), lora=True)  # 4 x 256 rows at the first block
     monkeypatch.setenv("DARE_FUSE_MAX_ROWS", "512")
     assert wants_fusion(16, config) and not wants_fusion(32, config)
     assert not wants_fusion(32, config, lora=True)  # the switch moves both limits

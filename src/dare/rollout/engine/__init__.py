@@ -337,7 +337,8 @@ def run_static(sampler, model, input_ids: torch.Tensor, attention_mask: torch.Te
     states = _STATES.setdefault(base, OrderedDict())
     fused = None
     adapters = adapter_state(base)
-    fuse = copies or (wants_fusion(padded_rows, config, lora=bool(adapters)) and base not in _UNFUSABLE)
+    fuse = copies or (wants_fusion(padded_rows, config, lora=bool(adapters), prompt_width=prompt_width)
+                      and base not in _UNFUSABLE)
     if fuse:
         autocast = torch.is_autocast_enabled(device.type)
         dtype = torch.get_autocast_dtype(device.type) if autocast else None

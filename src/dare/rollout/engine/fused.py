@@ -1,7 +1,8 @@
 """Which static steps decode with fused projections (:mod:`dare.models.fusion`), and the copies they read.
 
 Fusing q/k/v and gate/up pays where a step's matmuls are bound by reading the weights, i.e. at few query rows:
-a step is fused when ``batch bucket x block length <= FUSE_MAX_ROWS`` (:data:`LORA_FUSE_MAX_ROWS` for a LoRA policy). The copies cost the fused weights' size
+a step is fused when ``batch bucket x block length <= FUSE_MAX_ROWS``; a LoRA policy's when ``batch bucket x``
+the query rows of its forwards is at most :data:`LORA_FUSE_MAX_ROWS` (:func:`wants_fusion`). The copies cost the fused weights' size
 once per model and dtype (LLaDA-8B: 9.7 GB in bf16; reported as ``EngineStats.fused_bytes``). A LoRA policy's
 projections are copied with their adapters kept unmerged (:class:`~dare.models.fusion.LowRank`: the ``lora_A``
 products come out of the base matmul), single projections (``o``, ``down``) included, so its copies hold every
@@ -29,17 +30,31 @@ FUSE_MAX_ROWS = 256
 faster at 32 rows, equal at 512; an SDAR-8B B=64 block-4 rollout, 256 rows, 13.78 -> 13.40 ms per forward)."""
 
 LORA_FUSE_MAX_ROWS = 512
-"""The same for a LoRA policy, whose copies also save the adapters' own matmuls (H100, LLaDA-8B + LoRA r128 under
+"""The largest ``batch bucket x`` :func:`forward_rows` of a LoRA policy decoded from fused copies, which also save
+the adapters' own matmuls (H100, LLaDA-8B + LoRA r128 under
 bf16 autocast, dual cache: 10.36 -> 7.89 ms per forward at 32 rows, 23.62 -> 21.36 at 512; the d1 RL step's
 1024-row steps 77.0 ms per forward either way, thirty-sixth session)."""
 
 _FUSED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def wants_fusion(batch: int, config, lora: bool = False) -> bool:
-    """Whether steps of ``batch`` (bucketed) rows under ``config`` decode with fused projections (``lora``: the
-    model has LoRA layers)."""
-    return batch * (config.block_length or config.gen_length) <= fusion_max_rows(lora)
+def wants_fusion(batch: int, config, lora: bool = False, prompt_width: int = 0) -> bool:
+    """Whether steps of ``batch`` (bucketed) rows under ``config`` decode with fused projections. A plain model's
+    steps count ``batch x block length`` rows (the rule the target cells were measured with); a LoRA policy's
+    (``lora``) count every query row of a forward (:func:`forward_rows`), since its copies paid only at few rows
+    (none at 1024) and hold every adapted weight."""
+    rows = forward_rows(config, prompt_width) if lora else config.block_length or config.gen_length
+    return batch * rows <= fusion_max_rows(lora)
+
+
+def forward_rows(config, prompt_width: int) -> int:
+    """Query rows of one sequence's decoding forward: the block with the dual or block cache, the generation with
+    the prefix cache (at its first block), the prompt and the generation without a cache."""
+    if config.cache in ("dual", "block"):
+        return config.block_length or config.gen_length
+    if config.cache == "prefix":
+        return config.gen_length
+    return prompt_width + config.gen_length
 
 
 def fusion_max_rows(lora: bool = False) -> int:
