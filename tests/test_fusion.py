@@ -48,6 +48,18 @@ def test_the_copies_follow_in_place_updates_only_after_a_refresh():
     torch.testing.assert_close(fresh, updated, atol=1e-5, rtol=1e-5)
 
 
+class _Linears(torch.overrides.TorchFunctionMode):
+    """Counts ``F.linear`` calls."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.count += func is torch.nn.functional.linear
+        return func(*args, **(kwargs or {}))
+
+
 def _trained_lora(family="llada", seed=0, **overrides):
     model = apply_lora(tiny_model(family, seed=seed, **overrides), r=4, alpha=8)
     with torch.no_grad():  # peft starts lora_B at zero: give the adapters a non-zero delta
@@ -121,14 +133,20 @@ def test_lora_copies_follow_adapter_updates_and_switches():
             fresh = model(ids).logits
     assert not torch.allclose(stale, updated, atol=1e-4)
     torch.testing.assert_close(fresh, updated, atol=1e-5, rtol=1e-5)
-    with model.disable_adapter():  # the same copies, adding exact zeros
+    with model.disable_adapter():  # the same copies; the adapters are skipped
         off, replaced = fused_projections(base, None)
         assert off is copies and not replaced
         with torch.no_grad():
             plain = model(ids).logits
             with off.active():
                 torch.testing.assert_close(model(ids).logits, plain, atol=1e-5, rtol=1e-5)
-        assert not torch.allclose(plain, updated, atol=1e-4)
+                with _Linears() as disabled:
+                    model(ids)
+    with torch.no_grad(), copies.active(), _Linears() as enabled:
+        model(ids)
+    adapters = sum(len(member) for *_, entry in copies.groups for member in entry.adapters)
+    assert adapters and enabled.count - disabled.count == adapters  # no lora_B matmul while off
+    assert not torch.allclose(plain, updated, atol=1e-4)
     model.base_model.set_adapter("default")
     model.add_adapter("other", LoraConfig(r=2, target_modules=["q_proj"]))
     model.base_model.set_adapter("other")  # another adapter: other copies

@@ -18,10 +18,11 @@ Three kinds of copies (``mode``):
   group with a LoRA-wrapped member. For those the adapters stay unmerged, computed with peft's own operations and
   roundings: the ``lora_A`` rows of the active adapters follow the base rows in the concatenated weight (the
   adapters' down-projections come out of the base matmul), and each adapter's ``lora_B`` copy is applied to its
-  slice of that output, scaled and added to its member's output (:class:`LowRank`). A LoRA step then reads its
-  input once per group and runs one matmul per adapter fewer. This needs the adapters computed in the base
-  weights' dtype (under autocast, or adapters of the base weights' dtype: peft computes fp32 adapters of a bf16
-  model in fp32, which the copies leave separate);
+  slice of that output, scaled and added to its member's output (:class:`LowRank`; skipped while peft's
+  ``disable_adapter`` is on). A LoRA step then reads its input once per group and runs one matmul per adapter
+  fewer. This needs the adapters computed in the copies' dtype: under autocast, adapters in fp32 or the autocast
+  dtype; without it, adapters in the base weights' dtype (peft computes fp32 adapters of a bf16 model in fp32,
+  which the copies leave separate);
 * ``merged``: those, and every group with a peft LoRA-wrapped member, whose copy holds the base weight with the
   active adapters merged in (one matmul per projection instead of the base one and the adapter's two);
 * ``fp8``: every group, single projections (``o``, ``down``, ...) included, as FP8 with one scale per output
@@ -89,21 +90,24 @@ def project(module: nn.Module, group: str, x: torch.Tensor) -> tuple[torch.Tenso
         else:
             out = F.linear(x, entry.weight, entry.bias)
         if entry.adapters:
-            return _add_adapters(out, entry)
+            return _add_adapters(out, entry, [getattr(module, name) for name in module.fused_groups[group]])
         return out.split(entry.sizes, dim=-1) if len(entry.sizes) > 1 else (out,)
     return tuple(getattr(module, name)(x) for name in module.fused_groups[group])
 
 
-def _add_adapters(out: torch.Tensor, entry: FusedWeight) -> tuple[torch.Tensor, ...]:
+def _add_adapters(out: torch.Tensor, entry: FusedWeight, members: list[nn.Module]) -> tuple[torch.Tensor, ...]:
     """Each member's output from a ``fused`` group's matmul that also computed its adapters' ``lora_A`` products:
-    ``base + lora_B(lora_A(x)) * scaling`` per active adapter, in peft's order of operations."""
+    ``base + lora_B(lora_A(x)) * scaling`` per active adapter, in peft's order of operations; the base output alone
+    while peft's ``disable_adapter`` is on (read at every call: recorded steps are kept per adapter state)."""
     ranks = tuple(adapter.rank for member in entry.adapters for adapter in member)
     parts = out.split(entry.sizes + ranks, dim=-1)
     downs = iter(parts[len(entry.sizes):])
     outputs = []
-    for result, adapters in zip(parts, entry.adapters):
+    for result, adapters, member in zip(parts, entry.adapters, members):
         for adapter in adapters:
-            result = result + F.linear(next(downs), adapter.up) * adapter.scaling
+            down = next(downs)
+            if not member.disable_adapters:
+                result = result + F.linear(down, adapter.up) * adapter.scaling
         outputs.append(result)
     return tuple(outputs)
 
@@ -186,12 +190,9 @@ class FusedProjections:
                 if _adapter_layout(member) != tuple((a.name, a.rank, a.scaling) for a in adapters):
                     raise RuntimeError("a LoRA layer's active adapters changed since its copies were made; "
                                        "make new copies (fused_projections does)")
-                for adapter in adapters:  # adapters disabled (peft's disable_adapter): exact zeros are added
+                for adapter in adapters:
                     entry.weight[start:start + adapter.rank].copy_(member.lora_A[adapter.name].weight)
-                    if member.disable_adapters:
-                        adapter.up.zero_()
-                    else:
-                        adapter.up.copy_(member.lora_B[adapter.name].weight)
+                    adapter.up.copy_(member.lora_B[adapter.name].weight)
                     start += adapter.rank
 
     def matches(self, model: nn.Module) -> bool:
@@ -270,8 +271,8 @@ def _unmerged_exact(member: nn.Module, dtype: torch.dtype | None) -> bool:
 
 def _adapter_layout(member: nn.Module) -> tuple[tuple[str, int, float], ...]:
     """A LoRA layer's active adapters as ``(name, rank, scaling)``, in peft's order (``()`` for a plain linear),
-    whether or not peft's ``disable_adapter`` is on: disabled adapters keep their place in ``fused`` copies, with
-    ``lora_B`` copies of zeros, so switching them off and on reuses the copies and the steps recorded with them."""
+    whether or not peft's ``disable_adapter`` is on: disabled adapters keep their place in ``fused`` copies (their
+    ``lora_B`` is skipped while off), so switching them off and on reuses the copies."""
     if type(member) is nn.Linear:
         return ()
     return tuple((name, member.lora_A[name].out_features, float(member.scaling[name]))
