@@ -49,6 +49,12 @@ def test_sampler_of_refuses_what_has_no_rollout_sampler(rl_run, tmp_path, capsys
         f"error: --sampler-of {sft}: the run (algorithm sft) records no rollout sampler: it trained without rollouts")
     line = one_line_error(capsys, *common, "--sampler-of", tmp_path / "nowhere")
     assert line.startswith(f"error: --sampler-of {tmp_path / 'nowhere'}: no ")
+    (tmp_path / "broken.yaml").write_text("rollout: [unclosed\n")
+    line = one_line_error(capsys, *common, "--sampler-of", tmp_path / "broken.yaml")
+    assert line.startswith(f"error: --sampler-of {tmp_path / 'broken.yaml'}: {tmp_path / 'broken.yaml'}: not YAML (")
+    (tmp_path / "odd.yaml").write_text("rollout: fast\nalgorithm: 3\n")  # sections that are not mappings
+    line = one_line_error(capsys, *common, "--sampler-of", tmp_path / "odd.yaml")
+    assert line.endswith("the run (algorithm None) records no rollout sampler: it trained without rollouts")
     line = one_line_error(capsys, "eval", "run", "--model", "tiny:llada", "--benchmark", "mmlu", "--data", DATA,
                           "--sampler-of", rl_run)
     assert line == "error: --sampler-of applies to generation; mmlu is scored by likelihood here (add --mode generate)"

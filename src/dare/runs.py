@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -110,17 +111,34 @@ def read_runs(paths: list[str]) -> list[Run]:
     return runs
 
 
-def read_run(path: Path) -> Run:
-    """A run's settings (``config.yaml``, flattened) and metrics records (``metrics.jsonl``; none yet is fine; a
-    line that is not JSON, e.g. the last one of a run being written, is skipped)."""
+def read_config(config: Path, text: str | None = None) -> dict:
+    """The settings a ``dare train`` run recorded in ``config`` (its ``config.yaml``; ``text``: its contents when
+    already read). One-line :class:`InputError` naming the file when it cannot be read, is not YAML, or is not a
+    mapping of sections."""
     import yaml
 
     try:
-        settings = yaml.safe_load((path / "config.yaml").read_text(encoding="utf-8"))
+        settings = yaml.safe_load(config.read_text(encoding="utf-8") if text is None else text)
+    except OSError as err:
+        raise InputError(f"{config}: cannot be read ({err.strerror or err})") from None
     except yaml.YAMLError as err:
-        raise InputError(f"{path / 'config.yaml'}: not YAML ({str(err).splitlines()[0]})") from None
+        raise InputError(f"{config}: not YAML ({str(err).splitlines()[0]})") from None
     if not isinstance(settings, dict) or not settings:
-        raise InputError(f"{path / 'config.yaml'}: not a dare train config (a mapping of sections)")
+        raise InputError(f"{config}: not a dare train config (a mapping of sections)")
+    return settings
+
+
+def checkpoint_step(path: str | Path) -> int | None:
+    """The step of a checkpoint directory as ``dare train`` names it (``step_00000012`` -> 12); None for another
+    name."""
+    match = re.fullmatch(r"step_(\d+)", Path(path).name)
+    return int(match.group(1)) if match else None
+
+
+def read_run(path: Path) -> Run:
+    """A run's settings (``config.yaml``, flattened) and metrics records (``metrics.jsonl``; none yet is fine; a
+    line that is not JSON, e.g. the last one of a run being written, is skipped)."""
+    settings = read_config(path / "config.yaml")
     records = []
     metrics = path / "metrics.jsonl"
     if metrics.is_file():

@@ -139,20 +139,20 @@ def run_sampler_values(run: str) -> dict:
     one-line errors for a path that is no run and for a run without rollouts (SFT, DPO)."""
     from pathlib import Path
 
-    import yaml
-
-    from dare.errors import ConfigError
+    from dare.errors import ConfigError, InputError
+    from dare.runs import read_config
 
     path = Path(run).expanduser()
     config = path / "config.yaml" if path.is_dir() else path
     if not config.is_file():
         raise ConfigError(f"--sampler-of {run}: no {config} (give a dare train output directory or its config.yaml)")
     try:
-        settings = yaml.safe_load(config.read_text()) or {}
-    except (OSError, yaml.YAMLError) as err:
-        raise ConfigError(f"--sampler-of {run}: cannot read {config}: {str(err).splitlines()[0]}") from None
-    sampler = ((settings.get("rollout") or {}).get("sampler") if isinstance(settings, dict) else None) or {}
-    algorithm = (settings.get("algorithm") or {}).get("name") if isinstance(settings, dict) else None
+        settings = read_config(config)
+    except InputError as err:
+        raise ConfigError(f"--sampler-of {run}: {err}") from None
+    rollout, algorithm = settings.get("rollout"), settings.get("algorithm")
+    sampler = (rollout.get("sampler") if isinstance(rollout, dict) else None) or {}
+    algorithm = algorithm.get("name") if isinstance(algorithm, dict) else None
     if not isinstance(sampler, dict) or not sampler.get("sampler"):
         raise ConfigError(f"--sampler-of {run}: the run (algorithm {algorithm}) records no rollout sampler: it "
                           "trained without rollouts")

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import datetime
 import hashlib
-import re
 from pathlib import Path
+
+from dare.errors import InputError
+from dare.runs import checkpoint_step, read_config
 
 EXPORT_WRITER = "dare export"
 """The output marker's ``written_by`` of a ``dare export`` directory (:mod:`dare.trainer.export`)."""
@@ -41,26 +43,22 @@ def weights_origin(path: str | None) -> dict | None:
 def last_checkpoint_step(run: Path) -> int | None:
     """The step of the run's latest checkpoint directory (``checkpoints/step_00000012`` -> 12): the step its
     ``final/`` export holds, since every run ends with a checkpoint; None without one."""
-    steps = [int(m.group(1)) for p in (run / "checkpoints").glob("step_*")
-             if (m := re.fullmatch(r"step_(\d+)", p.name))]
+    steps = [step for p in (run / "checkpoints").glob("step_*") if (step := checkpoint_step(p)) is not None]
     return max(steps, default=None)
 
 
 def run_record(run: Path, step: int | None) -> dict:
     """``run`` (absolute), ``step``, ``algorithm`` and ``config_digest`` (``sha256:`` of ``config.yaml``) of a run."""
-    import yaml
-
     config = run / "config.yaml"
     record: dict = {"run": str(run.resolve()), "step": step}
     try:
-        text = config.read_text()
+        text = config.read_text(encoding="utf-8")
     except OSError:
         return record
     try:
-        settings = yaml.safe_load(text) or {}
-    except yaml.YAMLError:
-        settings = {}
-    algorithm = (settings.get("algorithm") or {}) if isinstance(settings, dict) else {}
+        algorithm = read_config(config, text).get("algorithm")
+    except InputError:  # a damaged config.yaml: the digest still tells it apart
+        algorithm = None
     record["algorithm"] = algorithm.get("name") if isinstance(algorithm, dict) else None
     record["config_digest"] = "sha256:" + hashlib.sha256(text.encode()).hexdigest()
     return record

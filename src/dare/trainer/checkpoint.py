@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import random
-import re
 import shutil
 import warnings
 from pathlib import Path
@@ -59,13 +58,6 @@ def _state_dicts(model, optimizer, trainable_only: bool):
 
 def checkpoint_dir(output_dir: str | Path, step: int) -> Path:
     return Path(output_dir) / "checkpoints" / f"step_{step:08d}"
-
-
-def checkpoint_step(path: str | Path) -> int | None:
-    """The step of a checkpoint directory as :func:`checkpoint_dir` names it (``step_00000012`` -> 12); None for
-    another name."""
-    match = re.fullmatch(r"step_(\d+)", Path(path).name)
-    return int(match.group(1)) if match else None
 
 
 def _auxiliary_state(state: dict, auxiliary: dict | None) -> dict:

@@ -275,7 +275,7 @@ def check_steps_ahead(checkpoint: Path | None, max_steps: int | None) -> None:
     and config.yaml would then record a run length that did not produce the weights there."""
     if checkpoint is None or not max_steps:
         return
-    from dare.trainer.checkpoint import checkpoint_step
+    from dare.runs import checkpoint_step
 
     step = checkpoint_step(checkpoint)
     if step is not None and step > max_steps:
@@ -317,7 +317,8 @@ def interrupt_message(output_dir, resume_command: str | None = None, resume: str
     in ``output_dir`` (if any) and how to continue from it (``resume_command``: the command line with
     ``trainer.resume=auto``). ``resume``: the run's ``trainer.resume`` (a checkpoint or run directory it started
     from is where a rerun starts again while ``output_dir`` holds none)."""
-    from dare.trainer.checkpoint import checkpoint_step, list_checkpoints
+    from dare.runs import checkpoint_step
+    from dare.trainer.checkpoint import list_checkpoints
 
     found = list_checkpoints(Path(output_dir))
     if not found:
