@@ -53,12 +53,14 @@ def out_of_memory(err: BaseException, hint: str | None = None) -> str | None:
     import sys
 
     torch = sys.modules.get("torch")
-    seen = set()
-    while torch is not None and err is not None and id(err) not in seen and not isinstance(err, torch.OutOfMemoryError):
-        seen.add(id(err))  # an error raised from one (torch.compile's, a plug-in's wrapper): the memory error behind
-        err = err.__cause__ or err.__context__
-    if torch is None or err is None or id(err) in seen:
+    if torch is None:
         return None
+    seen = set()
+    while not isinstance(err, torch.OutOfMemoryError):  # or one raised from it (torch.compile's, a wrapper's)
+        if err is None or id(err) in seen:
+            return None
+        seen.add(id(err))
+        err = err.__cause__ or err.__context__
     text = " ".join(str(err).split())
     figures = re.search(r"Tried to allocate [\d.]+ \w+\.?( GPU \d+ has a total capacity of [\d.]+ \w+ of which "
                         r"[\d.]+ \w+ is free)?", text)

@@ -94,9 +94,9 @@ _DROPPED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 def kernel_settings() -> dict:
     """The environment switches that choose a decode's kernels, as results files record them next to the
     sampler settings: ``decode_attention`` (``DARE_DECODE_ATTENTION``), ``fuse_max_rows`` (largest step decoded
-    with fused projections; 0 = never), ``lora_fuse_max_rows`` (the same for a LoRA policy), ``compile_sampling`` (``DARE_COMPILE_SAMPLING``), ``proposal_kernel``
-    (``DARE_PROPOSAL_KERNEL``), ``top_p_kernel`` (``DARE_TOP_P_KERNEL``) and ``cache_writes_in_blocks``
-    (``DARE_FUSE_CACHE_WRITES``)."""
+    with fused projections; 0 = never), ``lora_fuse_max_rows`` (the same for a LoRA policy), ``compile_sampling``
+    (``DARE_COMPILE_SAMPLING``), ``proposal_kernel`` (``DARE_PROPOSAL_KERNEL``), ``top_p_kernel``
+    (``DARE_TOP_P_KERNEL``) and ``cache_writes_in_blocks`` (``DARE_FUSE_CACHE_WRITES``)."""
     from dare.models.decode_attention import setting
     from dare.rollout.engine.compiled import sampling_compiled
     from dare.rollout.engine.forward import cache_writes_in_blocks

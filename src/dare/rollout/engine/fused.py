@@ -2,12 +2,13 @@
 
 Fusing q/k/v and gate/up pays where a step's matmuls are bound by reading the weights, i.e. at few query rows:
 a step is fused when ``batch bucket x block length <= FUSE_MAX_ROWS``; a LoRA policy's when ``batch bucket x``
-the query rows of its forwards is at most :data:`LORA_FUSE_MAX_ROWS` (:func:`wants_fusion`). The copies cost the fused weights' size
-once per model and dtype (LLaDA-8B: 9.7 GB in bf16; reported as ``EngineStats.fused_bytes``). A LoRA policy's
-projections are copied with their adapters kept unmerged (:class:`~dare.models.fusion.LowRank`: the ``lora_A``
-products come out of the base matmul), single projections (``o``, ``down``) included, so its copies hold every
-adapted projection's weight (LLaDA-8B, every projection adapted: ~14 GB in bf16). ``DARE_FUSE_PROJECTIONS=0``
-turns fusion off; ``DARE_FUSE_MAX_ROWS=N`` moves the row limit (for measuring other shapes and models).
+the query rows of its forwards is at most :data:`LORA_FUSE_MAX_ROWS` (:func:`wants_fusion`). The copies cost the
+fused weights' size once per model and dtype (LLaDA-8B: 9.7 GB in bf16; reported as ``EngineStats.fused_bytes``).
+A LoRA policy's projections are copied with their adapters kept unmerged (:class:`~dare.models.fusion.LowRank`:
+the ``lora_A`` products come out of the base matmul), single projections (``o``, ``down``) included, so its
+copies hold every adapted projection's weight (LLaDA-8B, every projection adapted: ~14 GB in bf16, computed).
+``DARE_FUSE_PROJECTIONS=0`` turns fusion off; ``DARE_FUSE_MAX_ROWS=N`` moves the row limit (for measuring other
+shapes and models).
 
 ``SamplerConfig.weights`` ``merged`` / ``fp8`` make every step, whatever its row count, decode with ``merged`` /
 ``fp8`` copies (:class:`~dare.models.fusion.FusedProjections`): LoRA adapters merged into copies in the model's
@@ -31,9 +32,9 @@ faster at 32 rows, equal at 512; an SDAR-8B B=64 block-4 rollout, 256 rows, 13.7
 
 LORA_FUSE_MAX_ROWS = 512
 """The largest ``batch bucket x`` :func:`forward_rows` of a LoRA policy decoded from fused copies, which also save
-the adapters' own matmuls (H100, LLaDA-8B + LoRA r128 under
-bf16 autocast, dual cache: 10.36 -> 7.89 ms per forward at 32 rows, 23.62 -> 21.36 at 512; the d1 RL step's
-1024-row steps 77.0 ms per forward either way, thirty-sixth session)."""
+the adapters' own matmuls (H100, LLaDA-8B + LoRA r128 under bf16 autocast, dual cache: 10.36 -> 7.89 ms per
+forward at 32 rows, 23.62 -> 21.36 at 512; the d1 RL step's 1024-row steps 77.0 ms per forward either way,
+thirty-sixth session)."""
 
 _FUSED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
