@@ -26,6 +26,19 @@ def sharp_model(family: str, seed: int = 1, scale: float = 50.0, dtype=torch.flo
     return model
 
 
+def trained_lora(family: str = "llada", seed: int = 0, alpha: int = 32, **overrides):
+    """A tiny model wrapped in LoRA adapters (r 4) whose ``lora_B`` is drawn N(0, 0.05): peft starts it at zero,
+    and adapters that change nothing would let a test pass without them."""
+    from dare.models.lora import apply_lora
+
+    model = apply_lora(tiny_model(family, seed=seed, **overrides), r=4, alpha=alpha)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.05)
+    return model
+
+
 def prompts(lengths, seed: int = 0, vocab: int = 256):
     gen = torch.Generator().manual_seed(seed)
     return [torch.randint(0, vocab, (n,), generator=gen).tolist() for n in lengths]

@@ -10,10 +10,9 @@ import dare.models.fusion as fusion
 from dare.errors import ConfigError
 from dare.models.fp8 import FP8, FP8_MAX, fp8_linear, quantize_activation, quantize_rows
 from dare.models.fusion import FusedProjections
-from dare.models.lora import apply_lora
 from dare.models.tiny import tiny_model
 from dare.rollout import SamplerConfig, generate
-from rollout_helpers import single_thread  # noqa: F401
+from rollout_helpers import single_thread, trained_lora  # noqa: F401
 
 FAMILIES = ["llada", "dream", "sdar", "llada_moe", "llada2", "sdar_moe"]
 
@@ -153,20 +152,13 @@ def test_fp8_setting_errors_are_one_line():
         generate(dora, prompts, None, _config("llada", "fp8"))
 
 
-def _trained_lora(seed=0):
-    model = apply_lora(tiny_model("llada", seed=seed), r=4)
-    with torch.no_grad():  # peft starts lora_B at zero: give the adapters a non-zero delta
-        for name, p in model.named_parameters():
-            if "lora_B" in name:
-                p.normal_(0, 0.05)
-    return model
 
 
 def test_fp8_copies_of_a_lora_model_merge_its_active_adapters():
-    model = _trained_lora()
+    model = trained_lora()
     copies = FusedProjections(model.get_base_model(), mode="fp8")
     assert len(copies.groups) == len(FusedProjections(tiny_model("llada", seed=0), mode="fp8").groups)
-    reference = FusedProjections(_trained_lora().merge_and_unload(), mode="fp8")  # adapters merged by peft
+    reference = FusedProjections(trained_lora().merge_and_unload(), mode="fp8")  # adapters merged by peft
     for (*_, entry), (*_, expected) in zip(copies.groups, reference.groups):
         torch.testing.assert_close(entry.scale, expected.scale)
         assert float((entry.weight.float() != expected.weight.float()).float().mean()) < 0.01  # rounding ties
@@ -178,12 +170,12 @@ def test_fp8_copies_of_a_lora_model_merge_its_active_adapters():
 
 
 def test_a_lora_policy_decodes_fp8_with_its_adapters():
-    model = _trained_lora()
+    model = trained_lora()
     prompts = torch.randint(0, 200, (2, 8))
     with_adapters = generate(model, prompts, None, _config("llada", "fp8"))
     with model.disable_adapter():
         without = generate(model, prompts, None, _config("llada", "fp8"))
-    merged = generate(_trained_lora().merge_and_unload(), prompts, None, _config("llada", "fp8"))
+    merged = generate(trained_lora().merge_and_unload(), prompts, None, _config("llada", "fp8"))
     assert not torch.equal(with_adapters.logprobs, without.logprobs)  # the adapters reach the FP8 copies
     torch.testing.assert_close(with_adapters.logprobs, merged.logprobs, atol=0.05, rtol=0)
 
@@ -191,11 +183,11 @@ def test_a_lora_policy_decodes_fp8_with_its_adapters():
 def test_merged_copies_decode_a_lora_policy_as_its_merged_model():
     """``weights='merged'``: LoRA adapters merged into copies in the model's dtype; in fp32 the decoding equals the
     one of the model peft merges itself, and stays within rounding of the adapter wrappers."""
-    model = _trained_lora()
+    model = trained_lora()
     prompts = torch.randint(0, 200, (2, 8))
     merged_copies = generate(model, prompts, None, _config("llada", "merged"))
     wrapped = generate(model, prompts, None, _config("llada", "model"))
-    merged_model = generate(_trained_lora().merge_and_unload(), prompts, None, _config("llada", "model"))
+    merged_model = generate(trained_lora().merge_and_unload(), prompts, None, _config("llada", "model"))
     assert torch.equal(merged_copies.completion, merged_model.completion)
     torch.testing.assert_close(merged_copies.logprobs, merged_model.logprobs, atol=1e-6, rtol=0)
     torch.testing.assert_close(merged_copies.logprobs, wrapped.logprobs, atol=1e-4, rtol=0)

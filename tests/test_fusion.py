@@ -1,17 +1,18 @@
 """Fused q/k/v and gate/up projections (dare.models.fusion) and the rollout engine's use of them."""
 
+import functools
+
 import pytest
 import torch
 from peft import LoraConfig
 
 from dare.errors import ConfigError
 from dare.models.fusion import FusedProjections
-from dare.models.lora import apply_lora
 from dare.models.tiny import tiny_model
 from dare.rollout import SamplerConfig, generate
 from dare.rollout.engine import engine_stats
 from dare.rollout.engine.fused import FUSE_MAX_ROWS, LORA_FUSE_MAX_ROWS, fused_projections, wants_fusion
-from rollout_helpers import padded, sharp_model, single_thread  # noqa: F401
+from rollout_helpers import padded, sharp_model, single_thread, trained_lora  # noqa: F401
 
 FAMILIES = ["llada", "dream", "sdar", "llada_moe", "llada2"]
 
@@ -60,13 +61,7 @@ class _Linears(torch.overrides.TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
-def _trained_lora(family="llada", seed=0, **overrides):
-    model = apply_lora(tiny_model(family, seed=seed, **overrides), r=4, alpha=8)
-    with torch.no_grad():  # peft starts lora_B at zero: give the adapters a non-zero delta
-        for name, p in model.named_parameters():
-            if "lora_B" in name:
-                p.normal_(0, 0.05)
-    return model
+_trained_lora = functools.partial(trained_lora, alpha=8)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
