@@ -245,6 +245,14 @@ def _give_up_on(sharded) -> None:
     _UNCAPTURABLE.add(sharded)
 
 
+def _free_steps_and_copies(base, states: OrderedDict, stats: EngineStats) -> None:
+    """Free ``base``'s recorded steps and every kind of its projection copies together (no kept step may read
+    freed copies)."""
+    states.clear()
+    release_fused(base)
+    stats.fused_bytes = 0
+
+
 def _fingerprint(model) -> tuple:
     return tuple(p.data_ptr() for p in model.parameters())
 
@@ -351,14 +359,13 @@ def run_static(sampler, model, input_ids: torch.Tensor, attention_mask: torch.Te
             if copies:
                 stats.copies_refresh_s += _synced_clock(device) - began
         except torch.OutOfMemoryError:  # the copies do not fit next to the model: decode with the separate weights
-            release_fused(base)  # every kind of copy is freed: no recorded step may read them again
-            states.clear()
+            _free_steps_and_copies(base, states, stats)
             fuse, replaced = False, False
             if copies:
                 raise ConfigError(f"no device memory for the '{mode}' copies of the projections; decode with "
                                   f"weights 'model'") from None
             _UNFUSABLE.add(base)
-            log.warning("no memory for the fused q/k/v and gate/up copies; decoding with the separate projections "
+            log.warning("no memory for the fused projection copies; decoding with the separate projections "
                         "(DARE_FUSE_PROJECTIONS=0 silences this)")
         check_copies(mode, fused)
         if replaced:  # graphs recorded with the replaced copies would read freed memory
@@ -405,9 +412,7 @@ def run_static(sampler, model, input_ids: torch.Tensor, attention_mask: torch.Te
         _UNCAPTURABLE.add(base)
         states.pop(key, None)
         if out_of_memory:  # the eager loop and the training step get that memory back
-            states.clear()
-            release_fused(base)
-            stats.fused_bytes = 0
+            _free_steps_and_copies(base, states, stats)
         if owner is not base:
             _give_up_on(owner)
         stats.fallbacks += 1
