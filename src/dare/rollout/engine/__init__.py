@@ -69,8 +69,8 @@ class EngineStats:
     owned_refresh_s: float = 0.0
     """Seconds spent copying an FSDP model's weights into the engine's unsharded copy (:mod:`.owned`)."""
     fused_bytes: int = 0
-    """Device memory of the fused q/k/v and gate/up copies small steps decode with, and of the merged or FP8
-    copies of ``SamplerConfig.weights`` (:mod:`.fused`)."""
+    """Device memory of the fused q/k/v and gate/up copies small steps decode with (a LoRA policy's: every adapted
+    projection, adapters unmerged), and of the merged or FP8 copies of ``SamplerConfig.weights`` (:mod:`.fused`)."""
     copies_refresh_s: float = 0.0
     """Seconds spent refreshing the merged or FP8 copies from the parameters (a LoRA merge or an FP8 quantisation,
     once per call; the bf16 fused copies' refresh, a plain copy, is not timed)."""
