@@ -29,6 +29,7 @@ Import from a script in this directory (``benchmarks/`` is put on ``sys.path`` b
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import gc
 import json
@@ -93,15 +94,69 @@ def make_prompts(n: int, length: int, spread: int, vocab_limit: int, seed: int =
     return out
 
 
-def source_factory(prompts, injection: ConfidenceInjection):
+class PhaseMarks:
+    """Marker kernels at phase boundaries of a profiled cycle: while ``on``, every synchronised clock read of the
+    source (and :meth:`mark`) is counted and, on CUDA, launches ``torch.cuda._sleep(1)`` (kernel
+    ``spin_kernel``), so the profiler's kernel list splits into the phases the source times
+    (:func:`phase_segments`)."""
+
+    def __init__(self, device: torch.device):
+        self.on, self.count, self.cuda = False, 0, device.type == "cuda"
+
+    def mark(self) -> None:
+        if self.on:
+            self.count += 1
+            if self.cuda:
+                torch.cuda._sleep(1)
+
+
+SOURCE_PHASES = ("start", "rollout start", "weight refresh", "rollout", "reward", "logprobs", "update")
+"""What runs after each of the source's clock reads in one rollout step (``RolloutSource._collect`` reads the
+clock at its start, around the decoding and around the engine's weight refresh inside it, after scoring and after
+the log-probs), then the step's update."""
+
+
+def phase_segments(kernels: list[tuple[str, float, float]], labels: list[str]) -> dict[str, list]:
+    """Split a profiled cycle's kernels at the marker kernels; segment ``k`` (after the ``k``-th marker) gets
+    ``labels[k]`` (``segment k`` beyond the labels); kernels before the first marker are dropped."""
+    out: dict[str, list] = {}
+    index = -1
+    for item in kernels:
+        if "spin_kernel" in item[0]:
+            index += 1
+            continue
+        if index >= 0:
+            label = labels[index] if index < len(labels) else f"segment {index}"
+            out.setdefault(label, []).append(item)
+    return out
+
+
+def top_kernels(kernels: list[tuple[str, float, float]], n: int = 8) -> str:
+    """The ``n`` kernels with the most total time: ms, share, calls, name."""
+    total: dict[str, list[float]] = {}
+    for name, start, stop in kernels:
+        total.setdefault(name, []).append(stop - start)
+    span = sum(stop - start for _, start, stop in kernels) or 1.0
+    rows = sorted(total.items(), key=lambda item: sum(item[1]), reverse=True)[:n]
+    return "\n".join(f"    {sum(t) / 1000:9.2f} ms {100 * sum(t) / span:5.1f} % {len(t):7d} x  {name[:100]}"
+                     for name, t in rows)
+
+
+def source_factory(prompts, injection: ConfidenceInjection, marks: PhaseMarks | None = None):
     """``Trainer(source=...)`` callable: DARE's RolloutSource, with the confidence injection active only while
-    rollouts are generated."""
+    rollouts are generated (and marker kernels at its clock reads while ``marks.on``)."""
     from dare.trainer.rl import RolloutSource
 
     class InjectingSource(RolloutSource):
         def _generate(self, *args, **kwargs):
             with injection.enabled():
                 return super()._generate(*args, **kwargs)
+
+        def _clock(self) -> float:
+            now = super()._clock()
+            if marks is not None:
+                marks.mark()
+            return now
 
     def build(trainer):
         cfg = trainer.config
@@ -176,10 +231,11 @@ def run_variant(bench, name: str, args, prompts, log) -> dict:
     began = time.perf_counter()
     model = bench.build_model(args)
     injection = ConfidenceInjection(model, args.confident_fraction, device, active=False)
+    marks = PhaseMarks(device)
     try:
         with tempfile.TemporaryDirectory() as out_dir:
             config = load_train_config(None, train_overrides(bench, args, variant, out_dir))
-            trainer = Trainer(config, model=model, source=source_factory(prompts, injection))
+            trainer = Trainer(config, model=model, source=source_factory(prompts, injection, marks))
             source, mu = trainer.source, args.inner_steps
             setup_s = time.perf_counter() - began
             trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
@@ -261,9 +317,44 @@ def run_variant(bench, name: str, args, prompts, log) -> dict:
             result.update(bench.projections(result, args))
             if device.type == "cuda":
                 result["peak_memory_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
+            if args.profile:
+                result["profile"] = profile_cycle(trainer, step, mu, marks, device, log, name)
             return result
     finally:
         injection.remove()
+
+
+def profile_cycle(trainer, step: int, mu: int, marks: PhaseMarks, device, log, name: str) -> dict:
+    """One more rollout cycle with phase marks, under the profiler on CUDA (after the timed cycle, so its numbers
+    are not the table's): kernel time by kind per phase and each phase's top kernels, logged and returned as text
+    with the number of marks (``len(SOURCE_PHASES) + mu`` when the labels fit the source's clock reads)."""
+    labels = [*SOURCE_PHASES, *(f"update {k + 2}" for k in range(mu - 1))]
+    marks.count = 0
+    profiler = (torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) if device.type == "cuda"
+                else contextlib.nullcontext())
+    with profiler as prof:
+        marks.on = True
+        try:
+            for k in range(mu):
+                timed_step(trainer, step + k, device)
+                marks.mark()
+        finally:
+            marks.on = False
+    out: dict = {"marks": marks.count}
+    if marks.count != len(labels) + 1:
+        log(f"  [{name}] --profile: {marks.count} phase marks, expected {len(labels) + 1}: segments are numbered")
+        labels = []
+    if prof is None:
+        log(f"  [{name}] --profile: no CUDA device, no kernels profiled")
+        return out
+    from engine_profile import kernel_intervals, timeline_report
+
+    for label, kernels in phase_segments(kernel_intervals(prof), labels).items():
+        text = (f"{label}:\n{timeline_report(kernels, 1)}\n  top kernels (ms, share of kernel time, calls):\n"
+                f"{top_kernels(kernels)}")
+        log(f"  [{name}] profiled {text}")
+        out[label] = text
+    return out
 
 
 # ----------------------------------------------------------------------------------- driver
@@ -305,6 +396,9 @@ def parse_args(bench, argv=None) -> argparse.Namespace:
                    help="skip a variant whose measured cycle would end past this many seconds (from the start)")
     p.add_argument("--hard-limit-s", type=int, default=285, help="abort whatever runs after this many seconds")
     p.add_argument("--json", help="write the results to this file")
+    p.add_argument("--profile", action="store_true",
+                   help="after the timed cycle, profile one more (CUDA): kernel time by kind and top kernels per "
+                        "phase (rollout, reward, log-probs, each update)")
     bench.configure(p)
     args = p.parse_args(argv)
     tiny = args.tiny

@@ -167,3 +167,21 @@ def test_warm_ups_reach_every_step_shape_of_the_timed_cycle(tmp_path, monkeypatc
     assert max(key[-1] for _, key in first_seen) > engine.PROMPT_WIDTH_MULTIPLE + 64  # the 17th block's bucket
     late = [key for key, call in first_seen.items() if call > warmups]
     assert not late, f"steps first run in the timed cycle: {late}"
+
+
+def test_profile_marks_split_a_cycle_into_the_source_phases(bench, tmp_path):
+    """--profile labels the kernels between marks by the source's clock reads: one mark per read, one after each
+    update; a kernel list splits at the marker kernels into those labels."""
+    from rl_harness import SOURCE_PHASES, phase_segments, top_kernels
+
+    out = tmp_path / "rl.json"
+    assert bench.main(["--tiny", "--variants", "optimised", "--profile", "--json", str(out)]) == 0
+    profile = json.loads(out.read_text())["results"]["optimised"]["profile"]
+    assert profile == {"marks": len(SOURCE_PHASES) + 2}  # mu 2: the second update follows the first's mark
+
+    spin = ("spin_kernel(long)", 0.0, 1.0)
+    kernels = [("before", 0, 1), spin, spin, ("gemm_a", 2, 5), ("gemm_a", 5, 6), spin, ("triton_b", 6, 8)]
+    segments = phase_segments(kernels, ["start", "rollout"])
+    assert segments == {"rollout": [("gemm_a", 2, 5), ("gemm_a", 5, 6)], "segment 2": [("triton_b", 6, 8)]}
+    lines = top_kernels(segments["rollout"] + segments["segment 2"]).splitlines()
+    assert "gemm_a" in lines[0] and "2 x" in lines[0] and "triton_b" in lines[1]  # most total time first
