@@ -27,7 +27,9 @@ Phases 1-3 are timed inside ``RolloutSource`` (``rollout/generate_s``, ``reward_
 after a CUDA synchronisation); the update is the synchronised wall time of the ``train_step`` calls minus
 those. Each variant first runs a warm-up step (a one-block rollout, one update), then the measured cycle
 (the harness shared with ``bd_rl_step.py``: ``rl_harness.py``). ``--engine eager|graph|auto`` sets
-``rollout.sampler.engine`` of both variants when ``SamplerConfig`` has that field.
+``rollout.sampler.engine`` of both variants when ``SamplerConfig`` has that field. ``--profile`` (CUDA) runs one
+more cycle under the profiler and prints, per phase (weight refresh, rollout, reward, log-probs, each update),
+kernel time by kind, idle time and the top kernels.
 
 Variants (equal settings otherwise: same prompts, seeds, LoRA, mu, micro-batches):
 
