@@ -8,6 +8,8 @@ import time
 import types
 from pathlib import Path
 
+import pytest
+
 from cli_helpers import one_line_error
 
 from dare.cli import main
@@ -31,6 +33,23 @@ def test_sigterm_ends_a_run_with_the_resume_hint_as_ctrl_c_does(tmp_path, capsys
     err = capsys.readouterr().err
     assert f"no checkpoint in {tmp_path / 'run'} yet" in err and err.endswith("\ninterrupted\n")
     assert signal.getsignal(signal.SIGTERM) is before  # the handler is the caller's again
+
+
+@pytest.mark.parametrize("command", [["generate", "--model", "tiny:llada", "--prompt", "hi"], ["train", D1]])
+def test_sigterm_while_torch_is_imported_says_interrupted(command, tmp_path, capsys, monkeypatch):
+    """Before: a SIGTERM that came while the command was still importing torch (before any handler of the
+    command's own) ended it without a word. Every command now answers it from its start as Ctrl-C."""
+
+    def killed():
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)  # the handler interrupts this
+        raise AssertionError("SIGTERM did not interrupt the command")
+
+    monkeypatch.setattr("dare.rollout.engine.check_environment", killed)  # the command's first torch import
+    before = signal.getsignal(signal.SIGTERM)
+    assert main(command) == 130
+    assert capsys.readouterr().err == "interrupted\n"
+    assert signal.getsignal(signal.SIGTERM) is before
 
 
 def test_a_resume_past_max_steps_is_refused_and_config_yaml_kept(tmp_path, capsys):

@@ -20,6 +20,7 @@ import traceback
 
 from dare import __version__
 from dare.errors import DareError, closest
+from dare.interrupts import terminate_as_interrupt
 from dare.progress import close_progress_bars, quiet_transformers
 
 COMMANDS = {
@@ -166,13 +167,14 @@ def main(argv: list[str] | None = None) -> int:
             for line in unknown_environment():  # a misspelt DARE_* switch, as every command says
                 print(line, file=sys.stderr)
             return module.run(args) or 0
-        if hasattr(module, "precheck"):  # the command's checks that need no torch: a typo answers at once
-            module.precheck(args)
-        from dare.rollout.engine import check_environment  # imports torch: not for --help
+        with terminate_as_interrupt():  # kill / scancel, even while torch is imported: "interrupted", not silence
+            if hasattr(module, "precheck"):  # the command's checks that need no torch: a typo answers at once
+                module.precheck(args)
+            from dare.rollout.engine import check_environment  # imports torch: not for --help
 
-        check_environment()
-        with quiet_transformers():  # transformers' bars and info logs stay out of the command's log
-            return module.run(args) or 0
+            check_environment()
+            with quiet_transformers():  # transformers' bars and info logs stay out of the command's log
+                return module.run(args) or 0
     except DareError as err:
         print_traceback_if_asked(err)
         sys.stderr.write(f"error: {err.cli_message}\n")  # one write: torchrun ranks' lines never interleave

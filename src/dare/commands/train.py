@@ -292,7 +292,7 @@ def run(args: argparse.Namespace) -> int:
         if "rollout/reward" in record:
             rewarded.update(step=record["step"], reward=record["rollout/reward"])
 
-    from dare.trainer.interrupts import terminate_as_interrupt
+    from dare.interrupts import terminate_as_interrupt
 
     try:
         with terminate_as_interrupt():  # kill / scancel: the same resume hint as Ctrl-C

@@ -49,7 +49,7 @@ from dare.outputs import atomic_write_text, ensure_dir, mark_output, publish_dir
 from dare.progress import hf_progress_bars
 from dare.trainer.checkpoint import load_checkpoint, remove_partial_checkpoints, save_checkpoint
 from dare.trainer.config import TrainConfig, check_same_on_every_rank, config_dict, revalidate
-from dare.trainer.interrupts import StopAfterStep, write_line
+from dare.interrupts import StopAfterStep, write_line
 from dare.trainer.metrics import MetricsLogger, truncate_jsonl
 from dare.trainer.preflight import (
     check_auxiliary_sequence, check_lora_targets, check_run, fill_rollout_defaults, record_given_model,

@@ -1,8 +1,11 @@
-"""Stopping a training run cleanly on Ctrl-C or SIGTERM (``kill``, a scheduler's ``scancel`` or pre-emption).
+"""Stopping on Ctrl-C or SIGTERM (``kill``, a scheduler's ``scancel`` or pre-emption); standard library only, so
+the ``dare`` command answers SIGTERM from its start, while torch is still being imported.
 
-The first signal during the step loop only asks the loop to stop after the step it is running; the trainer then
-saves a checkpoint and raises ``KeyboardInterrupt``, so an interrupted run resumes where it stopped even with no
-``trainer.save_every``. A second signal raises ``KeyboardInterrupt`` at once, as Python does by default."""
+Every command treats SIGTERM as Ctrl-C (:func:`terminate_as_interrupt`: one ``interrupted`` line, exit status 130).
+In a training run's step loop the first signal only asks the loop to stop after the step it is running; the
+trainer then saves a checkpoint and raises ``KeyboardInterrupt``, so an interrupted run resumes where it stopped
+even with no ``trainer.save_every``. A second signal raises ``KeyboardInterrupt`` at once, as Python does by
+default."""
 from __future__ import annotations
 
 import contextlib
