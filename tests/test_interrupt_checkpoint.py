@@ -122,6 +122,8 @@ def test_under_torchrun_every_rank_stops_after_the_step_one_rank_was_signalled_i
     assert proc.returncode != 0
     assert proc.stderr.count(f"latest checkpoint: {out / 'checkpoints' / 'step_00000002'} (step 2)") == 1, \
         proc.stderr[-3000:]  # said once, by rank 0
+    # before: rank 0, which prints for the run, was not signalled and said nothing of the stop
+    assert proc.stderr.count("a stop signal reached another process: stopping after step 2") == 1, proc.stderr[-3000:]
     assert [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()] == [1, 2]
     assert main(["train", SFT, f"trainer.output_dir={out}", *SMALL]) == 0  # one process resumes the two ranks' save
     assert [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3, 4, 5]

@@ -678,13 +678,18 @@ class Trainer:
 
     def _stop_signalled(self, signals: StopAfterStep | None) -> bool:
         """Whether a stop signal reached any process (one collective per step under torchrun, so that every rank
-        stops after the same step: the checkpoint is saved by all of them)."""
+        stops after the same step: the checkpoint is saved by all of them). The main rank says so when the signal
+        reached only other ranks (it announces its own in :meth:`_announce_stop`)."""
         if signals is None:
             return False
         received = signals.received is not None
         if not self.info.initialized:
             return received
-        return bool(all_reduce_max_int(int(received), dataclasses.replace(self.info, group=None)))
+        anywhere = bool(all_reduce_max_int(int(received), dataclasses.replace(self.info, group=None)))
+        if anywhere and not received and self.info.is_main and not self.interrupted:  # rank 0 announces the others'
+            write_line(f"a stop signal reached another process: stopping after step {self.step} and saving a "
+                       "checkpoint there")
+        return anywhere
 
     def _run_steps(self, on_step, bar, kill_at: int, signals: StopAfterStep | None = None) -> dict | None:
         """The remaining steps; returns the last step's record (None when no step was left). A stop signal
