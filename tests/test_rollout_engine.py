@@ -406,6 +406,15 @@ def test_config_and_input_errors():
     assert generate(model, ids, mask, gen_length=16, block_length=8, steps=7, decoder="threshold").nfe >= 2
 
 
+def test_a_model_whose_weights_were_never_loaded_is_a_one_line_error():
+    """Before: 'Tensor.item() cannot be called on meta tensors' from inside the first forward."""
+    from dare.models.tiny import tiny_model
+
+    model = tiny_model("llada").to("meta")
+    with pytest.raises(InputError, match="the model's weights are on the meta device \\(never loaded\\)"):
+        generate(model, [[5, 6, 7]], gen_length=8, block_length=8, steps=8)
+
+
 # ------------------------------------------------------------------------------------------ registry
 
 def test_a_sampler_registered_with_few_defaults_takes_the_rest_from_its_loops_base(monkeypatch):

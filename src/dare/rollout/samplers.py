@@ -153,6 +153,12 @@ def prompt_row(index: int, row: Sequence[int] | torch.Tensor) -> torch.Tensor:
 
 
 def model_device(model) -> torch.device:
+    """The device of ``model``'s parameters (CPU without any); a model whose weights were never loaded (parameters
+    on the ``meta`` device, e.g. built under ``torch.device("meta")`` or accelerate's ``init_empty_weights``) is a
+    one-line :class:`InputError` instead of torch's error from deep inside a forward."""
+    if any(p.is_meta for p in model.parameters()):
+        raise InputError("the model's weights are on the meta device (never loaded): load a checkpoint, or "
+                         "materialise them (model.to_empty(device=...) and an initialisation) before using it")
     try:
         return next(model.parameters()).device
     except StopIteration:
