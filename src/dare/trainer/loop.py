@@ -45,11 +45,11 @@ from dare.distributed import (
 )
 from dare.distributed.grad_norm import clip_grad_norm_
 from dare.errors import ConfigError, DivergedError, and_join
+from dare.interrupts import StopAfterStep, write_line
 from dare.outputs import atomic_write_text, ensure_dir, mark_output, publish_dir, remove_strays, staging_dir
 from dare.progress import hf_progress_bars
 from dare.trainer.checkpoint import load_checkpoint, remove_partial_checkpoints, save_checkpoint
 from dare.trainer.config import TrainConfig, check_same_on_every_rank, config_dict, revalidate
-from dare.interrupts import StopAfterStep, write_line
 from dare.trainer.metrics import MetricsLogger, truncate_jsonl
 from dare.trainer.preflight import (
     check_auxiliary_sequence, check_lora_targets, check_run, fill_rollout_defaults, record_given_model,
@@ -686,7 +686,7 @@ class Trainer:
         if not self.info.initialized:
             return received
         anywhere = bool(all_reduce_max_int(int(received), dataclasses.replace(self.info, group=None)))
-        if anywhere and not received and self.info.is_main and not self.interrupted:  # rank 0 announces the others'
+        if anywhere and not received and self.info.is_main:  # rank 0 announces the other ranks' signal
             write_line(f"a stop signal reached another process: stopping after step {self.step} and saving a "
                        "checkpoint there")
         return anywhere
