@@ -163,9 +163,7 @@ def release(model) -> None:
     _FINGERPRINTS.pop(base, None)
     _UNFUSABLE.discard(base)  # with the memory freed, the copies may fit again
     _UNCAPTURABLE.discard(base)
-    release_fused(base)
-    if base in _STATS:
-        _STATS[base].fused_bytes = 0
+    _release_copies(base)
 
 
 def refresh_weights(model) -> bool:
@@ -245,12 +243,18 @@ def _give_up_on(sharded) -> None:
     _UNCAPTURABLE.add(sharded)
 
 
-def _free_steps_and_copies(base, states: OrderedDict, stats: EngineStats) -> None:
+def _release_copies(base) -> None:
+    """Free every kind of ``base``'s projection copies; its stats then count none (``fused_bytes``)."""
+    release_fused(base)
+    if base in _STATS:
+        _STATS[base].fused_bytes = 0
+
+
+def _free_steps_and_copies(base, states: OrderedDict) -> None:
     """Free ``base``'s recorded steps and every kind of its projection copies together (no kept step may read
     freed copies)."""
     states.clear()
-    release_fused(base)
-    stats.fused_bytes = 0
+    _release_copies(base)
 
 
 def _fingerprint(model) -> tuple:
@@ -359,7 +363,7 @@ def run_static(sampler, model, input_ids: torch.Tensor, attention_mask: torch.Te
             if copies:
                 stats.copies_refresh_s += _synced_clock(device) - began
         except torch.OutOfMemoryError:  # the copies do not fit next to the model: decode with the separate weights
-            _free_steps_and_copies(base, states, stats)
+            _free_steps_and_copies(base, states)
             fuse, replaced = False, False
             if copies:
                 raise ConfigError(f"no device memory for the '{mode}' copies of the projections; decode with "
@@ -412,7 +416,7 @@ def run_static(sampler, model, input_ids: torch.Tensor, attention_mask: torch.Te
         _UNCAPTURABLE.add(base)
         states.pop(key, None)
         if out_of_memory:  # the eager loop and the training step get that memory back
-            _free_steps_and_copies(base, states, stats)
+            _free_steps_and_copies(base, states)
         if owner is not base:
             _give_up_on(owner)
         stats.fallbacks += 1
