@@ -166,9 +166,10 @@ def kernel_intervals(prof) -> list[tuple[str, float, float]]:
     return sorted(out, key=lambda item: item[1])
 
 
-def timeline_report(kernels: list[tuple[str, float, float]], forwards: int) -> str:
-    """Per forward: kernel time by kind, idle time between kernels (short gaps inside a step vs host time), and
-    the kernel names that most often start after a gap, with their mean gap."""
+def timeline_report(kernels: list[tuple[str, float, float]], forwards: int, unit: str = "forward") -> str:
+    """Per forward (per ``unit``: what the ``forwards`` count counts): kernel time by kind, idle time between
+    kernels (short gaps inside a step vs host time), and the kernel names that most often start after a gap, with
+    their mean gap."""
     if not kernels:
         return "timeline: the profiler saw no kernels"
     by_kind: dict[str, float] = {}
@@ -191,15 +192,15 @@ def timeline_report(kernels: list[tuple[str, float, float]], forwards: int) -> s
         end, previous = max(end, stop), name
     span = end - kernels[0][1]
     per = 1000.0 * forwards
-    lines = [f"timeline over {forwards} forwards, {len(kernels) / forwards:.0f} kernels per forward: "
-             f"span {span / per:.3f} ms per forward"]
+    lines = [f"timeline over {forwards} {unit}s, {len(kernels) / forwards:.0f} kernels per {unit}: "
+             f"span {span / per:.3f} ms per {unit}"]
     for kind in sorted(by_kind, key=by_kind.get, reverse=True):
         lines.append(f"  {kind:10s} {by_kind[kind] / per:7.3f} ms ({100 * by_kind[kind] / span:4.1f} %)")
     lines.append(f"  {'gaps<=' + str(int(LAUNCH_GAP_US)) + 'us':10s} {short_gap / per:7.3f} ms "
                  f"({100 * short_gap / span:4.1f} %; {short_gap / len(kernels):.2f} us per kernel)")
     lines.append(f"  {'host':10s} {long_gap / per:7.3f} ms ({100 * long_gap / span:4.1f} %)")
     worst = sorted(gaps_before.items(), key=lambda item: sum(item[1]), reverse=True)[:12]
-    lines.append("  kernels after the most in-step idle time (count per forward, mean gap us, mean length us):")
+    lines.append(f"  kernels after the most in-step idle time (count per {unit}, mean gap us, mean length us):")
     for name, gaps in worst:
         lines.append(f"    {len(gaps) / forwards:6.1f} x gap {sum(gaps) / len(gaps):5.2f} us, "
                      f"length {sum(durations[name]) / len(durations[name]):7.2f} us  {name[:90]}")

@@ -317,8 +317,16 @@ def run_variant(bench, name: str, args, prompts, log) -> dict:
             result.update(bench.projections(result, args))
             if device.type == "cuda":
                 result["peak_memory_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
-            if args.profile:
-                result["profile"] = profile_cycle(trainer, step, mu, marks, device, log, name)
+            if args.profile:  # an extra: its cycle may neither overrun the budget nor lose the timed result
+                if cycle > args.deadline - time.perf_counter():
+                    result["profile"] = {"skipped": "the time budget left is shorter than a cycle"}
+                    log(f"  [{name}] --profile skipped: the time budget left is shorter than a cycle")
+                else:
+                    try:
+                        result["profile"] = profile_cycle(trainer, step, mu, marks, device, log, name)
+                    except Exception as err:
+                        result["profile"] = {"error": f"{type(err).__name__}: {err}"}
+                        log(f"  [{name}] --profile failed: {type(err).__name__}: {str(err)[:300]}")
             return result
     finally:
         injection.remove()
@@ -350,7 +358,8 @@ def profile_cycle(trainer, step: int, mu: int, marks: PhaseMarks, device, log, n
     from engine_profile import kernel_intervals, timeline_report
 
     for label, kernels in phase_segments(kernel_intervals(prof), labels).items():
-        text = (f"{label}:\n{timeline_report(kernels, 1)}\n  top kernels (ms, share of kernel time, calls):\n"
+        text = (f"{label}:\n{timeline_report(kernels, 1, unit='phase')}\n  top kernels (ms, share of kernel time, "
+                f"calls):\n"
                 f"{top_kernels(kernels)}")
         log(f"  [{name}] profiled {text}")
         out[label] = text

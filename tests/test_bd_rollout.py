@@ -734,6 +734,7 @@ def test_timeline_splits_kernel_time_by_kind_and_idle_time_by_gap_length():
     assert by_kind == pytest.approx({"matmul": 10.0, "attention": 4.5, "generated": 1.5, "gaps<=20us": 0.0015,
                                      "host": 0.05}, abs=1e-3)
     assert "span 16.052 ms per forward" in lines[0]
+    assert "span 32.103 ms per phase" in bench.timeline_report(kernels, forwards=1, unit="phase").splitlines()[0]
     assert any("100.0 us" in line and "_partial_kernel -> nvjet_sm90_gemm" in line for line in lines)
     assert bench.kernel_kind("void cublasLt::splitKreduce_kernel<32>") == "matmul"
     assert bench.kernel_kind("void at::native::vectorized_elementwise_kernel<4>") == "other"

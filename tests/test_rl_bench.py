@@ -185,3 +185,16 @@ def test_profile_marks_split_a_cycle_into_the_source_phases(bench, tmp_path):
     assert segments == {"rollout": [("gemm_a", 2, 5), ("gemm_a", 5, 6)], "segment 2": [("triton_b", 6, 8)]}
     lines = top_kernels(segments["rollout"] + segments["segment 2"]).splitlines()
     assert "gemm_a" in lines[0] and "2 x" in lines[0] and "triton_b" in lines[1]  # most total time first
+
+
+def test_a_failing_profile_keeps_the_timed_result(bench, tmp_path, monkeypatch):
+    """--profile runs after the timed cycle: its failure is recorded beside the result, not in place of it."""
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("profiler unavailable")
+
+    monkeypatch.setattr(bench.rl_harness, "profile_cycle", broken)
+    out = tmp_path / "rl.json"
+    assert bench.main(["--tiny", "--variants", "optimised", "--profile", "--json", str(out)]) == 0
+    result = json.loads(out.read_text())["results"]["optimised"]
+    assert result["cycle_s"] > 0 and result["profile"] == {"error": "RuntimeError: profiler unavailable"}
