@@ -54,6 +54,8 @@ def main(argv=None) -> int:
     p.add_argument("--rows", type=int, help="--gemm-only: query rows per batch row (the block; default 32)")
     p.add_argument("--timeline", action="store_true",
                    help="also split the profiled decode into kernel time and GPU idle time between kernels, by kernel kind")
+    p.add_argument("--kernels-json", metavar="PATH",
+                   help="also write every kernel of the profiled decode as [name, start_us, end_us] (JSON list, by start)")
     p.add_argument("--libraries", nargs="+", choices=sorted(MATMULS),
                    help="--gemm-only: matmul libraries to time side by side (default: cublas cublaslt)")
     args = p.parse_args(argv)
@@ -115,6 +117,10 @@ def main(argv=None) -> int:
         generate(model, prompts, None, config)
         torch.cuda.synchronize()
     print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=24, max_name_column_width=70), flush=True)
+    if args.kernels_json:
+        import json
+
+        Path(args.kernels_json).write_text(json.dumps(kernel_intervals(prof)))
     if args.timeline:
         forwards = sum(len(v) for v in times.values())
         print(timeline_report(kernel_intervals(prof), forwards), flush=True)
@@ -219,8 +225,8 @@ def check_arguments(p, args) -> None:
     """One-line errors for options this run would ignore."""
     if args.gemm_only and (args.compile != "none" or args.cache or args.weights != "model"):
         p.error("--gemm-only times bare matmuls: --compile, --cache and --weights apply to the profiled decode")
-    if args.timeline and args.gemm_only:
-        p.error("--timeline splits a profiled decode; --gemm-only times bare matmuls")
+    if (args.timeline or args.kernels_json) and args.gemm_only:
+        p.error("--timeline and --kernels-json split a profiled decode; --gemm-only times bare matmuls")
     if not args.gemm_only and (args.rows is not None or len(args.batch) > 1 or args.libraries is not None):
         p.error("--rows, --libraries and several --batch sizes apply to --gemm-only; a profiled decode takes one "
                 "batch size")
