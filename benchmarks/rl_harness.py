@@ -132,14 +132,16 @@ def phase_segments(kernels: list[tuple[str, float, float]], labels: list[str]) -
 
 
 def top_kernels(kernels: list[tuple[str, float, float]], n: int = 8) -> str:
-    """The ``n`` kernels with the most total time: ms, share, calls, name."""
+    """The ``n`` kernels with the most total time: ms, share, calls, median and longest call (us), name. A median
+    far below the mean (ms / calls) shows a kernel whose time sits in a few long calls (e.g. the full-canvas
+    forwards among a rollout's window steps)."""
     total: dict[str, list[float]] = {}
     for name, start, stop in kernels:
         total.setdefault(name, []).append(stop - start)
     span = sum(stop - start for _, start, stop in kernels) or 1.0
     rows = sorted(total.items(), key=lambda item: sum(item[1]), reverse=True)[:n]
-    return "\n".join(f"    {sum(t) / 1000:9.2f} ms {100 * sum(t) / span:5.1f} % {len(t):7d} x  {name[:100]}"
-                     for name, t in rows)
+    return "\n".join(f"    {sum(t) / 1000:9.2f} ms {100 * sum(t) / span:5.1f} % {len(t):7d} x  median "
+                     f"{sorted(t)[len(t) // 2]:8.1f} us, max {max(t):8.1f} us  {name[:100]}" for name, t in rows)
 
 
 def source_factory(prompts, injection: ConfidenceInjection, marks: PhaseMarks | None = None):
@@ -359,7 +361,7 @@ def profile_cycle(trainer, step: int, mu: int, marks: PhaseMarks, device, log, n
 
     for label, kernels in phase_segments(kernel_intervals(prof), labels).items():
         text = (f"{label}:\n{timeline_report(kernels, 1, unit='phase')}\n  top kernels (ms, share of kernel time, "
-                f"calls):\n"
+                f"calls, median and longest call):\n"
                 f"{top_kernels(kernels)}")
         log(f"  [{name}] profiled {text}")
         out[label] = text

@@ -777,3 +777,28 @@ def test_every_cutlass_variant_has_its_own_build_guard_in_order():
     assert all(lines[i + 1] == "#endif" for i in variants)
     names = [re.match(r"DARE_VARIANT\((\w+),", lines[i]).group(1) for i in variants]
     assert len(set(names)) == len(names)
+
+
+def test_small_kernels_fused_step_formulations_compute_the_same_tensors():
+    """small_kernels.py times three formulations of a block's RoPE + cache writes to pick the fastest; each must
+    give the models' q and cache contents exactly, so that one could replace another without changing a token."""
+    spec = importlib.util.spec_from_file_location("small_kernels_benchmark", ROOT / "benchmarks" / "small_kernels.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    from dare.models.layers import rope_angles
+
+    gen = torch.Generator().manual_seed(0)
+    qkv = torch.randn(2, 6, 3 * bench.HEADS * bench.HEAD_DIM, generator=gen)
+    delta = torch.randn(qkv.shape, generator=gen)
+    cos, sin = rope_angles(torch.arange(4, 10).expand(2, 6), bench.HEAD_DIM, 500000.0)
+    results = {}
+    for name, step in bench.FUSED_STEPS.items():
+        kc, vc = torch.zeros(2, bench.HEADS, 12, bench.HEAD_DIM), torch.zeros(2, bench.HEADS, 12, bench.HEAD_DIM)
+        results[name] = (step(qkv, delta, cos, sin, kc, vc, torch.arange(4, 10)).contiguous(), kc, vc)
+    q, keys, values = results["cat"]
+    assert keys[:, :, 4:10].abs().sum() > 0 and keys[:, :, :4].abs().sum() == 0  # written at the slots only
+    for name in ("roll", "untransposed"):
+        assert all(torch.equal(a, b) for a, b in zip(results[name], results["cat"])), name
+    assert torch.equal(results["q only"][0], q) and torch.equal(results["writes only"][2], values)
+    unrotated = results["writes only"][0].transpose(1, 2)
+    assert unrotated.shape == q.shape and not torch.allclose(unrotated, q)  # RoPE did something

@@ -185,6 +185,7 @@ def test_profile_marks_split_a_cycle_into_the_source_phases(bench, tmp_path):
     assert segments == {"rollout": [("gemm_a", 2, 5), ("gemm_a", 5, 6)], "segment 2": [("triton_b", 6, 8)]}
     lines = top_kernels(segments["rollout"] + segments["segment 2"]).splitlines()
     assert "gemm_a" in lines[0] and "2 x" in lines[0] and "triton_b" in lines[1]  # most total time first
+    assert "median      3.0 us, max      3.0 us" in lines[0]  # the upper median of [1, 3] us and the longest call
 
 
 def test_a_failing_profile_keeps_the_timed_result(bench, tmp_path, monkeypatch):
