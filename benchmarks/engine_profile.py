@@ -117,13 +117,14 @@ def main(argv=None) -> int:
         generate(model, prompts, None, config)
         torch.cuda.synchronize()
     print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=24, max_name_column_width=70), flush=True)
+    kernels = kernel_intervals(prof) if args.kernels_json or args.timeline else []
     if args.kernels_json:
         import json
 
-        Path(args.kernels_json).write_text(json.dumps(kernel_intervals(prof)))
+        Path(args.kernels_json).write_text(json.dumps(kernels))
     if args.timeline:
         forwards = sum(len(v) for v in times.values())
-        print(timeline_report(kernel_intervals(prof), forwards), flush=True)
+        print(timeline_report(kernels, forwards), flush=True)
         host_profile(lambda: generate(model, prompts, None, config))
     return 0
 
@@ -227,6 +228,8 @@ def check_arguments(p, args) -> None:
         p.error("--gemm-only times bare matmuls: --compile, --cache and --weights apply to the profiled decode")
     if (args.timeline or args.kernels_json) and args.gemm_only:
         p.error("--timeline and --kernels-json split a profiled decode; --gemm-only times bare matmuls")
+    if args.kernels_json and not Path(args.kernels_json).resolve().parent.is_dir():
+        p.error(f"--kernels-json: no folder {Path(args.kernels_json).resolve().parent} to write into")
     if not args.gemm_only and (args.rows is not None or len(args.batch) > 1 or args.libraries is not None):
         p.error("--rows, --libraries and several --batch sizes apply to --gemm-only; a profiled decode takes one "
                 "batch size")

@@ -12,8 +12,9 @@ of the projections' output (plus a LoRA delta where marked), RoPE and the cache 
 shapes (a dual-cache block start writes all 384 columns), in three exact formulations side by side: ``cat`` (the
 models' ``apply_rope`` on ``[B, H, L, d]`` views, as today), ``roll`` (the rotated half as ``torch.roll`` with a
 signed sine, no concatenation) and ``untransposed`` (RoPE on ``[B, L, H, d]``, transposed afterwards), plus its two
-halves alone (``q only``, ``writes only``). The thirty-eighth session's RL-step profile put these kernels at 4-6x
-their bandwidth floor in the full-canvas forwards.
+halves alone (``q only``, ``writes only``). In the thirty-eighth session's RL-step profile these kernels took 3-4.5x
+their estimated bandwidth floor on average over all calls; by the call counts, the loss is in the full-canvas
+forwards (this table is meant to confirm or refute that).
 """
 
 from __future__ import annotations

@@ -695,6 +695,7 @@ def test_benchmark_times_each_rollout_weights_value_side_by_side(tmp_path):
     ("engine_profile", ["--family", "sdar", "--cache", "dual"], "--cache chooses LLaDA's Fast-dLLM cache"),
     ("engine_profile", ["--gemm-only", "--timeline"], "--timeline and --kernels-json split a profiled decode"),
     ("engine_profile", ["--gemm-only", "--kernels-json", "k.json"], "--timeline and --kernels-json split a profiled"),
+    ("engine_profile", ["--kernels-json", "/no/such/folder/k.json"], "--kernels-json: no folder /no/such/folder"),
     ("conditional_steps", ["--steps", "0"], "--rows, --layers, --steps and --reps take counts >= 1"),
     ("attention_shapes", ["--keys", "192", "256", "--valid", "136"], "--valid takes one count per --keys width"),
     ("attention_shapes", ["--keys", "192", "--valid", "200"], "each in 1..width"),
