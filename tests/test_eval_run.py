@@ -160,7 +160,7 @@ def test_eval_run_generation_records_every_setting(data, tmp_path, capsys, monke
     assert results.sampler["kernels"] == {"decode_attention": "sdpa", "fuse_max_rows": 0, "lora_fuse_max_rows": 0,
                                           "compile_sampling": True,
                                           "proposal_kernel": True, "top_p_kernel": True,
-                                          "cache_writes_in_blocks": False}
+                                          "cache_writes_in_blocks": False, "static_compile": True}
     assert results.seed == 3 and results.mode == "generate"
     assert results.prompt == {"template": "zero_shot", "shots": 0, "chat": True, "fewshot_seed": 3, "stop": []}
     assert results.data["source"] == str(data["gsm8k"]) and results.data["limit"] == 3

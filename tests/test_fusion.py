@@ -109,6 +109,56 @@ def test_lora_copies_under_autocast_compute_the_adapters_in_its_dtype():
     torch.testing.assert_close(together.float(), wrapped.float(), atol=0.05, rtol=0.02)
 
 
+def _lora_calls(model) -> list:
+    """Records each call of a peft ``lora_A`` module of ``model``."""
+    calls = []
+    for name, module in model.named_modules():
+        if name.endswith("lora_A.default"):
+            module.register_forward_hook(lambda *_: calls.append(1))
+    return calls
+
+
+@pytest.mark.parametrize("family", ["llada", "sdar"])
+def test_adapter_copies_compute_what_peft_computes_under_autocast(family):
+    """``adapters`` copies (steps too large for fused copies): the base projections stay the model's own, the fp32
+    adapters are copied in bf16 once, and the forward equals peft's under bf16 autocast bit for bit - adapters on
+    or off, after an update once refreshed - without calling peft's adapter layers."""
+    model = _trained_lora(family, dtype=torch.bfloat16).eval()
+    base = model.get_base_model()
+    copies = FusedProjections(base, torch.bfloat16, mode="adapters")
+    entries = [entry for *_, entry in copies.groups]
+    assert entries and all(entry.weight is None for entry in entries)
+    assert all(a.down.dtype == a.up.dtype == torch.bfloat16 and a.down.shape[0] == 4
+               for entry in entries for member in entry.adapters for a in member)
+    assert copies.nbytes == sum(p.numel() * 2 for n, p in model.named_parameters() if "lora_" in n)
+    assert not copies.merges_lora
+    ids = torch.randint(0, 200, (2, 12))
+    calls = _lora_calls(model)
+
+    def both():
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+            wrapped = model(ids).logits
+            peft_calls = len(calls)
+            with copies.active():
+                copied = model(ids).logits
+            assert len(calls) == peft_calls  # the copies never reach peft's layers
+        return wrapped, copied
+
+    wrapped, copied = both()
+    assert calls and torch.equal(copied, wrapped)
+    with model.disable_adapter():
+        plain, copied_plain = both()
+    assert torch.equal(copied_plain, plain) and not torch.equal(plain, wrapped)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_" in name:
+                p.add_(torch.randn_like(p) * 0.05)  # an optimizer step on the adapters
+    stale = both()
+    assert not torch.equal(*stale)
+    copies.refresh()
+    assert torch.equal(*both())
+
+
 def test_lora_copies_follow_adapter_updates_and_switches():
     model = _trained_lora().eval()
     base = model.get_base_model()
@@ -239,6 +289,45 @@ def test_a_lora_policy_fuses_larger_steps(monkeypatch):
     for model in (plain, lora):
         generate(model, ids, mask, config, engine="static")
     assert engine_stats(plain).fused_bytes == 0 and engine_stats(lora).fused_bytes > 0
+
+
+def test_a_lora_policy_under_autocast_decodes_large_steps_with_adapter_copies(monkeypatch):
+    """Steps past the fused copies' row limit: a LoRA policy under autocast decodes with copies of its adapters only
+    (peft's adapter layers are never called; the copies' bytes in engine_stats), the same tokens, step maps and
+    log-probs as peft's own layers (DARE_FUSE_PROJECTIONS=0); without autocast peft's layers compute (fp32
+    adapters in fp32), and a plain model gets no copies."""
+    from dare.rollout.engine import fused as fused_module
+
+    monkeypatch.setattr(fused_module, "FUSE_MAX_ROWS", 8)  # a step of 3 rows x block 8 = 24 rows
+    monkeypatch.setattr(fused_module, "LORA_FUSE_MAX_ROWS", 8)
+    model = _trained_lora(seed=1, dtype=torch.bfloat16).eval()
+    with torch.no_grad():
+        model.get_base_model().get_output_embeddings().weight.mul_(50.0)  # spread confidences (sharp_model)
+    adapter_bytes = sum(p.numel() * 2 for n, p in model.named_parameters() if "lora_" in n)
+    calls = _lora_calls(model)
+    ids, mask = padded([9, 14, 5])
+    config = SamplerConfig(gen_length=16, block_length=8, temperature=0.7, sampler="fastdllm", cache="dual",
+                           threshold=0.3)
+    outputs = {}
+    for switch in ("1", "0"):
+        monkeypatch.setenv("DARE_FUSE_PROJECTIONS", switch)
+        calls.clear()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            outputs[switch] = generate(model, ids, mask, config, engine="static", example_ids=[1, 2, 3])
+        assert bool(calls) == (switch == "0")
+    assert engine_stats(model).fused_bytes == adapter_bytes
+    copied, peft_layers = outputs["1"], outputs["0"]
+    assert torch.equal(copied.completion, peft_layers.completion)
+    assert torch.equal(copied.step_map, peft_layers.step_map)
+    assert torch.equal(copied.logprobs, peft_layers.logprobs)
+    monkeypatch.delenv("DARE_FUSE_PROJECTIONS")
+    calls.clear()
+    generate(model, ids, mask, config, engine="static")
+    assert calls
+    plain = sharp_model("llada")
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        generate(plain, ids, mask, config, engine="static")
+    assert engine_stats(plain).fused_bytes == 0
 
 
 def test_copies_that_do_not_fit_decode_unfused_with_one_warning(monkeypatch, caplog):

@@ -595,6 +595,38 @@ def test_compiled_blocks_that_write_their_own_cache_layer_decode_the_same_tokens
     torch.testing.assert_close(outputs["0"].logprobs, outputs["1"].logprobs, atol=1e-5, rtol=0)
 
 
+def test_graph_engine_decodes_a_model_compiled_for_training_with_its_static_compilation():
+    """A model compiled with dynamic shapes (``model.compile``, as for training) records its graph steps through
+    the blocks' static compilation (dare.models.compile.static_shapes): the same tokens and log-probs as a model
+    compiled with static shapes (the same generated kernels), no fallback; a training forward and backward then
+    run the dynamic compilation again."""
+    from torch._dynamo.utils import counters
+
+    from dare.models.compile import compile_blocks
+    from dare.rollout import SamplerConfig, generate
+    from dare.rollout.engine import engine_stats
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    ids, mask = padded(seqs([9, 14, 5]))
+    config = SamplerConfig(gen_length=32, block_length=8, sampler="fastdllm", cache="dual", threshold=0.3)
+    outputs = {}
+    try:
+        for dynamic in (False, True):
+            torch._dynamo.reset()
+            model = compile_blocks(sharp_cuda_model("llada"), dynamic=dynamic)
+            outputs[dynamic] = generate(model, ids, mask, config, engine="graph")
+            assert engine_stats(model).fallbacks == 0 and engine_stats(model).captures > 0, dynamic
+        model.train()(ids[:, :11]).logits.float().sum().backward()
+        graphs = counters["stats"]["unique_graphs"]
+        model.train()(ids).logits.float().sum().backward()  # another length: the dynamic graph, no recompile
+        assert counters["stats"]["unique_graphs"] == graphs
+    finally:
+        torch._dynamo.reset()
+    assert torch.equal(outputs[False].completion, outputs[True].completion)
+    assert outputs[False].nfe == outputs[True].nfe
+    torch.testing.assert_close(outputs[False].logprobs, outputs[True].logprobs, atol=0, rtol=0)
+
+
 def test_steps_recorded_again_after_their_pool_lost_every_graph():
     """A block of the old pool still held (here a tensor made during the recording), every graph gone: the allocator
     asserts if the next recording reuses the pool's handle. The engine's pool hands out a fresh one, and a model

@@ -674,7 +674,7 @@ def test_blocks_write_their_own_cache_layer_when_asked(family, sampler, override
 
 
 @pytest.mark.parametrize("switch", ["DARE_FUSE_CACHE_WRITES", "DARE_COMPILE_SAMPLING", "DARE_FUSE_PROJECTIONS",
-                                    "DARE_PROPOSAL_KERNEL", "DARE_TOP_P_KERNEL"])
+                                    "DARE_PROPOSAL_KERNEL", "DARE_TOP_P_KERNEL", "DARE_STATIC_COMPILE"])
 def test_a_misspelt_kernel_switch_is_a_one_line_error(switch, monkeypatch):
     from dare.rollout.engine import kernel_settings
 
@@ -685,7 +685,7 @@ def test_a_misspelt_kernel_switch_is_a_one_line_error(switch, monkeypatch):
     settings = kernel_settings()
     assert not settings[{"DARE_FUSE_CACHE_WRITES": "cache_writes_in_blocks", "DARE_COMPILE_SAMPLING": "compile_sampling",
                          "DARE_FUSE_PROJECTIONS": "fuse_max_rows", "DARE_PROPOSAL_KERNEL": "proposal_kernel",
-                         "DARE_TOP_P_KERNEL": "top_p_kernel"}[switch]]
+                         "DARE_TOP_P_KERNEL": "top_p_kernel", "DARE_STATIC_COMPILE": "static_compile"}[switch]]
 
 
 @pytest.mark.parametrize("dtype,head_dim,wide", [(torch.bfloat16, 8, torch.int64), (torch.float16, 6, torch.int32),

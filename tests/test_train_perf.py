@@ -170,6 +170,69 @@ def test_static_compilation_shares_one_graph_per_shape_across_blocks(family, sam
         torch._dynamo.reset()
 
 
+def _recording_backend(seen):
+    """A dynamo backend that runs the captured graph as it is and records whether any input was symbolic."""
+
+    def backend(graph_module, example_inputs):
+        symbolic = any(isinstance(v, torch.SymInt) or isinstance(v, torch.Tensor) and
+                       any(isinstance(s, torch.SymInt) for s in v.shape) for v in example_inputs)
+        seen.append(symbolic)
+        return graph_module.forward
+
+    return backend
+
+
+@pytest.mark.parametrize("switch", ["1", "0"])
+def test_rollout_engine_decodes_dynamically_compiled_blocks_with_a_static_compilation(switch, monkeypatch):
+    """A model compiled for training (dynamic shapes) decodes, in the static engine, through a second compilation of
+    each block with static shapes (DARE_STATIC_COMPILE=0: through the dynamic one): same tokens as uncompiled
+    decoding, and training forwards afterwards use the dynamic compilation again."""
+    from dare.models.compile import COMPILATION
+    from dare.rollout import SamplerConfig, generate
+
+    monkeypatch.setenv("DARE_STATIC_COMPILE", switch)
+    config = SamplerConfig(sampler="fastdllm", cache="prefix", gen_length=16, block_length=4, steps=16,
+                           engine="static", eos_early_stop=False)
+    prompts = torch.randint(5, 50, (2, 6), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        reference = generate(tiny_model("llada", seed=0).eval(), prompts, None, config).completion
+    torch._dynamo.reset()
+    try:
+        model = compile_blocks(tiny_model("llada", seed=0), backend="eager")
+        dynamic_calls = [block._compiled_call_impl for block in model.blocks]
+        static_graphs = []
+        for block in model.blocks:  # the static compilation gets a backend that records its graphs' inputs
+            block.__dict__[COMPILATION].backend = _recording_backend(static_graphs)
+        with torch.no_grad():
+            tokens = generate(model.eval(), prompts, None, config).completion
+        assert torch.equal(tokens, reference)
+        if switch == "1":  # prefix-cache steps of several widths: more than one graph, none with symbolic shapes
+            assert len(static_graphs) > 1 and not any(static_graphs)
+        else:
+            assert static_graphs == []
+        assert [block._compiled_call_impl for block in model.blocks] == dynamic_calls
+        graphs = len(static_graphs)
+        model.train()(torch.randint(0, 250, (2, 21))).logits.sum().backward()
+        assert len(static_graphs) == graphs
+    finally:
+        torch._dynamo.reset()
+
+
+def test_compile_like_compiles_a_decoding_copy_statically_with_the_models_backend():
+    from dare.models.compile import compilation_of, compile_like
+
+    source, copy, plain = tiny_model("llada"), tiny_model("llada"), tiny_model("llada")
+    compile_like(copy, source)  # an uncompiled model: nothing to follow
+    assert not any(is_compiled(b) for b in copy.blocks)
+    compile_blocks(source, backend="aot_eager")
+    compile_like(copy, source)
+    assert all(compilation_of(b).backend == "aot_eager" and compilation_of(b).dynamic is False for b in copy.blocks)
+    ids = torch.randint(0, 250, (1, 9))
+    with torch.no_grad():
+        torch.testing.assert_close(copy(ids).logits, plain(ids).logits)
+    torch._dynamo.reset()
+
+
 def test_compile_and_chunk_options_are_validated(tmp_path):
     with pytest.raises(ConfigError, match="compile_backend"):
         small_config(tmp_path, "model.compile_backend=inductr")

@@ -31,12 +31,15 @@ from dare.errors import ConfigError, closest, first_line
 
 ENVIRONMENT = {
     "DARE_DECODE_ATTENTION": "decode attention kernel: auto (Triton for masked steps on CUDA), triton or sdpa",
-    "DARE_FUSE_PROJECTIONS": "0 decodes with the model's own q/k/v and gate/up matmuls (default 1: fused copies)",
+    "DARE_FUSE_PROJECTIONS": "0 decodes with the model's own weights (default 1: fused q/k/v and gate/up copies, or "
+                             "a LoRA policy's adapters copied in the autocast dtype)",
     "DARE_FUSE_MAX_ROWS": "largest step, in rows, decoded with fused projections",
     "DARE_COMPILE_SAMPLING": "0 keeps the graph engine's sampling tensor ops eager (default 1: compiled on CUDA; "
                              "steps the proposal kernel serves use it unless DARE_PROPOSAL_KERNEL=0)",
     "DARE_PROPOSAL_KERNEL": "0 leaves the graph engine's token proposals to compiled tensor ops (default 1: one-pass kernel)",
     "DARE_TOP_P_KERNEL": "0 sorts the vocabulary for the graph engine's top-p filter (default 1: sort-free kernel on CUDA)",
+    "DARE_STATIC_COMPILE": "0 lets the rollout engine's steps call dynamically compiled blocks (model.compile) as "
+                           "they are (default 1: a static compilation of each block, one graph per step shape)",
     "DARE_FUSE_CACHE_WRITES": "0 leaves static steps' KV-cache writes to the cache instead of each block (default 1)",
     "DARE_PROGRESS_INTERVAL": "seconds between two progress lines when stderr is not a terminal (default 30; "
                               "0: every update; inf: only each bar's final line)",

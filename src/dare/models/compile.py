@@ -14,10 +14,16 @@ reductions over it are specialised.
 layer index in compiled code). Its kernels index with constants: on an H200 the fused RoPE kernel of a decoding
 step runs 2.4-2.8x faster than the dynamic-shape one (``benchmarks/small_kernels.py``). It suits fixed-shape
 work - the rollout engine's recorded steps, a handful of shapes - and not training on varying row lengths,
-where every new length would compile again.
+where every new length would compile again. A model compiled for training gets both: inside
+:func:`static_shapes` (the rollout engine's decoding) each dynamically compiled block runs a second, static
+compilation of itself, made on first use and kept, so training forwards keep their one dynamic graph and the
+rollout's steps get constant-indexed kernels.
 """
 
 from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
 
 from dare.errors import ConfigError
 
@@ -42,6 +48,22 @@ rollout engine's graphs and are not offered."""
 STATIC_RECOMPILE_LIMIT = 64
 """Shapes one static compilation may specialise on (dynamo's default limit is 8; a prefix-cache rollout of 8
 blocks alone has 9 step shapes)."""
+
+
+@dataclass
+class BlockCompilation:
+    """How :func:`compile_blocks` compiled a block (kept on it), and its static twin once :func:`static_shapes` made
+    one: ``static_call`` is ``torch.compile`` of the block's call with ``dynamic=False`` and the same backend and
+    options."""
+
+    backend: str
+    dynamic: bool | None
+    options: dict | None
+    static_call: object = None
+
+
+COMPILATION = "_dare_compilation"
+"""The attribute of a compiled block that holds its :class:`BlockCompilation`."""
 
 
 def compile_blocks(model, backend: str = "inductor", dynamic: bool | None = True, mode: str = "default"):
@@ -74,11 +96,70 @@ def compile_blocks(model, backend: str = "inductor", dynamic: bool | None = True
         raise ConfigError(f"{type(base).__name__} has no transformer blocks to compile")
     # Block modules carry int attributes (head counts, ...); keep them from specialising a dynamic compilation.
     torch._dynamo.config.allow_unspec_int_on_nn_module = True
-    if dynamic is False:  # past the limit dynamo would silently run the remaining shapes eagerly
-        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, STATIC_RECOMPILE_LIMIT)
+    if dynamic is False:
+        _raise_recompile_limit()
     for block in blocks:
         block.compile(backend=backend, dynamic=dynamic, options=COMPILE_MODES[mode] or None)
+        block.__dict__[COMPILATION] = BlockCompilation(backend, dynamic, COMPILE_MODES[mode] or None)
     return model
+
+
+def _raise_recompile_limit() -> None:
+    """Let one compiled region hold :data:`STATIC_RECOMPILE_LIMIT` shapes: past dynamo's limit it would silently
+    run the remaining shapes eagerly."""
+    import torch._dynamo.config
+
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, STATIC_RECOMPILE_LIMIT)
+
+
+def compilation_of(block) -> BlockCompilation | None:
+    """How :func:`compile_blocks` compiled ``block`` (None when it did not, or the compilation was removed)."""
+    return block.__dict__.get(COMPILATION) if is_compiled(block) else None
+
+
+@contextlib.contextmanager
+def static_shapes(model):
+    """Inside, every block of ``model`` (a DARE model, possibly peft-wrapped) that :func:`compile_blocks` compiled
+    with dynamic shapes calls a static compilation of itself instead (``dynamic=False``, same backend and options;
+    made on first use and kept): one graph per input shape, shared by all blocks, with the constant-indexed kernels
+    of the module docstring. For fixed-shape work such as the rollout engine's steps; outside, the dynamic
+    compilation serves training as before (dynamo keeps the two apart by their settings). A model without
+    dynamically compiled blocks is left as it is."""
+    import torch
+
+    from dare.models.loading import unwrap
+
+    swapped = []
+    for block in getattr(unwrap(model), "blocks", ()):
+        compilation = compilation_of(block)
+        if compilation is None or compilation.dynamic is False:
+            continue
+        if compilation.static_call is None:
+            _raise_recompile_limit()
+            compilation.static_call = torch.compile(block._call_impl, backend=compilation.backend, dynamic=False,
+                                                    options=compilation.options)
+        swapped.append((block, block._compiled_call_impl))
+        block._compiled_call_impl = compilation.static_call
+    try:
+        yield model
+    finally:
+        for block, dynamic_call in swapped:
+            block._compiled_call_impl = dynamic_call
+
+
+def compile_like(model, source) -> None:
+    """Compile ``model``'s blocks as ``source``'s are (same backend and options), with static shapes: for a copy
+    that only decodes (the rollout engine's unsharded twin of an FSDP-sharded model). Nothing when ``source``'s
+    blocks are not compiled."""
+    from dare.models.loading import unwrap
+
+    compilation = next((compilation_of(b) for b in getattr(unwrap(source), "blocks", ())), None)
+    if compilation is None:
+        return
+    _raise_recompile_limit()
+    for block in unwrap(model).blocks:
+        block.compile(backend=compilation.backend, dynamic=False, options=compilation.options)
+        block.__dict__[COMPILATION] = BlockCompilation(compilation.backend, False, compilation.options)
 
 
 def is_compiled(module) -> bool:

@@ -26,7 +26,12 @@ Three kinds of copies (``mode``):
 * ``merged``: those, and every group with a peft LoRA-wrapped member, whose copy holds the base weight with the
   active adapters merged in (one matmul per projection instead of the base one and the adapter's two);
 * ``fp8``: every group, single projections (``o``, ``down``, ...) included, as FP8 with one scale per output
-  channel (:mod:`dare.models.fp8`), LoRA adapters merged.
+  channel (:mod:`dare.models.fp8`), LoRA adapters merged;
+* ``adapters``: only the LoRA adapters, ``lora_A`` and ``lora_B`` copied in ``dtype``; every member computes its
+  base projection with its own weight and adds its adapters as peft does. For steps too large for ``fused``
+  copies to pay: under autocast peft casts each fp32 adapter weight to the autocast dtype at every call (14 cast
+  kernels per LLaDA layer and forward with the default targets, ~90 ms of a d1 rollout on an H100); the copies
+  are that cast, done once per refresh, so the step computes the same products.
 
 A group of one plain projection is copied only as FP8: in the model's dtype the copy would gain nothing.
 """
@@ -34,6 +39,7 @@ A group of one plain projection is copied only as FP8: in the model's dtype the 
 from __future__ import annotations
 
 import contextlib
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -43,29 +49,31 @@ import torch.nn.functional as F
 from dare.models.fp8 import FP8, fp8_linear, fp8_shape_ok, quantize_rows
 
 ATTRIBUTE = "_fused_projections"
-COPY_MODES = ("fused", "merged", "fp8")
+COPY_MODES = ("fused", "merged", "fp8", "adapters")
 """Kinds of :class:`FusedProjections` (module docstring)."""
 
 
 @dataclass
 class LowRank:
-    """One active LoRA adapter of a member of a ``fused`` group: its name, rank and scaling, and the copy of its
-    ``lora_B`` weight ``[out, rank]``. Its ``lora_A`` rows are in the group's weight, after the base rows."""
+    """One active LoRA adapter of a member of a ``fused`` or ``adapters`` group: its name, rank and scaling, and the
+    copy of its ``lora_B`` weight ``[out, rank]``. Its ``lora_A`` rows are in the group's weight, after the base
+    rows (``fused``), or in ``down [rank, in]`` (``adapters``)."""
 
     name: str
     rank: int
     scaling: float
     up: torch.Tensor
+    down: torch.Tensor | None = None
 
 
 @dataclass
 class FusedWeight:
-    """One group's concatenated ``weight [sum(sizes) + sum of the adapters' ranks, in]``, optional ``bias`` (zero
-    on the adapters' rows), the members' output sizes, the :class:`LowRank` adapters of each member (``()`` when
-    the group has none) and, for FP8 copies, the float32 ``scale [sum(sizes)]`` of each output channel and the
-    matmul's ``out_dtype``."""
+    """One group's concatenated ``weight [sum(sizes) + sum of the adapters' ranks, in]`` (None for ``adapters``
+    copies: the members' own weights), optional ``bias`` (zero on the adapters' rows), the members' output sizes,
+    the :class:`LowRank` adapters of each member (``()`` when the group has none) and, for FP8 copies, the float32
+    ``scale [sum(sizes)]`` of each output channel and the matmul's ``out_dtype``."""
 
-    weight: torch.Tensor
+    weight: torch.Tensor | None
     bias: torch.Tensor | None
     sizes: tuple[int, ...]
     scale: torch.Tensor | None = None
@@ -76,7 +84,8 @@ class FusedWeight:
     def tensors(self) -> tuple[torch.Tensor, ...]:
         """Every device tensor of the copy (for its size)."""
         own = tuple(t for t in (self.weight, self.bias, self.scale) if t is not None)
-        return own + tuple(adapter.up for member in self.adapters for adapter in member)
+        return own + tuple(t for member in self.adapters for adapter in member
+                           for t in (adapter.up, adapter.down) if t is not None)
 
 
 def project(module: nn.Module, group: str, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -85,12 +94,15 @@ def project(module: nn.Module, group: str, x: torch.Tensor) -> tuple[torch.Tenso
     fused = getattr(module, ATTRIBUTE, None)
     if fused is not None and group in fused:
         entry = fused[group]
+        members = [getattr(module, name) for name in module.fused_groups[group]]
+        if entry.weight is None:
+            return tuple(_adapted(x, member, adapters) for member, adapters in zip(members, entry.adapters))
         if entry.scale is not None:
             out = fp8_linear(x, entry.weight, entry.scale, entry.bias, out_dtype=entry.out_dtype)
         else:
             out = F.linear(x, entry.weight, entry.bias)
         if entry.adapters:
-            return _add_adapters(out, entry, [getattr(module, name) for name in module.fused_groups[group]])
+            return _add_adapters(out, entry, members)
         return out.split(entry.sizes, dim=-1) if len(entry.sizes) > 1 else (out,)
     return tuple(getattr(module, name)(x) for name in module.fused_groups[group])
 
@@ -110,6 +122,17 @@ def _add_adapters(out: torch.Tensor, entry: FusedWeight, members: list[nn.Module
                 result = result + F.linear(down, adapter.up) * adapter.scaling
         outputs.append(result)
     return tuple(outputs)
+
+
+def _adapted(x: torch.Tensor, member: nn.Module, adapters: tuple[LowRank, ...]) -> torch.Tensor:
+    """A member of an ``adapters`` group: its base projection plus ``lora_B(lora_A(x)) * scaling`` per active
+    adapter from the copies, in peft's order of operations (the base output alone while ``disable_adapter`` is on)."""
+    result = _linear(member)(x)
+    if not adapters or member.disable_adapters:
+        return result
+    for adapter in adapters:
+        result = result + F.linear(F.linear(x, adapter.down), adapter.up) * adapter.scaling
+    return result
 
 
 def project_one(module: nn.Module, group: str, x: torch.Tensor) -> torch.Tensor:
@@ -142,6 +165,10 @@ class FusedProjections:
                 first = _linear(members[0]).weight
                 sizes = tuple(_linear(m).out_features for m in members)
                 out_dtype = dtype or first.dtype
+                if mode == "adapters":
+                    entry = FusedWeight(None, None, sizes, adapters=_low_rank_copies(members, out_dtype, down=True))
+                    self.groups.append((module, group, members, entry))
+                    continue
                 adapters = _low_rank_copies(members, out_dtype) if mode == "fused" else ()
                 rows = sum(sizes) + sum(adapter.rank for member in adapters for adapter in member)
                 weight = torch.empty((rows, first.shape[1]), dtype=FP8 if fp8 else out_dtype, device=first.device)
@@ -162,7 +189,7 @@ class FusedProjections:
     @property
     def merges_lora(self) -> bool:
         """Whether some copy merges a LoRA-wrapped projection (``merged`` and ``fp8`` copies)."""
-        return self.mode != "fused" and any(type(m) is not nn.Linear for _, _, members, _ in self.groups
+        return self.mode in ("merged", "fp8") and any(type(m) is not nn.Linear for _, _, members, _ in self.groups
                                             for m in members)
 
     @property
@@ -174,10 +201,11 @@ class FusedProjections:
     def refresh(self) -> None:
         """Copy the current parameters into the fused buffers (in place: their addresses never change). ``merged``
         and ``fp8`` copies of LoRA-wrapped projections get the base weight with the active adapters merged in;
-        ``fused`` copies get the base weight, the adapters' ``lora_A`` rows and ``lora_B`` copies."""
+        ``fused`` copies get the base weight, the adapters' ``lora_A`` rows and ``lora_B`` copies, ``adapters``
+        copies the adapters' ``lora_A`` and ``lora_B``."""
         for _, _, members, entry in self.groups:
             start = 0
-            for member, size in zip(members, entry.sizes):
+            for member, size in zip(members, entry.sizes if entry.weight is not None else ()):
                 weight = _linear(member).weight if self.mode == "fused" else _effective_weight(member)
                 if entry.scale is not None:
                     quantize_rows(weight, entry.weight[start:start + size], entry.scale[start:start + size])
@@ -191,9 +219,13 @@ class FusedProjections:
                     raise RuntimeError("a LoRA layer's active adapters changed since its copies were made; "
                                        "make new copies (fused_projections does)")
                 for adapter in adapters:
-                    entry.weight[start:start + adapter.rank].copy_(member.lora_A[adapter.name].weight)
+                    down = member.lora_A[adapter.name].weight
+                    if adapter.down is not None:
+                        adapter.down.copy_(down)
+                    else:
+                        entry.weight[start:start + adapter.rank].copy_(down)
+                        start += adapter.rank
                     adapter.up.copy_(member.lora_B[adapter.name].weight)
-                    start += adapter.rank
 
     def matches(self, model: nn.Module) -> bool:
         """False once a member was re-wrapped (e.g. LoRA added) or re-shaped since these copies were made, or a
@@ -203,7 +235,7 @@ class FusedProjections:
             if [getattr(module, n) for n in names] != members or not _fusable(members, self.mode, self.dtype):
                 return False
             layouts = tuple(tuple((a.name, a.rank, a.scaling) for a in adapters) for adapters in entry.adapters)
-            if self.mode == "fused" and layouts != _layouts(members):
+            if self.mode in ("fused", "adapters") and layouts != _layouts(members):
                 return False
         return True
 
@@ -230,12 +262,15 @@ def _copied(members: list[nn.Module], mode: str, dtype: torch.dtype | None = Non
         return True
     if mode == "merged" and any(type(m) is not nn.Linear for m in members):
         return True
+    if mode == "adapters":
+        return bool(any(_layouts(members)))
     return len(members) > 1 or any(_layouts(members))
 
 
 def _fusable(members: list[nn.Module], mode: str = "fused", dtype: torch.dtype | None = None) -> bool:
     """Whether a group of these members can be copied by ``mode`` (copies in ``dtype``; the weights' when None)."""
-    if not all(type(m) is nn.Linear or (_mergeable_lora(m) and (mode != "fused" or _unmerged_exact(m, dtype)))
+    unmerged = mode in ("fused", "adapters")
+    if not all(type(m) is nn.Linear or (_mergeable_lora(m) and (not unmerged or _unmerged_exact(m, dtype)))
                for m in members):
         return False
     linears = [_linear(m) for m in members]
@@ -285,12 +320,17 @@ def _layouts(members: list[nn.Module]) -> tuple[tuple[tuple[str, int, float], ..
     return layouts if any(layouts) else ()
 
 
-def _low_rank_copies(members: list[nn.Module], dtype: torch.dtype) -> tuple[tuple[LowRank, ...], ...]:
-    """Empty :class:`LowRank` copies in ``dtype`` for the active adapters of each member (``()`` without any)."""
-    return tuple(tuple(LowRank(name, rank, scaling,
-                               torch.empty((_linear(member).out_features, rank), dtype=dtype,
-                                           device=_linear(member).weight.device))
-                       for name, rank, scaling in layout)
+def _low_rank_copies(members: list[nn.Module], dtype: torch.dtype, down: bool = False
+                     ) -> tuple[tuple[LowRank, ...], ...]:
+    """Empty :class:`LowRank` copies in ``dtype`` for the active adapters of each member (``()`` without any), with
+    a ``lora_A`` copy each when ``down``."""
+    def copy(member, name, rank, scaling):
+        linear = _linear(member)
+        make = functools.partial(torch.empty, dtype=dtype, device=linear.weight.device)
+        return LowRank(name, rank, scaling, make((linear.out_features, rank)),
+                       make((rank, linear.in_features)) if down else None)
+
+    return tuple(tuple(copy(member, *adapter) for adapter in layout)
                  for member, layout in zip(members, _layouts(members)))
 
 

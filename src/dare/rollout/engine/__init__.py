@@ -96,7 +96,9 @@ def kernel_settings() -> dict:
     sampler settings: ``decode_attention`` (``DARE_DECODE_ATTENTION``), ``fuse_max_rows`` (largest step decoded
     with fused projections; 0 = never), ``lora_fuse_max_rows`` (the same for a LoRA policy), ``compile_sampling``
     (``DARE_COMPILE_SAMPLING``), ``proposal_kernel`` (``DARE_PROPOSAL_KERNEL``), ``top_p_kernel``
-    (``DARE_TOP_P_KERNEL``) and ``cache_writes_in_blocks`` (``DARE_FUSE_CACHE_WRITES``)."""
+    (``DARE_TOP_P_KERNEL``), ``cache_writes_in_blocks`` (``DARE_FUSE_CACHE_WRITES``) and ``static_compile``
+    (``DARE_STATIC_COMPILE``: dynamically compiled blocks decode through a static compilation)."""
+    from dare.config import env_switch
     from dare.models.decode_attention import setting
     from dare.rollout.engine.compiled import sampling_compiled
     from dare.rollout.engine.forward import cache_writes_in_blocks
@@ -108,7 +110,8 @@ def kernel_settings() -> dict:
             "lora_fuse_max_rows": fusion_max_rows(lora=True),
             "compile_sampling": sampling_compiled(), "proposal_kernel": kernel_enabled(),
             "top_p_kernel": top_p_kernel_enabled(),
-            "cache_writes_in_blocks": cache_writes_in_blocks()}
+            "cache_writes_in_blocks": cache_writes_in_blocks(),
+            "static_compile": env_switch("DARE_STATIC_COMPILE", default=True)}
 
 
 def check_environment() -> None:
@@ -274,13 +277,13 @@ def adapter_state(model) -> tuple:
 
 
 def _state_key(kind: str, config, batch: int, prompt_width: int, padded: bool, graphs: bool, device,
-               training: bool, fuse: bool, adapters: tuple = (), resumable: bool = False) -> tuple:
+               training: bool, copies: str | None, adapters: tuple = (), resumable: bool = False) -> tuple:
     settings = asdict(config)
     for volatile in ("seed", "engine", "max_blocks"):  # the host loop's business, not the recorded steps'
         settings.pop(volatile, None)
     autocast = torch.is_autocast_enabled(device.type) if device.type in ("cuda", "cpu") else False
     dtype = torch.get_autocast_dtype(device.type) if autocast else None
-    return (kind, batch, prompt_width, padded, graphs, training, autocast, dtype, fuse, adapters, resumable,
+    return (kind, batch, prompt_width, padded, graphs, training, autocast, dtype, copies, adapters, resumable,
             tuple(sorted(settings.items())))
 
 
@@ -306,6 +309,31 @@ def decode_static(sampler, model, input_ids: torch.Tensor, attention_mask: torch
     from dare.models.spec import family_of
 
     return RolloutOutput.concat(outputs, mask_id=family_of(model).token_ids(model.config).mask)
+
+
+def _copy_mode(config, model, rows: int, prompt_width: int, lora: bool, autocast: bool) -> str | None:
+    """The kind of projection copies (:mod:`dare.models.fusion`) a static decode of ``rows`` (bucketed) uses, or
+    None: those ``SamplerConfig.weights`` asks for; else fused copies while they pay (:func:`wants_fusion`); else,
+    for a LoRA policy under autocast, copies of its adapters in the autocast dtype (peft would cast each adapter
+    weight at every call). ``DARE_FUSE_PROJECTIONS=0`` turns both default kinds off."""
+    from dare.config import env_switch
+
+    if config.weights != "model":
+        return config.weights
+    if model in _UNFUSABLE:
+        return None
+    if wants_fusion(rows, config, lora=lora, prompt_width=prompt_width):
+        return "fused"
+    return "adapters" if lora and autocast and env_switch("DARE_FUSE_PROJECTIONS", default=True) else None
+
+
+def _static_blocks(model):
+    """The blocks' static compilation while the engine decodes (:func:`dare.models.compile.static_shapes`), unless
+    ``DARE_STATIC_COMPILE=0``."""
+    from dare.config import env_switch
+    from dare.models.compile import static_shapes
+
+    return static_shapes(model) if env_switch("DARE_STATIC_COMPILE", default=True) else contextlib.nullcontext()
 
 
 @torch.no_grad()
@@ -349,12 +377,11 @@ def run_static(sampler, model, input_ids: torch.Tensor, attention_mask: torch.Te
     states = _STATES.setdefault(base, OrderedDict())
     fused = None
     adapters = adapter_state(base)
-    fuse = copies or (wants_fusion(padded_rows, config, lora=bool(adapters), prompt_width=prompt_width)
-                      and base not in _UNFUSABLE)
+    autocast = torch.is_autocast_enabled(device.type)
+    mode = _copy_mode(config, base, padded_rows, prompt_width, lora=bool(adapters), autocast=autocast)
+    fuse = mode is not None
     if fuse:
-        autocast = torch.is_autocast_enabled(device.type)
         dtype = torch.get_autocast_dtype(device.type) if autocast else None
-        mode = "fused" if not copies else config.weights
         if mode == "fp8":
             check_fp8(base, device, dtype)
         try:
@@ -377,7 +404,7 @@ def run_static(sampler, model, input_ids: torch.Tensor, attention_mask: torch.Te
         stats.fused_bytes = fused_bytes(base)
     resumable = any(value is not None for value in resume.values())
     key = _state_key(sampler.attention, config, padded_rows, prompt_width, has_padding, graphs, device, base.training,
-                     fuse, adapters, resumable)
+                     mode if fuse else None, adapters, resumable)
     state = states.get(key)
     if state is None:
         dropped = _DROPPED.setdefault(base, set())
@@ -402,7 +429,7 @@ def run_static(sampler, model, input_ids: torch.Tensor, attention_mask: torch.Te
     runner = state.runner
     captures, replays, graph_bytes, capture_s = runner.captures, runner.replays, runner.graph_bytes, runner.capture_s
     try:
-        with fused.active() if fused is not None else contextlib.nullcontext():
+        with fused.active() if fused is not None else contextlib.nullcontext(), _static_blocks(base):
             state.load(input_ids, attention_mask, seeds, **resume)
             state.decode(progress)
     except RuntimeError as error:

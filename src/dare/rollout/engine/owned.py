@@ -22,6 +22,8 @@ import weakref
 
 import torch
 
+from dare.models.compile import compile_like
+
 log = logging.getLogger("dare.rollout")
 _TWINS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
@@ -85,6 +87,7 @@ def _build(model, params: dict[str, torch.Tensor]):
     for name, param in own.items():  # .data keeps tied parameters tied
         source = params[name].dtype
         param.data = param.data.to(dtype if dtype is not None and source.is_floating_point else source)
+    compile_like(twin, model)  # blocks compiled for training: the copy's, statically (it only decodes)
     return twin.eval().requires_grad_(False)
 
 
