@@ -132,6 +132,9 @@ def test_adapter_copies_compute_what_peft_computes_under_autocast(family):
                for entry in entries for member in entry.adapters for a in member)
     assert copies.nbytes == sum(p.numel() * 2 for n, p in model.named_parameters() if "lora_" in n)
     assert not copies.merges_lora
+    assert not FusedProjections(base, None, mode="adapters")  # nothing would be cast without autocast
+    half = _trained_lora(family, dtype=torch.bfloat16).to(torch.bfloat16)
+    assert not FusedProjections(half.get_base_model(), torch.bfloat16, mode="adapters")  # nor adapters in bf16
     ids = torch.randint(0, 200, (2, 12))
     calls = _lora_calls(model)
 

@@ -12,7 +12,7 @@ modules use them only inside :meth:`~FusedProjections.active`. A module opts in 
 ``fused_groups`` and computing them with :func:`project` (:func:`project_one` for a group of one projection); a
 group with a member that is neither a plain ``nn.Linear`` nor a plain peft LoRA wrapper is left separate.
 
-Three kinds of copies (``mode``):
+Four kinds of copies (``mode``):
 
 * ``fused`` (default): the groups of several plain ``nn.Linear``, concatenated in the model's dtype, and every
   group with a LoRA-wrapped member. For those the adapters stay unmerged, computed with peft's own operations and
@@ -189,8 +189,8 @@ class FusedProjections:
     @property
     def merges_lora(self) -> bool:
         """Whether some copy merges a LoRA-wrapped projection (``merged`` and ``fp8`` copies)."""
-        return self.mode in ("merged", "fp8") and any(type(m) is not nn.Linear for _, _, members, _ in self.groups
-                                            for m in members)
+        return self.mode in ("merged", "fp8") and any(type(m) is not nn.Linear
+                                                      for _, _, members, _ in self.groups for m in members)
 
     @property
     def keeps_lora(self) -> bool:
@@ -262,8 +262,9 @@ def _copied(members: list[nn.Module], mode: str, dtype: torch.dtype | None = Non
         return True
     if mode == "merged" and any(type(m) is not nn.Linear for m in members):
         return True
-    if mode == "adapters":
-        return bool(any(_layouts(members)))
+    if mode == "adapters":  # only adapters that a call would cast: some weight not in ``dtype`` already
+        return dtype is not None and any(layer[name].weight.dtype != dtype for m in members
+                                         for name, _, _ in _adapter_layout(m) for layer in (m.lora_A, m.lora_B))
     return len(members) > 1 or any(_layouts(members))
 
 
