@@ -298,7 +298,7 @@ def test_a_lora_policy_under_autocast_decodes_large_steps_with_adapter_copies(mo
     """Steps past the fused copies' row limit: a LoRA policy under autocast decodes with copies of its adapters only
     (peft's adapter layers are never called; the copies' bytes in engine_stats), the same tokens, step maps and
     log-probs as peft's own layers (DARE_FUSE_PROJECTIONS=0); without autocast peft's layers compute (fp32
-    adapters in fp32), and a plain model gets no copies."""
+    adapters in fp32), and a plain bf16 model gets no copies."""
     from dare.rollout.engine import fused as fused_module
 
     monkeypatch.setattr(fused_module, "FUSE_MAX_ROWS", 8)  # a step of 3 rows x block 8 = 24 rows
@@ -327,10 +327,53 @@ def test_a_lora_policy_under_autocast_decodes_large_steps_with_adapter_copies(mo
     calls.clear()
     generate(model, ids, mask, config, engine="static")
     assert calls
-    plain = sharp_model("llada")
+    plain = sharp_model("llada", dtype=torch.bfloat16)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         generate(plain, ids, mask, config, engine="static")
     assert engine_stats(plain).fused_bytes == 0
+
+
+class _LinearWeightDtypes(torch.overrides.TorchFunctionMode):
+    """Records the weight dtype of each ``F.linear`` call."""
+
+    def __init__(self):
+        super().__init__()
+        self.dtypes = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func is torch.nn.functional.linear:
+            self.dtypes.append(args[1].dtype)
+        return func(*args, **(kwargs or {}))
+
+
+def test_fp32_master_weights_under_autocast_decode_large_steps_from_bf16_copies(monkeypatch):
+    """fp32 weights decoding under bf16 autocast (the RL trainer's rollouts of fp32 master weights on one GPU), at
+    steps past the fused row limit: every projection is copied in bf16 (single ones too: the copy is the cast
+    autocast would make at every call), so only the LM head's matmul still reads fp32 weights; the same tokens, step
+    maps and log-probs as with autocast's own casts (DARE_FUSE_PROJECTIONS=0)."""
+    from dare.models.fusion import FusedProjections as Copies
+    from dare.rollout.engine import fused as fused_module
+
+    monkeypatch.setattr(fused_module, "FUSE_MAX_ROWS", 8)  # a step of 3 rows x block 8 = 24 rows
+    model = sharp_model("llada")
+    projections = sum(getattr(m, n).weight.numel() for m in model.modules()
+                      for names in getattr(m, "fused_groups", {}).values() for n in names)
+    assert Copies(model, torch.bfloat16).nbytes == projections * 2
+    assert all(len(members) > 1 for _, _, members, _ in Copies(model).groups)  # in its own dtype: groups only
+    ids, mask = padded([9, 14, 5])
+    config = SamplerConfig(gen_length=16, block_length=8, sampler="fastdllm", cache="dual", threshold=0.3)
+    outputs, fp32_matmuls = {}, {}
+    for switch in ("1", "0"):
+        monkeypatch.setenv("DARE_FUSE_PROJECTIONS", switch)
+        with torch.autocast("cpu", dtype=torch.bfloat16), _LinearWeightDtypes() as seen:
+            outputs[switch] = generate(model, ids, mask, config, engine="static")
+        fp32_matmuls[switch] = seen.dtypes.count(torch.float32)
+    assert engine_stats(model).fused_bytes == projections * 2
+    heads = outputs["1"].nfe  # one LM head matmul per forward
+    assert fp32_matmuls["1"] == heads and fp32_matmuls["0"] > heads * len(model.blocks) * 4
+    assert torch.equal(outputs["1"].completion, outputs["0"].completion)
+    assert torch.equal(outputs["1"].step_map, outputs["0"].step_map)
+    assert torch.equal(outputs["1"].logprobs, outputs["0"].logprobs)
 
 
 def test_copies_that_do_not_fit_decode_unfused_with_one_warning(monkeypatch, caplog):

@@ -33,7 +33,9 @@ Four kinds of copies (``mode``):
   kernels per LLaDA layer and forward with the default targets, ~90 ms of a d1 rollout on an H100); the copies
   are that cast, done once per refresh, so the step computes the same products.
 
-A group of one plain projection is copied only as FP8: in the model's dtype the copy would gain nothing.
+A group of one plain projection is copied only as FP8, or in a ``dtype`` its weight is not in (fp32 master weights
+decoding under bf16 autocast: the copy is autocast's cast of the weight, made once per refresh instead of once per
+call); in the model's own dtype the copy would gain nothing.
 """
 
 from __future__ import annotations
@@ -262,10 +264,25 @@ def _copied(members: list[nn.Module], mode: str, dtype: torch.dtype | None = Non
         return True
     if mode == "merged" and any(type(m) is not nn.Linear for m in members):
         return True
+    if mode == "fused" and dtype is not None and _linear(members[0]).weight.dtype != dtype:
+        return True  # the copy is the cast autocast would make at every call
     if mode == "adapters":  # only adapters that a call would cast: some weight not in ``dtype`` already
         return dtype is not None and any(layer[name].weight.dtype != dtype for m in members
                                          for name, _, _ in _adapter_layout(m) for layer in (m.lora_A, m.lora_B))
     return len(members) > 1 or any(_layouts(members))
+
+
+def casts_weights(model: nn.Module, dtype: torch.dtype) -> bool:
+    """Whether some projection that copies can hold has its weight in another dtype than ``dtype`` (the autocast
+    dtype): fp32 master weights, which autocast would cast at every call."""
+    for module in model.modules():
+        for names in getattr(module, "fused_groups", {}).values():
+            for name in names:
+                member = getattr(module, name)
+                linear = member if type(member) is nn.Linear else getattr(member, "base_layer", None)
+                if isinstance(linear, nn.Linear) and linear.weight.dtype != dtype:
+                    return True
+    return False
 
 
 def _fusable(members: list[nn.Module], mode: str = "fused", dtype: torch.dtype | None = None) -> bool:

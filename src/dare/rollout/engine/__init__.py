@@ -311,12 +311,15 @@ def decode_static(sampler, model, input_ids: torch.Tensor, attention_mask: torch
     return RolloutOutput.concat(outputs, mask_id=family_of(model).token_ids(model.config).mask)
 
 
-def _copy_mode(config, model, rows: int, prompt_width: int, lora: bool, autocast: bool) -> str | None:
+def _copy_mode(config, model, rows: int, prompt_width: int, lora: bool, autocast: torch.dtype | None) -> str | None:
     """The kind of projection copies (:mod:`dare.models.fusion`) a static decode of ``rows`` (bucketed) uses, or
-    None: those ``SamplerConfig.weights`` asks for; else fused copies while they pay (:func:`wants_fusion`); else,
-    for a LoRA policy under autocast, copies of its adapters in the autocast dtype (peft would cast each adapter
-    weight at every call). ``DARE_FUSE_PROJECTIONS=0`` turns both default kinds off."""
+    None. ``autocast``: its dtype, None without autocast. The kinds, in order: those ``SamplerConfig.weights`` asks
+    for; fused copies while they pay (:func:`wants_fusion`); under autocast, fused copies of weights kept in
+    another dtype (fp32 master weights: the copies are the casts autocast would make at every call, made once per
+    generation call), else copies of a LoRA policy's adapters (peft would cast each adapter weight at every call).
+    ``DARE_FUSE_PROJECTIONS=0`` turns every default kind off."""
     from dare.config import env_switch
+    from dare.models.fusion import casts_weights
 
     if config.weights != "model":
         return config.weights
@@ -324,7 +327,11 @@ def _copy_mode(config, model, rows: int, prompt_width: int, lora: bool, autocast
         return None
     if wants_fusion(rows, config, lora=lora, prompt_width=prompt_width):
         return "fused"
-    return "adapters" if lora and autocast and env_switch("DARE_FUSE_PROJECTIONS", default=True) else None
+    if not autocast or not env_switch("DARE_FUSE_PROJECTIONS", default=True):
+        return None
+    if casts_weights(model, autocast):
+        return "fused"  # fp32 master weights: autocast would cast every projection at every call
+    return "adapters" if lora else None
 
 
 def _static_blocks(model):
@@ -377,11 +384,10 @@ def run_static(sampler, model, input_ids: torch.Tensor, attention_mask: torch.Te
     states = _STATES.setdefault(base, OrderedDict())
     fused = None
     adapters = adapter_state(base)
-    autocast = torch.is_autocast_enabled(device.type)
-    mode = _copy_mode(config, base, padded_rows, prompt_width, lora=bool(adapters), autocast=autocast)
+    dtype = torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else None
+    mode = _copy_mode(config, base, padded_rows, prompt_width, lora=bool(adapters), autocast=dtype)
     fuse = mode is not None
     if fuse:
-        dtype = torch.get_autocast_dtype(device.type) if autocast else None
         if mode == "fp8":
             check_fp8(base, device, dtype)
         try:
