@@ -118,6 +118,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--lora-rank", type=int, help="wrap the model in LoRA adapters of this rank on the family's default "
                    "targets (alpha = 2 x rank), as an RL policy decodes (d1's recipe: 128); peft keeps the adapter "
                    "weights in fp32, so add --autocast to decode them in bf16 as the RL trainer does")
+    p.add_argument("--fp32-weights", action="store_true",
+                   help="keep the weights in fp32, as master weights (floors and rooflines stay those of bf16 "
+                   "weights); with --autocast they decode as the RL trainer's rollouts on one GPU without FSDP")
     p.add_argument("--autocast", action="store_true",
                    help="decode under bf16 autocast (the RL trainer's rollouts on one GPU)")
     p.add_argument("--budget-s", type=float, default=450.0, help="skip runs that would exceed this total time")
@@ -189,6 +192,8 @@ def main(argv=None) -> int:
     model = build_model(args.family, args.tiny, device)
     vocab_hi = 256 if args.tiny else FAMILIES[args.family].prompt_ids  # prompt ids below every special token
     bandwidth, wbytes = weights_floor(model, device, t_start)
+    if args.fp32_weights:  # after the floor: the decode still computes in bf16 (under --autocast)
+        model.float()
     if args.lora_rank:
         from dare.models.lora import apply_lora
 
