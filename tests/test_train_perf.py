@@ -218,7 +218,42 @@ def test_rollout_engine_decodes_dynamically_compiled_blocks_with_a_static_compil
         torch._dynamo.reset()
 
 
-def test_compile_like_compiles_a_decoding_copy_statically_with_the_models_backend():
+def test_static_compilation_serves_a_bounded_number_of_shapes_then_the_dynamic_one(monkeypatch, caplog):
+    """Past STATIC_SHAPES block input shapes per model, blocks run their dynamic compilation (dynamo would run a
+    frame past its recompile limit eagerly, silently): one note, fewer static graphs, the same tokens."""
+    from dare.models import compile as compile_module
+    from dare.models.compile import COMPILATION
+    from dare.rollout import SamplerConfig, generate
+
+    config = SamplerConfig(sampler="fastdllm", cache="prefix", gen_length=16, block_length=4, steps=16,
+                           engine="static", eos_early_stop=False)
+    prompts = torch.randint(5, 50, (2, 6), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        reference = generate(tiny_model("llada", seed=0).eval(), prompts, None, config).completion
+
+    def static_graphs(limit):
+        monkeypatch.setattr(compile_module, "STATIC_SHAPES", limit)
+        torch._dynamo.reset()
+        caplog.clear()
+        model = compile_blocks(tiny_model("llada", seed=0), backend="eager").eval()
+        graphs = []
+        for block in model.blocks:
+            block.__dict__[COMPILATION].backend = _recording_backend(graphs)
+        with caplog.at_level("WARNING", logger="dare.models"), torch.no_grad():
+            for _ in range(2):
+                assert torch.equal(generate(model, prompts, None, config).completion, reference)
+        return len(graphs), caplog.text.count("later shapes use the dynamic compilation")
+
+    try:
+        every, notes = static_graphs(32)  # prefix-cache steps of 4 widths, with and without the kept rows
+        assert notes == 0
+        bounded, notes = static_graphs(2)
+        assert 0 < bounded < every and notes == 1
+    finally:
+        torch._dynamo.reset()
+
+
+def test_compile_like_compiles_a_decoding_copy_as_the_model_is_compiled():
     from dare.models.compile import compilation_of, compile_like
 
     source, copy, plain = tiny_model("llada"), tiny_model("llada"), tiny_model("llada")
@@ -226,7 +261,7 @@ def test_compile_like_compiles_a_decoding_copy_statically_with_the_models_backen
     assert not any(is_compiled(b) for b in copy.blocks)
     compile_blocks(source, backend="aot_eager")
     compile_like(copy, source)
-    assert all(compilation_of(b).backend == "aot_eager" and compilation_of(b).dynamic is False for b in copy.blocks)
+    assert all(compilation_of(b).backend == "aot_eager" and compilation_of(b).dynamic is True for b in copy.blocks)
     ids = torch.randint(0, 250, (1, 9))
     with torch.no_grad():
         torch.testing.assert_close(copy(ids).logits, plain(ids).logits)

@@ -23,9 +23,15 @@ rollout's steps get constant-indexed kernels.
 from __future__ import annotations
 
 import contextlib
+import logging
+import weakref
 from dataclasses import dataclass
 
 from dare.errors import ConfigError
+
+log = logging.getLogger("dare.models")
+_STATIC_SEEN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+"""Per model, the block input shapes its static compilation serves (:func:`static_shapes`)."""
 
 COMPILE_BACKENDS = ("inductor", "aot_eager", "eager")
 COMPILE_MODES = {
@@ -48,6 +54,11 @@ rollout engine's graphs and are not offered."""
 STATIC_RECOMPILE_LIMIT = 64
 """Shapes one static compilation may specialise on (dynamo's default limit is 8; a prefix-cache rollout of 8
 blocks alone has 9 step shapes)."""
+STATIC_SHAPES = 32
+"""Block input shapes per model that :func:`static_shapes` runs on the static compilation; later shapes run the
+dynamic one (a note is logged once). Dynamo would run a frame past :data:`STATIC_RECOMPILE_LIMIT` graphs eagerly,
+without a word, and each static shape costs a compilation: a long RL run over many prompt widths (each prefix-cache
+width adds 9 step shapes) keeps its fast kernels for the first shapes and compiled ones for the rest."""
 
 
 @dataclass
@@ -129,8 +140,9 @@ def static_shapes(model):
 
     from dare.models.loading import unwrap
 
+    base = unwrap(model)
     swapped = []
-    for block in getattr(unwrap(model), "blocks", ()):
+    for block in getattr(base, "blocks", ()):
         compilation = compilation_of(block)
         if compilation is None or compilation.dynamic is False:
             continue
@@ -138,8 +150,10 @@ def static_shapes(model):
             _raise_recompile_limit()
             compilation.static_call = torch.compile(block._call_impl, backend=compilation.backend, dynamic=False,
                                                     options=compilation.options)
-        swapped.append((block, block._compiled_call_impl))
-        block._compiled_call_impl = compilation.static_call
+        dynamic_call = block._compiled_call_impl
+        swapped.append((block, dynamic_call))
+        block._compiled_call_impl = _StaticFirst(compilation.static_call, dynamic_call,
+                                                 _STATIC_SEEN.setdefault(base, set()))
     try:
         yield model
     finally:
@@ -147,19 +161,63 @@ def static_shapes(model):
             block._compiled_call_impl = dynamic_call
 
 
+class _StaticFirst:
+    """A block's call inside :func:`static_shapes`: the static compilation for the first :data:`STATIC_SHAPES`
+    input shapes of the model (``seen``, shared by its blocks, which share the graphs), the dynamic one after."""
+
+    __slots__ = ("static_call", "dynamic_call", "seen")
+
+    def __init__(self, static_call, dynamic_call, seen: set):
+        self.static_call, self.dynamic_call, self.seen = static_call, dynamic_call, seen
+
+    def __call__(self, *args, **kwargs):
+        shape = input_shape(args, kwargs)
+        if shape in self.seen:
+            return self.static_call(*args, **kwargs)
+        if len(self.seen) < STATIC_SHAPES:
+            self.seen.add(shape)
+            return self.static_call(*args, **kwargs)
+        if len(self.seen) == STATIC_SHAPES:
+            self.seen.add(None)  # noted once
+            log.warning("compiled blocks: more than %d step shapes decoded, so later shapes use the dynamic "
+                        "compilation (slower small kernels, no new compilation; dare.models.compile.STATIC_SHAPES)",
+                        STATIC_SHAPES)
+        return self.dynamic_call(*args, **kwargs)
+
+
+def input_shape(args, kwargs) -> tuple:
+    """What a static compilation specialises a block call on, as a hashable value: each tensor's shape and dtype
+    (nested in tuples and lists), a cache layer's key buffer, which arguments are None, other values' types."""
+    import torch
+
+    def describe(value):
+        if isinstance(value, torch.Tensor):
+            return tuple(value.shape), value.dtype
+        if isinstance(value, (tuple, list)):
+            return tuple(describe(v) for v in value)
+        keys = getattr(value, "keys", None)
+        if isinstance(keys, torch.Tensor):  # a static cache layer: its buffer, written columns and attended length
+            slots = getattr(value, "slots", None)
+            return "kv", tuple(keys.shape), None if slots is None else tuple(slots.shape), getattr(value, "length", None)
+        return None if value is None else type(value).__name__
+
+    return describe(args), tuple(sorted((name, describe(v)) for name, v in kwargs.items()))
+
+
 def compile_like(model, source) -> None:
-    """Compile ``model``'s blocks as ``source``'s are (same backend and options), with static shapes: for a copy
-    that only decodes (the rollout engine's unsharded twin of an FSDP-sharded model). Nothing when ``source``'s
-    blocks are not compiled."""
+    """Compile ``model``'s blocks as ``source``'s are (same backend, dynamic setting and options): for a copy that
+    decodes in its place (the rollout engine's unsharded twin of an FSDP-sharded model, which :func:`static_shapes`
+    then serves as it serves the model). Nothing when ``source``'s blocks are not compiled."""
     from dare.models.loading import unwrap
 
     compilation = next((compilation_of(b) for b in getattr(unwrap(source), "blocks", ())), None)
     if compilation is None:
         return
-    _raise_recompile_limit()
+    if compilation.dynamic is False:
+        _raise_recompile_limit()
     for block in unwrap(model).blocks:
-        block.compile(backend=compilation.backend, dynamic=False, options=compilation.options)
-        block.__dict__[COMPILATION] = BlockCompilation(compilation.backend, False, compilation.options)
+        block.compile(backend=compilation.backend, dynamic=compilation.dynamic, options=compilation.options)
+        block.__dict__[COMPILATION] = BlockCompilation(compilation.backend, compilation.dynamic, compilation.options)
 
 
 def is_compiled(module) -> bool:

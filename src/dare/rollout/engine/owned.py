@@ -87,7 +87,7 @@ def _build(model, params: dict[str, torch.Tensor]):
     for name, param in own.items():  # .data keeps tied parameters tied
         source = params[name].dtype
         param.data = param.data.to(dtype if dtype is not None and source.is_floating_point else source)
-    compile_like(twin, model)  # blocks compiled for training: the copy's, statically (it only decodes)
+    compile_like(twin, model)  # compiled blocks: the copy's too (the engine decodes them statically)
     return twin.eval().requires_grad_(False)
 
 
