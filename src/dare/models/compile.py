@@ -171,7 +171,7 @@ class _StaticFirst:
         self.static_call, self.dynamic_call, self.seen = static_call, dynamic_call, seen
 
     def __call__(self, *args, **kwargs):
-        shape = input_shape(args, kwargs)
+        shape = _input_shape(args, kwargs)
         if shape in self.seen:
             return self.static_call(*args, **kwargs)
         if len(self.seen) < STATIC_SHAPES:
@@ -185,7 +185,7 @@ class _StaticFirst:
         return self.dynamic_call(*args, **kwargs)
 
 
-def input_shape(args, kwargs) -> tuple:
+def _input_shape(args, kwargs) -> tuple:
     """What a static compilation specialises a block call on, as a hashable value: each tensor's shape and dtype
     (nested in tuples and lists), a cache layer's key buffer, which arguments are None, other values' types."""
     import torch
