@@ -3,6 +3,7 @@
 import importlib.util
 import json
 import sys
+import weakref
 from pathlib import Path
 
 import pytest
@@ -187,10 +188,12 @@ def test_rollout_engine_decodes_dynamically_compiled_blocks_with_a_static_compil
     """A model compiled for training (dynamic shapes) decodes, in the static engine, through a second compilation of
     each block with static shapes (DARE_STATIC_COMPILE=0: through the dynamic one): same tokens as uncompiled
     decoding, and training forwards afterwards use the dynamic compilation again."""
+    from dare.models import compile as compile_module
     from dare.models.compile import COMPILATION
     from dare.rollout import SamplerConfig, generate
 
     monkeypatch.setenv("DARE_STATIC_COMPILE", switch)
+    monkeypatch.setattr(compile_module, "_STATIC_SEEN", weakref.WeakKeyDictionary())  # no shape counted yet
     config = SamplerConfig(sampler="fastdllm", cache="prefix", gen_length=16, block_length=4, steps=16,
                            engine="static", eos_early_stop=False)
     prompts = torch.randint(5, 50, (2, 6), generator=torch.Generator().manual_seed(0))
@@ -233,6 +236,7 @@ def test_static_compilation_serves_a_bounded_number_of_shapes_then_the_dynamic_o
 
     def static_graphs(limit):
         monkeypatch.setattr(compile_module, "STATIC_SHAPES", limit)
+        monkeypatch.setattr(compile_module, "_STATIC_SEEN", weakref.WeakKeyDictionary())  # shapes of no graph yet
         torch._dynamo.reset()
         caplog.clear()
         model = compile_blocks(tiny_model("llada", seed=0), backend="eager").eval()
@@ -242,7 +246,7 @@ def test_static_compilation_serves_a_bounded_number_of_shapes_then_the_dynamic_o
         with caplog.at_level("WARNING", logger="dare.models"), torch.no_grad():
             for _ in range(2):
                 assert torch.equal(generate(model, prompts, None, config).completion, reference)
-        return len(graphs), caplog.text.count("later shapes use the dynamic compilation")
+        return len(graphs), caplog.text.count("later ones use the dynamic compilation")
 
     try:
         every, notes = static_graphs(32)  # prefix-cache steps of 4 widths, with and without the kept rows
@@ -262,10 +266,34 @@ def test_compile_like_compiles_a_decoding_copy_as_the_model_is_compiled():
     compile_blocks(source, backend="aot_eager")
     compile_like(copy, source)
     assert all(compilation_of(b).backend == "aot_eager" and compilation_of(b).dynamic is True for b in copy.blocks)
-    ids = torch.randint(0, 250, (1, 9))
-    with torch.no_grad():
-        torch.testing.assert_close(copy(ids).logits, plain(ids).logits)
+    assert not any(is_compiled(b) for b in plain.blocks)
     torch._dynamo.reset()
+
+
+def test_static_shapes_restores_the_blocks_after_an_error_and_models_still_copy_and_save():
+    """The blocks get their dynamic call back when the decode inside raises; a model whose blocks made their static
+    compilation still deep-copies (the copy makes its own) and saves whole (a compiled function cannot be pickled)."""
+    import copy
+    import io
+
+    from dare.models.compile import COMPILATION, compilation_of, static_shapes
+
+    model = compile_blocks(tiny_model("llada", seed=0), backend="eager").eval()
+    dynamic_calls = [block._compiled_call_impl for block in model.blocks]
+    ids = torch.randint(0, 250, (1, 9))
+    try:
+        with pytest.raises(RuntimeError, match="decode failed"), static_shapes(model), torch.no_grad():
+            assert all(call is not dynamic for call, dynamic in
+                       zip((b._compiled_call_impl for b in model.blocks), dynamic_calls))
+            model(ids)
+            raise RuntimeError("decode failed")
+        assert [block._compiled_call_impl for block in model.blocks] == dynamic_calls
+        assert all(compilation_of(b).static_call is not None for b in model.blocks)
+        twin = copy.deepcopy(model)
+        assert all(b.__dict__[COMPILATION].static_call is None for b in twin.blocks)
+        torch.save(model, io.BytesIO())
+    finally:
+        torch._dynamo.reset()
 
 
 def test_compile_and_chunk_options_are_validated(tmp_path):

@@ -31,7 +31,7 @@ from dare.errors import ConfigError
 
 log = logging.getLogger("dare.models")
 _STATIC_SEEN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-"""Per model, the block input shapes its static compilation serves (:func:`static_shapes`)."""
+"""Per block class, the block input shapes its static compilation serves (:func:`static_shapes`)."""
 
 COMPILE_BACKENDS = ("inductor", "aot_eager", "eager")
 COMPILE_MODES = {
@@ -55,10 +55,15 @@ STATIC_RECOMPILE_LIMIT = 64
 """Shapes one static compilation may specialise on (dynamo's default limit is 8; a prefix-cache rollout of 8
 blocks alone has 9 step shapes)."""
 STATIC_SHAPES = 32
-"""Block input shapes per model that :func:`static_shapes` runs on the static compilation; later shapes run the
-dynamic one (a note is logged once). Dynamo would run a frame past :data:`STATIC_RECOMPILE_LIMIT` graphs eagerly,
-without a word, and each static shape costs a compilation: a long RL run over many prompt widths (each prefix-cache
-width adds 9 step shapes) keeps its fast kernels for the first shapes and compiled ones for the rest."""
+"""Block input shapes (and autocast / grad modes) per block class that :func:`static_shapes` runs on the static
+compilation; later ones run the dynamic compilation (a note is logged once). Each costs a compilation, and dynamo
+runs a frame past its recompile limit eagerly (with one warning of its own): a long RL run over many prompt widths
+(each prefix-cache width adds ~2 block input shapes per step shape: the last block computes only the kept rows)
+keeps its fast kernels for the first shapes and compiled ones for the rest. Static decoding raises dynamo's limit
+to :data:`STATIC_DECODE_RECOMPILE_LIMIT`, leaving room for the entries its key does not tell apart."""
+STATIC_DECODE_RECOMPILE_LIMIT = 4 * STATIC_SHAPES
+"""Dynamo's recompile limit once :func:`static_shapes` is used (one limit per code object: it also counts the
+dynamic compilation's graphs and those of other models of the same block class)."""
 
 
 @dataclass
@@ -71,6 +76,11 @@ class BlockCompilation:
     dynamic: bool | None
     options: dict | None
     static_call: object = None
+
+    def __getstate__(self) -> dict:
+        """Pickled or deep-copied without ``static_call``: it compiled this block's own call (a copy makes its own
+        on first use), and a compiled function cannot be pickled."""
+        return {**self.__dict__, "static_call": None}
 
 
 COMPILATION = "_dare_compilation"
@@ -115,12 +125,11 @@ def compile_blocks(model, backend: str = "inductor", dynamic: bool | None = True
     return model
 
 
-def _raise_recompile_limit() -> None:
-    """Let one compiled region hold :data:`STATIC_RECOMPILE_LIMIT` shapes: past dynamo's limit it would silently
-    run the remaining shapes eagerly."""
+def _raise_recompile_limit(limit: int = STATIC_RECOMPILE_LIMIT) -> None:
+    """Let one compiled region hold ``limit`` shapes: past dynamo's limit it runs the remaining shapes eagerly."""
     import torch._dynamo.config
 
-    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, STATIC_RECOMPILE_LIMIT)
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, limit)
 
 
 def compilation_of(block) -> BlockCompilation | None:
@@ -140,21 +149,20 @@ def static_shapes(model):
 
     from dare.models.loading import unwrap
 
-    base = unwrap(model)
     swapped = []
-    for block in getattr(base, "blocks", ()):
-        compilation = compilation_of(block)
-        if compilation is None or compilation.dynamic is False:
-            continue
-        if compilation.static_call is None:
-            _raise_recompile_limit()
-            compilation.static_call = torch.compile(block._call_impl, backend=compilation.backend, dynamic=False,
-                                                    options=compilation.options)
-        dynamic_call = block._compiled_call_impl
-        swapped.append((block, dynamic_call))
-        block._compiled_call_impl = _StaticFirst(compilation.static_call, dynamic_call,
-                                                 _STATIC_SEEN.setdefault(base, set()))
     try:
+        for block in getattr(unwrap(model), "blocks", ()):
+            compilation = compilation_of(block)
+            if compilation is None or compilation.dynamic is False:
+                continue
+            if compilation.static_call is None:
+                _raise_recompile_limit(STATIC_DECODE_RECOMPILE_LIMIT)
+                compilation.static_call = torch.compile(block._call_impl, backend=compilation.backend,
+                                                        dynamic=False, options=compilation.options)
+            dynamic_call = block._compiled_call_impl
+            swapped.append((block, dynamic_call))
+            block._compiled_call_impl = _StaticFirst(compilation.static_call, dynamic_call,
+                                                     _STATIC_SEEN.setdefault(type(block), set()))
         yield model
     finally:
         for block, dynamic_call in swapped:
@@ -163,14 +171,18 @@ def static_shapes(model):
 
 class _StaticFirst:
     """A block's call inside :func:`static_shapes`: the static compilation for the first :data:`STATIC_SHAPES`
-    input shapes of the model (``seen``, shared by its blocks, which share the graphs), the dynamic one after."""
+    input shapes of its class (``seen``, shared by every block of the class, which share the graphs), the dynamic
+    one after. Calls under ``torch.compiler.set_stance("force_eager")`` (the engine's allocation probe) run
+    eagerly and take no place."""
 
-    __slots__ = ("static_call", "dynamic_call", "seen")
+    __slots__ = ("dynamic_call", "seen", "static_call")
 
     def __init__(self, static_call, dynamic_call, seen: set):
         self.static_call, self.dynamic_call, self.seen = static_call, dynamic_call, seen
 
     def __call__(self, *args, **kwargs):
+        if _forced_eager():
+            return self.dynamic_call(*args, **kwargs)
         shape = _input_shape(args, kwargs)
         if shape in self.seen:
             return self.static_call(*args, **kwargs)
@@ -179,15 +191,23 @@ class _StaticFirst:
             return self.static_call(*args, **kwargs)
         if len(self.seen) == STATIC_SHAPES:
             self.seen.add(None)  # noted once
-            log.warning("compiled blocks: more than %d step shapes decoded, so later shapes use the dynamic "
-                        "compilation (slower small kernels, no new compilation; dare.models.compile.STATIC_SHAPES)",
-                        STATIC_SHAPES)
+            log.warning("compiled blocks: more than %d block input shapes decoded, so later ones use the dynamic "
+                        "compilation (slower small kernels; dare.models.compile.STATIC_SHAPES)", STATIC_SHAPES)
         return self.dynamic_call(*args, **kwargs)
+
+
+def _forced_eager() -> bool:
+    """Whether ``torch.compiler.set_stance("force_eager")`` is in effect (False where torch does not say)."""
+    import torch._dynamo.eval_frame as eval_frame
+
+    stance = getattr(eval_frame, "_stance", None)
+    return getattr(stance, "stance", None) == "force_eager"
 
 
 def _input_shape(args, kwargs) -> tuple:
     """What a static compilation specialises a block call on, as a hashable value: each tensor's shape and dtype
-    (nested in tuples and lists), a cache layer's key buffer, which arguments are None, other values' types."""
+    (nested in tuples and lists), a cache layer's key buffer, which arguments are None, other values' types, and
+    the autocast and grad modes."""
     import torch
 
     def describe(value):
@@ -201,7 +221,11 @@ def _input_shape(args, kwargs) -> tuple:
             return "kv", tuple(keys.shape), None if slots is None else tuple(slots.shape), getattr(value, "length", None)
         return None if value is None else type(value).__name__
 
-    return describe(args), tuple(sorted((name, describe(v)) for name, v in kwargs.items()))
+    first = next((a for a in args if isinstance(a, torch.Tensor)), None)
+    device = first.device.type if first is not None else "cpu"
+    autocast = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
+    return (describe(args), tuple(sorted((name, describe(v)) for name, v in kwargs.items())), autocast,
+            torch.is_grad_enabled())
 
 
 def compile_like(model, source) -> None:

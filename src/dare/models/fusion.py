@@ -196,7 +196,7 @@ class FusedProjections:
 
     @property
     def keeps_lora(self) -> bool:
-        """Whether some ``fused`` copy computes LoRA adapters unmerged (:class:`LowRank`)."""
+        """Whether some ``fused`` or ``adapters`` copy computes LoRA adapters unmerged (:class:`LowRank`)."""
         return any(entry.adapters for *_, entry in self.groups)
 
     @torch.no_grad()
@@ -311,14 +311,14 @@ def _mergeable_lora(module: nn.Module) -> bool:
 
 
 def _unmerged_exact(member: nn.Module, dtype: torch.dtype | None) -> bool:
-    """Whether ``fused`` copies in ``dtype`` compute this LoRA layer's adapters as peft does: under autocast (a
-    ``dtype`` given) every matmul runs in that dtype, for adapters in fp32 or that dtype (bf16 adapters under fp16
-    autocast see their input rounded to bf16 first); without autocast, only adapters in the base weight's dtype (peft
-    computes fp32 adapters of a bf16 model in fp32)."""
+    """Whether ``fused`` / ``adapters`` copies in ``dtype`` compute this LoRA layer's adapters as peft does: under
+    autocast (a ``dtype`` given) every matmul runs in that dtype, for adapters in fp32 or that dtype (bf16 adapters
+    under fp16 autocast see their input rounded to bf16 first; autocast leaves fp64 adapters in fp64); without
+    autocast, only adapters in the base weight's dtype (peft computes fp32 adapters of a bf16 model in fp32)."""
     base = member.base_layer.weight
     weights = [layer[name].weight for name, _, _ in _adapter_layout(member) for layer in (member.lora_A, member.lora_B)]
     # under autocast peft first casts the input to the adapters' dtype: lossless only from fp32 or that same dtype
-    exact = (base.dtype,) if dtype is None else (torch.float32, torch.float64, dtype)
+    exact = (base.dtype,) if dtype is None else (torch.float32, dtype)
     return all(w.device == base.device and w.dtype in exact for w in weights)
 
 

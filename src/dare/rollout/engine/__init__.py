@@ -43,6 +43,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from dare.config import env_switch
 from dare.errors import ConfigError, first_line
 from dare.rollout.config import ENGINES
 from dare.rollout.engine.fused import fused_bytes, fused_projections, release_fused, wants_fusion
@@ -98,7 +99,6 @@ def kernel_settings() -> dict:
     (``DARE_COMPILE_SAMPLING``), ``proposal_kernel`` (``DARE_PROPOSAL_KERNEL``), ``top_p_kernel``
     (``DARE_TOP_P_KERNEL``), ``cache_writes_in_blocks`` (``DARE_FUSE_CACHE_WRITES``) and ``static_compile``
     (``DARE_STATIC_COMPILE``: dynamically compiled blocks decode through a static compilation)."""
-    from dare.config import env_switch
     from dare.models.decode_attention import setting
     from dare.rollout.engine.compiled import sampling_compiled
     from dare.rollout.engine.forward import cache_writes_in_blocks
@@ -283,7 +283,8 @@ def _state_key(kind: str, config, batch: int, prompt_width: int, padded: bool, g
         settings.pop(volatile, None)
     autocast = torch.is_autocast_enabled(device.type) if device.type in ("cuda", "cpu") else False
     dtype = torch.get_autocast_dtype(device.type) if autocast else None
-    return (kind, batch, prompt_width, padded, graphs, training, autocast, dtype, copies, adapters, resumable,
+    static = env_switch("DARE_STATIC_COMPILE", default=True)  # which compilation the recorded steps ran
+    return (kind, batch, prompt_width, padded, graphs, training, autocast, dtype, copies, adapters, resumable, static,
             tuple(sorted(settings.items())))
 
 
@@ -316,9 +317,8 @@ def _copy_mode(config, model, rows: int, prompt_width: int, lora: bool, autocast
     None. ``autocast``: its dtype, None without autocast. The kinds, in order: those ``SamplerConfig.weights`` asks
     for; fused copies while they pay (:func:`wants_fusion`); under autocast, fused copies of weights kept in
     another dtype (fp32 master weights: the copies are the casts autocast would make at every call, made once per
-    generation call), else copies of a LoRA policy's adapters (peft would cast each adapter weight at every call).
+    engine call, i.e. per batch chunk), else copies of a LoRA policy's adapters (peft would cast each adapter weight at every call).
     ``DARE_FUSE_PROJECTIONS=0`` turns every default kind off."""
-    from dare.config import env_switch
     from dare.models.fusion import casts_weights
 
     if config.weights != "model":
@@ -337,7 +337,6 @@ def _copy_mode(config, model, rows: int, prompt_width: int, lora: bool, autocast
 def _static_blocks(model):
     """The blocks' static compilation while the engine decodes (:func:`dare.models.compile.static_shapes`), unless
     ``DARE_STATIC_COMPILE=0``."""
-    from dare.config import env_switch
     from dare.models.compile import static_shapes
 
     return static_shapes(model) if env_switch("DARE_STATIC_COMPILE", default=True) else contextlib.nullcontext()
