@@ -218,7 +218,8 @@ def _input_shape(args, kwargs) -> tuple:
         keys = getattr(value, "keys", None)
         if isinstance(keys, torch.Tensor):  # a static cache layer: its buffer, written columns and attended length
             slots = getattr(value, "slots", None)
-            return "kv", tuple(keys.shape), None if slots is None else tuple(slots.shape), getattr(value, "length", None)
+            written = None if slots is None else tuple(slots.shape)
+            return "kv", tuple(keys.shape), written, getattr(value, "length", None)
         return None if value is None else type(value).__name__
 
     first = next((a for a in args if isinstance(a, torch.Tensor)), None)

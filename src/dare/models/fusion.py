@@ -96,17 +96,22 @@ def project(module: nn.Module, group: str, x: torch.Tensor) -> tuple[torch.Tenso
     fused = getattr(module, ATTRIBUTE, None)
     if fused is not None and group in fused:
         entry = fused[group]
-        members = [getattr(module, name) for name in module.fused_groups[group]]
         if entry.weight is None:
-            return tuple(_adapted(x, member, adapters) for member, adapters in zip(members, entry.adapters))
+            return tuple(_adapted(x, member, adapters) for member, adapters in zip(_members(module, group),
+                                                                                   entry.adapters))
         if entry.scale is not None:
             out = fp8_linear(x, entry.weight, entry.scale, entry.bias, out_dtype=entry.out_dtype)
         else:
             out = F.linear(x, entry.weight, entry.bias)
         if entry.adapters:
-            return _add_adapters(out, entry, members)
+            return _add_adapters(out, entry, _members(module, group))
         return out.split(entry.sizes, dim=-1) if len(entry.sizes) > 1 else (out,)
     return tuple(getattr(module, name)(x) for name in module.fused_groups[group])
+
+
+def _members(module: nn.Module, group: str) -> list[nn.Module]:
+    """The member modules of ``module.fused_groups[group]``."""
+    return [getattr(module, name) for name in module.fused_groups[group]]
 
 
 def _add_adapters(out: torch.Tensor, entry: FusedWeight, members: list[nn.Module]) -> tuple[torch.Tensor, ...]:
@@ -267,8 +272,7 @@ def _copied(members: list[nn.Module], mode: str, dtype: torch.dtype | None = Non
     if mode == "fused" and dtype is not None and _linear(members[0]).weight.dtype != dtype:
         return True  # the copy is the cast autocast would make at every call
     if mode == "adapters":  # only adapters that a call would cast: some weight not in ``dtype`` already
-        return dtype is not None and any(layer[name].weight.dtype != dtype for m in members
-                                         for name, _, _ in _adapter_layout(m) for layer in (m.lora_A, m.lora_B))
+        return dtype is not None and any(w.dtype != dtype for m in members for w in _adapter_weights(m))
     return len(members) > 1 or any(_layouts(members))
 
 
@@ -316,10 +320,14 @@ def _unmerged_exact(member: nn.Module, dtype: torch.dtype | None) -> bool:
     under fp16 autocast see their input rounded to bf16 first; autocast leaves fp64 adapters in fp64); without
     autocast, only adapters in the base weight's dtype (peft computes fp32 adapters of a bf16 model in fp32)."""
     base = member.base_layer.weight
-    weights = [layer[name].weight for name, _, _ in _adapter_layout(member) for layer in (member.lora_A, member.lora_B)]
     # under autocast peft first casts the input to the adapters' dtype: lossless only from fp32 or that same dtype
     exact = (base.dtype,) if dtype is None else (torch.float32, dtype)
-    return all(w.device == base.device and w.dtype in exact for w in weights)
+    return all(w.device == base.device and w.dtype in exact for w in _adapter_weights(member))
+
+
+def _adapter_weights(member: nn.Module) -> list[torch.Tensor]:
+    """The ``lora_A`` and ``lora_B`` weights of a LoRA layer's active adapters (none for a plain linear)."""
+    return [layer[name].weight for name, _, _ in _adapter_layout(member) for layer in (member.lora_A, member.lora_B)]
 
 
 def _adapter_layout(member: nn.Module) -> tuple[tuple[str, int, float], ...]:

@@ -111,7 +111,7 @@ def kernel_settings() -> dict:
             "compile_sampling": sampling_compiled(), "proposal_kernel": kernel_enabled(),
             "top_p_kernel": top_p_kernel_enabled(),
             "cache_writes_in_blocks": cache_writes_in_blocks(),
-            "static_compile": env_switch("DARE_STATIC_COMPILE", default=True)}
+            "static_compile": static_compile()}
 
 
 def check_environment() -> None:
@@ -283,8 +283,8 @@ def _state_key(kind: str, config, batch: int, prompt_width: int, padded: bool, g
         settings.pop(volatile, None)
     autocast = torch.is_autocast_enabled(device.type) if device.type in ("cuda", "cpu") else False
     dtype = torch.get_autocast_dtype(device.type) if autocast else None
-    static = env_switch("DARE_STATIC_COMPILE", default=True)  # which compilation the recorded steps ran
-    return (kind, batch, prompt_width, padded, graphs, training, autocast, dtype, copies, adapters, resumable, static,
+    return (kind, batch, prompt_width, padded, graphs, training, autocast, dtype, copies, adapters, resumable,
+            static_compile(),  # which compilation the recorded steps ran
             tuple(sorted(settings.items())))
 
 
@@ -317,8 +317,8 @@ def _copy_mode(config, model, rows: int, prompt_width: int, lora: bool, autocast
     None. ``autocast``: its dtype, None without autocast. The kinds, in order: those ``SamplerConfig.weights`` asks
     for; fused copies while they pay (:func:`wants_fusion`); under autocast, fused copies of weights kept in
     another dtype (fp32 master weights: the copies are the casts autocast would make at every call, made once per
-    engine call, i.e. per batch chunk), else copies of a LoRA policy's adapters (peft would cast each adapter weight at every call).
-    ``DARE_FUSE_PROJECTIONS=0`` turns every default kind off."""
+    engine call, i.e. per batch chunk), else copies of a LoRA policy's adapters (peft would cast each adapter
+    weight at every call). ``DARE_FUSE_PROJECTIONS=0`` turns every default kind off."""
     from dare.models.fusion import casts_weights
 
     if config.weights != "model":
@@ -334,12 +334,18 @@ def _copy_mode(config, model, rows: int, prompt_width: int, lora: bool, autocast
     return "adapters" if lora else None
 
 
+def static_compile() -> bool:
+    """Whether static steps call dynamically compiled blocks through their static compilation
+    (``DARE_STATIC_COMPILE``, default 1)."""
+    return env_switch("DARE_STATIC_COMPILE", default=True)
+
+
 def _static_blocks(model):
     """The blocks' static compilation while the engine decodes (:func:`dare.models.compile.static_shapes`), unless
     ``DARE_STATIC_COMPILE=0``."""
     from dare.models.compile import static_shapes
 
-    return static_shapes(model) if env_switch("DARE_STATIC_COMPILE", default=True) else contextlib.nullcontext()
+    return static_shapes(model) if static_compile() else contextlib.nullcontext()
 
 
 @torch.no_grad()

@@ -9,9 +9,9 @@ the ``lora_A`` products come out of the base matmul), single projections (``o``,
 copies hold every adapted projection's weight (LLaDA-8B, every projection adapted: ~14 GB in bf16, computed).
 Past the limits, under autocast, weights kept in another dtype than autocast's (fp32 master weights) still decode
 from fused copies in the autocast dtype, whatever the step's size: the copies are the casts autocast would make at
-every call, made once per engine call (each batch chunk of a generation call). A LoRA policy whose base weights are in the autocast dtype gets copies
-of its adapters only (``adapters``). ``DARE_FUSE_PROJECTIONS=0`` turns every default copy off;
-``DARE_FUSE_MAX_ROWS=N`` moves the row limit (for measuring other shapes and models).
+every call, made once per engine call (each batch chunk of a generation call). A LoRA policy whose base weights
+are in the autocast dtype gets copies of its adapters only (``adapters``). ``DARE_FUSE_PROJECTIONS=0`` turns every
+default copy off; ``DARE_FUSE_MAX_ROWS=N`` moves the row limit (for measuring other shapes and models).
 
 ``SamplerConfig.weights`` ``merged`` / ``fp8`` make every step, whatever its row count, decode with ``merged`` /
 ``fp8`` copies (:class:`~dare.models.fusion.FusedProjections`): LoRA adapters merged into copies in the model's
