@@ -18,8 +18,8 @@ One RL step is one rollout cycle of DARE's real workflow (``dare.trainer.Trainer
 2. **reward**: decode + a synthetic reward (fraction of even token ids: cheap, varies within a group) +
    mean-only group advantages;
 3. **log-probs**: for each of the ``mu`` inner steps the d1 views (completion masked, prompt tokens masked
-   w.p. 0.15) with old log-probs (policy, ``mu > 1``) and reference log-probs (LoRA adapter disabled; k3 KL,
-   beta 0.04);
+   w.p. 0.15) with old log-probs (policy, ``mu > 1``, from the second inner step on: the first trains on-policy)
+   and reference log-probs (LoRA adapter disabled; k3 KL, beta 0.04);
 4. **update**: ``mu`` optimizer steps (micro-batched forward/backward of the clipped d1 loss, gradient clipping,
    AdamW), i.e. ``Trainer.train_step``.
 

@@ -85,7 +85,8 @@ def gather(value, info) -> list:
 
 def rollout_record(micro, info) -> dict:
     """This step's rollouts from every rank: completion tokens (the generated columns, independent of the left
-    padding), rewards, advantages and old / reference log-probs at the generated columns, by global row."""
+    padding), rewards, advantages and old / reference log-probs at the generated columns, by global row.
+    ``micro`` is the last inner step's (the first inner step stores no old log-probs: it trains on-policy)."""
     local = []
     for mb in micro:
         gen = mb["generated"]
@@ -138,7 +139,7 @@ def run_rl(name: str, out_dir: Path, info, extra: tuple[str, ...] = ()) -> dict:
         metrics = trainer.forward_backward(step)
         record["losses"].append(float(metrics["loss"]))
         if step % trainer.source.mu == 0:  # a fresh rollout of the current policy
-            record["rollouts"].append(rollout_record(trainer.source._cache[1][0], info))
+            record["rollouts"].append(rollout_record(trainer.source._cache[1][-1], info))
             record.setdefault("step_metrics", []).append(dict(trainer.source.step_metrics))
         if step == 0:
             record["grads"] = {n: full(p.grad).clone() for n, p in trainer.model.named_parameters()

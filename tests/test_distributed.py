@@ -79,6 +79,8 @@ def test_rl_steps_under_torchrun_match_single_process(results, nproc, variant):
             if key in ours:
                 torch.testing.assert_close(theirs[key], ours[key], atol=1e-6, rtol=1e-5, msg=key)
     assert ("ref_logp" in single["rollouts"][0]) == (variant not in NO_REFERENCE)
+    if variant == "rl_d1":  # mu = 2: the second inner step's stored old log-probs are compared above
+        assert "old_logp" in single["rollouts"][0]
     for ours, theirs in zip(single["losses"], dist["losses"]):
         assert abs(theirs - ours) <= 1e-6 * max(1.0, abs(ours))
     assert single["grads"].keys() == dist["grads"].keys() and single["grads"]

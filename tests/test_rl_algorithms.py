@@ -77,12 +77,13 @@ def test_old_reference_and_current_share_stored_views():
     assert algo.needs.old_logprobs and algo.needs.reference
     first, second = src.batch(0)[0], src.batch(1)[0]
     assert not torch.equal(first["noisy_ids"], second["noisy_ids"])  # each inner step has its own mask
+    assert "old_logp" not in first.keys()  # the first update trains the rollout policy: old = current, detached
     for mb in (first, second):
         with torch.no_grad():
             current = algo.estimate(src.policy, mb)["logp"]
         # policy unchanged since the rollout and reference == policy: identical inputs give identical values
-        torch.testing.assert_close(mb["old_logp"], current, atol=0, rtol=0)
         torch.testing.assert_close(mb["ref_logp"], current, atol=0, rtol=0)
+    torch.testing.assert_close(second["old_logp"], current, atol=0, rtol=0)
     again = src.batch(1)[0]  # the cache serves the stored views again
     assert torch.equal(again["noisy_ids"], second["noisy_ids"])
     assert torch.equal(again["old_logp"], second["old_logp"])
@@ -99,9 +100,10 @@ def test_coupled_masks_are_complementary_fresh_and_on_policy_ratio_is_one():
         assert torch.equal(z0, gen)
         assert not bool((z1 & z2).any()) and torch.equal(z1 | z2, gen)
         assert bool(((mb["t"] >= 0.2) & (mb["t"] <= 0.8)).all())
-        with torch.no_grad():
-            current = src.algorithm.estimate(src.policy, mb)["logp"]
-        torch.testing.assert_close(mb["old_logp"], current, atol=0, rtol=0)
+    with torch.no_grad():
+        current = src.algorithm.estimate(src.policy, b)["logp"]
+    assert "old_logp" not in a.keys()  # first update: on-policy, old = current detached
+    torch.testing.assert_close(b["old_logp"], current, atol=0, rtol=0)
     assert not torch.equal(a["in_first"], b["in_first"])  # fresh masks per step
     on_policy = source("coupled_grpo", inner_steps=1, kl_coef=0.0)
     micro = on_policy.batch(0)

@@ -104,7 +104,8 @@ def test_d1_with_lora_uses_the_adapter_disabled_reference():
     model = apply_lora(policy(seed=2), r=4, alpha=8)
     src = source("d1", model, inner_steps=2, kl_coef=0.04)
     assert src.reference.frozen is None
-    mb = src.batch(0)[0]
+    src.batch(0)
+    mb = src.batch(1)[0]  # the second inner step: the first has no old estimates (on-policy)
     torch.testing.assert_close(mb["ref_logp"], mb["old_logp"], atol=1e-6, rtol=0)  # LoRA B = 0 at init
 
 
@@ -173,6 +174,35 @@ def test_tiny_rl_recipes_run_a_step(recipe, tmp_path):
     record = run_training(config)
     assert record["step"] == 1 and torch.isfinite(torch.tensor(record["loss"]))
     assert "rollout/reward" in record or "dpo/accuracy" in record
+
+
+def test_first_inner_step_trains_on_policy_without_an_old_forward():
+    """The first update of a rollout trains the policy that made the rollouts: RolloutSource runs no old forward
+    for it (mu - 1 old passes per rollout, not mu), and its loss and gradients equal those with the old
+    log-probs computed. The later inner steps keep their stored old log-probs."""
+    from rl_helpers import backward_all
+
+    from dare.trainer.workflow import attach_estimates
+
+    model = policy(seed=2)
+    src = source("d1", model, micro=4, inner_steps=3, kl_coef=0.04)
+    algo, estimate, calls = src.algorithm, src.algorithm.estimate, []
+    algo.estimate = lambda m, batch: (calls.append(m), estimate(m, batch))[1]
+    micro = src.batch(0)
+    assert len(micro) == 2
+    assert sum(m is model for m in calls) == 2 * 2  # inner steps 1 and 2, two micro-batches each
+    assert sum(m is src.reference.frozen for m in calls) == 3 * 2  # the reference: every inner step
+    assert not any("old_logp" in mb.keys() for mb in micro)
+    assert all("old_logp" in mb.keys() for k in (1, 2) for mb in src.batch(k))
+    algo.estimate = estimate
+    with_old = [attach_estimates(algo, mb.clone(), model, "old_") for mb in micro]
+    loss, grads = backward_all(algo, model, micro)
+    loss_old, grads_old = backward_all(algo, model, with_old)
+    assert any(float(g.abs().max()) > 0 for g in grads.values())
+    assert abs(loss - loss_old) <= 1e-6 * max(1.0, abs(loss))
+    assert grads.keys() == grads_old.keys()
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, grads_old[name], atol=1e-7, rtol=1e-5, msg=name)
 
 
 def test_batched_old_and_reference_estimates_equal_per_micro_batch_and_switch_modes_once():

@@ -419,7 +419,7 @@ class RolloutSource:
         chunks = [batch[lo:lo + self.micro_batch_size].clone() for k in range(self.mu) for lo in bounds]
         steps = [start + k for k in range(self.mu) for _ in bounds]
         views = prepare_micro_batches(self.algorithm, chunks, steps, self.policy, self.reference, device,
-                                      self.precision)
+                                      self.precision, on_policy_steps={start})
         micro = [views[k * len(bounds):(k + 1) * len(bounds)] for k in range(self.mu)]
         done = self._clock()
         self.step_metrics["rollout/reward_s"] = round(scored - began - generated_s, 4)

@@ -5,18 +5,22 @@ The workflow of one rollout step (``algorithms.md`` §0.3)::
 
     rollout (current policy, no grad)  ->  reward  ->  advantage (algorithm hook)
     for each inner step k < mu:  views_k = algorithm.corrupt(batch, step + k)        # stored corruptions
-                                 old_k   = algorithm.estimate(policy, views_k)        # no grad, if mu > 1
+                                 old_k   = algorithm.estimate(policy, views_k)        # no grad, if mu > 1, k > 0
                                  ref_k   = algorithm.estimate(reference, views_k)     # no grad, if beta > 0
     optimizer step step + k uses views_k, old_k, ref_k                               # identical inputs
 
 Old and reference quantities are the algorithm's own ``estimate`` outputs (``algorithm.logprob_keys``) stored
 under ``old_<key>`` / ``ref_<key>``, so every estimator (one-step, coupled, MC-ELBO, trajectory replay) gets
-its ratio and KL terms on exactly the inputs the update will use.
+its ratio and KL terms on exactly the inputs the update will use. At ``k = 0`` the optimizer step still trains
+the policy that made the rollouts, so its old estimates are the current ones: they are not computed, and the loss
+uses the current estimates detached (``old_or_detached``: ratio 1, as with ``mu = 1``). That saves one of the
+``mu`` old forwards per rollout.
 """
 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Collection
 
 import torch
 from tensordict import TensorDict
@@ -74,10 +78,14 @@ def corrupted(algorithm, batch: TensorDict, step: int) -> TensorDict:
 
 def prepare_micro_batches(algorithm, batches: list[TensorDict], steps: list[int], policy=None,
                           reference: Reference | None = None, device=None,
-                          precision=contextlib.nullcontext) -> list[TensorDict]:
+                          precision=contextlib.nullcontext, on_policy_steps: Collection[int] = ()) -> list[TensorDict]:
     """Corrupt ``batches[i]`` for optimizer step ``steps[i]`` and attach old / reference estimates as the algorithm
     needs them (``needs.old_logprobs`` / ``needs.reference``), inside ``precision()`` (the trainer's autocast, so
     old and current log-probs are computed alike). Returns the batches on the CPU.
+
+    ``on_policy_steps``: steps whose update still trains the policy that made the rollouts (the first inner step of
+    a rollout). Their old estimates would equal the current ones, so none are attached: the losses fall back to the
+    current estimates, detached (ratio exactly 1; no dropout or train / eval-mode difference in it).
 
     The policy's eval mode and the reference context are entered once for all batches: each entry walks every
     module (with LoRA, disabling the adapter costs ~0.25 s of host time on LLaDA-8B), so doing it per micro-batch
@@ -89,11 +97,13 @@ def prepare_micro_batches(algorithm, batches: list[TensorDict], steps: list[int]
     needs = algorithm.needs
     if needs.reference and reference is None:
         raise RuntimeError(f"algorithm '{algorithm.name}' needs a reference model")
-    passes = ([("old_", contextlib.nullcontext(policy))] if needs.old_logprobs else []) + \
-        ([("ref_", reference.model())] if needs.reference else [])
-    for prefix, context in passes:
+    stale = [i for i, step in enumerate(steps) if step not in on_policy_steps]  # the policy has moved by then
+    passes = ([("old_", contextlib.nullcontext(policy), stale)] if needs.old_logprobs and stale else []) + \
+        ([("ref_", reference.model(), range(len(batches)))] if needs.reference else [])
+    for prefix, context, indices in passes:
         with precision(), context as model, evaluating(model):
-            for i, batch in enumerate(batches):
+            for i in indices:
+                batch = batches[i]
                 on_device = batch.to(device) if device is not None else batch
                 batches[i] = attach_estimates(algorithm, on_device, model, prefix).to("cpu")
     return batches
