@@ -280,10 +280,13 @@ class Roofline:
       decoder needs no logits of the other rows, and the static engine computes none.
     """
 
-    def __init__(self, model, bandwidth: float, peak_flops: float):
+    def __init__(self, model, bandwidth: float, peak_flops: float, element_size: int | None = None):
+        """``element_size``: bytes per weight and per cached key / value element when the decode reads another
+        dtype than the model's parameters (fp32 master weights decoded from bf16 copies under autocast)."""
         self.bandwidth, self.peak = bandwidth, peak_flops
-        self.weight_bytes = weight_bytes(model)
         embedding = model.get_input_embeddings().weight
+        scale = element_size / embedding.element_size() if element_size else 1
+        self.weight_bytes = int(weight_bytes(model) * scale)
         head = head_weight(model)
         self.head_params = head.numel()
         self.body_params = sum(p.numel() for p in model.parameters()
@@ -295,7 +298,7 @@ class Roofline:
         heads = getattr(config, "num_attention_heads", None) or config.n_heads
         hidden = getattr(config, "hidden_size", None) or config.d_model
         head_dim = getattr(config, "head_dim", None) or hidden // heads
-        self.kv_bytes_per_token = 2 * layers * kv_heads * head_dim * embedding.element_size()
+        self.kv_bytes_per_token = 2 * layers * kv_heads * head_dim * (element_size or embedding.element_size())
 
     def weights_floor_s(self, nfe: int) -> float:
         return nfe * self.weight_bytes / self.bandwidth

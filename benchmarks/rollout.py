@@ -202,8 +202,9 @@ def main(argv=None) -> int:
     floor_forward = wbytes / bandwidth
     inject_confidence(model, args.confident_fraction, device)
 
-    roofline = Roofline(model, bandwidth, matmul_rate(device, next(model.parameters()).dtype,
-                                                       256 if args.tiny else 8192, 20))
+    compute = torch.bfloat16 if args.autocast else next(model.parameters()).dtype  # fp32 weights: bf16 copies
+    roofline = Roofline(model, bandwidth, matmul_rate(device, compute, 256 if args.tiny else 8192, 20),
+                        element_size=torch.finfo(compute).bits // 8)
     results, records = [], []
     gen_cpu = torch.Generator().manual_seed(0)
     for batch in args.batch:

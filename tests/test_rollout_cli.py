@@ -139,6 +139,10 @@ def test_roofline_counts_the_lm_head_only_on_the_rows_whose_logits_are_read():
         embedding_bytes = model.get_input_embeddings().weight.numel() * 4
         total = sum(p.numel() * p.element_size() for p in model.parameters())
         assert weight_bytes(model) == (total if tied else total - embedding_bytes)
+        # fp32 master weights decoded from bf16 copies (--fp32-weights --autocast): bf16 bytes, not fp32
+        halved = Roofline(model, bandwidth=1.0, peak_flops=1e30, element_size=2)
+        assert halved.weight_bytes * 2 == weight_bytes(model)
+        assert halved.kv_bytes_per_token * 2 == roofline.kv_bytes_per_token
 
 
 def test_recomputed_roofline_reproduces_the_recorded_sixth_session_fractions(tmp_path, capsys):
