@@ -119,8 +119,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    "targets (alpha = 2 x rank), as an RL policy decodes (d1's recipe: 128); peft keeps the adapter "
                    "weights in fp32, so add --autocast to decode them in bf16 as the RL trainer does")
     p.add_argument("--fp32-weights", action="store_true",
-                   help="keep the weights in fp32, as master weights (floors and rooflines stay those of bf16 "
-                   "weights); with --autocast they decode as the RL trainer's rollouts on one GPU without FSDP")
+                   help="keep the weights in fp32, as master weights (the weights floor stays that of bf16 weights; "
+                   "the roofline counts the dtype the decode computes in); with --autocast they decode in bf16 as "
+                   "the RL trainer's rollouts on one GPU without FSDP")
     p.add_argument("--autocast", action="store_true",
                    help="decode under bf16 autocast (the RL trainer's rollouts on one GPU)")
     p.add_argument("--budget-s", type=float, default=450.0, help="skip runs that would exceed this total time")

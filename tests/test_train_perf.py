@@ -222,7 +222,7 @@ def test_rollout_engine_decodes_dynamically_compiled_blocks_with_a_static_compil
 
 
 def test_static_compilation_serves_a_bounded_number_of_shapes_then_the_dynamic_one(monkeypatch, caplog):
-    """Past STATIC_SHAPES block input shapes per model, blocks run their dynamic compilation (dynamo would run a
+    """Past STATIC_SHAPES block input shapes per block class, blocks run their dynamic compilation (dynamo would run a
     frame past its recompile limit eagerly, silently): one note, fewer static graphs, the same tokens."""
     from dare.models import compile as compile_module
     from dare.models.compile import COMPILATION
@@ -267,6 +267,9 @@ def test_compile_like_compiles_a_decoding_copy_as_the_model_is_compiled():
     compile_like(copy, source)
     assert all(compilation_of(b).backend == "aot_eager" and compilation_of(b).dynamic is True for b in copy.blocks)
     assert not any(is_compiled(b) for b in plain.blocks)
+    ids = torch.randint(0, 250, (1, 9))
+    with torch.no_grad():
+        torch.testing.assert_close(copy(ids).logits, plain(ids).logits)
     torch._dynamo.reset()
 
 
