@@ -11,6 +11,7 @@ from rl_helpers import (
 )
 from dare.algorithms.functional import bgpo_ratio, clipped_surrogate, kl_estimate, ratio_policy_loss
 from rollout_helpers import single_thread  # noqa: F401  (autouse fixture)
+from test_bd_rl import bd_source
 
 RL_NAMES = ["d1", "wd1", "coupled_grpo", "spg", "bgpo", "cj_grpo", "mdpo", "tracerl"]
 SMALL = {"bgpo": {"mc_num": 3}, "spg": {"block_length": 4}, "mdpo": {"train_steps": 2},
@@ -398,3 +399,44 @@ def test_vrpo_policy_equal_to_reference_gives_log_two(tmp_path):
     expected.backward()
     for n, p in model.named_parameters():
         torch.testing.assert_close(got[n], p.grad, atol=1e-7, rtol=1e-4)
+
+
+RATIO_SOURCES = {
+    **{name: (lambda name=name: source(name, inner_steps=2, **SMALL.get(name, {})))
+       for name in ["d1", "coupled_grpo", "bgpo", "cj_grpo", "mdpo", "tracerl"]},
+    "dtreerpo": lambda: source("dtreerpo", n_prompts=2, group=4, gen_length=8, steps=4, branch_factor=2, levels=2,
+                               inner_steps=2, kl_coef=0.0),
+    "dipo": lambda: bd_source("dipo", inner_steps=2, kl_coef=0.0),
+}
+
+
+@pytest.mark.parametrize("name", sorted(RATIO_SOURCES))
+def test_the_second_update_reads_the_stored_old_estimates(name):
+    """At the second inner step the loss compares with the stored ``old_<key>`` (the policy that made the rollouts);
+    without them it falls back to the current estimate detached, which is the loss with ``old_<key>`` set to it."""
+    src = RATIO_SOURCES[name]()
+    algo, model = src.algorithm, src.policy
+    src.batch(0)
+    with torch.no_grad():  # an update between the two inner steps: old and current policies differ
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(1)))
+    micro = src.batch(1)
+    old_keys = [f"old_{key}" for key in algo.logprob_keys]
+    assert all(key in mb.keys() for mb in micro for key in old_keys)
+    assert any(float(mb["advantages"].abs().max()) > 0 for mb in micro)
+    totals = totals_of(algo, micro)
+    gaps = []
+    with torch.no_grad():
+        for mb in micro:
+            est = algo.estimate(model, mb)
+            stored = float(algo.loss(mb, est, totals)[0])
+            on_policy = mb.clone()
+            for key in old_keys:
+                del on_policy[key]
+            as_current = mb.clone()
+            for key in algo.logprob_keys:
+                as_current[f"old_{key}"] = est[key].detach().clone()
+            fallback = float(algo.loss(on_policy, est, totals)[0])
+            assert abs(fallback - float(algo.loss(as_current, est, totals)[0])) < 1e-6
+            gaps.append(abs(stored - fallback))
+    assert max(gaps) > 1e-4, gaps

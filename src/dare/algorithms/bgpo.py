@@ -86,7 +86,7 @@ class BGPO(TermwiseMixin, RLAlgorithm):
 
     def loss_term(self, batch: TensorDict, estimates: TensorDict, k: int, totals):
         elbo = estimates["elbo"]
-        old = self.term(batch, "old_elbo", k) if "old_elbo" in batch.keys() else elbo.detach()
+        old = self.old_term(batch, "elbo", k, elbo)
         adv = batch["advantages"].float()
         ratio = bgpo_ratio(elbo, old, adv)
         per_row = ratio_policy_loss(ratio, adv, self.config.clip, self.config.dual_clip)

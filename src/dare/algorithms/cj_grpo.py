@@ -122,6 +122,6 @@ class CJGRPO(TermwiseMixin, RLAlgorithm):
             weights = batch["select"][:, k].float() / (step_tokens[k].clamp(min=1) * active)
         else:
             weights = batch["cj_weight"][:, k] / totals["sequences"].clamp(min=1).float()
-        old = self.term(batch, "old_logp", k) if "old_logp" in batch.keys() else logp.detach()
+        old = self.old_term(batch, "logp", k, logp)
         ref = self.term(batch, "ref_logp", k) if "ref_logp" in batch.keys() else None
         return self.ppo_token_loss(logp, old, batch["advantages"][:, None], weights, ref)

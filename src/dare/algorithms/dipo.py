@@ -125,7 +125,7 @@ class DiPO(TermwiseMixin, RLAlgorithm):
     def loss_term(self, batch: TensorDict, estimates: TensorDict, k: int, totals):
         cfg = self.config
         logp = estimates["logp"]
-        old = self.term(batch, "old_logp", k) if "old_logp" in batch.keys() else logp.detach()
+        old = self.old_term(batch, "logp", k, logp)
         per_token, clipped = clipped_surrogate(logp, old, batch["advantages"][:, None].float(), cfg.clip_low,
                                                cfg.clip_high, cfg.dual_clip, log_ratio_clamp=LOG_RATIO_CLAMP)
         select = batch["select"][:, k]

@@ -347,7 +347,7 @@ class DTreeRPO(TermwiseMixin, RLAlgorithm):
     def loss_term(self, batch: TensorDict, estimates: TensorDict, k: int, totals):
         cfg = self.config
         logp = estimates["logp"]
-        old = self.term(batch, "old_logp", k) if "old_logp" in batch.keys() else logp.detach()
+        old = self.old_term(batch, "logp", k, logp)
         select = batch["select"][:, k]
         adv = batch["tree_advantages"][:, k:k + 1].float()
         per_token, clipped = clipped_surrogate(logp, old, adv, cfg.clip_low, cfg.clip_high, cfg.dual_clip)

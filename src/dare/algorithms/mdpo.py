@@ -109,7 +109,7 @@ class MDPO(TermwiseMixin, RLAlgorithm):
     def loss_term(self, batch: TensorDict, estimates: TensorDict, k: int, totals):
         cfg = self.config
         logp, select = estimates["logp"], batch["select"][:, k]
-        old = self.term(batch, "old_logp", k) if "old_logp" in batch.keys() else logp.detach()
+        old = self.old_term(batch, "logp", k, logp)
         count = select.sum(-1, keepdim=True).float()
         length = batch["generated"].sum(-1, keepdim=True).float()
         scale = totals["sequences"].clamp(min=1).float() * self.num_terms(batch)

@@ -399,6 +399,13 @@ class TermwiseMixin:
         """Term ``k`` of a stored ``[R, K, ...]`` field (old / reference estimates)."""
         return batch[key][:, k]
 
+    @classmethod
+    def old_term(cls, batch: TensorDict, key: str, k: int, current: torch.Tensor) -> torch.Tensor:
+        """Term ``k`` of the stored old estimate ``old_<key>``, or (an on-policy update: none stored) ``current``
+        detached: the per-term form of :meth:`old_or_detached`."""
+        name = f"old_{key}"
+        return cls.term(batch, name, k) if name in batch.keys() else current.detach()
+
 
 def response_field(batch: TensorDict, values: torch.Tensor, fill: int = -1) -> torch.Tensor:
     """A per-completion-position field ``[R, G]`` (e.g. ``step_map``) spread over the batch columns ``[R, S]``."""

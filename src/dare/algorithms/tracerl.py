@@ -304,7 +304,7 @@ class TraceRL(TermwiseMixin, RLAlgorithm):
     def loss_term(self, batch: TensorDict, estimates: TensorDict, k: int, totals):
         cfg = self.config
         logp = estimates["logp"]
-        old = self.term(batch, "old_logp", k) if "old_logp" in batch.keys() else logp.detach()
+        old = self.old_term(batch, "logp", k, logp)
         adv = batch["token_advantages"] if "token_advantages" in batch.keys() else batch["advantages"][:, None]
         per_token, clipped = clipped_surrogate(logp, old, adv.float(), cfg.clip_low, cfg.clip_high, cfg.dual_clip,
                                                log_ratio_clamp=LOG_RATIO_CLAMP)
