@@ -5,8 +5,8 @@ step runs eagerly, on CUDA (NCCL) it is recorded as CUDA graphs. Every rank buil
 unsharded reference copy and shards the other; rank 0 writes ``OUT_DIR/result.pt`` with both models' static decodes
 before and after an in-place weight update (as an optimizer step makes), inside ``gathered_parameters`` (as RL
 rollouts run) and outside it. Two more cases: a LoRA-wrapped model (adapter on, and off inside peft's
-``disable_adapter``) and fp32 master weights sharded with bf16 mixed precision (decoded as the reference cast to
-bf16).
+``disable_adapter``), fp32 master weights sharded with bf16 mixed precision (decoded as the reference cast to
+bf16), and such a LoRA policy decoded with FP8 / merged copies of its projections.
 """
 
 import copy
@@ -78,6 +78,7 @@ def main(out_dir: Path, device: str) -> None:
     result["fallbacks_after_release"] = stats.fallbacks
     result["lora"] = lora_case(info, ids, mask, config, engine)
     result["bf16"] = mixed_precision_case(info, ids, mask, config, engine)
+    result["copies"] = copies_case(info, ids, mask, config, engine)
     if info.rank == 0:
         torch.save(result, out_dir / "result.pt")
     shutdown(info)
@@ -119,6 +120,29 @@ def mixed_precision_case(info, ids, mask, config, engine) -> dict:
     return {"sharded": sharded, "unsharded_call": unsharded_call, "reference": decode(reference, ids, mask, config,
             engine), "dtypes": sorted({str(p.dtype) for p in owned.twin_of(model).parameters()}),
             "same_copy": first_copy is owned.twin_of(model), "fallbacks": engine_stats(model).fallbacks}
+
+
+def copies_case(info, ids, mask, config, engine) -> dict:
+    """``weights`` ``fp8`` / ``merged`` on a LoRA policy with fp32 masters sharded with bf16 mixed precision (the
+    8-GPU d1 recipe's setting): the copy's FP8 / merged projections decode as the unsharded bf16 model's do."""
+    import dataclasses
+
+    model = apply_lora(sharp_model(4, info.device), r=4, alpha=8)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn_like(p))
+    reference = copy.deepcopy(model).to(torch.bfloat16)
+    apply_fsdp(model, model.get_base_model().blocks, info, mixed_precision="bf16")
+    out = {}
+    for weights in ("fp8", "merged"):
+        copies = dataclasses.replace(config, weights=weights)
+        with gathered_parameters(model):
+            out[weights] = decode(model, ids, mask, copies, engine)
+        out[f"{weights}_reference"] = decode(reference, ids, mask, copies, engine)
+    out["model_reference"] = decode(reference, ids, mask, config, engine)
+    out["fallbacks"] = engine_stats(model).fallbacks
+    return out
 
 
 if __name__ == "__main__":

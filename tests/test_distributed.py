@@ -254,6 +254,12 @@ def check_fsdp_rollout(result: dict) -> None:
     for call in ("sharded", "unsharded_call"):
         for field in ("completion", "step_map", "logprobs"):
             assert torch.equal(bf16[call][field], bf16["reference"][field]), (call, field)
+    copies = result["copies"]  # LoRA + bf16 mixed precision + FP8 / merged copies (the d1 8B recipe with weights=fp8)
+    assert copies["fallbacks"] == 0
+    for weights in ("fp8", "merged"):
+        for field in ("completion", "step_map", "logprobs"):
+            assert torch.equal(copies[weights][field], copies[f"{weights}_reference"][field]), (weights, field)
+    assert not torch.equal(copies["fp8_reference"]["logprobs"], copies["model_reference"]["logprobs"])  # FP8 applied
 
 
 def test_a_checkpoint_resumes_exactly_under_another_parallel_layout(tmp_path):
