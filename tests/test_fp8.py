@@ -201,3 +201,18 @@ def test_merged_copies_decode_a_lora_policy_as_its_merged_model():
 def test_merged_weights_need_a_lora_policy():
     with pytest.raises(ConfigError, match="no mergeable LoRA layer"):
         generate(tiny_model("llada", seed=0), torch.randint(0, 200, (1, 8)), None, _config("llada", "merged"))
+
+
+def test_fp8_weights_on_a_gpu_without_fp8_matmuls_are_a_preflight_error(monkeypatch):
+    """The dry run names a GPU without FP8 matmuls (an A100) before the policy loads, not its first rollout."""
+    from dare.trainer.preflight import check_rollout_engine
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    with pytest.raises(ConfigError, match=r"^rollout.sampler: weights 'fp8': this GPU \(compute capability 8.0\) has "
+                                          r"no FP8 matmuls; they need 8.9 or newer \(Ada, Hopper\); use weights"):
+        check_rollout_engine(SamplerConfig(weights="fp8"), "cuda")
+    check_rollout_engine(SamplerConfig(weights="merged"), "cuda")  # merged copies need no FP8
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    check_rollout_engine(SamplerConfig(weights="fp8"), "cuda")  # a Hopper GPU

@@ -74,14 +74,22 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias:
     return out.view(*lead, weight.shape[0])
 
 
-def check_fp8_device(device: torch.device, dtype: torch.dtype) -> str | None:
-    """Why FP8 matmuls cannot run on ``device`` with activations of ``dtype`` (None when they can)."""
+def fp8_gpu_error(device: torch.device) -> str | None:
+    """Why the GPU ``device`` has no FP8 matmuls (None when it has them, or ``device`` is not a GPU)."""
     if device.type != "cuda":
         return None  # PyTorch's CPU kernel (tests, small models): slow but exact to its own definition
     major, minor = torch.cuda.get_device_capability(device)
     if (major, minor) < MIN_CAPABILITY:
         return (f"this GPU (compute capability {major}.{minor}) has no FP8 matmuls; they need "
                 f"{MIN_CAPABILITY[0]}.{MIN_CAPABILITY[1]} or newer (Ada, Hopper)")
+    return None
+
+
+def check_fp8_device(device: torch.device, dtype: torch.dtype) -> str | None:
+    """Why FP8 matmuls cannot run on ``device`` with activations of ``dtype`` (None when they can)."""
+    reason = fp8_gpu_error(device)
+    if reason is not None or device.type != "cuda":
+        return reason
     if dtype != torch.bfloat16:
         return f"FP8 matmuls on CUDA write bfloat16; this model decodes in {dtype} (load it in bf16 or use autocast)"
     return None

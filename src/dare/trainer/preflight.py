@@ -210,15 +210,21 @@ def check_batch_split(config, needs, world_size: int) -> None:
 def check_rollout_engine(sampler, device: str) -> None:
     """The error the first rollout would raise for the engine of ``sampler`` (a ``SamplerConfig``) on ``device``
     (``cpu`` / ``cuda``): ``engine=graph`` off CUDA, or ``weights`` ``merged`` / ``fp8`` where ``engine=auto``
-    decodes with the eager loops (:func:`dare.rollout.samplers.decoding_engine`)."""
+    decodes with the eager loops (:func:`dare.rollout.samplers.decoding_engine`), or ``weights`` ``fp8`` on a GPU
+    without FP8 matmuls (before an 8B policy is loaded, not at its first rollout)."""
     import torch
 
+    from dare.models.fp8 import fp8_gpu_error
     from dare.rollout.samplers import decoding_engine
 
     try:
         decoding_engine(sampler, torch.device(device))
     except ConfigError as err:
         raise ConfigError(f"rollout.sampler: {err}") from None
+    if sampler.weights == "fp8" and device == "cuda" and torch.cuda.is_available():
+        reason = fp8_gpu_error(torch.device("cuda", torch.cuda.current_device()))
+        if reason is not None:
+            raise ConfigError(f"rollout.sampler: weights 'fp8': {reason}; use weights 'merged' or 'model'")
 
 
 def check_algorithm_rollout(config, family, sampler, skeleton) -> None:
