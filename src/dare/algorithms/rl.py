@@ -402,7 +402,7 @@ class TermwiseMixin:
     @classmethod
     def old_term(cls, batch: TensorDict, key: str, k: int, current: torch.Tensor) -> torch.Tensor:
         """Term ``k`` of the stored old estimate ``old_<key>``, or (an on-policy update: none stored) ``current``
-        detached: the per-term form of :meth:`old_or_detached`."""
+        detached: the per-term form of :meth:`RLAlgorithm.old_or_detached`."""
         name = f"old_{key}"
         return cls.term(batch, name, k) if name in batch.keys() else current.detach()
 
