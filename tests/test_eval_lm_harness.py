@@ -290,7 +290,7 @@ def test_without_lm_eval_the_command_says_what_to_install(monkeypatch, capsys):
     monkeypatch.setattr(harness, "_IMPORT_ERROR", ImportError("No module named 'lm_eval'"))
     assert main(["eval", "lm-eval", "--model", "dare", "--tasks", "dare_tiny_gen"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "pip install 'dare-dllm[lm_eval]'" in err[0], err
+    assert len(err) == 1 and "pip install 'dare-dllm[lm-eval]'" in err[0], err
 
 
 @pytest.fixture

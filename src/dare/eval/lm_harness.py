@@ -1,7 +1,7 @@
 """lm-evaluation-harness model ``dare``: run DARE diffusion models (any family, any registered sampler) in lm-eval.
 
 ```bash
-pip install "dare-dllm[lm_eval]"
+pip install "dare-dllm[lm-eval]"
 dare eval lm-eval --model dare --model_args pretrained=GSAI-ML/LLaDA-8B-Instruct,sampler=fastdllm,cache=dual \\
     --tasks gsm8k --batch_size 8
 ```
@@ -78,7 +78,7 @@ log = logging.getLogger("dare.eval")
 
 def require_lm_eval() -> None:
     if _IMPORT_ERROR is not None:
-        raise ConfigError(f"the lm-eval model needs lm-eval (pip install 'dare-dllm[lm_eval]'): {_IMPORT_ERROR}")
+        raise ConfigError(f"the lm-eval model needs lm-eval (pip install 'dare-dllm[lm-eval]'): {_IMPORT_ERROR}")
 
 
 @_register_model("dare")
