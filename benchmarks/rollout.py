@@ -205,7 +205,7 @@ def main(argv=None) -> int:
 
     compute = torch.bfloat16 if args.autocast else next(model.parameters()).dtype  # fp32 weights: bf16 copies
     roofline = Roofline(model, bandwidth, matmul_rate(device, compute, 256 if args.tiny else 8192, 20),
-                        element_size=torch.finfo(compute).bits // 8)
+                        element_size=compute.itemsize)
     results, records = [], []
     gen_cpu = torch.Generator().manual_seed(0)
     for batch in args.batch:

@@ -84,14 +84,20 @@ def main(out_dir: Path, device: str) -> None:
     shutdown(info)
 
 
-def lora_case(info, ids, mask, config, engine) -> dict:
-    """A LoRA-wrapped model sharded as the trainer does it (peft wrapper at the root, blocks sharded)."""
-    model = sharp_model(2, info.device)
-    model = apply_lora(model, r=4, alpha=8)
-    with torch.no_grad():  # peft starts B at zero: make the adapter change the logits
+def sharp_lora_model(seed: int, device):
+    """``sharp_model`` wrapped with a LoRA adapter (r 4) whose B is random: peft starts it at zero, which would
+    leave the logits unchanged."""
+    model = apply_lora(sharp_model(seed, device), r=4, alpha=8)
+    with torch.no_grad():
         for name, p in model.named_parameters():
             if "lora_B" in name:
                 p.copy_(torch.randn_like(p))
+    return model
+
+
+def lora_case(info, ids, mask, config, engine) -> dict:
+    """A LoRA-wrapped model sharded as the trainer does it (peft wrapper at the root, blocks sharded)."""
+    model = sharp_lora_model(2, info.device)
     reference = copy.deepcopy(model)
     apply_fsdp(model, model.get_base_model().blocks, info, mixed_precision="fp32")
     out = {}
@@ -127,11 +133,7 @@ def copies_case(info, ids, mask, config, engine) -> dict:
     8-GPU d1 recipe's setting): the copy's FP8 / merged projections decode as the unsharded bf16 model's do."""
     import dataclasses
 
-    model = apply_lora(sharp_model(4, info.device), r=4, alpha=8)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "lora_B" in name:
-                p.copy_(torch.randn_like(p))
+    model = sharp_lora_model(4, info.device)
     reference = copy.deepcopy(model).to(torch.bfloat16)
     apply_fsdp(model, model.get_base_model().blocks, info, mixed_precision="bf16")
     out = {}

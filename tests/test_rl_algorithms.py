@@ -18,6 +18,13 @@ SMALL = {"bgpo": {"mc_num": 3}, "spg": {"block_length": 4}, "mdpo": {"train_step
          "tracerl": {"accuracy_filter": None, "truncated_reward": None}}
 
 
+def nudge(model) -> None:
+    """Move every parameter a little, in place (an update between two inner steps; a reference unlike the policy)."""
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(1)))
+
+
 def direct_logp(model, batch, noisy, select, targets=None):
     targets = batch["input_ids"] if targets is None else targets
     logits = model(noisy, attention_mask=batch["attention_mask"]).logits.float()
@@ -204,9 +211,7 @@ def test_bgpo_loss_is_the_token_mean_over_rollouts():
     src = source("bgpo", model, inner_steps=2, mc_num=3, gen_length=16, steps=8, micro=4)
     algo = src.algorithm
     src.batch(0)
-    with torch.no_grad():  # off-policy second update: the rollouts' per-term losses differ
-        for p in model.parameters():
-            p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(1)))
+    nudge(model)  # off-policy second update: the rollouts' per-term losses differ
     micro = src.batch(1)
     assert len(micro) == 2
     totals = totals_of(algo, micro)
@@ -348,9 +353,7 @@ def test_preference_loss_and_gradient_do_not_depend_on_micro_batching(name):
 
     model = policy()
     ref = copy.deepcopy(model).eval().requires_grad_(False)
-    with torch.no_grad():
-        for p in ref.parameters():
-            p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(1)))
+    nudge(ref)
     pairs, _ = build_pairs(DataConfig(path="synthetic:reverse", num_examples=8, chat_template=False, max_length=64),
                            build_byte_tokenizer(), EOS_ID)
     runs = []
@@ -417,9 +420,7 @@ def test_the_second_update_reads_the_stored_old_estimates(name):
     src = RATIO_SOURCES[name]()
     algo, model = src.algorithm, src.policy
     src.batch(0)
-    with torch.no_grad():  # an update between the two inner steps: old and current policies differ
-        for p in model.parameters():
-            p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(1)))
+    nudge(model)  # an update between the two inner steps: old and current policies differ
     micro = src.batch(1)
     old_keys = [f"old_{key}" for key in algo.logprob_keys]
     assert all(key in mb.keys() for mb in micro for key in old_keys)
