@@ -29,6 +29,7 @@ Import from a script in this directory (``benchmarks/`` is put on ``sys.path`` b
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import dataclasses
 import gc
@@ -39,6 +40,7 @@ import tempfile
 import time
 import traceback
 import types
+import warnings
 from pathlib import Path
 
 import torch
@@ -114,6 +116,60 @@ SOURCE_PHASES = ("start", "rollout start", "weight refresh", "rollout", "reward"
 """What runs after each of the source's clock reads in one rollout step (``RolloutSource._collect`` reads the
 clock at its start, around the decoding and around the engine's weight refresh inside it, after scoring and after
 the log-probs), then the step's update."""
+
+
+class SyncSites:
+    """Where a cycle waits for the GPU. Under :meth:`watching` on CUDA, ``torch.cuda.set_sync_debug_mode("warn")``
+    makes every synchronising call (``.item()``, ``.cpu()``, boolean indexing, ``nonzero``...) warn; each such
+    warning is counted under the phase index ``phase()`` returns and its call site: the ``depth`` innermost frames
+    whose file path contains one of ``roots`` (DARE's and the benchmarks' code). Other warnings pass through."""
+
+    MESSAGE = "synchroniz"  # PyTorch's text: "called a synchronizing CUDA operation"
+
+    def __init__(self, phase, depth: int = 3, roots: tuple[str, ...] = ("/dare/", "/benchmarks/")):
+        self.phase, self.depth, self.roots = phase, depth, roots
+        self.counts: collections.Counter = collections.Counter()
+
+    def site(self) -> str:
+        frames = [f for f in traceback.extract_stack()[:-2] if any(root in f.filename for root in self.roots)]
+        return " <- ".join(f"{Path(f.filename).name}:{f.lineno} {f.name}"
+                           for f in reversed(frames[-self.depth:])) or "(outside DARE)"
+
+    @contextlib.contextmanager
+    def watching(self, cuda: bool):
+        shown = warnings.showwarning
+
+        def record(message, category, filename, lineno, file=None, line=None):
+            if self.MESSAGE in str(message):
+                self.counts[(self.phase(), self.site())] += 1
+            else:
+                shown(message, category, filename, lineno, file, line)
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("always")
+            warnings.showwarning = record
+            if cuda:
+                torch.cuda.set_sync_debug_mode("warn")
+            try:
+                yield self
+            finally:
+                if cuda:
+                    torch.cuda.set_sync_debug_mode("default")
+
+    def report(self, labels: list[str], n: int = 12) -> str:
+        """Per phase (``labels[index - 1]`` after mark ``index``; ``before the first mark``, ``segment k`` beyond
+        the labels): the number of synchronising calls and the ``n`` call sites with the most."""
+        phases: dict[int, collections.Counter] = {}
+        for (index, site), count in self.counts.items():
+            phases.setdefault(index, collections.Counter())[site] += count
+        lines = []
+        for index in sorted(phases):
+            label = ("before the first mark" if index == 0 else
+                     labels[index - 1] if index - 1 < len(labels) else f"segment {index - 1}")
+            sites = phases[index]
+            lines.append(f"{label}: {sum(sites.values())} synchronising calls")
+            lines += [f"  {count:6d}  {site}" for site, count in sites.most_common(n)]
+        return "\n".join(lines) or "no synchronising calls"
 
 
 def phase_segments(kernels: list[tuple[str, float, float]], labels: list[str]) -> dict[str, list]:
@@ -319,13 +375,14 @@ def run_variant(bench, name: str, args, prompts, log) -> dict:
             result.update(bench.projections(result, args))
             if device.type == "cuda":
                 result["peak_memory_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
-            if args.profile:  # an extra: its cycle may neither overrun the budget nor lose the timed result
+            if args.profile or args.syncs:  # an extra: its cycle may neither overrun the budget nor lose the result
                 if cycle > args.deadline - time.perf_counter():
                     result["profile"] = {"skipped": "the time budget left is shorter than a cycle"}
                     log(f"  [{name}] --profile skipped: the time budget left is shorter than a cycle")
                 else:
                     try:
-                        result["profile"] = profile_cycle(trainer, step, mu, marks, device, log, name)
+                        result["profile"] = profile_cycle(trainer, step, mu, marks, device, log, name,
+                                                          kernels=args.profile, syncs=args.syncs)
                     except Exception as err:
                         result["profile"] = {"error": f"{type(err).__name__}: {err}"}
                         log(f"  [{name}] --profile failed: {type(err).__name__}: {str(err)[:300]}")
@@ -334,15 +391,20 @@ def run_variant(bench, name: str, args, prompts, log) -> dict:
         injection.remove()
 
 
-def profile_cycle(trainer, step: int, mu: int, marks: PhaseMarks, device, log, name: str) -> dict:
+def profile_cycle(trainer, step: int, mu: int, marks: PhaseMarks, device, log, name: str, *,
+                  kernels: bool = True, syncs: bool = False) -> dict:
     """One more rollout cycle with phase marks, under the profiler on CUDA (after the timed cycle, so its numbers
     are not the table's): kernel time by kind per phase and each phase's top kernels, logged and returned as text
-    with the number of marks (``len(SOURCE_PHASES) + mu`` when the labels fit the source's clock reads)."""
+    with the number of marks (``len(SOURCE_PHASES) + mu`` when the labels fit the source's clock reads).
+    ``kernels=False``: no profiler; ``syncs``: the synchronising calls per phase and call site
+    (:class:`SyncSites`, CUDA only), under ``"syncs"``."""
     labels = [*SOURCE_PHASES, *(f"update {k + 2}" for k in range(mu - 1))]
     marks.count = 0
-    profiler = (torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) if device.type == "cuda"
+    cuda = device.type == "cuda"
+    profiler = (torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) if cuda and kernels
                 else contextlib.nullcontext())
-    with profiler as prof:
+    sites = SyncSites(lambda: marks.count)
+    with profiler as prof, sites.watching(cuda and syncs):
         marks.on = True
         try:
             for k in range(mu):
@@ -354,8 +416,15 @@ def profile_cycle(trainer, step: int, mu: int, marks: PhaseMarks, device, log, n
     if marks.count != len(labels) + 1:
         log(f"  [{name}] --profile: {marks.count} phase marks, expected {len(labels) + 1}: segments are numbered")
         labels = []
+    if syncs:
+        if cuda:
+            out["syncs"] = sites.report(labels)
+            log(f"  [{name}] synchronising calls of the cycle:\n{out['syncs']}")
+        else:
+            log(f"  [{name}] --syncs: no CUDA device, nothing synchronises")
     if prof is None:
-        log(f"  [{name}] --profile: no CUDA device, no kernels profiled")
+        if kernels:
+            log(f"  [{name}] --profile: no CUDA device, no kernels profiled")
         return out
     from engine_profile import kernel_intervals, timeline_report
 
@@ -410,6 +479,9 @@ def parse_args(bench, argv=None) -> argparse.Namespace:
     p.add_argument("--profile", action="store_true",
                    help="after the timed cycle, profile one more (CUDA): kernel time by kind and top kernels per "
                         "phase (rollout, reward, log-probs, each update)")
+    p.add_argument("--syncs", action="store_true",
+                   help="after the timed cycle, run one more (with --profile: the profiled one) counting the "
+                        "synchronising CUDA calls (torch.cuda.set_sync_debug_mode) per phase and call site")
     bench.configure(p)
     args = p.parse_args(argv)
     tiny = args.tiny

@@ -188,6 +188,55 @@ def test_profile_marks_split_a_cycle_into_the_source_phases(bench, tmp_path):
     assert "median      3.0 us, max      3.0 us" in lines[0]  # the upper median of [1, 3] us and the longest call
 
 
+def _synchronising_call(sites, kind: str = "sync"):
+    import warnings
+
+    text = "called a synchronizing CUDA operation" if kind == "sync" else "something else"
+    warnings.warn(text, UserWarning)  # a test-file frame: the site counted under roots ("/tests/",)
+
+
+def test_sync_sites_count_synchronising_calls_per_phase_and_call_site(bench, monkeypatch):
+    """--syncs: each synchronising-call warning is counted under the phase of its moment and its call site (the
+    innermost frames under the given roots); other warnings reach the usual handler, uncounted."""
+    import warnings
+
+    from rl_harness import SyncSites
+
+    phase = [0]
+    sites = SyncSites(lambda: phase[0], depth=2, roots=("/tests/",))
+    passed = []
+    monkeypatch.setattr(warnings, "showwarning", lambda message, *rest, **kw: passed.append(str(message)))
+    with sites.watching(cuda=False):
+        phase[0] = 1
+        for _ in range(3):
+            _synchronising_call(sites)
+        phase[0] = 2
+        _synchronising_call(sites)
+        _synchronising_call(sites, kind="other")
+    assert passed == ["something else"]
+    assert sum(sites.counts.values()) == 4 and {index for index, _ in sites.counts} == {1, 2}
+    site = next(iter(sites.counts))[1]
+    assert site.startswith("test_rl_bench.py:") and "_synchronising_call <- test_rl_bench.py:" in site
+    report = sites.report(["start", "rollout"]).splitlines()
+    assert report[0] == "start: 3 synchronising calls" and report[1].strip().startswith("3  test_rl_bench.py")
+    assert report[2] == "rollout: 1 synchronising calls"
+    assert sites.report(["start"]).splitlines()[2] == "segment 1: 1 synchronising calls"  # beyond the labels
+    assert SyncSites(lambda: 0).report([]) == "no synchronising calls"
+
+
+def test_syncs_alone_runs_the_extra_cycle_without_the_profiler(bench, tmp_path, capsys):
+    """--syncs without --profile: the extra cycle runs (its marks are counted), no kernel profile is attempted; on
+    the CPU nothing synchronises with a GPU, said in one line."""
+    from rl_harness import SOURCE_PHASES
+
+    out = tmp_path / "rl.json"
+    assert bench.main(["--tiny", "--variants", "optimised", "--syncs", "--json", str(out)]) == 0
+    profile = json.loads(out.read_text())["results"]["optimised"]["profile"]
+    assert profile == {"marks": len(SOURCE_PHASES) + 2}  # mu 2
+    printed = capsys.readouterr().out
+    assert "--syncs: no CUDA device" in printed and "no kernels profiled" not in printed
+
+
 def test_a_failing_profile_keeps_the_timed_result(bench, tmp_path, monkeypatch):
     """--profile runs after the timed cycle: its failure is recorded beside the result, not in place of it."""
 
