@@ -187,6 +187,33 @@ def phase_segments(kernels: list[tuple[str, float, float]], labels: list[str]) -
     return out
 
 
+def busy_seconds(kernels: list[tuple[str, float, float]]) -> float:
+    """Seconds in which at least one of ``kernels`` (``(name, start_us, end_us)``, by start) runs: the union of
+    their intervals."""
+    busy, end = 0.0, float("-inf")
+    for _, start, stop in kernels:
+        if stop > end:
+            busy += stop - max(start, end)
+            end = stop
+    return busy / 1e6
+
+
+def idle_against_timed(kernel_s: dict[str, float], phases: dict[str, float], updates: list[float]) -> str:
+    """Each profiled phase's kernel time (``kernel_s``, :func:`busy_seconds`) against the same phase of the timed
+    cycle (``phases``; the updates one by one, ``update``, ``update 2``, ...): the rest of a timed phase is time the
+    GPU idled, without the host overhead the profiler adds to its own cycle. (The profiled cycle decodes another
+    prompt batch, so a rollout's forwards may differ by a few.)"""
+    timed = {**{key: phases[key] for key in ("rollout", "reward", "logprobs") if key in phases},
+             **{("update" if k == 0 else f"update {k + 1}"): seconds for k, seconds in enumerate(updates)}}
+    lines = []
+    for label, seconds in timed.items():
+        if label in kernel_s and seconds > 0:
+            busy = kernel_s[label]
+            lines.append(f"{label}: kernels {busy:.3f} s of the timed {seconds:.3f} s "
+                         f"({100 * max(0.0, 1 - busy / seconds):.0f} % idle)")
+    return "\n".join(lines)
+
+
 def top_kernels(kernels: list[tuple[str, float, float]], n: int = 8) -> str:
     """The ``n`` kernels with the most total time: ms, share, calls, median and longest call (us), name. A median
     far below the mean (ms / calls) shows a kernel whose time sits in a few long calls (e.g. the full-canvas
@@ -383,6 +410,9 @@ def run_variant(bench, name: str, args, prompts, log) -> dict:
                     try:
                         result["profile"] = profile_cycle(trainer, step, mu, marks, device, log, name,
                                                           kernels=args.profile, syncs=args.syncs)
+                        if "kernel_s" in result["profile"]:
+                            idle = idle_against_timed(result["profile"]["kernel_s"], phases, updates)
+                            log(f"  [{name}] profiled kernel time against the timed cycle:\n{idle}")
                     except Exception as err:
                         result["profile"] = {"error": f"{type(err).__name__}: {err}"}
                         log(f"  [{name}] --profile failed: {type(err).__name__}: {str(err)[:300]}")
@@ -429,6 +459,7 @@ def profile_cycle(trainer, step: int, mu: int, marks: PhaseMarks, device, log, n
     from engine_profile import kernel_intervals, timeline_report
 
     for label, kernels in phase_segments(kernel_intervals(prof), labels).items():
+        out.setdefault("kernel_s", {})[label] = busy_seconds(kernels)
         text = (f"{label}:\n{timeline_report(kernels, 1, unit='phase')}\n  top kernels (ms, share of kernel time, "
                 f"calls, median and longest call):\n"
                 f"{top_kernels(kernels)}")

@@ -188,6 +188,38 @@ def test_profile_marks_split_a_cycle_into_the_source_phases(bench, tmp_path):
     assert "median      3.0 us, max      3.0 us" in lines[0]  # the upper median of [1, 3] us and the longest call
 
 
+def test_kernel_time_is_the_union_of_intervals_and_is_held_against_the_timed_phases():
+    """--profile: a phase's kernel time counts overlapping kernels once; the report sets it against the timed
+    (unprofiled) phase, updates one by one, so the profiler's own host overhead does not read as idle time."""
+    from rl_harness import busy_seconds, idle_against_timed
+
+    kernels = [("a", 0.0, 10.0), ("b", 5.0, 12.0), ("c", 20.0, 25.0), ("d", 21.0, 22.0)]
+    assert busy_seconds(kernels) == pytest.approx(17e-6)  # [0, 12] and [20, 25]
+    assert busy_seconds([]) == 0.0
+    report = idle_against_timed({"rollout": 0.5, "update": 0.75, "update 2": 1.0, "logprobs": 0.2},
+                                {"rollout": 1.0, "reward": 0.01, "logprobs": 0.2, "update": 2.0}, [1.0, 1.0])
+    assert report.splitlines() == ["rollout: kernels 0.500 s of the timed 1.000 s (50 % idle)",
+                                   "logprobs: kernels 0.200 s of the timed 0.200 s (0 % idle)",
+                                   "update: kernels 0.750 s of the timed 1.000 s (25 % idle)",
+                                   "update 2: kernels 1.000 s of the timed 1.000 s (0 % idle)"]
+
+
+def test_a_profiled_cycle_is_held_against_the_timed_one(bench, tmp_path, monkeypatch, capsys):
+    """The kernel times of the profiled cycle are logged against the timed cycle's phases."""
+
+    def profiled(*args, **kwargs):
+        return {"marks": 9, "kernel_s": {"rollout": 1e-4, "update": 1e-4}}
+
+    monkeypatch.setattr(bench.rl_harness, "profile_cycle", profiled)
+    out = tmp_path / "rl.json"
+    assert bench.main(["--tiny", "--variants", "optimised", "--profile", "--json", str(out)]) == 0
+    result = json.loads(out.read_text())["results"]["optimised"]
+    assert result["profile"]["kernel_s"] == {"rollout": 1e-4, "update": 1e-4}
+    printed = capsys.readouterr().out
+    timed = result["updates_s"][0]
+    assert f"update: kernels 0.000 s of the timed {timed:.3f} s" in printed and "rollout: kernels 0.000 s" in printed
+
+
 def _synchronising_call(sites, kind: str = "sync"):
     import warnings
 
