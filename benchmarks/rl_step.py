@@ -30,8 +30,9 @@ those. Each variant first runs a warm-up step (a one-block rollout, one update),
 ``rollout.sampler.engine`` of both variants when ``SamplerConfig`` has that field. ``--profile`` (CUDA) runs one
 more cycle under the profiler and prints, per phase (weight refresh, rollout, reward, log-probs, each update),
 kernel time by kind, idle time and the top kernels, and sets each phase's kernel time against the timed
-cycle's (the profiler's own host overhead inflates the profiled cycle's idle time). ``--syncs`` (CUDA) counts, in that extra cycle, the calls
-that wait for the GPU (``torch.cuda.set_sync_debug_mode``), per phase and call site.
+cycle's (the profiler's own host overhead inflates the profiled cycle's idle time). ``--syncs`` (CUDA) counts,
+in that extra cycle, the calls that wait for the GPU (``torch.cuda.set_sync_debug_mode``), per phase and call
+site.
 
 Variants (equal settings otherwise: same prompts, seeds, LoRA, mu, micro-batches):
 
