@@ -146,7 +146,7 @@ class SyncSites:
                 shown(message, category, filename, lineno, file, line)
 
         with warnings.catch_warnings():
-            warnings.simplefilter("always")
+            warnings.filterwarnings("always", message=f".*{self.MESSAGE}")  # every one, not once per site
             warnings.showwarning = record
             if cuda:
                 torch.cuda.set_sync_debug_mode("warn")
@@ -405,11 +405,11 @@ def run_variant(bench, name: str, args, prompts, log) -> dict:
             if args.profile or args.syncs:  # an extra: its cycle may neither overrun the budget nor lose the result
                 if cycle > args.deadline - time.perf_counter():
                     result["profile"] = {"skipped": "the time budget left is shorter than a cycle"}
-                    log(f"  [{name}] --profile skipped: the time budget left is shorter than a cycle")
+                    log(f"  [{name}] --profile / --syncs skipped: the time budget left is shorter than a cycle")
                 else:
                     try:
                         result["profile"] = profile_cycle(trainer, step, mu, marks, device, log, name,
-                                                          kernels=args.profile, syncs=args.syncs)
+                                                          profile=args.profile, syncs=args.syncs)
                         if "kernel_s" in result["profile"]:
                             idle = idle_against_timed(result["profile"]["kernel_s"], phases, updates)
                             log(f"  [{name}] profiled kernel time against the timed cycle:\n{idle}")
@@ -422,16 +422,16 @@ def run_variant(bench, name: str, args, prompts, log) -> dict:
 
 
 def profile_cycle(trainer, step: int, mu: int, marks: PhaseMarks, device, log, name: str, *,
-                  kernels: bool = True, syncs: bool = False) -> dict:
+                  profile: bool = True, syncs: bool = False) -> dict:
     """One more rollout cycle with phase marks, under the profiler on CUDA (after the timed cycle, so its numbers
     are not the table's): kernel time by kind per phase and each phase's top kernels, logged and returned as text
     with the number of marks (``len(SOURCE_PHASES) + mu`` when the labels fit the source's clock reads).
-    ``kernels=False``: no profiler; ``syncs``: the synchronising calls per phase and call site
+    ``profile=False``: no profiler; ``syncs``: the synchronising calls per phase and call site
     (:class:`SyncSites`, CUDA only), under ``"syncs"``."""
     labels = [*SOURCE_PHASES, *(f"update {k + 2}" for k in range(mu - 1))]
     marks.count = 0
     cuda = device.type == "cuda"
-    profiler = (torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) if cuda and kernels
+    profiler = (torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) if cuda and profile
                 else contextlib.nullcontext())
     sites = SyncSites(lambda: marks.count)
     with profiler as prof, sites.watching(cuda and syncs):
@@ -453,7 +453,7 @@ def profile_cycle(trainer, step: int, mu: int, marks: PhaseMarks, device, log, n
         else:
             log(f"  [{name}] --syncs: no CUDA device, nothing synchronises")
     if prof is None:
-        if kernels:
+        if profile:
             log(f"  [{name}] --profile: no CUDA device, no kernels profiled")
         return out
     from engine_profile import kernel_intervals, timeline_report

@@ -220,7 +220,7 @@ def test_a_profiled_cycle_is_held_against_the_timed_one(bench, tmp_path, monkeyp
     assert f"update: kernels 0.000 s of the timed {timed:.3f} s" in printed and "rollout: kernels 0.000 s" in printed
 
 
-def _synchronising_call(sites, kind: str = "sync"):
+def _synchronising_call(kind: str = "sync"):
     import warnings
 
     text = "called a synchronizing CUDA operation" if kind == "sync" else "something else"
@@ -241,10 +241,10 @@ def test_sync_sites_count_synchronising_calls_per_phase_and_call_site(bench, mon
     with sites.watching(cuda=False):
         phase[0] = 1
         for _ in range(3):
-            _synchronising_call(sites)
+            _synchronising_call()
         phase[0] = 2
-        _synchronising_call(sites)
-        _synchronising_call(sites, kind="other")
+        _synchronising_call()
+        _synchronising_call(kind="other")
     assert passed == ["something else"]
     assert sum(sites.counts.values()) == 4 and {index for index, _ in sites.counts} == {1, 2}
     site = next(iter(sites.counts))[1]
