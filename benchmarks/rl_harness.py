@@ -415,7 +415,7 @@ def run_variant(bench, name: str, args, prompts, log) -> dict:
                             log(f"  [{name}] profiled kernel time against the timed cycle:\n{idle}")
                     except Exception as err:
                         result["profile"] = {"error": f"{type(err).__name__}: {err}"}
-                        log(f"  [{name}] --profile failed: {type(err).__name__}: {str(err)[:300]}")
+                        log(f"  [{name}] --profile / --syncs failed: {type(err).__name__}: {str(err)[:300]}")
             return result
     finally:
         injection.remove()
@@ -434,7 +434,7 @@ def profile_cycle(trainer, step: int, mu: int, marks: PhaseMarks, device, log, n
     profiler = (torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) if cuda and profile
                 else contextlib.nullcontext())
     sites = SyncSites(lambda: marks.count)
-    with profiler as prof, sites.watching(cuda and syncs):
+    with profiler as prof, (sites.watching(cuda) if syncs else contextlib.nullcontext()):
         marks.on = True
         try:
             for k in range(mu):
