@@ -713,6 +713,8 @@ def test_benchmark_times_each_rollout_weights_value_side_by_side(tmp_path):
                  marks=pytest.mark.skipif(CUTLASS_LIBRARY.exists(), reason="the CUTLASS library is built")),
     pytest.param("rollout", ["--tiny", "--cutlass-narrow"], "--cutlass-narrow needs libdare_gemm.so",
                  marks=pytest.mark.skipif(CUTLASS_LIBRARY.exists(), reason="the CUTLASS library is built")),
+    pytest.param("attention_fa4", [], "needs a CUDA GPU",
+                 marks=pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is present")),
 ])
 def test_benchmark_refuses_options_it_would_ignore_in_one_line(script, argv, message, capsys):
     spec = importlib.util.spec_from_file_location(f"{script}_benchmark", ROOT / "benchmarks" / f"{script}.py")
@@ -722,6 +724,32 @@ def test_benchmark_refuses_options_it_would_ignore_in_one_line(script, argv, mes
         bench.main(argv)
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and message in err and "Traceback" not in err
+
+
+def _benchmark(script: str):
+    spec = importlib.util.spec_from_file_location(f"{script}_benchmark", ROOT / "benchmarks" / f"{script}.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    return bench
+
+
+def test_attention_fa4_counts_flops_and_tabulates_each_shape(capsys):
+    """attention_fa4.py: 4 B H Q K d FLOPs forward, 3.5x that with the backward; one table line per shape, a failed
+    implementation shown as such, FA4 / SDPA from their times."""
+    bench = _benchmark("attention_fa4")
+    assert bench.SHAPES["llada_b16_dual_window"].flops() == 4 * 16 * 32 * 32 * 384 * 128
+    assert bench.SHAPES["bgpo_update_390"].flops() == 3.5 * 4 * 4 * 32 * 780 * 780 * 128
+    bench.print_table([{"shape": "x", "impl": "sdpa", "us": 40.0}, {"shape": "x", "impl": "sdpa_flash", "error": "E"},
+                       {"shape": "x", "impl": "fa4", "us": 30.0, "tflops": 100.0, "max_abs_diff": 0.004}])
+    assert capsys.readouterr().out.splitlines()[-1] == "| x | 40.0 | failed | 30.0 | 100 | 0.75 | 0.004 |"
+
+
+@pytest.mark.skipif(importlib.util.find_spec("flash_attn") is not None, reason="flash-attn is installed")
+def test_attention_fa4_names_the_missing_package_in_one_line(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        _benchmark("attention_fa4").load_fa4()
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "flash-attn-4 is not importable" in err and "pip install --pre flash-attn-4" in err
 
 
 def test_timeline_splits_kernel_time_by_kind_and_idle_time_by_gap_length():

@@ -280,3 +280,37 @@ def test_a_failing_profile_keeps_the_timed_result(bench, tmp_path, monkeypatch):
     assert bench.main(["--tiny", "--variants", "optimised", "--profile", "--json", str(out)]) == 0
     result = json.loads(out.read_text())["results"]["optimised"]
     assert result["cycle_s"] > 0 and result["profile"] == {"error": "RuntimeError: profiler unavailable"}
+
+
+def test_attention_host_benchmark_tiny(tmp_path, capsys):
+    """benchmarks/attention_host.py on the CPU: every backend x block mode is timed, the JSON is the report, the
+    table lists each row."""
+    host = load("attention_host")
+    out = tmp_path / "host.json"
+    report = host.main(["--tiny", "--json", str(out)])
+    assert json.loads(out.read_text()) == json.loads(json.dumps(report))
+    assert [(r["backend"], r["blocks"]) for r in report["results"]] == [("sdpa", "eager"), ("eager", "eager")]
+    assert all(r["host_ms"] > 0 and r["wall_ms"] > 0 and "block_mask_ms" not in r for r in report["results"])
+    printed = capsys.readouterr().out
+    assert "| sdpa | eager |" in printed and "| eager | eager |" in printed
+
+
+def test_attention_host_micro_batch_and_block_mask_on_cpu():
+    """The micro-batch masks the second half of every noisy row and left-pads rows 1 and 3; one forward's
+    BlockMask is built (eagerly on the CPU) and timed."""
+    import torch
+
+    host = load("attention_host")
+    cpu = torch.device("cpu")
+    noisy, clean, mask = host.micro_batch(4, 40, cpu, mask_id=259)
+    assert bool((clean < 259).all()) and bool((noisy[:, 20:] == 259).all()) and bool((noisy[:, :20] == clean[:, :20]).all())
+    assert mask.sum(1).tolist() == [40, 36, 40, 39]
+    assert bool((mask[1, :4] == 0).all()) and bool((mask[3, :1] == 0).all())
+    assert host.block_mask_ms(types.SimpleNamespace(warmup=1, iters=2), cpu, noisy, clean, mask, 4) > 0
+
+
+def test_attention_host_refuses_flex_training_on_cpu(capsys):
+    host = load("attention_host")
+    with pytest.raises(SystemExit):
+        host.main(["--device", "cpu", "--backends", "flex", "--layers", "2", "--length", "16"])
+    assert "flex has no backward pass on the CPU" in capsys.readouterr().err
