@@ -220,8 +220,11 @@ def test_bfloat16_forward_is_close_to_fp32(family):
 
 def test_bad_inputs_give_one_line_errors():
     model = tiny_model("llada")
-    with pytest.raises(InputError, match="input_ids must lie in"):
+    with pytest.raises(InputError, match=r"input_ids must lie in \[0, 264\); got values in \[1, 999\]"):
         model(torch.tensor([[1, 999]]))
+    with pytest.raises(InputError, match=r"got values in \[-3, 7\]"):
+        model(torch.tensor([[7, -3]]))
+    assert model(torch.tensor([[0, 263]])).logits.shape[1] == 2  # both ends of the vocabulary are ids
     with pytest.raises(InputError, match="attention_mask must have shape"):
         model(torch.tensor([[1, 2]]), attention_mask=torch.ones(1, 3))
     with pytest.raises(InputError, match="cu_seqlens"):

@@ -160,3 +160,16 @@ def check_config_object(argument: str, value: Any, cls: type, string_hint: str =
     if isinstance(value, Mapping):
         hint = f"build one with {name}.from_dict(d) (or {name}(**d))"
     raise wrong_type(argument, value, f"{with_article(name)} or None", hint, ConfigError)
+
+
+def check_id_range(ids: Any, vocab_size: int, what: str) -> None:
+    """One-line :class:`InputError` unless every id of the integer tensor ``ids`` lies in ``[0, vocab_size)``:
+    ``WHAT must lie in [0, V); got values in [LOW, HIGH]``. Reads the tensor's extremes once (one host
+    synchronisation on a GPU, where separate ``min()`` and ``max()`` reads would make two)."""
+    if not ids.numel():
+        return
+    import torch
+
+    low, high = torch.stack(torch.aminmax(ids)).tolist()
+    if low < 0 or high >= vocab_size:
+        raise InputError(f"{what} must lie in [0, {vocab_size}); got values in [{low}, {high}]")

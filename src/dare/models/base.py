@@ -17,7 +17,7 @@ import torch.utils.checkpoint
 from transformers import PreTrainedConfig, PreTrainedModel
 from transformers.utils import ModelOutput
 
-from dare.errors import ConfigError, InputError
+from dare.errors import ConfigError, InputError, check_id_range
 from dare.models.attention import (
     AttentionLayout,
     MaskMod,
@@ -394,11 +394,7 @@ class DiffusionLM(PreTrainedModel):
         if input_ids is not None:
             if input_ids.ndim != 2:
                 raise InputError(f"input_ids must be [batch, length]; got shape {list(input_ids.shape)}")
-            if input_ids.numel() and (int(input_ids.min()) < 0 or int(input_ids.max()) >= self.vocab_size):
-                raise InputError(
-                    f"input_ids must lie in [0, {self.vocab_size}); got values in "
-                    f"[{int(input_ids.min())}, {int(input_ids.max())}]"
-                )
+            check_id_range(input_ids, self.vocab_size, "input_ids")
         window = slice(None)  # this rank's positions (all of them without sequence parallelism)
         if sequence_parallel is not None:
             if cache is not None or unused.get("past_key_values") is not None:

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from dare.errors import InputError, check_config_object, described, wrong_type
+from dare.errors import InputError, check_config_object, check_id_range, described, wrong_type
 from dare.models.loading import check_model_object
 from dare.rollout.config import SamplerConfig
 
@@ -112,9 +112,8 @@ def check_canvas_arg(canvas: Any, vocab_size: int | None) -> None:
                          f"{canvas.dtype} tensor")
     if canvas.ndim != 2:
         raise InputError(f"canvas must be a [B, gen_length] tensor; got shape {list(canvas.shape)}")
-    if vocab_size is not None and canvas.numel() and (int(canvas.min()) < 0 or int(canvas.max()) >= vocab_size):
-        raise InputError(f"canvas ids must lie in [0, {vocab_size}); got values in [{int(canvas.min())}, "
-                         f"{int(canvas.max())}]")
+    if vocab_size is not None:
+        check_id_range(canvas, vocab_size, "canvas ids")
 
 
 def check_step_range_arg(step_range: Any) -> None:
