@@ -127,6 +127,9 @@ def main(argv=None) -> dict:
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--json", help="write the results to this file")
     args = p.parse_args(argv)
+    if min(args.layers, args.batch, args.iters) < 1 or args.length < 2 or args.warmup < 0:
+        p.error("--layers, --batch and --iters take counts >= 1, --length >= 2 (a noisy half to mask), "
+                "--warmup >= 0")
     if args.tiny:
         args.layers, args.length, args.batch, args.warmup, args.iters = 2, 16, 2, 1, 2
         args.backends, args.modes = ["sdpa", "eager"], ["eager"]

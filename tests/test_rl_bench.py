@@ -309,8 +309,17 @@ def test_attention_host_micro_batch_and_block_mask_on_cpu():
     assert host.block_mask_ms(types.SimpleNamespace(warmup=1, iters=2), cpu, noisy, clean, mask, 4) > 0
 
 
-def test_attention_host_refuses_flex_training_on_cpu(capsys):
+@pytest.mark.parametrize("argv, message", [
+    (["--backends", "flex", "--layers", "2", "--length", "16"], "flex has no backward pass on the CPU"),
+    (["--iters", "0"], "--layers, --batch and --iters take counts >= 1"),
+    (["--layers", "0"], "--layers, --batch and --iters take counts >= 1"),
+    (["--batch", "0"], "--layers, --batch and --iters take counts >= 1"),
+    (["--length", "1"], "--length >= 2"),
+    (["--warmup", "-1"], "--warmup >= 0"),
+])
+def test_attention_host_refuses_bad_options_in_one_line(argv, message, capsys):
     host = load("attention_host")
-    with pytest.raises(SystemExit):
-        host.main(["--device", "cpu", "--backends", "flex", "--layers", "2", "--length", "16"])
-    assert "flex has no backward pass on the CPU" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:
+        host.main(["--device", "cpu", *argv])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and message in err and "Traceback" not in err
