@@ -622,10 +622,16 @@ def test_generate_cli_compiles_the_blocks_when_asked(capsys, compiled_models):
     assert compiled["results"][0]["tokens"] == plain["results"][0]["tokens"]
 
 
-def test_benchmark_tiny_smoke(tmp_path, capsys):
-    spec = importlib.util.spec_from_file_location("bd_rollout_benchmark", ROOT / "benchmarks" / "bd_rollout.py")
+def _benchmark(script: str):
+    """The module of ``benchmarks/SCRIPT.py``, loaded from its file."""
+    spec = importlib.util.spec_from_file_location(f"{script}_benchmark", ROOT / "benchmarks" / f"{script}.py")
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
+    return bench
+
+
+def test_benchmark_tiny_smoke(tmp_path, capsys):
+    bench = _benchmark("bd_rollout")
     out = tmp_path / "bd.json"
     assert bench.main(["--tiny", "--batch", "2", "--gen", "16", "--json", str(out)]) == 0
     printed = capsys.readouterr().out
@@ -643,9 +649,7 @@ def test_benchmark_times_each_value_of_a_switch_side_by_side(tmp_path, capsys, m
     value's runs only (the records' kernel settings show it) and restored afterwards."""
     import os
 
-    spec = importlib.util.spec_from_file_location("bd_rollout_benchmark", ROOT / "benchmarks" / "bd_rollout.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = _benchmark("bd_rollout")
     monkeypatch.delenv("DARE_FUSE_CACHE_WRITES", raising=False)
     out = tmp_path / "records.json"
     assert bench.main(["--tiny", "--batch", "2", "--gen", "8", "--decoders", "static", "--caches", "block",
@@ -667,9 +671,7 @@ def test_benchmark_times_each_value_of_a_switch_side_by_side(tmp_path, capsys, m
 def test_benchmark_times_each_rollout_weights_value_side_by_side(tmp_path):
     """``--weights model fp8``: one record per value for every non-eager engine, labelled by the value, with the
     token agreement against the eager run and the copies' refresh time."""
-    spec = importlib.util.spec_from_file_location("bd_rollout_benchmark", ROOT / "benchmarks" / "bd_rollout.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = _benchmark("bd_rollout")
     out = tmp_path / "records.json"
     assert bench.main(["--tiny", "--batch", "2", "--gen", "8", "--decoders", "static", "--caches", "block",
                        "--engines", "eager", "static", "--weights", "model", "fp8", "--confident-fraction", "0",
@@ -717,20 +719,11 @@ def test_benchmark_times_each_rollout_weights_value_side_by_side(tmp_path):
                  marks=pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is present")),
 ])
 def test_benchmark_refuses_options_it_would_ignore_in_one_line(script, argv, message, capsys):
-    spec = importlib.util.spec_from_file_location(f"{script}_benchmark", ROOT / "benchmarks" / f"{script}.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = _benchmark(script)
     with pytest.raises(SystemExit) as exit_:
         bench.main(argv)
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and message in err and "Traceback" not in err
-
-
-def _benchmark(script: str):
-    spec = importlib.util.spec_from_file_location(f"{script}_benchmark", ROOT / "benchmarks" / f"{script}.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    return bench
 
 
 def test_attention_fa4_counts_flops_and_tabulates_each_shape(capsys):
@@ -753,9 +746,7 @@ def test_attention_fa4_names_the_missing_package_in_one_line(capsys):
 
 
 def test_timeline_splits_kernel_time_by_kind_and_idle_time_by_gap_length():
-    spec = importlib.util.spec_from_file_location("engine_profile_benchmark", ROOT / "benchmarks" / "engine_profile.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = _benchmark("engine_profile")
     # two forwards of kernels (name, start us, end us): a 2 us and a 1 us gap inside steps, a 100 us host wait
     kernels = [("nvjet_sm90_gemm", 0, 10000), ("triton_poi_fused_add", 10002, 13002), ("_partial_kernel", 13002, 18002),
                ("nvjet_sm90_gemm", 18102, 28102), ("cudnn_generated_fort_native_sdpa", 28103, 32103)]
@@ -811,9 +802,7 @@ def test_every_cutlass_variant_has_its_own_build_guard_in_order():
 def test_small_kernels_fused_step_formulations_compute_the_same_tensors():
     """small_kernels.py times three formulations of a block's RoPE + cache writes to pick the fastest; each must
     give the models' q and cache contents exactly, so that one could replace another without changing a token."""
-    spec = importlib.util.spec_from_file_location("small_kernels_benchmark", ROOT / "benchmarks" / "small_kernels.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = _benchmark("small_kernels")
     from dare.models.layers import rope_angles
 
     gen = torch.Generator().manual_seed(0)
